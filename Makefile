@@ -1,0 +1,49 @@
+# ufp4-megatron: every entry point a developer, CI or a cluster user needs.
+# `make demo` and `make test` are the two commands the README promises on a fresh machine.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+PYTEST := $(VPY) -m pytest
+
+STAMP := $(VENV)/.installed-$(shell cat Makefile pyproject.toml tools/install.sh requirements/*.txt 2>/dev/null | sha1sum | cut -c1-12)
+
+.PHONY: install test test-gpu test-all demo bench wheelhouse patch-check lint clean help
+
+help:
+	@echo "make install | test | demo | test-gpu | bench | wheelhouse PY=3.12 | patch-check | clean"
+
+install: $(STAMP)
+
+$(STAMP): Makefile pyproject.toml tools/install.sh $(wildcard requirements/*.txt)
+	PYTHON=$(PYTHON) VENV=$(VENV) bash tools/install.sh
+	rm -f $(VENV)/.installed-*; touch $(STAMP)
+
+# The CPU suite: what CI runs. GPU-only and long tests have their own targets.
+test: install
+	$(PYTEST) -q -m "not gpu and not slow" -p no:cacheprovider
+
+test-gpu: install
+	$(PYTEST) -q -m gpu -p no:cacheprovider
+
+test-all: install
+	$(PYTEST) -q -p no:cacheprovider
+
+demo: install
+	$(VPY) -m ufp4_megatron.demo
+
+bench: install
+	$(VPY) -m ufp4_megatron.bench --out docs/performance.md
+
+# Wheels an air-gapped GPU node needs for this package, for Python $(PY) (default 3.12, the
+# GPU image's); torch and triton stay those of the node's CUDA image.
+PY ?= 3.12
+wheelhouse:
+	PY=$(PY) PYTHON=$(PYTHON) bash tools/wheelhouse.sh
+
+patch-check: install
+	$(PYTEST) -q tests/patches -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) wheelhouse .pytest_cache build *.egg-info

@@ -1,0 +1,1 @@
+"""ufp4-megatron."""
