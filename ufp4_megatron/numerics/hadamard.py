@@ -1,0 +1,101 @@
+"""Random Hadamard Transform (RHT): a signed Sylvester Hadamard matrix, applied blockwise.
+
+rotate(x) = x . D . H / sqrt(n) on each aligned block of n elements along a dim, with D a
+diagonal of random signs. D H / sqrt(n) is orthonormal, so applying the same RHT to both
+operands of a GEMM along its reduction dim cancels inside the product: (A R)(B R)^T = A B^T.
+
+The reference computes H with the fast Walsh-Hadamard butterfly in fp32 in a fixed order
+(h = 1, 2, 4, ...: pairs (i, i+h) -> (a+b, a-b)), then multiplies by fp32(1/sqrt(n)); every
+step is one IEEE operation, so a kernel doing the same butterfly matches bit for bit.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+SIZES = (16, 32, 64, 128)
+
+
+class RHT:
+    """A random Hadamard transform of `size` (16, 32, 64, 128) with signs drawn from `seed`.
+
+    The sign vector is a pure function of (size, seed): every rank builds the same one.
+    """
+
+    def __init__(self, size: int = 16, seed: int = 0):
+        if size not in SIZES:
+            raise ValueError(f"RHT size must be one of {SIZES}, got {size}")
+        self.size = size
+        self.seed = seed
+        gen = torch.Generator().manual_seed(seed)
+        self.signs = torch.randint(0, 2, (size,), generator=gen).to(torch.float32) * 2 - 1
+        self.norm = float(torch.tensor(1.0 / math.sqrt(size), dtype=torch.float32))
+
+    def __repr__(self) -> str:
+        return f"RHT(size={self.size}, seed={self.seed})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, RHT) and (other.size, other.seed) == (self.size, self.seed)
+
+    def __hash__(self) -> int:
+        return hash((self.size, self.seed))
+
+    def matrix(self, dtype=torch.float64) -> torch.Tensor:
+        """The dense orthonormal matrix D H / sqrt(n) (for tests and analysis)."""
+        h = torch.ones(1, 1, dtype=dtype)
+        while h.shape[0] < self.size:
+            h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+        return self.signs.to(dtype)[:, None] * h / math.sqrt(self.size)
+
+    def rotate(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """x . D H / sqrt(n) on each block of `size` along `dim`; same dtype as x."""
+        return self._apply(x, dim, inverse=False)
+
+    def inverse(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Undo rotate: x . H D / sqrt(n) (H is symmetric)."""
+        return self._apply(x, dim, inverse=True)
+
+    def rotate_fp32_lastdim(self, x: torch.Tensor) -> torch.Tensor:
+        """The exact fp32 rotation along the last dim (size a multiple of self.size)."""
+        signs = self.signs.to(x.device)
+        y = x.to(torch.float32).unflatten(-1, (-1, self.size)) * signs
+        return (_butterfly(y) * self.norm).flatten(-2)
+
+    def _apply(self, x: torch.Tensor, dim: int, inverse: bool) -> torch.Tensor:
+        n = x.shape[dim] if x.dim() else 0
+        if n % self.size:
+            raise ValueError(f"RHT{self.size} needs the size along dim {dim} to be a multiple "
+                             f"of {self.size}, got {n}: pad the tensor or choose rht=None")
+        moved = x.movedim(dim, -1)
+        if inverse:
+            y = _butterfly(moved.to(torch.float32).unflatten(-1, (-1, self.size))) * self.norm
+            y = (y * self.signs.to(x.device)).flatten(-2)
+        else:
+            y = self.rotate_fp32_lastdim(moved)
+        return y.to(x.dtype).movedim(-1, dim)
+
+
+def _butterfly(y: torch.Tensor) -> torch.Tensor:
+    """Unnormalized Sylvester Hadamard along the last dim, fixed fp32 operation order."""
+    n = y.shape[-1]
+    h = 1
+    while h < n:
+        g = y.unflatten(-1, (n // (2 * h), 2, h))
+        a, b = g[..., 0, :], g[..., 1, :]
+        y = torch.stack((a + b, a - b), dim=-2).flatten(-3)
+        h *= 2
+    return y
+
+
+def as_rht(rht, seed: int = 0) -> RHT | None:
+    """None, a size, or an RHT -> RHT | None."""
+    if rht is None or rht is False:
+        return None
+    if isinstance(rht, RHT):
+        return rht
+    if rht is True:
+        return RHT(16, seed)
+    if isinstance(rht, bool) or not isinstance(rht, int):
+        raise ValueError(f"rht must be None, a size in {SIZES} or an RHT, got {rht!r}")
+    return RHT(rht, seed)

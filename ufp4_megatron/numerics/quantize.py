@@ -1,0 +1,117 @@
+"""Fake quantization (quantize -> dequantize) of a 2D view along its last dim: the spec.
+
+`quantize_view` is the reference every kernel is tested against. Steps (docs/architecture.md):
+pad -> optional RHT -> block amax -> scale -> |x| / s -> round onto the grid -> dequantize.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .grids import Grid, get_grid
+from .hadamard import RHT
+from .philox import position_bits, uniform24
+from .rounding import round_rtne, round_stochastic
+from .scaling import block_amax, block_scale, lcm_length
+
+
+@dataclass
+class QuantizedView:
+    """Everything a quantization produced, on the padded [R, Cp] (fp32) layout."""
+
+    values: torch.Tensor  # dequantized, fp32, padded
+    codes: torch.Tensor  # signed level index (int64): -i for -l_i
+    scales: torch.Tensor  # [R, Cp // B] fp32
+    source: torch.Tensor  # the (rotated) fp32 input that was quantized, padded
+    grid: Grid
+
+
+def padded_length(n: int, block: int, rht: RHT | None) -> int:
+    unit = lcm_length(block, rht.size if rht is not None else 1)
+    return -(-n // unit) * unit
+
+
+def quantize_view(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool = False,
+                  scale: str = "fp32", rounding: str = "rtne", rht: RHT | None = None,
+                  seed: int = 0, origin: tuple[int, int] = (0, 0),
+                  tensor_amax: torch.Tensor | None = None, keep_padding: bool = False,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Dequantized [R, C] (or [R, Cp] with keep_padding), in out_dtype (default x.dtype)."""
+    q = quantize_view_full(x, grid, block=block, block_2d=block_2d, scale=scale,
+                           rounding=rounding, rht=rht, seed=seed, origin=origin,
+                           tensor_amax=tensor_amax)
+    out = q.values if keep_padding else q.values[:, : x.shape[1]]
+    return out.to(out_dtype or x.dtype)
+
+
+def quantize_view_full(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool = False,
+                       scale: str = "fp32", rounding: str = "rtne", rht: RHT | None = None,
+                       seed: int = 0, origin: tuple[int, int] = (0, 0),
+                       tensor_amax: torch.Tensor | None = None) -> QuantizedView:
+    if x.dim() != 2:
+        raise ValueError(f"quantize_view takes a 2D [rows, cols] view, got shape {tuple(x.shape)}")
+    g = get_grid(grid)
+    R, C = x.shape
+    Cp = padded_length(C, block, rht)
+    Rp = -(-R // block) * block if block_2d else R
+    xf = x.to(torch.float32)
+    if (Rp, Cp) != (R, C):
+        xf = torch.nn.functional.pad(xf, (0, Cp - C, 0, Rp - R))
+    if rht is not None:
+        xf = rht.rotate_fp32_lastdim(xf)
+
+    amax = block_amax(xf, block, block_2d)  # [Rp, Cp // B]
+    levels = g.levels_tensor(x.device)
+    if g.neg_extra is not None:  # two's complement: a negative amax element may reach -g_neg
+        signed_max = _block_signed_extreme(xf, block, block_2d)
+        g_scale = torch.where(signed_max < 0, g.neg_extra, g.g_max).to(torch.float32)
+        levels = torch.cat([levels, levels.new_tensor([g.neg_extra])])
+    else:
+        g_scale = torch.tensor(g.g_max, dtype=torch.float32, device=x.device)
+    if tensor_amax is None and scale == "e4m3":
+        tensor_amax = amax.amax() if amax.numel() else None
+    s = block_scale(amax, g_scale, scale, tensor_amax)  # [Rp, Cp // B]
+
+    s_el = s.repeat_interleave(block, dim=1)
+    safe = s_el > 0
+    v = torch.where(safe, xf.abs() / torch.where(safe, s_el, torch.ones_like(s_el)),
+                    torch.zeros_like(xf))
+    neg = xf < 0
+    v_max = torch.full_like(v, g.g_max)
+    if g.neg_extra is not None:
+        v_max = torch.where(neg, g.neg_extra, v_max)
+    v = torch.minimum(v, v_max)
+
+    if rounding == "rtne":
+        code = round_rtne(v, levels)
+    elif rounding == "sr":
+        bits = position_bits(Rp, Cp, seed, origin, device=x.device)
+        code = round_stochastic(v, levels, uniform24(bits))
+    else:
+        raise ValueError(f"unknown rounding {rounding!r}; valid: rtne, sr")
+
+    mag = levels[code] * s_el
+    values = torch.where(neg, -mag, mag)
+    finite = torch.isfinite(s_el)
+    values = torch.where(finite, values, torch.full_like(values, float("nan")))
+    codes = torch.where(neg, -code, code)
+    q = QuantizedView(values=values, codes=codes, scales=s, source=xf, grid=g)
+    if Rp != R:
+        q.values, q.codes, q.scales, q.source = (q.values[:R], q.codes[:R], q.scales[:R],
+                                                 q.source[:R])
+    return q
+
+
+def _block_signed_extreme(x: torch.Tensor, block: int, block_2d: bool) -> torch.Tensor:
+    """The signed value of each block's largest-magnitude element (ties: the negative one)."""
+    R, C = x.shape
+    if block_2d:
+        t = x.view(R // block, block, C // block, block).permute(0, 2, 1, 3).reshape(
+            R // block, C // block, block * block)
+        mx, mn = t.amax(-1), t.amin(-1)
+        ext = torch.where(-mn >= mx, mn, mx)
+        return ext.repeat_interleave(block, dim=0)
+    t = x.view(R, C // block, block)
+    mx, mn = t.amax(-1), t.amin(-1)
+    return torch.where(-mn >= mx, mn, mx)

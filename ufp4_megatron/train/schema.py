@@ -1,0 +1,181 @@
+"""The training config schema: one keyword-only dataclass per Hydra group.
+
+Hydra merges every YAML under `configs/` into these dataclasses, so an unknown key or a value
+of the wrong type fails at start with the full key in the message. YAML keys equal the field
+names below; see docs/training.md for the command-line contract.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """A Megatron-Core GPT: pre-norm blocks with GQA, RoPE, RMSNorm and SwiGLU, no biases."""
+
+    name: str = MISSING
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    ffn_hidden_size: int = MISSING  # SwiGLU width of dense layers (fc1 is 2x this)
+    num_attention_heads: int = MISSING
+    num_query_groups: int = MISSING  # GQA: key/value heads
+    kv_channels: Optional[int] = None  # head dim; None: hidden_size / num_attention_heads
+    vocab_size: int = 384  # rows of the embedding; >= the tokenizer's (258 for bytes)
+    max_seq_len: int = 4096  # RoPE has no position table; this only bounds train.seq_len
+    rotary_base: int = 10000
+    untie_embeddings: bool = True  # separate output head (Megatron's default for GPT-3 style)
+    init_std: float = 0.02
+    # MoE (num_experts None: dense). Routed experts use moe_ffn_hidden_size, one shared expert
+    # of moe_shared_expert_size runs on every token, the first moe_first_dense layers are dense.
+    num_experts: Optional[int] = None
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: Optional[int] = None
+    moe_shared_expert_size: Optional[int] = None
+    moe_first_dense: int = 0
+    moe_aux_loss_coeff: float = 1e-3
+
+
+@dataclass(kw_only=True)
+class RhtConfig:
+    """Random Hadamard transform per GEMM (both operands, along the reduction dim)."""
+
+    fprop: bool = False
+    dgrad: bool = False
+    wgrad: bool = False
+    size: int = 16
+    seed: int = 0  # one fixed sign vector per run, equal on all ranks
+
+
+@dataclass(kw_only=True)
+class SrConfig:
+    """Stochastic rounding per operand name (x, w, dy); RTNE where false."""
+
+    x: bool = False
+    w: bool = False
+    dy: bool = False
+
+
+@dataclass(kw_only=True)
+class Bf16LayersConfig:
+    """Transformer layers kept in BF16: the first `start` and the last `end`."""
+
+    start: int = 0
+    end: int = 0
+
+
+@dataclass(kw_only=True)
+class PrecisionConfig:
+    """A preset of ufp4_megatron.recipe.get_recipe plus its command-line overrides.
+
+    grid/block/scale None keep the preset's values; rht and sr are stated in full by every
+    preset YAML so that `precision.rht.fprop=false` or `precision.sr.dy=false` edit one switch.
+    """
+
+    name: str = MISSING  # label used in run names and reports
+    recipe: str = MISSING  # a name from list_recipes()
+    grid: Optional[str] = None
+    block: Optional[int] = None
+    scale: Optional[str] = None
+    rht: RhtConfig = field(default_factory=RhtConfig)
+    sr: SrConfig = field(default_factory=SrConfig)
+    bf16_layers: Bf16LayersConfig = field(default_factory=Bf16LayersConfig)
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    """Megatron parallel sizes; data parallel is what is left of the world size."""
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    sp: bool = False  # sequence parallel (needs tp > 1)
+    dp: Optional[int] = None  # None: world_size / (tp * pp); a number is checked against it
+    distributed_optimizer: bool = True  # GPU only; CPU runs use torch AdamW per rank
+    backend: str = "auto"  # auto: nccl with CUDA, gloo without
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Indexed (.bin/.idx) token data read through Megatron's GPTDataset."""
+
+    # Megatron blend: ["prefix"] or ["0.7", "a", "0.3", "b"]; empty: the embedded corpus,
+    # tokenized on first use into cache_dir.
+    prefixes: list[str] = field(default_factory=list)
+    split: str = "98,2,0"
+    cache_dir: str = "data/cache"
+    corpus_max_bytes: int = 8_000_000  # size of the embedded corpus when prefixes is empty
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """AdamW with linear warmup then cosine decay to min_lr, and global-norm clipping."""
+
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    clip_grad: float = 1.0
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    steps: int = 1000
+    seed: int = 1234
+    seq_len: int = 1024
+    micro_batch: int = 1  # sequences per rank per forward pass
+    global_batch: int = 8  # sequences per optimizer step (micro_batch * dp * accumulation)
+    eval_interval: int = 0  # steps between validation passes; 0: never
+    eval_iters: int = 4
+    device: str = "auto"  # auto: cuda when available, else cpu
+    dtype: str = "auto"  # params/activations: auto = bf16 on CUDA, fp32 on CPU
+
+
+@dataclass(kw_only=True)
+class WandbConfig:
+    mode: str = "offline"  # offline | online | disabled; online needs `wandb login`
+    project: str = "ufp4-megatron"
+    entity: Optional[str] = None
+    dir: Optional[str] = None  # None: the run dir
+    diagnostics_interval: int = 0  # steps between per-layer diagnostics; 0: never
+    diagnostics_layers: list[int] = field(default_factory=lambda: [0])
+
+
+@dataclass(kw_only=True)
+class LoggingConfig:
+    log_interval: int = 1  # steps between metrics.jsonl lines
+    progress: str = "auto"  # auto: a tqdm bar on a TTY, plain lines otherwise | bar | plain
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    dir: Optional[str] = None  # None: <run dir>/checkpoints; a checkpoint there is resumed
+    interval: int = 0  # steps between saves; 0: only at the end and on SIGTERM/SIGUSR1
+    save_at_end: bool = True
+    resume: bool = True
+    keep: int = 2  # newest checkpoints kept; older ones are deleted
+
+
+@dataclass(kw_only=True)
+class Config:
+    experiment: str = "default"  # W&B group and the run dir's parent
+    model: ModelConfig = MISSING
+    precision: PrecisionConfig = MISSING
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+def register_configs() -> None:
+    """Registers the schema as `base_config`, the first entry of configs/config.yaml."""
+    ConfigStore.instance().store(name="base_config", node=Config)
