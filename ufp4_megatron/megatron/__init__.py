@@ -1,0 +1,17 @@
+"""Megatron-Core glue for UFP4: parallel linears, MoE experts, spec rewrite, policy, CPU compat.
+
+Glue only: every quantized GEMM is `ufp4_megatron.ops`; nothing here does arithmetic.
+Pinned to megatron-core 0.19.2 (checked on import).
+"""
+from ._version import MEGATRON_CORE_VERSION, check_megatron_core
+
+check_megatron_core()
+
+from .cpu_compat import enable_cpu_compat, seed_model_parallel  # noqa: E402
+from .linear import UFP4ColumnParallelLinear, UFP4RowParallelLinear, shard_unit  # noqa: E402
+from .policy import UFP4Binding, UFP4Policy  # noqa: E402
+from .seeds import SRSeeds  # noqa: E402
+
+__all__ = ["MEGATRON_CORE_VERSION", "enable_cpu_compat", "seed_model_parallel",
+           "UFP4ColumnParallelLinear", "UFP4RowParallelLinear", "shard_unit", "UFP4Binding",
+           "UFP4Policy", "SRSeeds"]

@@ -1,0 +1,156 @@
+"""UFP4ColumnParallelLinear / UFP4RowParallelLinear: Megatron's parallel linears with UFP4 GEMMs.
+
+Subclasses that only override `_forward_impl` (the seam Megatron itself uses for frozen vs
+trainable weights): construction, parameters, initialization, checkpoint layout, the
+surrounding TP communication of `forward` and every config flag stay Megatron's. What they
+need beyond Megatron's arguments arrives as one `ufp4=UFP4Binding` (see policy.py), so they
+drop into a ModuleSpec unchanged.
+
+Tensor-parallel invariance: this rank's shard offsets are passed to ops as origins, and the
+SR seed is identical on all TP ranks (seeds.py), so TP=2 draws the SR bits of TP=1. That needs
+shards made of whole blocks: the sharded dim per rank (N/TP for column-parallel, K/TP for
+row-parallel) must be a multiple of `shard_unit(recipe)`; construction fails otherwise.
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from megatron.core.utils import get_pg_rank, get_pg_size
+
+from ..ops import uses_sr
+from ..recipe import GEMMS, Recipe
+from .parallel_gemm import Comm, Origins, UFP4ParallelLinearFn
+from .policy import UFP4Binding
+
+
+def shard_unit(recipe: Recipe) -> int:
+    """Smallest shard width that keeps blocks, RHT groups and Philox words (4 columns) whole."""
+    unit = 1
+    for g in GEMMS:
+        spec = getattr(recipe, g)
+        if spec is None:
+            continue
+        for op in (spec.a, spec.b):
+            if op is not None:
+                unit = math.lcm(unit, op.block, 4 if op.rounding == "sr" else 1)
+        unit = math.lcm(unit, spec.rht or 1)
+    return unit
+
+
+class _UFP4Mixin:
+    """Shared by both linears: binding, origins, seed draw, the call into the autograd fn."""
+
+    ufp4: UFP4Binding
+    expert_index: int = -1  # global expert index, set by the expert containers (experts.py)
+
+    def _setup_ufp4(self, ufp4: UFP4Binding, *, sharded: int, kind: str, dim_name: str):
+        if not isinstance(ufp4, UFP4Binding):
+            raise TypeError(f"{type(self).__name__} needs ufp4=UFP4Binding (build it through "
+                            "UFP4Policy.bind or the spec functions in ufp4_megatron.megatron.spec)")
+        self.ufp4 = ufp4
+        tp = get_pg_size(self.tp_group)
+        unit = shard_unit(ufp4.recipe)
+        if tp > 1 and sharded % unit:
+            raise ValueError(
+                f"{kind} {ufp4.path}: {dim_name}/TP = {sharded} is not a multiple of {unit} "
+                f"(block and RHT sizes of recipe {ufp4.recipe.name!r}), so quantization blocks "
+                f"would straddle tensor-parallel shards. Choose sizes with {dim_name} divisible "
+                f"by TP*{unit}, a smaller TP, or a recipe with smaller blocks for this layer.")
+        self._tp_rank = get_pg_rank(self.tp_group)
+        self._dp_rank = (parallel_state.get_expert_data_parallel_rank() if self.is_expert else
+                         parallel_state.get_data_parallel_rank(with_context_parallel=True))
+        self._sr = uses_sr(ufp4.recipe)
+
+    def _draw_seed(self, x: torch.Tensor, weight: torch.Tensor) -> int:
+        # Only forwards that will run backward draw, so eval leaves the stream alone.
+        if not (self._sr and torch.is_grad_enabled()
+                and (x.requires_grad or weight.requires_grad)):
+            return 0
+        b = self.ufp4
+        return b.seeds.draw(b.layer_number, b.role, self.expert_index + 1, self._dp_rank)
+
+    def _ufp4_forward(self, input, weight, bias, *, origins: Origins, gradient_accumulation_fusion,
+                      allreduce_dgrad, sequence_parallel, tp_group, grad_output_buffer=None,
+                      wgrad_deferral_limit=None, gtp_remat_size=1):
+        if gtp_remat_size > 1:
+            raise NotImplementedError(f"{self.ufp4.path}: GTP weight rematerialization is not "
+                                      "supported by UFP4 linears; set gtp_weight_remat_size=1")
+        if grad_output_buffer is not None:
+            raise NotImplementedError(f"{self.ufp4.path}: deferred wgrad (grad_output_buffer) "
+                                      "is an LM-head feature; the LM head stays BF16")
+        comm = Comm(sequence_parallel=sequence_parallel, allreduce_dgrad=allreduce_dgrad,
+                    grad_accumulation_fusion=gradient_accumulation_fusion,
+                    tp_group=tp_group if tp_group is not None else self.tp_group)
+        seed = self._draw_seed(input, weight)
+        return UFP4ParallelLinearFn.apply(input, weight, bias, self.ufp4.recipe, seed, origins,
+                                          comm)
+
+
+def _config_without_apex_check(config):
+    # ColumnParallelLinear refuses gradient_accumulation_fusion unless apex's fused kernel is
+    # importable; the UFP4 backward accumulates into main_grad with torch, so build the
+    # parent with the flag off and restore it afterwards.
+    if not config.gradient_accumulation_fusion:
+        return config
+    quiet = copy.copy(config)
+    quiet.gradient_accumulation_fusion = False
+    return quiet
+
+
+class UFP4ColumnParallelLinear(_UFP4Mixin, ColumnParallelLinear):
+    """ColumnParallelLinear (Y = X W^T, W split along N) whose GEMMs follow a UFP4 recipe."""
+
+    def __init__(self, input_size, output_size, *, config, ufp4: UFP4Binding, **kwargs):
+        super().__init__(input_size, output_size, config=_config_without_apex_check(config),
+                         **kwargs)
+        self.config = config
+        self.gradient_accumulation_fusion = config.gradient_accumulation_fusion
+        self._setup_ufp4(ufp4, sharded=self.output_size_per_partition,
+                         kind="UFP4ColumnParallelLinear", dim_name=f"output_size {output_size}")
+        n0 = get_pg_rank(self.tp_group) * self.output_size_per_partition
+        self._origins = Origins(w=(n0, 0), dy_col=n0)
+
+    def _forward_impl(self, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
+                      sequence_parallel, *args, **kwargs):
+        return self._ufp4_forward(input, weight, bias, origins=self._origins,
+                                  gradient_accumulation_fusion=gradient_accumulation_fusion,
+                                  allreduce_dgrad=allreduce_dgrad,
+                                  sequence_parallel=sequence_parallel, **_named(args, kwargs))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, recipe={self.ufp4.recipe.name}"
+
+
+class UFP4RowParallelLinear(_UFP4Mixin, RowParallelLinear):
+    """RowParallelLinear (Y = X W^T, W split along K) whose GEMMs follow a UFP4 recipe."""
+
+    def __init__(self, input_size, output_size, *, config, ufp4: UFP4Binding, **kwargs):
+        super().__init__(input_size, output_size, config=config, **kwargs)
+        self._setup_ufp4(ufp4, sharded=self.input_size_per_partition,
+                         kind="UFP4RowParallelLinear", dim_name=f"input_size {input_size}")
+        k0 = get_pg_rank(self.tp_group) * self.input_size_per_partition
+        self._origins = Origins(x_col=k0, w=(0, k0))
+
+    def _forward_impl(self, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
+                      sequence_parallel, *args, **kwargs):
+        return self._ufp4_forward(input, weight, bias, origins=self._origins,
+                                  gradient_accumulation_fusion=gradient_accumulation_fusion,
+                                  allreduce_dgrad=allreduce_dgrad,
+                                  sequence_parallel=sequence_parallel, **_named(args, kwargs))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, recipe={self.ufp4.recipe.name}"
+
+
+_TAIL = ("grad_output_buffer", "wgrad_deferral_limit", "tp_group", "gtp_remat_size")
+
+
+def _named(args, kwargs) -> dict:
+    # Megatron calls _forward_impl with keywords; accept its positional order too.
+    out = dict(zip(_TAIL, args))
+    out.update(kwargs)
+    return out

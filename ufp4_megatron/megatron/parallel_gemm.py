@@ -1,0 +1,129 @@
+"""The autograd function of a UFP4 tensor-parallel linear: Megatron's communication, UFP4 GEMMs.
+
+It mirrors `LinearWithGradAccumulationAndAsyncCommunication` (megatron-core 0.19.2) step for
+step, and swaps each of its three matmuls for `ufp4_megatron.ops`:
+
+    forward   [SP: all-gather x over TP]       y  = fprop(x, w)
+    backward  [SP: all-gather x again, async]  dx = dgrad(dy, w)
+              [all-reduce dx, or SP: reduce-scatter dx, async]
+              dw = wgrad(dy, x)  -> weight.grad, or added into weight.main_grad
+              (gradient_accumulation_fusion, done with torch instead of apex's fused kernel)
+
+Shard offsets (`Origins`) tell ops where this rank's operands sit in the unsharded GEMM, so
+stochastic-rounding bits equal those of TP=1; rows always start at 0 because every rank holds
+all tokens of the GEMM (SP gathers them before any GEMM).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from megatron.core.parallel_state import get_global_memory_buffer
+
+from .. import ops
+from ..recipe import Recipe
+
+
+@dataclass(frozen=True)
+class Origins:
+    """Column offsets of this rank's shards in the full tensors (natural layouts)."""
+
+    x_col: int = 0               # x [M, K]: K offset (row-parallel)
+    w: tuple[int, int] = (0, 0)  # w [N, K]: (N offset, K offset)
+    dy_col: int = 0              # dy [M, N]: N offset (column-parallel)
+
+
+@dataclass(frozen=True)
+class Comm:
+    """Megatron's communication flags for one call (see LinearWithGradAccumulation...)."""
+
+    sequence_parallel: bool
+    allreduce_dgrad: bool
+    grad_accumulation_fusion: bool
+    tp_group: dist.ProcessGroup | None
+
+
+def _gather_tokens(x: torch.Tensor, group, async_op: bool = False):
+    size = list(x.shape)
+    size[0] *= group.size()
+    buf = get_global_memory_buffer().get_tensor(size, x.dtype, "mpu")
+    handle = dist.all_gather_into_tensor(buf, x.contiguous(), group=group, async_op=async_op)
+    return buf, handle
+
+
+class UFP4ParallelLinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, recipe: Recipe, seed: int, origins: Origins, comm: Comm):
+        if comm.sequence_parallel:
+            total_x, _ = _gather_tokens(x, comm.tp_group)
+        else:
+            total_x = x
+        y = ops.fprop(total_x.reshape(-1, total_x.shape[-1]), weight, recipe, seed=seed,
+                      x_origin=(0, origins.x_col), w_origin=origins.w)
+        y = y.view(*total_x.shape[:-1], weight.shape[0])
+        if bias is not None:
+            y = y + bias
+        ctx.save_for_backward(x, weight)  # the shard, as Megatron: SP re-gathers in backward
+        # main_grad is kept off save_for_backward as Megatron does (modules reused across
+        # layers, e.g. MTP, would trip the in-place version check).
+        ctx.main_grad = getattr(weight, "main_grad", None) if comm.grad_accumulation_fusion else None
+        ctx.recipe, ctx.seed, ctx.origins, ctx.comm = recipe, seed, origins, comm
+        ctx.use_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        recipe, seed, origins, comm = ctx.recipe, ctx.seed, ctx.origins, ctx.comm
+        wgrad_needed = ctx.needs_input_grad[1]
+        handle = None
+        if wgrad_needed and comm.sequence_parallel:
+            total_x, handle = _gather_tokens(x, comm.tp_group, async_op=True)
+        else:
+            total_x = x
+        dy2d = dy.reshape(-1, dy.shape[-1]).contiguous()
+        dx = ops.dgrad(dy2d, weight, recipe, seed=seed, dy_origin=(0, origins.dy_col),
+                       w_origin=origins.w)
+        dx = dx.view(*dy.shape[:-1], weight.shape[1])
+        if handle is not None:
+            handle.wait()
+
+        if comm.allreduce_dgrad:
+            handle = dist.all_reduce(dx, group=comm.tp_group, async_op=True)
+        if comm.sequence_parallel:
+            assert not comm.allreduce_dgrad
+            sub_dx = torch.empty(x.shape, dtype=dx.dtype, device=dx.device)
+            handle = dist.reduce_scatter_tensor(sub_dx, dx.contiguous(), group=comm.tp_group,
+                                                async_op=True)
+
+        grad_weight = None
+        if wgrad_needed:
+            x2d = total_x.reshape(-1, total_x.shape[-1])
+            dw = ops.wgrad(dy2d, x2d, recipe, seed=seed, dy_origin=(0, origins.dy_col),
+                           x_origin=(0, origins.x_col))
+            grad_weight = _accumulate(weight, dw, ctx.main_grad)
+        grad_bias = dy2d.sum(dim=0) if ctx.use_bias else None
+
+        if comm.sequence_parallel:
+            handle.wait()
+            dx = sub_dx
+        elif comm.allreduce_dgrad:
+            handle.wait()
+        return dx, grad_weight, grad_bias, None, None, None, None
+
+
+def _accumulate(weight, dw, main_grad):
+    """dW for autograd, or None/dummy after adding it into main_grad (grad accumulation fusion).
+
+    Same contract as Megatron: with `grad_added_to_main_grad` present (Megatron DDP), return a
+    dummy gradient so DDP's hooks run on the main thread, and mark the weight.
+    """
+    if main_grad is None:
+        return dw.to(weight.dtype)
+    main_grad.add_(dw.to(main_grad.dtype))
+    if not hasattr(weight, "grad_added_to_main_grad"):
+        return None
+    weight.grad_added_to_main_grad = True
+    make = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
+    return make(main_grad.shape, dtype=dw.dtype, device=dw.device)
