@@ -1,0 +1,18 @@
+"""A worker for launcher tests: records what it received (argv, rank env) and exits.
+
+Run by torchrun as `-m argv_probe` (PYTHONPATH=tests/launch); writes
+$PROBE_OUT/rank<RANK>.json. It stands in for the trainer only where the launcher's contract is
+the argv/environment boundary; the end-to-end tests run the real trainer.
+"""
+import json
+import os
+import sys
+from pathlib import Path
+
+keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+        "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
+        "SLURM_JOB_ID", "SLURM_ARRAY_TASK_ID")
+out = Path(os.environ["PROBE_OUT"])
+out.mkdir(parents=True, exist_ok=True)
+record = {"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in keys}}
+(out / f"rank{os.environ.get('RANK', 'x')}.json").write_text(json.dumps(record))

@@ -1,0 +1,179 @@
+"""ufp4-launch: the BF16 / E2M1 / UFP4 compare sweep on Slurm.
+
+    ufp4-launch compare --out sweeps/tiny [--precisions bf16,e2m1,ufp4] [--ablations]
+                        [--nodes N] [--sbatch-arg=--partition=gpu ...] [--dry-run]
+                        [--nproc-per-node G] [--max-restarts R] [--] OVERRIDES ...
+
+submits one Slurm job array (launch/slurm.sbatch, one element per precision: identical seed,
+data and overrides, only `precision` differs), then `ufp4-compare` over the run dirs as a job
+that starts once every element succeeded (afterok; a requeued element still counts once it
+finishes). Each element's run dir is <out>/<name>, its checkpoints <out>/<name>/checkpoints,
+its log <out>/logs/; so a requeued element resumes where it stopped. The job ids and the run
+list are written to <out>/sweep.json.
+
+    ufp4-launch task SWEEP.json
+
+runs inside each array element, on every rank torchrun starts: it replaces itself with the
+trainer, `python -m ufp4_megatron.train <that element's overrides>` (no shell in between).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+TRAIN_MODULE = "ufp4_megatron.train"
+REPORT_MODULE = "ufp4_megatron.report.compare"
+DEFAULT_PRECISIONS = ("bf16", "e2m1", "ufp4")
+
+# The paper's ablations (Dense 1.5B, Section "Ablation"): where the RHT applies, and SR on dY.
+# Each is UFP4 with precision-group overrides; `precision.name` names the run and its report row.
+ABLATIONS: dict[str, tuple[str, ...]] = {
+    "ufp4_rht_none": ("precision.rht.fprop=false", "precision.rht.dgrad=false",
+                      "precision.rht.wgrad=false"),
+    "ufp4_rht_wgrad": ("precision.rht.fprop=false", "precision.rht.dgrad=false"),
+    "ufp4_rht_dgrad_wgrad": ("precision.rht.fprop=false",),
+    "ufp4_rht_fprop_wgrad": ("precision.rht.dgrad=false",),
+    "ufp4_no_sr": ("precision.sr.dy=false",),
+}
+
+
+def repo_root() -> Path:
+    """Where launch/slurm.sbatch lives: $UFP4_ROOT, else this checkout (editable install)."""
+    root = Path(os.environ.get("UFP4_ROOT") or Path(__file__).resolve().parents[1])
+    if not (root / "launch" / "slurm.sbatch").is_file():
+        raise SystemExit(f"ufp4-launch: no launch/slurm.sbatch under {root}; set UFP4_ROOT to "
+                         "the ufp4-megatron checkout")
+    return root
+
+
+def plan_runs(precisions: list[str], ablations: bool, overrides: list[str],
+              out: Path) -> list[dict]:
+    """One run per precision (+ ablations): the shared overrides, then what makes it unique."""
+    runs = [(p, (f"precision={p}",)) for p in precisions]
+    if ablations:
+        runs += [(name, ("precision=ufp4", f"precision.name={name}", *extra))
+                 for name, extra in ABLATIONS.items()]
+    names = [name for name, _ in runs]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"ufp4-launch: duplicate run names in {names}")
+    plan = []
+    for name, own in runs:
+        run_dir = out / name
+        plan.append({"name": name, "run_dir": str(run_dir), "overrides": [
+            *overrides, *own,
+            f"hydra.run.dir={run_dir}",
+            f"checkpoint.dir={run_dir / 'checkpoints'}",
+        ]})
+    return plan
+
+
+def sbatch_commands(root: Path, out: Path, plan: list[dict], args) -> tuple[list[str], list[str]]:
+    """The two sbatch command lines; the report's gets `--dependency` once the array id is known."""
+    logs = out / "logs"
+    array = ["sbatch", "--parsable", f"--array=0-{len(plan) - 1}", f"--nodes={args.nodes}",
+             f"--job-name={args.job_name}", f"--output={logs}/%x-%A_%a.out",
+             *args.sbatch_arg, str(root / "launch" / "slurm.sbatch"),
+             *(["--nproc-per-node", str(args.nproc_per_node)] if args.nproc_per_node else []),
+             "--max-restarts", str(args.max_restarts), "--module", "ufp4_megatron.launch_cli", "--",
+             "task", str(out / "sweep.json")]
+    report_argv = [args.python, "-m", args.report_module,
+                   *[run["run_dir"] for run in plan], "--out", str(out / "report")]
+    report = ["sbatch", "--parsable", "--nodes=1", "--ntasks=1",
+              f"--job-name={args.job_name}-report", f"--output={logs}/%x-%j.out",
+              "--kill-on-invalid-dep=yes", *args.sbatch_arg,
+              f"--wrap=exec {shlex.join(report_argv)}"]
+    return array, report
+
+
+def _sbatch(cmd: list[str], env: dict) -> str:
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"ufp4-launch: {shlex.join(cmd)} failed ({res.returncode}):\n"
+                         f"{res.stderr.strip()}")
+    return res.stdout.strip().split(";")[0]  # --parsable prints "jobid[;cluster]"
+
+
+def compare(args) -> int:
+    root = repo_root()
+    out = Path(args.out).resolve()
+    precisions = [p for p in args.precisions.split(",") if p]
+    plan = plan_runs(precisions, args.ablations, args.overrides, out)
+    array_cmd, report_cmd = sbatch_commands(root, out, plan, args)
+    if args.dry_run:
+        print(shlex.join(array_cmd))
+        print(shlex.join([*report_cmd[:2], "--dependency=afterok:<array>", *report_cmd[2:]]))
+        return 0
+
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    sweep = {"runs": plan, "python": args.python}
+    (out / "sweep.json").write_text(json.dumps(sweep, indent=2))
+    # The jobs inherit this environment (sbatch --export=ALL): the same Python and checkout.
+    env = {**os.environ, "PYTHON": args.python, "UFP4_ROOT": str(root)}
+    array_id = _sbatch(array_cmd, env)
+    report_id = _sbatch([*report_cmd[:2], f"--dependency=afterok:{array_id}", *report_cmd[2:]],
+                        env)
+    sweep["jobs"] = {"array": array_id, "report": report_id}
+    (out / "sweep.json").write_text(json.dumps(sweep, indent=2))
+    names = ", ".join(f"{i}={run['name']}" for i, run in enumerate(plan))
+    print(f"array job {array_id} ({names}); report job {report_id} -> {out / 'report'}")
+    print(f"logs: {out / 'logs'}   watch: squeue -j {array_id},{report_id}")
+    return 0
+
+
+def task(args) -> int:
+    sweep = json.loads(Path(args.sweep).read_text())
+    index = args.index if args.index is not None else os.environ.get("SLURM_ARRAY_TASK_ID")
+    if index is None:
+        raise SystemExit("ufp4-launch task: no --index and no SLURM_ARRAY_TASK_ID")
+    runs = sweep["runs"]
+    if not 0 <= int(index) < len(runs):
+        raise SystemExit(f"ufp4-launch task: index {index} outside 0..{len(runs) - 1}")
+    argv = [sys.executable, "-m", args.module, *runs[int(index)]["overrides"]]
+    sys.stdout.flush()
+    os.execv(argv[0], argv)  # same pid: torchrun's signals reach the trainer directly
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ufp4-launch", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("compare", help="submit the compare sweep as a Slurm job array + report")
+    c.add_argument("--out", required=True, help="sweep directory (run dirs, logs, report)")
+    c.add_argument("--precisions", default=",".join(DEFAULT_PRECISIONS),
+                   help="comma-separated precision configs (default: %(default)s)")
+    c.add_argument("--ablations", action="store_true",
+                   help=f"also run the UFP4 ablations: {', '.join(ABLATIONS)}")
+    c.add_argument("--nodes", type=int, default=1, help="nodes per run (default: 1)")
+    c.add_argument("--job-name", default="ufp4-compare")
+    c.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
+                   help="extra sbatch option for every job, e.g. --sbatch-arg=--partition=gpu")
+    c.add_argument("--nproc-per-node", default=None,
+                   help="processes per node (default: the node's GPUs; CPU runs give a number)")
+    c.add_argument("--max-restarts", type=int, default=0,
+                   help="torchrun restarts after a failure, each resuming from a checkpoint")
+    c.add_argument("--python", default=sys.executable, help="Python of the jobs (default: this)")
+    c.add_argument("--report-module", default=REPORT_MODULE)
+    c.add_argument("--dry-run", action="store_true", help="print the sbatch commands only")
+    c.add_argument("overrides", nargs=argparse.REMAINDER,
+                   help="Hydra overrides shared by every run (after --)")
+    c.set_defaults(func=compare)
+
+    t = sub.add_parser("task", help="(inside an array job) exec the trainer for this element")
+    t.add_argument("sweep")
+    t.add_argument("--index", type=int, default=None)
+    t.add_argument("--module", default=TRAIN_MODULE)
+    t.set_defaults(func=task)
+
+    args = parser.parse_args(argv)
+    if getattr(args, "overrides", None) and args.overrides[0] == "--":
+        args.overrides = args.overrides[1:]
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
