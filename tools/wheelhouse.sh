@@ -12,10 +12,11 @@ for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_28_x86_64 manyli
   platforms+=(--platform "$p")
 done
 dl=("$PYTHON" -m pip download -q --disable-pip-version-check --only-binary=:all:
-    --python-version "$PY" --implementation cp "${platforms[@]}" -d "$OUT")
+    --python-version "$PY" --implementation cp "${platforms[@]}" -d "$OUT" --find-links "$OUT")
 "$PYTHON" -m pip wheel -q --disable-pip-version-check --no-deps -w "$OUT" .
-# antlr4 4.9.3 (pinned by hydra/omegaconf) is an sdist only: build its wheel locally.
+# antlr4 4.9.3 (pinned by hydra/omegaconf) is an sdist only: build its wheel here; the
+# downloads below find it through --find-links.
 "$PYTHON" -m pip wheel -q --disable-pip-version-check --no-deps -w "$OUT" antlr4-python3-runtime==4.9.3
-"${dl[@]}" -r <(grep -v antlr4 requirements/gpu-node.txt) 2>&1 | grep -v antlr4 || true
+"${dl[@]}" -r requirements/gpu-node.txt
 "${dl[@]}" --no-deps megatron-core==0.19.2
 echo "wheelhouse: $(ls "$OUT" | wc -l) wheels in $OUT/ for Python $PY"
