@@ -1,0 +1,187 @@
+"""Layer-spec rewrite: Megatron's local GPT spec with UFP4 linears, one spec per layer.
+
+    block = ufp4_block_spec(get_gpt_layer_local_spec(...), config, policy)   # library API
+    GPTModel(config, transformer_layer_spec=block, ...)
+
+    --spec ufp4_megatron.megatron.spec ufp4_gpt_spec                          # Megatron-LM
+
+The rewrite walks the spec (ModuleSpecs, `partial` builders, submodule dataclasses) and swaps,
+by field name, each linear that the policy quantizes:
+    ColumnParallelLinear -> UFP4ColumnParallelLinear   linear_qkv, linear_fc1, MLA up/q projs
+    RowParallelLinear    -> UFP4RowParallelLinear      linear_proj, linear_fc2
+    SequentialMLP        -> UFP4SequentialMLP, or with config.moe_grouped_gemm Megatron's
+                            TEGroupedMLP with UFP4 grouped fc1/fc2 (routed experts)
+Shared experts are MLPs and are swapped like dense MLPs. Layers get their own spec because
+each binding carries its global layer number (SR seeds, BF16 first/last layers). Untouched:
+embeddings, LM head (a ColumnParallelLinear outside the block), norms, core attention, router,
+and MLA's down projections (MLA checks their class by identity; they stay BF16).
+With sequence parallelism, torch norms are built SP-aware (norms.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Any
+
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_decoder_block_spec,
+    get_gpt_layer_local_spec,
+)
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.moe.experts import GroupedMLPSubmodules, SequentialMLP, TEGroupedMLP
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
+from megatron.core.transformer.transformer_block import (
+    LayerNormImpl,
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
+)
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+from .experts import (
+    UFP4ColumnParallelGroupedLinear,
+    UFP4RowParallelGroupedLinear,
+    UFP4SequentialMLP,
+)
+from .linear import UFP4ColumnParallelLinear, UFP4RowParallelLinear
+from .norms import sequence_parallel_torch_norm
+from .policy import UFP4Policy
+
+_UFP4_CLASS = {ColumnParallelLinear: UFP4ColumnParallelLinear,
+               RowParallelLinear: UFP4RowParallelLinear}
+# MLA selects kwargs by `submodules.linear_*_down_proj in [ColumnParallelLinear, ...]`.
+_IDENTITY_CHECKED = {"linear_q_down_proj", "linear_kv_down_proj"}
+_SP_NORMS = {"input_layernorm", "pre_mlp_layernorm", "pre_cross_attn_layernorm"}
+
+
+def ufp4_block_spec(spec: ModuleSpec | TransformerBlockSubmodules, config, policy: UFP4Policy,
+                    *, vp_stage: int | None = None,
+                    pp_rank: int | None = None) -> TransformerBlockSubmodules:
+    """This pipeline stage's block spec with UFP4 linears where `policy` quantizes.
+
+    spec: a layer spec (e.g. get_gpt_layer_local_spec(...)), repeated over this stage's
+          layers, or a block spec whose layer_specs are already this stage's (as
+          get_gpt_decoder_block_spec returns, e.g. for MoE with moe_layer_freq).
+    """
+    if isinstance(spec, TransformerBlockSubmodules):
+        layer_specs, layer_norm = list(spec.layer_specs), spec.layer_norm
+    elif isinstance(spec, ModuleSpec):
+        layer_specs = [spec] * get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
+        layer_norm = LayerNormImpl
+    else:
+        raise TypeError(f"expected a layer ModuleSpec or TransformerBlockSubmodules, got "
+                        f"{type(spec).__name__}")
+    offset = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank)
+    rewritten = []
+    for i, layer_spec in enumerate(layer_specs):
+        number = offset + i + 1  # Megatron's global, 1-based layer number
+        ctx = _Ctx(policy, config, number, f"decoder.layers.{number - 1}")
+        rewritten.append(_rewrite(layer_spec, ctx, path=""))
+    if config.sequence_parallel and layer_norm is WrappedTorchNorm:
+        layer_norm = sequence_parallel_torch_norm
+    return TransformerBlockSubmodules(layer_specs=rewritten, layer_norm=layer_norm)
+
+
+def ufp4_gpt_spec(config, vp_stage: int | None = None, *rest) -> TransformerBlockSubmodules:
+    """Megatron-LM entry point: `--spec ufp4_megatron.megatron.spec ufp4_gpt_spec`.
+
+    The policy comes from the environment, and only here: UFP4_RECIPE is a preset name
+    (default "ufp4") or the path of a JSON file {"recipe": ..., "rules": {...}, "sr_seed": N}.
+    Dense or MoE (config.num_moe_experts, moe_layer_freq), MLA and qk-layernorm follow the
+    config. Also accepts the (args, config, vp_stage) call of forks that call --spec hooks.
+    """
+    if not hasattr(config, "num_moe_experts") and rest:  # (args, config, vp_stage)
+        config, vp_stage = vp_stage, rest[0]
+    policy = policy_from_env()
+    if config.num_moe_experts:
+        base = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
+                                          normalization=config.normalization, vp_stage=vp_stage)
+    else:
+        base = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm,
+                                        multi_latent_attention=config.multi_latent_attention,
+                                        normalization=config.normalization)
+    ENTRY_POLICIES[vp_stage] = policy
+    return ufp4_block_spec(base, config, policy, vp_stage=vp_stage)
+
+
+# The policies ufp4_gpt_spec built, by vp_stage: Megatron-LM offers no other channel back to
+# the trainer, which needs them to checkpoint the SR seed stream (state_dict()).
+ENTRY_POLICIES: dict[int | None, UFP4Policy] = {}
+
+
+def policy_from_env() -> UFP4Policy:
+    value = os.environ.get("UFP4_RECIPE", "ufp4")
+    if not value.endswith(".json"):
+        return UFP4Policy(value)
+    with open(value) as f:
+        cfg = json.load(f)
+    unknown = set(cfg) - {"recipe", "rules", "sr_seed"}
+    if unknown:
+        raise ValueError(f"{value}: unknown keys {sorted(unknown)}; valid: recipe, rules, sr_seed")
+    return UFP4Policy(cfg.get("recipe", "ufp4"), rules=cfg.get("rules", {}),
+                      sr_seed=cfg.get("sr_seed", 0))
+
+
+# ----------------------------------------------------------------------------- the walk
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ctx:
+    policy: UFP4Policy
+    config: Any
+    layer_number: int
+    prefix: str
+
+    def bind(self, path: str):
+        return self.policy.bind(f"{self.prefix}.{path}", layer_number=self.layer_number,
+                                config=self.config)
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _rewrite(obj, ctx: _Ctx, path: str, field: str = ""):
+    if isinstance(obj, ModuleSpec):
+        if obj.module in (SequentialMLP,):
+            return _experts(obj.submodules, ctx, path) or obj
+        subs = _rewrite(obj.submodules, ctx, path) if obj.submodules is not None else None
+        return dataclasses.replace(obj, submodules=subs)
+    if isinstance(obj, functools.partial):
+        if obj.func is SequentialMLP:
+            return _experts(obj.keywords["submodules"], ctx, path) or obj
+        kw = {k: (_rewrite(v, ctx, path) if k == "submodules" else v)
+              for k, v in obj.keywords.items()}
+        return functools.partial(obj.func, *obj.args, **kw)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {f.name: _rewrite(getattr(obj, f.name), ctx, _join(path, f.name), f.name)
+                   for f in dataclasses.fields(obj)}
+        return dataclasses.replace(obj, **changes)
+    if not isinstance(obj, type):
+        return obj
+    if obj in _UFP4_CLASS and field not in _IDENTITY_CHECKED:
+        binding = ctx.bind(path)
+        return obj if binding is None else functools.partial(_UFP4_CLASS[obj], ufp4=binding)
+    if obj is WrappedTorchNorm and ctx.config.sequence_parallel and field in _SP_NORMS:
+        return sequence_parallel_torch_norm
+    return obj
+
+
+def _experts(mlp_submodules, ctx: _Ctx, path: str):
+    """Routed experts: UFP4SequentialMLP, or TEGroupedMLP + UFP4 grouped linears."""
+    fc1, fc2 = ctx.bind(f"{path}.linear_fc1"), ctx.bind(f"{path}.linear_fc2")
+    if fc1 is None and fc2 is None:
+        return None
+    if ctx.config.moe_grouped_gemm:
+        if fc1 is None or fc2 is None:
+            raise ValueError(f"{ctx.prefix}.{path}: grouped experts need fc1 and fc2 both "
+                             "quantized; use moe_grouped_gemm=False for a BF16 fc1 or fc2")
+        subs = GroupedMLPSubmodules(
+            linear_fc1=functools.partial(UFP4ColumnParallelGroupedLinear, ufp4=fc1),
+            linear_fc2=functools.partial(UFP4RowParallelGroupedLinear, ufp4=fc2),
+            activation_func=mlp_submodules.activation_func)
+        return functools.partial(TEGroupedMLP, submodules=subs)
+    subs = _rewrite(mlp_submodules, ctx, path)
+    return functools.partial(UFP4SequentialMLP, submodules=subs)
