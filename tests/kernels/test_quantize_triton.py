@@ -1,0 +1,160 @@
+"""Kernel vs reference, bit for bit: ufp4_megatron.kernels against numerics.quantize.
+
+Runs on a GPU when there is one, else in Triton's CPU interpreter (conftest.py), at small
+odd shapes. Every comparison is torch.equal on the values (NaN positions must match too).
+
+Coverage matrix (each row one test; x: every value of the axis is crossed with the others)
+| test                                   | grids      | scale  | rounding | block/2D | RHT        | layout        |
+| matches_reference_bitwise              | all 6   x  | all  x | both x   | 16       | 16         | row, col      |
+| block_options_match                    | e1m2       | fp32   | both x   | 16/32 x 2D x keep_padding x | none/16/32 | row, col |
+| dtypes_match                           | e2m1       | fp32   | rtne     | 16       | 16         | row; in x out dtype |
+| special_values_match                   | all 6   x  | all  x | both     | 16/32 2D | none/16    | row, col      |
+| dual_matches_two_single_layouts        | e1m2,int4  | fp32/e8m0 | sr    | 16       | none/16    | dual          |
+| sr_shard_reproduces_full_tensor_bits   | e1m2       | fp32   | sr       | 16       | 16         | row, col      |
+| supports_refuses_what_is_not_built     | -
+| quantized_linear_triton_matches_torch  | ufp4, nvfp4, mxfp4 recipes, forward and backward
+"""
+import pytest
+import torch
+
+from ufp4_megatron import get_recipe, kernels, quantize, quantized_linear
+from ufp4_megatron.numerics.hadamard import RHT
+from ufp4_megatron.numerics.quantize import quantize_view as reference
+
+from kernel_assertions import assert_bitwise
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The interpreter runs kernels in numpy, which warns on the NaN/Inf the special-value tests
+# feed in on purpose.
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+GRIDS = ["e2m1", "e1m2", "int4", "int4_asym", (0.0, 0.5, 1.0, 3.0),
+         tuple(float(v) for v in range(16))]
+
+
+def _data(rows, cols, seed, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g) * torch.rand(rows, 1, generator=g).mul(4).exp2()
+    return x.to(dtype).to(DEVICE)
+
+
+def _check(x, grid, layout="row", **kw):
+    """Kernel vs reference on x (row) or on x^T as a transposed view (col)."""
+    view = x if layout == "row" else x.t().contiguous().t()
+    if not kernels.supports(view, grid, **kw):
+        return False
+    assert_bitwise(kernels.quantize_view(view, grid, **kw), reference(view, grid, **kw),
+                   f"{grid} {layout} {kw}")
+    return True
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("rounding", ["rtne", "sr"])
+@pytest.mark.parametrize("scale", ["fp32", "e4m3", "e8m0"])
+@pytest.mark.parametrize("grid", GRIDS, ids=str)
+def test_quantize_triton_matches_reference_bitwise(grid, scale, rounding, layout):
+    x = _data(37, 70, seed=len(str(grid)) + 7 * len(scale))
+    ran = _check(x, grid, layout, scale=scale, rounding=rounding, rht=RHT(16, 5), seed=99)
+    assert ran == (not (scale == "e4m3" and grid == "int4_asym"))
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("rht", [None, 16, 32])
+@pytest.mark.parametrize("block,block_2d", [(16, False), (32, False), (16, True), (32, True)])
+def test_block_options_match(block, block_2d, rht, layout):
+    x = _data(41, 50, seed=block + rht if rht else block)
+    for rounding in ("rtne", "sr"):
+        for keep_padding in (False, True):
+            assert _check(x, "e1m2", layout, block=block, block_2d=block_2d, rounding=rounding,
+                          rht=RHT(rht, 1) if rht else None, seed=3, keep_padding=keep_padding)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("out_dtype", [None, torch.float32, torch.bfloat16])
+def test_dtypes_match(dtype, out_dtype):
+    assert _check(_data(19, 48, seed=1, dtype=dtype), "e2m1", rht=RHT(16, 2),
+                  out_dtype=out_dtype)
+
+
+def _special(rows=12, cols=64):
+    """Rows: NaN block, Inf block, all-zero row, subnormals (scale underflow), huge values,
+    exact RTNE ties for e1m2/int4 (amax 7 -> s = 1 for int4) and for e2m1 (amax 6)."""
+    x = _data(rows, cols, seed=11, dtype=torch.float32).cpu()
+    x[0, 3] = float("nan")
+    x[1, 20] = float("inf")
+    x[2] = 0.0
+    x[3] = x[3] * 1e-41
+    x[4] = x[4] * 1e37
+    x[5, :16] = torch.tensor([7.0, 0.5, 1.5, 2.5, 3.5, -4.5, 5.5, 6.5] * 2)
+    x[6, :16] = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, -5.0] * 2)
+    x[7, 16:32] = -0.0
+    return x.to(DEVICE)
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("scale", ["fp32", "e4m3", "e8m0"])
+@pytest.mark.parametrize("grid", GRIDS, ids=str)
+def test_special_values_match(grid, scale, layout):
+    x = _special()
+    for kw in (dict(rht=None), dict(rht=RHT(16, 0), rounding="sr", seed=5),
+               dict(block=32, block_2d=True), dict(block_2d=True, rounding="sr", seed=8)):
+        ran = _check(x, grid, layout, scale=scale, **kw)
+        assert ran == (not (scale == "e4m3" and grid == "int4_asym"))
+        if scale != "e4m3":  # e4m3: a non-finite tensor amax makes every block NaN
+            ran and _check(x[5:], grid, layout, scale=scale, **kw)  # finite rows only
+
+
+@pytest.mark.parametrize("rht", [None, 16])
+def test_dual_matches_two_single_layouts(rht):
+    x = _data(45, 40, seed=4)
+    r = RHT(rht, 7) if rht else None
+    row = dict(grid="e1m2", rounding="sr", rht=r, seed=1, keep_padding=True)
+    col = dict(grid="int4", scale="e8m0", rounding="sr", rht=RHT(16, 3), seed=2, origin=(8, 16))
+    got_row, got_col = kernels.quantize_dual(x, row, col)
+    assert_bitwise(got_row, reference(x, **row), "dual row")
+    assert_bitwise(got_col, reference(x.t(), **col), "dual col")
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+def test_sr_shard_reproduces_full_tensor_bits(layout):
+    x = _data(40, 64, seed=9)
+    view = x if layout == "row" else x.t().contiguous().t()
+    kw = dict(rounding="sr", rht=RHT(16, 1), seed=2**40 + 17)
+    full = kernels.quantize_view(view, "e1m2", **kw)
+    shard = kernels.quantize_view(view[8:24, 32:], "e1m2", origin=(8, 32), **kw)
+    assert_bitwise(shard, full[8:24, 32:], "shard")
+    other_seed = kernels.quantize_view(view, "e1m2", **dict(kw, seed=1))
+    assert not torch.equal(other_seed, full)  # the seed reaches the random bits
+
+
+def test_supports_refuses_what_is_not_built():
+    x = _data(4, 32, seed=0)
+    assert kernels.supports(x, "e1m2", rht=RHT(16, 0), rounding="sr", seed=1)
+    assert not kernels.supports(x, "e1m2", block=64)
+    assert not kernels.supports(x.double(), "e1m2")
+    assert not kernels.supports(x, "int4_asym", scale="e4m3")
+    assert not kernels.supports(x, "e1m2", rounding="sr", origin=(0, 2))
+    assert not kernels.supports(x[:0], "e1m2")
+
+
+def test_quantize_dispatch_backends_agree():
+    x = _data(15, 64, seed=2).reshape(3, 5, 64)
+    for dim in (-1, 0):
+        kw = dict(rht=16, rounding="sr", seed=4, dim=dim) if dim == -1 else dict(dim=dim)
+        assert_bitwise(quantize(x, "e1m2", backend="triton", **kw),
+                       quantize(x, "e1m2", backend="torch", **kw), f"dim {dim}")
+
+
+@pytest.mark.parametrize("name", ["ufp4", "nvfp4", "mxfp4"])
+def test_quantized_linear_triton_matches_torch(name):
+    recipe = get_recipe(name)
+    x = _data(24, 64, seed=3)
+    w = _data(48, 64, seed=4)
+    dy = _data(24, 48, seed=5)
+    outs = []
+    for backend in ("torch", "triton"):
+        xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = quantized_linear(xi, wi, None, recipe, seed=123, backend=backend)
+        y.backward(dy)
+        outs.append((y, xi.grad, wi.grad))
+    for what, a, b in zip(("y", "dx", "dw"), *outs):
+        assert_bitwise(b, a, f"{name} {what}")

@@ -1,0 +1,27 @@
+"""Triton twin of numerics/hadamard.py: the RHT butterfly on a register tile.
+
+Same fp32 operations in the same order as `RHT.rotate_fp32_lastdim`: signs (exact), then for
+h = 1, 2, 4, ..., H/2 the pairs (i, i+h) of each aligned group of 2h become (a + b, a - b),
+then one multiply by fp32(1/sqrt(H)). Each step is one IEEE operation per element, so the
+result is bit-identical to the reference.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _stage(x, BR: tl.constexpr, BC: tl.constexpr, h: tl.constexpr):
+    """One butterfly stage along axis 1: (x[i], x[i+h]) -> (a + b, a - b) in groups of 2h."""
+    y = tl.permute(tl.reshape(x, (BR, BC // (2 * h), 2, h)), (0, 1, 3, 2))
+    a, b = tl.split(y)
+    y = tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2))
+    return tl.reshape(y, (BR, BC))
+
+
+@triton.jit
+def rht_rows(x, signs, norm, BR: tl.constexpr, BC: tl.constexpr, LOG_H: tl.constexpr):
+    """x [BR, BC] fp32, groups of H = 2^LOG_H along axis 1 (aligned); signs [1, BC] of +-1."""
+    x = x * signs
+    for i in tl.static_range(LOG_H):
+        x = _stage(x, BR, BC, 1 << i)
+    return x * norm
