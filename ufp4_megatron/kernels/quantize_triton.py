@@ -30,9 +30,8 @@ from .scaling_triton import block_amax, block_negative_extreme, block_scale, exp
 SCALES = {"fp32": 0, "e4m3": 1, "e8m0": 2}
 BLOCKS = (16, 32)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# (rows, cols) of a tile of the [A, B] input, per mode; widened to the spec's unit if needed.
-TILES = {"row": (32, 128), "col": (128, 32), "dual": (64, 64)}
-NUM_WARPS = 4
+# (rows, cols, warps) of a tile of the [A, B] input per mode; widened to the spec's unit.
+TILES = {"row": (32, 128, 4), "col": (128, 32, 4), "dual": (64, 64, 4)}
 
 
 @triton.jit
@@ -216,14 +215,11 @@ def _layout(view: torch.Tensor, grid, *, block=16, block_2d=False, scale="fp32",
                    padded_length(1, block, rht), out_dtype or view.dtype)
 
 
-_NO_LAYOUT = None
-
-
 def _launch(t: torch.Tensor, row: _Layout | None, col: _Layout | None, tiles=None):
     """Run the kernel on row-major t [A, B]; returns (row output, column output view)."""
     A, B = t.shape
     mode = "dual" if row and col else ("row" if row else "col")
-    ba, bb = (tiles or TILES)[mode]
+    ba, bb, warps = (tiles or TILES)[mode]
     if row:
         bb = max(bb, row.unit)
         ba = max(ba, row.consts["B"] if row.consts["_2D"] else 1)
@@ -247,7 +243,7 @@ def _launch(t: torch.Tensor, row: _Layout | None, col: _Layout | None, tiles=Non
         BA=ba, BB=bb, ROW=row is not None, COL=col is not None,
         **{"R_" + k.lstrip("_"): v for k, v in rc.items()},
         **{"C_" + k.lstrip("_"): v for k, v in cc.items()},
-        num_warps=NUM_WARPS)
+        num_warps=warps)
     return (row_out if row else None), (col_out.t() if col else None)
 
 

@@ -1,0 +1,70 @@
+"""The kernels on the GPU at larger shapes, bit for bit against the reference run on the same
+GPU (and, for the UFP4 operand specs, on the CPU too). Run with `make test-gpu`.
+
+| test                                        | what                                           |
+| gpu_ufp4_operands_match_reference           | e1m2 rht16 rtne/sr, row/col/dual, 4096x6144 and odd 3000x2000, vs GPU and CPU reference |
+| gpu_all_grids_and_scales_match              | 5 grids x 3 scales x rtne/sr, rht16, row and col, 1024x1536 |
+| gpu_block_options_and_special_values_match  | blocks 16/32, 2D tiles, keep_padding, NaN/Inf/zero/subnormal rows |
+"""
+import pytest
+import torch
+
+from ufp4_megatron import kernels
+from ufp4_megatron.numerics.hadamard import RHT
+from ufp4_megatron.numerics.quantize import quantize_view as reference
+
+from kernel_assertions import assert_bitwise
+
+pytestmark = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _data(rows, cols, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(rows, cols, device="cuda", generator=g)
+    return (x * torch.rand(rows, 1, device="cuda", generator=g).mul(6).exp2()).bfloat16()
+
+
+@needs_cuda
+@pytest.mark.parametrize("shape", [(4096, 6144), (3000, 2000)])
+@pytest.mark.parametrize("rounding", ["rtne", "sr"])
+def test_gpu_ufp4_operands_match_reference(shape, rounding):
+    x = _data(*shape, seed=shape[1])
+    spec = dict(grid="e1m2", rounding=rounding, rht=RHT(16, 3), seed=2**45 + 11)
+    row, col = kernels.quantize_dual(x, spec, dict(spec, seed=5, origin=(4, 64)))
+    assert_bitwise(row, reference(x, **spec), "dual row")
+    assert_bitwise(col, reference(x.t(), **dict(spec, seed=5, origin=(4, 64))), "dual col")
+    assert_bitwise(kernels.quantize_view(x, **spec), row, "row")
+    assert_bitwise(kernels.quantize_view(x.t(), **dict(spec, seed=5, origin=(4, 64))), col, "col")
+    small = x[:256, :512]
+    assert_bitwise(kernels.quantize_view(small, **spec), reference(small.cpu(), **spec), "cpu")
+
+
+@needs_cuda
+@pytest.mark.parametrize("scale", ["fp32", "e4m3", "e8m0"])
+@pytest.mark.parametrize("grid", ["e2m1", "e1m2", "int4", "int4_asym",
+                                  tuple(float(v) for v in range(16))], ids=str)
+def test_gpu_all_grids_and_scales_match(grid, scale):
+    x = _data(1024, 1536, seed=1)
+    for rounding in ("rtne", "sr"):
+        for view in (x, x.t()):
+            kw = dict(scale=scale, rounding=rounding, rht=RHT(16, 1), seed=9)
+            if kernels.supports(view, grid, **kw):
+                assert_bitwise(kernels.quantize_view(view, grid, **kw),
+                               reference(view, grid, **kw), f"{grid} {kw}")
+            else:
+                assert scale == "e4m3" and grid == "int4_asym"
+
+
+@needs_cuda
+@pytest.mark.parametrize("block,block_2d", [(16, False), (32, False), (16, True)])
+def test_gpu_block_options_and_special_values_match(block, block_2d):
+    x = _data(999, 1000, seed=block).float()
+    x[0, 5], x[1, 40], x[2], x[3] = float("nan"), float("-inf"), 0.0, x[3] * 1e-41
+    for scale in ("fp32", "e8m0"):
+        for rht in (None, RHT(32, 2)):
+            for view in (x, x.t()):
+                kw = dict(block=block, block_2d=block_2d, scale=scale, rht=rht,
+                          keep_padding=True, rounding="sr", seed=1)
+                assert_bitwise(kernels.quantize_view(view, "e1m2", **kw),
+                               reference(view, "e1m2", **kw), f"{kw}")
