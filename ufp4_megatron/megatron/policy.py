@@ -37,6 +37,9 @@ class UFP4Binding:
     path: str          # policy path, for errors and logs
     role: int          # stable id of the path without the layer index, mixed into SR seeds
 
+    def __repr__(self) -> str:
+        return f"UFP4Binding({self.path}, recipe={self.recipe.name}, layer={self.layer_number})"
+
 
 class UFP4Policy:
     """Recipe per linear (default + path rules + Megatron's BF16 layers) and the SR seeds."""

@@ -1,0 +1,277 @@
+"""Scenarios run on 2 gloo ranks by mcore_worker.py; each returns rank 0's results."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+
+from mcore_tiny import (
+    batch,
+    build_gpt,
+    full_grads,
+    full_state,
+    load_full_state,
+    loss_and_backward,
+    setup_parallel,
+    tiny_config,
+)
+from ufp4_megatron.megatron import UFP4Policy
+
+DENSE_LAYOUTS = {"tp1": {}, "tp2": {"tp": 2}, "tp2sp": {"tp": 2, "sp": True}}
+# MoE with TP needs sequence parallelism in Megatron; EP=2 takes its ranks from DP.
+MOE_LAYOUTS = {"tp1": {}, "tp2sp": {"tp": 2, "sp": True}, "ep2": {"ep": 2}}
+
+
+def _run(moe: bool, recipe: str, layout: dict, state, *, sr_seed: int = 7, grouped=False):
+    setup_parallel(tp=layout.get("tp", 1), ep=layout.get("ep", 1))
+    config = tiny_config(moe=moe, grouped=grouped, **layout)
+    model = build_gpt(config, UFP4Policy(recipe, sr_seed=sr_seed))
+    local_experts = 4 // layout.get("ep", 1) if moe else 0
+    load_full_state(model, state, local_experts)
+    loss = loss_and_backward(model, batch(ps.get_data_parallel_rank()))
+    out = {"loss": loss}
+    if layout.get("ep", 1) == 1:  # rank 0's own gradients (TP layouts share rank 0's data)
+        out["grads"] = full_grads(model, local_experts)
+    if moe and layout.get("tp", 1) == 1:  # summed over replicas: comparable across EP
+        out["grads_dp"] = full_grads(model, local_experts, dp_sum=True)
+    out["modules"] = _module_types(model)
+    return out
+
+
+def _module_types(model) -> dict[str, str]:
+    return {name: type(m).__name__ for name, m in model.named_modules()}
+
+
+def bf16_layers_model() -> dict[str, str]:
+    """Module classes of a 3-layer UFP4 MoE GPT whose first and last layers stay BF16."""
+    setup_parallel()
+    config = tiny_config(moe=True, num_layers=3, first_last_layers_bf16=True,
+                         num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=1)
+    return _module_types(build_gpt(config, UFP4Policy("ufp4")))
+
+
+def models(recipes=("bf16", "e2m1", "ufp4")) -> dict:
+    results = {}
+    for moe, layouts in ((False, DENSE_LAYOUTS), (True, MOE_LAYOUTS)):
+        setup_parallel()
+        state = full_state(build_gpt(tiny_config(moe=moe), UFP4Policy("bf16")))
+        for recipe in recipes:
+            for name, layout in layouts.items():
+                results[("moe" if moe else "dense", recipe, name)] = _run(moe, recipe, layout,
+                                                                          state)
+        if not moe:  # the same model with another SR seed: how far apart SR noise alone puts it
+            results[("dense", "ufp4", "tp1_seed8")] = _run(False, "ufp4", {}, state, sr_seed=8)
+        else:  # grouped experts (TEGroupedMLP + UFP4 grouped linears) on the same weights
+            results[("moe", "ufp4", "tp1_grouped")] = _run(True, "ufp4", {}, state, grouped=True)
+    return results
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+def _binding(recipe: str, seed: int = 5, **overrides):
+    from ufp4_megatron import get_recipe
+    from ufp4_megatron.megatron import SRSeeds, UFP4Binding
+
+    return UFP4Binding(recipe=get_recipe(recipe, **overrides), seeds=SRSeeds(seed),
+                       layer_number=1, path="test.linear", role=0)
+
+
+def _gather(t: torch.Tensor, dim: int) -> torch.Tensor:
+    group = ps.get_tensor_model_parallel_group()
+    parts = [torch.empty_like(t) for _ in range(group.size())]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return torch.cat(parts, dim=dim)
+
+
+def _max_over_ranks(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _make_linear(kind: str, cls, config, binding=None):
+    kw = {} if binding is None else {"ufp4": binding}
+    if kind == "column":
+        return cls(64, 96, config=config, init_method=config.init_method, bias=True,
+                   gather_output=False, **kw)
+    return cls(64, 48, config=config, init_method=config.init_method, bias=True,
+               input_is_parallel=True, skip_bias_add=False, **kw)
+
+
+def _inputs(kind: str, sp: bool, n_out: int):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(16, 2, 64, generator=g)
+    dy = torch.randn(16, 2, n_out, generator=g)
+    rank, tp = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+    if kind == "column":
+        x_local = x.chunk(tp, 0)[rank] if sp else x
+        dy_local = dy.chunk(tp, 2)[rank]
+    else:
+        x_local = x.chunk(tp, 2)[rank]
+        dy_local = dy.chunk(tp, 0)[rank] if sp else dy
+    return x, dy, x_local.clone().requires_grad_(), dy_local
+
+
+def _fwd_bwd(layer, x_local, dy_local):
+    y, _ = layer(x_local)
+    y.backward(dy_local)
+    return y.detach()
+
+
+def _linear_checks(sp: bool) -> dict:
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    from ufp4_megatron.megatron import SRSeeds, UFP4ColumnParallelLinear, UFP4RowParallelLinear
+    from ufp4_megatron.ops import quantized_linear
+
+    setup_parallel(tp=2)
+    config = tiny_config(tp=2, sp=sp)
+    out = {}
+    for kind, mcls, ucls, n_out in (("column", ColumnParallelLinear, UFP4ColumnParallelLinear, 96),
+                                    ("row", RowParallelLinear, UFP4RowParallelLinear, 48)):
+        x, dy, x_local, dy_local = _inputs(kind, sp, n_out)
+        # 1. recipe bf16 through the UFP4 path == Megatron's own linear, bit for bit
+        ref = _make_linear(kind, mcls, config)
+        ours = _make_linear(kind, ucls, config, _binding("bf16"))
+        ours.load_state_dict(ref.state_dict())
+        x2 = x_local.detach().clone().requires_grad_()
+        y_ref, y_ours = _fwd_bwd(ref, x_local, dy_local), _fwd_bwd(ours, x2, dy_local)
+        diffs = [(y_ref - y_ours).abs().max(), (x_local.grad - x2.grad).abs().max(),
+                 (ref.weight.grad - ours.weight.grad).abs().max(),
+                 (ref.bias.grad - ours.bias.grad).abs().max()]
+        out[(kind, "bf16_vs_megatron_maxabs")] = _max_over_ranks(max(d.item() for d in diffs))
+
+        # 2. recipe ufp4 on TP=2 == quantized_linear on the full tensors, same seed
+        binding = _binding("ufp4")
+        layer = _make_linear(kind, ucls, config, binding)
+        shadow = SRSeeds()
+        shadow.load_state_dict(binding.seeds.state_dict())
+        seed = shadow.draw(binding.layer_number, binding.role, 0, ps.get_data_parallel_rank())
+        x3 = x_local.detach().clone().requires_grad_()
+        y = _fwd_bwd(layer, x3, dy_local)
+        pdim = 0 if kind == "column" else 1
+        w_full = _gather(layer.weight.detach(), pdim).requires_grad_()
+        b_full = (_gather(layer.bias.detach(), 0) if kind == "column"
+                  else layer.bias.detach().clone()).requires_grad_()
+        xf = x.clone().requires_grad_()
+        yf = quantized_linear(xf, w_full, b_full, binding.recipe, seed=seed)
+        yf.backward(dy)
+        if kind == "column":
+            y_full = _gather(y, 2)
+            dx_full = _gather(x3.grad, 0) if sp else x3.grad
+            db_full = _gather(layer.bias.grad, 0)
+        else:
+            y_full = _gather(y, 0) if sp else y
+            dx_full = _gather(x3.grad, 2)
+            db_full = layer.bias.grad.clone()
+            if sp:  # SP-marked bias: finalize_model_grads sums it over TP
+                dist.all_reduce(db_full, group=ps.get_tensor_model_parallel_group())
+        dw_full = _gather(layer.weight.grad, pdim)
+        out[(kind, "ufp4_rel")] = {"y": _rel(y_full, yf), "dx": _rel(dx_full, xf.grad),
+                                   "dw": _rel(dw_full, w_full.grad), "db": _rel(db_full, b_full.grad)}
+        # The same reference with another seed: the size of SR noise alone.
+        w2 = w_full.detach().clone().requires_grad_()
+        quantized_linear(x.clone(), w2, None, binding.recipe, seed=seed + 1).backward(dy)
+        out[(kind, "ufp4_other_seed_rel_dw")] = _rel(w2.grad, w_full.grad)
+    return out
+
+
+def _fusion_check() -> dict:
+    """gradient_accumulation_fusion: wgrad lands in main_grad (no apex needed)."""
+    from ufp4_megatron.megatron import UFP4ColumnParallelLinear
+
+    setup_parallel(tp=2)
+    plain = _make_linear("column", UFP4ColumnParallelLinear, tiny_config(tp=2),
+                         _binding("ufp4", sr=()))
+    fused = _make_linear("column", UFP4ColumnParallelLinear,
+                         tiny_config(tp=2, gradient_accumulation_fusion=True),
+                         _binding("ufp4", sr=()))
+    fused.load_state_dict(plain.state_dict())
+    fused.weight.main_grad = torch.zeros_like(fused.weight, dtype=torch.float32)
+    _, dy, x_local, dy_local = _inputs("column", False, 96)
+    _fwd_bwd(plain, x_local, dy_local)
+    for _ in range(2):
+        _fwd_bwd(fused, x_local.detach().clone().requires_grad_(), dy_local)
+    return {"weight_grad_is_none": fused.weight.grad is None,
+            "main_grad_rel": _rel(fused.weight.main_grad, 2 * plain.weight.grad)}
+
+
+def _divisibility_error() -> str:
+    from ufp4_megatron.megatron import UFP4RowParallelLinear
+
+    setup_parallel(tp=2)
+    config = tiny_config(tp=2)
+    try:
+        UFP4RowParallelLinear(48, 64, config=config, init_method=config.init_method, bias=False,
+                              input_is_parallel=True, skip_bias_add=True, ufp4=_binding("ufp4"))
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+def _expert_checks() -> dict:
+    """SequentialMLP and TEGroupedMLP hosts with UFP4 linears, on uneven and empty experts."""
+    from functools import partial
+
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer.mlp import MLPSubmodules
+    from megatron.core.transformer.moe.experts import GroupedMLPSubmodules, TEGroupedMLP
+    from ufp4_megatron.megatron import UFP4ColumnParallelLinear, UFP4RowParallelLinear
+    from ufp4_megatron.megatron.experts import (
+        UFP4ColumnParallelGroupedLinear,
+        UFP4RowParallelGroupedLinear,
+        UFP4SequentialMLP,
+    )
+
+    setup_parallel()
+    config = tiny_config(moe=True)
+    pgc = ProcessGroupCollection.use_mpu_process_groups()
+    counts = torch.tensor([0, 5, 17, 10])  # an empty expert, counts not multiples of 16
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(int(counts.sum()), 64, generator=g)
+    probs = torch.rand(int(counts.sum()), generator=g)
+    dy = torch.randn(int(counts.sum()), 64, generator=g)
+    out = {}
+    for label, overrides in (("rtne", {"sr": ()}), ("sr", {})):
+        b1, b2 = _binding("ufp4", **overrides), _binding("ufp4", **overrides)
+        seq = UFP4SequentialMLP(4, config, MLPSubmodules(
+            linear_fc1=partial(UFP4ColumnParallelLinear, ufp4=b1),
+            linear_fc2=partial(UFP4RowParallelLinear, ufp4=b2)), pg_collection=pgc)
+        grp = TEGroupedMLP(4, config, GroupedMLPSubmodules(
+            linear_fc1=partial(UFP4ColumnParallelGroupedLinear, ufp4=b1),
+            linear_fc2=partial(UFP4RowParallelGroupedLinear, ufp4=b2)), pg_collection=pgc)
+        with torch.no_grad():
+            for i, e in enumerate(seq.local_experts):
+                getattr(grp.linear_fc1, f"weight{i}").copy_(e.linear_fc1.weight)
+                getattr(grp.linear_fc2, f"weight{i}").copy_(e.linear_fc2.weight)
+        res = {}
+        for name, mod in (("seq", seq), ("grp", grp)):
+            xi = x.clone().requires_grad_()
+            y, _ = mod(xi, counts, probs)
+            y.backward(dy)
+            res[name] = (y.detach(), xi.grad)
+        wgrads = [(e.linear_fc1.weight.grad, getattr(grp.linear_fc1, "weight0").grad)
+                  for e in seq.local_experts[:1]]
+        out[label] = {
+            "grouped_vs_sequential_maxabs": max((res["seq"][0] - res["grp"][0]).abs().max().item(),
+                                                (res["seq"][1] - res["grp"][1]).abs().max().item()),
+            "all_finite": all(bool(t.isfinite().all()) for pair in res.values() for t in pair),
+            "empty_expert_wgrad_maxabs": max(w.abs().max().item() for pair in wgrads for w in pair),
+            "expert_indices": [e.linear_fc1.expert_index for e in seq.local_experts],
+        }
+    return out
+
+
+def layers() -> dict:
+    return {"tp2": _linear_checks(sp=False), "tp2sp": _linear_checks(sp=True),
+            "fusion": _fusion_check(), "divisibility": _divisibility_error(),
+            "experts": _expert_checks()}
+
+
+def suite() -> dict:
+    """Everything the pytest suite needs, in one launch (Megatron imports once per rank)."""
+    return {"layers": layers(), "models": models(), "bf16_layers": bf16_layers_model()}

@@ -1,0 +1,127 @@
+"""Tiny Megatron GPTs on CPU and the bookkeeping to compare them across parallel layouts:
+full (unsharded) parameters in, full gradients out, under layout-independent names."""
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer import TransformerConfig
+
+from ufp4_megatron.megatron import UFP4Policy, seed_model_parallel
+from ufp4_megatron.megatron.spec import ufp4_block_spec
+
+SEQ, BATCH, VOCAB = 32, 2, 128
+_LOCAL = re.compile(r"\.experts\.local_experts\.(\d+)\.")
+_GROUPED = re.compile(r"\.experts\.(linear_fc[12])\.(weight|bias)(\d+)$")
+
+
+def setup_parallel(tp: int = 1, ep: int = 1, seed: int = 1234) -> None:
+    ps.destroy_model_parallel()
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    seed_model_parallel(seed)
+
+
+def tiny_config(*, moe: bool = False, tp: int = 1, ep: int = 1, sp: bool = False,
+                grouped: bool = False, **overrides) -> TransformerConfig:
+    kw = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
+              use_cpu_initialization=True, params_dtype=torch.float32, hidden_dropout=0.0,
+              attention_dropout=0.0, tensor_model_parallel_size=tp, sequence_parallel=sp,
+              expert_model_parallel_size=ep, add_bias_linear=not moe)
+    if moe:
+        kw.update(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=64,
+                  moe_token_dispatcher_type="allgather", moe_grouped_gemm=grouped,
+                  moe_shared_expert_intermediate_size=64)
+    kw.update(overrides)
+    return TransformerConfig(**kw)
+
+
+def build_gpt(config: TransformerConfig, policy: UFP4Policy) -> GPTModel:
+    base = get_gpt_layer_local_spec(num_experts=config.num_moe_experts,
+                                    moe_grouped_gemm=config.moe_grouped_gemm)
+    return GPTModel(config=config, transformer_layer_spec=ufp4_block_spec(base, config, policy),
+                    vocab_size=VOCAB, max_sequence_length=SEQ, position_embedding_type="rope")
+
+
+def batch(dp_rank: int) -> torch.Tensor:
+    """Tokens of a data-parallel rank (TP ranks of one replica share them)."""
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(dp_rank))
+
+
+def loss_and_backward(model: GPTModel, tokens: torch.Tensor) -> float:
+    mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), 1)[None, None]
+    pos = torch.arange(SEQ).expand(BATCH, SEQ)
+    loss = model(tokens, pos, mask, labels=tokens).float().mean()
+    loss.backward()
+    return loss.item()
+
+
+# ----------------------------------------------------------------------------- layouts
+
+
+def canonical(name: str, num_local_experts: int) -> str:
+    """The parameter's name in a TP=1, EP=1 model with SequentialMLP experts."""
+    first = ps.get_expert_model_parallel_rank() * num_local_experts
+    m = _GROUPED.search(name)
+    if m:
+        fc, kind, i = m.groups()
+        return name[:m.start()] + f".experts.local_experts.{first + int(i)}.{fc}.{kind}"
+    return _LOCAL.sub(lambda m: f".experts.local_experts.{first + int(m.group(1))}.", name)
+
+
+def _is_expert(name: str) -> bool:
+    return ".experts." in name
+
+
+def _tp_group(name: str):
+    return ps.get_expert_tensor_parallel_group() if _is_expert(name) else \
+        ps.get_tensor_model_parallel_group()
+
+
+def full_state(model) -> dict[str, torch.Tensor]:
+    """Parameters of a TP=1, EP=1 model under canonical names."""
+    assert ps.get_tensor_model_parallel_world_size() == 1
+    assert ps.get_expert_model_parallel_world_size() == 1
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def load_full_state(model, state: dict[str, torch.Tensor], num_local_experts: int = 0) -> None:
+    """Give a model in any TP/EP layout the parameters of a TP=1, EP=1 model."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            full = state[canonical(name, num_local_experts)]
+            group = _tp_group(name)
+            if getattr(p, "tensor_model_parallel", False) and group.size() > 1:
+                full = full.chunk(group.size(), dim=p.partition_dim)[group.rank()]
+            p.copy_(full)
+
+
+def full_grads(model, num_local_experts: int = 0, dp_sum: bool = False) -> dict:
+    """Gradients as a TP=1 model would hold them: TP shards gathered, sequence-parallel
+    partial grads summed over TP (Megatron's finalize_model_grads does this), experts from
+    all EP ranks; with dp_sum, summed over data-parallel replicas as DDP would."""
+    out = {}
+    for name, p in model.named_parameters():
+        g = p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+        group = _tp_group(name)
+        if getattr(p, "tensor_model_parallel", False) and group.size() > 1:
+            parts = [torch.empty_like(g) for _ in range(group.size())]
+            dist.all_gather(parts, g.contiguous(), group=group)
+            g = torch.cat(parts, dim=p.partition_dim)
+        elif getattr(p, "sequence_parallel", False) and group.size() > 1:
+            dist.all_reduce(g, group=group)
+        if dp_sum:
+            dp = (ps.get_expert_data_parallel_group() if _is_expert(name) else
+                  ps.get_data_parallel_group())
+            dist.all_reduce(g, group=dp)
+        out[canonical(name, num_local_experts)] = g
+    if ps.get_expert_model_parallel_world_size() > 1:
+        parts = [None] * ps.get_expert_model_parallel_world_size()
+        dist.all_gather_object(parts, {k: v for k, v in out.items() if _is_expert(k)},
+                               group=ps.get_expert_model_parallel_group())
+        for part in parts:
+            out.update(part)
+    return out

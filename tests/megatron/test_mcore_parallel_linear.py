@@ -1,0 +1,61 @@
+"""Contracts of the UFP4 parallel linears and experts, checked on 2 gloo ranks (TP=2 +- SP).
+
+- test_bf16_recipe_matches_megatron_linear_bitwise: with a recipe that quantizes nothing, the
+  UFP4 autograd function reproduces Megatron's LinearWithGradAccumulation... exactly (y, dx,
+  dW, db), so its communication (SP gather, dgrad all-reduce / reduce-scatter) is Megatron's.
+- test_tp2_layer_matches_quantized_linear_on_full_tensors: a TP=2 UFP4 linear equals the
+  single-device `quantized_linear` on the unsharded tensors with the same seed, up to fp32
+  accumulation order (1e-6); a different SR seed moves dW by ~0.16, so SR bits are shared.
+- test_grad_accumulation_fusion_accumulates_into_main_grad: wgrad added into main_grad,
+  weight.grad left None, without apex.
+- test_shard_of_partial_blocks_raises_clear_error: K/TP not a multiple of the block.
+- test_grouped_experts_match_sequential_experts_bitwise_without_sr, test_empty_expert_...,
+  test_sequential_experts_know_their_global_index: the two expert hosts.
+"""
+import pytest
+
+pytestmark = pytest.mark.distributed
+
+LAYOUTS = ("tp2", "tp2sp")
+KINDS = ("column", "row")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_bf16_recipe_matches_megatron_linear_bitwise(mcore_results, layout, kind):
+    assert mcore_results["layers"][layout][(kind, "bf16_vs_megatron_maxabs")] == 0.0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_tp2_layer_matches_quantized_linear_on_full_tensors(mcore_results, layout, kind):
+    rel = mcore_results["layers"][layout][(kind, "ufp4_rel")]
+    assert max(rel.values()) < 1e-6, rel
+    assert rel["dw"] == 0.0  # wgrad is not reduced across ranks: bitwise
+    assert mcore_results["layers"][layout][(kind, "ufp4_other_seed_rel_dw")] > 0.05
+
+
+def test_grad_accumulation_fusion_accumulates_into_main_grad(mcore_results):
+    fusion = mcore_results["layers"]["fusion"]
+    assert fusion["weight_grad_is_none"]
+    assert fusion["main_grad_rel"] < 1e-6
+
+
+def test_shard_of_partial_blocks_raises_clear_error(mcore_results):
+    message = mcore_results["layers"]["divisibility"]
+    assert "24 is not a multiple of 16" in message and "TP" in message
+
+
+def test_grouped_experts_match_sequential_experts_bitwise_without_sr(mcore_results):
+    assert mcore_results["layers"]["experts"]["rtne"]["grouped_vs_sequential_maxabs"] == 0.0
+
+
+@pytest.mark.parametrize("rounding", ("rtne", "sr"))
+def test_empty_expert_and_uneven_token_counts_work(mcore_results, rounding):
+    experts = mcore_results["layers"]["experts"][rounding]  # tokens per expert: 0, 5, 17, 10
+    assert experts["all_finite"]
+    assert experts["empty_expert_wgrad_maxabs"] == 0.0
+
+
+def test_sequential_experts_know_their_global_index(mcore_results):
+    assert mcore_results["layers"]["experts"]["sr"]["expert_indices"] == [0, 1, 2, 3]
