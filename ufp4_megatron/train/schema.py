@@ -139,7 +139,7 @@ class TrainConfig:
 
 @dataclass(kw_only=True)
 class WandbConfig:
-    mode: str = "offline"  # offline | online | disabled; online needs `wandb login`
+    mode: str = "auto"  # auto: online iff WANDB_API_KEY is set, else offline | online | disabled
     project: str = "ufp4-megatron"
     entity: Optional[str] = None
     dir: Optional[str] = None  # None: the run dir

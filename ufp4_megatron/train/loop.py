@@ -1,0 +1,148 @@
+"""The training loop: straight-line, one global batch per step.
+
+    set up ranks -> recipe -> model -> optimizer -> data -> resume? -> for step: fwd/bwd
+    (Megatron's get_forward_backward_func), optimizer step, log, maybe checkpoint / stop.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from . import checkpoint, data, distributed, model as model_lib, optim, schedule, wandb_run
+from .metrics import MetricsFile, Progress
+from .precision import check_bf16_layers, recipe_from_config
+from .probes import LayerProbes
+from .schema import Config
+
+
+def _device(cfg: Config) -> torch.device:
+    d = cfg.train.device
+    if d == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if d not in ("cpu", "cuda"):
+        raise ValueError(f"train.device={d!r}; valid: auto, cpu, cuda")
+    return torch.device(d)
+
+
+def _dtype(cfg: Config, device: torch.device) -> torch.dtype:
+    table = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    d = cfg.train.dtype
+    if d == "auto":  # CPU matmuls in bf16 are slow and no more faithful to the GPU than fp32
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if d not in table:
+        raise ValueError(f"train.dtype={d!r}; valid: auto, bf16, fp32")
+    return table[d]
+
+
+def _mean_loss(reports: list[dict]) -> float:
+    """Token-weighted mean loss over this step's micro-batches and data-parallel ranks."""
+    from megatron.core import parallel_state as ps
+
+    if not reports:  # not the last pipeline stage
+        t = torch.zeros(2)
+    else:
+        t = torch.stack([r["lm loss"] for r in reports]).sum(0).float().cpu()
+    if dist.get_world_size() > 1:
+        t = t.to("cuda") if torch.cuda.is_available() and dist.get_backend() == "nccl" else t
+        dist.all_reduce(t)  # sums over all ranks; TP peers repeat the same value
+        t = t.cpu() / ps.get_tensor_model_parallel_world_size()
+    return float(t[0] / t[1])
+
+
+def train(cfg: Config, run_dir: Path) -> list[dict]:
+    device = _device(cfg)
+    dtype = _dtype(cfg, device)
+    env = distributed.init(cfg.parallel, device, cfg.train.seed)
+    if device.type == "cpu" and cfg.parallel.pp > 1:
+        raise NotImplementedError("parallel.pp > 1 runs on GPU only (not tested on CPU/gloo)")
+    recipe = recipe_from_config(cfg.precision)
+    check_bf16_layers(cfg.precision, cfg.model.num_layers)
+    model, policy = model_lib.build_model(cfg, recipe, dtype, device)
+    opt = optim.build_optimizer(model, cfg, device)
+    train_model = getattr(opt, "model", model) if device.type == "cuda" else model
+    n_micro = data.num_micro_batches(cfg, env.dp)
+    t = cfg.train
+    n_valid = (t.steps // t.eval_interval + 1) * t.eval_iters * t.global_batch if t.eval_interval else 1
+    train_ds, valid_ds = data.build_datasets(cfg, t.steps * t.global_batch, n_valid)
+    extra = {"policy": policy}  # its SR-seed stream
+
+    ckpt_dir = Path(cfg.checkpoint.dir or run_dir / "checkpoints")
+    start = 0
+    if cfg.checkpoint.resume and checkpoint.latest_step(ckpt_dir) is not None:
+        start = checkpoint.load(ckpt_dir, model, opt, extra)
+    is_main = env.rank == 0
+    metrics = MetricsFile(run_dir / "metrics.jsonl", start) if is_main else None
+    wb = wandb_run.start(cfg, run_dir) if is_main else None
+    progress = Progress(cfg.logging.progress, t.steps, start) if is_main else None
+    probes = None
+    if cfg.logging.wandb.diagnostics_interval and recipe.quantized:
+        probes = LayerProbes(model, list(cfg.logging.wandb.diagnostics_layers), recipe)
+    stop = checkpoint.StopSignal()
+    tokens_per_step = t.global_batch * t.seq_len
+    records = []
+
+    step = start
+    while step < t.steps:
+        t0 = time.perf_counter()
+        lr = optim.lr_at(step, cfg.optim, t.steps)
+        opt.set_lr(lr)
+        opt.zero_grad()
+        diag_step = probes is not None and step % cfg.logging.wandb.diagnostics_interval == 0
+        if probes is not None:
+            probes.active = diag_step
+        reports = schedule.forward_backward(
+            train_model, data.micro_batches(train_ds, step, cfg, env.dp, env.dp_rank, device),
+            n_micro=n_micro, seq_len=t.seq_len, micro_batch=t.micro_batch, forward_only=False)
+        grad_norm = opt.step()
+        loss = _mean_loss(reports)
+        step += 1
+        record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                  "tokens": step * tokens_per_step, "step_time": time.perf_counter() - t0}
+        record["tokens_per_s"] = tokens_per_step / record["step_time"]
+        if t.eval_interval and step % t.eval_interval == 0:
+            record["val_loss"] = _validate(cfg, train_model, valid_ds, env, device, n_micro)
+        if device.type == "cuda":
+            record["mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        logged = step % cfg.logging.log_interval == 0 or step == t.steps
+        if is_main:
+            records.append(record)
+            if logged:
+                metrics.write(record)
+                if wb is not None:
+                    wb.log(record | (probes.stats() if diag_step else {}), step=step)
+            progress.update(record, logged)
+        stopping = stop.requested()
+        if stopping or (cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or (
+                step == t.steps and cfg.checkpoint.save_at_end):
+            checkpoint.save(ckpt_dir, step, model, opt, extra, cfg.checkpoint.keep)
+        if stopping:
+            if is_main:
+                print(f"stop signal: saved step {step} to {ckpt_dir}; rerun to resume", flush=True)
+            break
+
+    if is_main:
+        progress.close()
+        metrics.close()
+        if wb is not None:
+            wb.finish()
+    distributed.shutdown()
+    return records
+
+
+@torch.no_grad()
+def _validate(cfg, model, valid_ds, env, device, n_micro) -> float:
+    """Mean loss over eval_iters fixed validation batches (the same batches every time)."""
+    model.eval()
+    losses = []
+    for i in range(cfg.train.eval_iters):
+        reports = schedule.forward_backward(
+            model, data.micro_batches(valid_ds, i, cfg, env.dp, env.dp_rank, device),
+            n_micro=n_micro, seq_len=cfg.train.seq_len, micro_batch=cfg.train.micro_batch,
+            forward_only=True)
+        losses.append(_mean_loss(reports))
+    model.train()
+    return sum(losses) / len(losses)
+

@@ -1,0 +1,82 @@
+"""ModelConfig -> Megatron-Core TransformerConfig and a GPTModel with the plugin's layer spec."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..megatron.policy import UFP4Policy
+from ..recipe import Recipe
+from .schema import Config
+
+
+def transformer_config(cfg: Config, dtype: torch.dtype, device: torch.device):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    m, p, bf16 = cfg.model, cfg.parallel, cfg.precision.bf16_layers
+    on_gpu = device.type == "cuda"
+    moe = {}
+    if m.num_experts is not None:
+        pattern = [0] * m.moe_first_dense + [1] * (m.num_layers - m.moe_first_dense)
+        moe = dict(num_moe_experts=m.num_experts, moe_router_topk=m.moe_router_topk,
+                   moe_ffn_hidden_size=m.moe_ffn_hidden_size,
+                   moe_shared_expert_intermediate_size=m.moe_shared_expert_size,
+                   moe_layer_freq=pattern, moe_aux_loss_coeff=m.moe_aux_loss_coeff,
+                   moe_router_load_balancing_type="aux_loss",
+                   # alltoall's split sizes stay tensors on gloo; allgather runs everywhere
+                   moe_token_dispatcher_type="alltoall" if on_gpu else "allgather")
+    return TransformerConfig(
+        num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
+        kv_channels=m.kv_channels, init_method_std=m.init_std,
+        normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu,
+        add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
+        tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
+        expert_model_parallel_size=p.ep, sequence_parallel=p.sp,
+        params_dtype=dtype, bf16=dtype == torch.bfloat16, pipeline_dtype=dtype,
+        use_cpu_initialization=not on_gpu,
+        # Megatron's BF16 first/last layers, which the plugin's policy honours
+        first_last_layers_bf16=bf16.start + bf16.end > 0,
+        num_layers_at_start_in_bf16=bf16.start, num_layers_at_end_in_bf16=bf16.end,
+        # the fused kernels are CUDA-only
+        bias_activation_fusion=False, masked_softmax_fusion=on_gpu, persist_layer_norm=False,
+        bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
+        **moe,
+    )
+
+
+def block_spec(config, policy: UFP4Policy):
+    """Megatron's local GPT spec (dense, or per-layer dense/MoE) rewritten by the plugin: UFP4
+    linears where the policy quantizes, Megatron's own classes elsewhere (all of them in bf16)."""
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
+        get_gpt_layer_local_spec,
+    )
+
+    from ..megatron.spec import ufp4_block_spec
+
+    if config.num_moe_experts:
+        base = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
+                                          normalization="RMSNorm")
+    else:
+        base = get_gpt_layer_local_spec(normalization="RMSNorm")
+    return ufp4_block_spec(base, config, policy)
+
+
+def build_model(cfg: Config, recipe: Recipe, dtype: torch.dtype, device: torch.device):
+    """(GPTModel, policy); the policy owns the SR-seed stream that checkpoints must save."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    m = cfg.model
+    if cfg.train.seq_len > m.max_seq_len:
+        raise ValueError(f"train.seq_len={cfg.train.seq_len} exceeds model.max_seq_len={m.max_seq_len}")
+    config = transformer_config(cfg, dtype, device)
+    policy = UFP4Policy(recipe, sr_seed=cfg.train.seed)
+    model = GPTModel(
+        config=config, transformer_layer_spec=block_spec(config, policy),
+        vocab_size=m.vocab_size, max_sequence_length=m.max_seq_len,
+        pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=not m.untie_embeddings,
+        position_embedding_type="rope", rotary_base=m.rotary_base,
+    )
+    return model.to(device), policy
