@@ -31,7 +31,11 @@ def philox4x32(c0, c1, c2, c3, seed: int, rounds: int = 10):
 
 def philox_rounds(c0, c1, c2, c3, k0: int, k1: int, rounds: int = 10):
     """Philox4x32 on counters (c0..c3) with key words (k0, k1) (Random123's definition)."""
-    c0, c1, c2, c3 = (torch.as_tensor(c).to(torch.int64) & _MASK32 for c in (c0, c1, c2, c3))
+    # python ints join the tensors' device: CPU 0-dim counters broadcast against CUDA ones
+    # would otherwise leave CPU tensors in the rounds (a device mismatch on GPU).
+    dev = next((c.device for c in (c0, c1, c2, c3) if isinstance(c, torch.Tensor)), None)
+    c0, c1, c2, c3 = (torch.as_tensor(c, device=dev).to(torch.int64) & _MASK32
+                      for c in (c0, c1, c2, c3))
     c0, c1, c2, c3 = torch.broadcast_tensors(c0, c1, c2, c3)
     for _ in range(rounds):
         hi0, lo0 = _mulhilo(_M0, c0)
