@@ -22,9 +22,10 @@ DENSE_LAYOUTS = {"tp1": {}, "tp2": {"tp": 2}, "tp2sp": {"tp": 2, "sp": True}}
 MOE_LAYOUTS = {"tp1": {}, "tp2sp": {"tp": 2, "sp": True}, "ep2": {"ep": 2}}
 
 
-def _run(moe: bool, recipe: str, layout: dict, state, *, sr_seed: int = 7, grouped=False):
+def _run(moe: bool, recipe: str, layout: dict, state, *, sr_seed: int = 7, grouped=False,
+         glu=False):
     setup_parallel(tp=layout.get("tp", 1), ep=layout.get("ep", 1))
-    config = tiny_config(moe=moe, grouped=grouped, **layout)
+    config = tiny_config(moe=moe, grouped=grouped, glu=glu, **layout)
     model = build_gpt(config, UFP4Policy(recipe, sr_seed=sr_seed))
     local_experts = 4 // layout.get("ep", 1) if moe else 0
     load_full_state(model, state, local_experts)
@@ -63,6 +64,12 @@ def models(recipes=("bf16", "e2m1", "ufp4")) -> dict:
             results[("dense", "ufp4", "tp1_seed8")] = _run(False, "ufp4", {}, state, sr_seed=8)
         else:  # grouped experts (TEGroupedMLP + UFP4 grouped linears) on the same weights
             results[("moe", "ufp4", "tp1_grouped")] = _run(True, "ufp4", {}, state, grouped=True)
+    # SwiGLU: fc1 is sharded with stride 2, each rank holding [gate_r; up_r]
+    setup_parallel()
+    state = full_state(build_gpt(tiny_config(glu=True), UFP4Policy("bf16")))
+    for recipe in ("bf16", "ufp4"):
+        for name, layout in (("tp1", {}), ("tp2sp", {"tp": 2, "sp": True})):
+            results[("dense_glu", recipe, name)] = _run(False, recipe, layout, state, glu=True)
     return results
 
 

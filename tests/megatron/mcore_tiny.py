@@ -26,11 +26,13 @@ def setup_parallel(tp: int = 1, ep: int = 1, seed: int = 1234) -> None:
 
 
 def tiny_config(*, moe: bool = False, tp: int = 1, ep: int = 1, sp: bool = False,
-                grouped: bool = False, **overrides) -> TransformerConfig:
+                grouped: bool = False, glu: bool = False, **overrides) -> TransformerConfig:
     kw = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
               use_cpu_initialization=True, params_dtype=torch.float32, hidden_dropout=0.0,
               attention_dropout=0.0, tensor_model_parallel_size=tp, sequence_parallel=sp,
               expert_model_parallel_size=ep, add_bias_linear=not moe)
+    if glu:  # SwiGLU: fc1 weights are partitioned with stride 2
+        kw.update(gated_linear_unit=True, activation_func=torch.nn.functional.silu)
     if moe:
         kw.update(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=64,
                   moe_token_dispatcher_type="allgather", moe_grouped_gemm=grouped,
@@ -95,7 +97,9 @@ def load_full_state(model, state: dict[str, torch.Tensor], num_local_experts: in
             full = state[canonical(name, num_local_experts)]
             group = _tp_group(name)
             if getattr(p, "tensor_model_parallel", False) and group.size() > 1:
-                full = full.chunk(group.size(), dim=p.partition_dim)[group.rank()]
+                # Megatron's strided partition: world*stride chunks, rank r takes r::world
+                chunks = full.chunk(group.size() * p.partition_stride, dim=p.partition_dim)
+                full = torch.cat(chunks[group.rank()::group.size()], dim=p.partition_dim)
             p.copy_(full)
 
 
@@ -110,7 +114,8 @@ def full_grads(model, num_local_experts: int = 0, dp_sum: bool = False) -> dict:
         if getattr(p, "tensor_model_parallel", False) and group.size() > 1:
             parts = [torch.empty_like(g) for _ in range(group.size())]
             dist.all_gather(parts, g.contiguous(), group=group)
-            g = torch.cat(parts, dim=p.partition_dim)
+            s, d = p.partition_stride, p.partition_dim
+            g = torch.cat([part.chunk(s, d)[c] for c in range(s) for part in parts], dim=d)
         elif getattr(p, "sequence_parallel", False) and group.size() > 1:
             dist.all_reduce(g, group=group)
         if dp_sum:

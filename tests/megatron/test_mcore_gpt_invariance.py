@@ -13,7 +13,6 @@ Tolerances (relative L2 norm over all gradients; losses compared absolutely):
   (< 0.3, against ~0.13 between two seeds); bf16 grads 1e-6.
 """
 import pytest
-import torch
 
 pytestmark = pytest.mark.distributed
 
@@ -29,6 +28,8 @@ def _rel(a: dict, b: dict) -> float:
 
 CASES = [(m, r, lay) for r in ("bf16", "e2m1", "ufp4")
          for m, lay in (("dense", "tp2"), ("dense", "tp2sp"), ("moe", "tp2sp"))]
+# SwiGLU's fc1 is partitioned with stride 2 ([gate_r; up_r] per rank): SR keys per chunk
+CASES += [("dense_glu", r, "tp2sp") for r in ("bf16", "ufp4")]
 
 
 @pytest.mark.parametrize("model,recipe,layout", CASES)

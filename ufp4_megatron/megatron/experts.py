@@ -31,7 +31,7 @@ from megatron.core.utils import divide, get_pg_rank, get_pg_size
 
 from ..ops import uses_sr
 from .linear import _UFP4Mixin, shard_unit
-from .parallel_gemm import Comm, Origins, UFP4ParallelLinearFn
+from .parallel_gemm import Comm, Shard, UFP4ParallelLinearFn
 from .policy import UFP4Binding
 
 
@@ -70,15 +70,17 @@ class _UFP4GroupedLinear(MegatronModule):
         dims = [output_size, input_size]
         full = dims[self.partition_dim]
         dims[self.partition_dim] = local = divide(full, tp)
+        # A gated fc1 is sharded like MLP's (stride 2: [gate_r; up_r]), as TEGroupedMLP's
+        # checkpoint mapping (apply_swiglu_sharded_factory) expects.
+        stride = 2 if self.partition_dim == 0 and config.gated_linear_unit else 1
         unit = shard_unit(ufp4.recipe)
-        if tp > 1 and local % unit:
+        if tp > 1 and (local // stride) % unit:
             raise ValueError(
-                f"{type(self).__name__} {ufp4.path}: {full}/TP = {local} is not a multiple of "
-                f"{unit} (block and RHT sizes of recipe {ufp4.recipe.name!r}); choose expert "
-                f"sizes divisible by expert-TP*{unit}.")
-        offset = rank * local
-        self._origins = (Origins(w=(offset, 0), dy_col=offset) if self.partition_dim == 0 else
-                         Origins(x_col=offset, w=(0, offset)))
+                f"{type(self).__name__} {ufp4.path}: {full}/TP/stride = {local // stride} is "
+                f"not a multiple of {unit} (block and RHT sizes of recipe {ufp4.recipe.name!r});"
+                f" choose expert sizes divisible by expert-TP*{stride * unit}.")
+        self._shard = (Shard.column(rank, tp, local, stride) if self.partition_dim == 0 else
+                       Shard.row(rank, local))
         self._dp_rank = parallel_state.get_expert_data_parallel_rank()
         self._first_expert = get_pg_rank(self.ep_group) * num_local_experts
         self._sr = uses_sr(ufp4.recipe)
@@ -92,13 +94,13 @@ class _UFP4GroupedLinear(MegatronModule):
             if config.perform_initialization:
                 if config.use_cpu_initialization:
                     _initialize_affine_weight_cpu(w, output_size, input_size, local,
-                                                  self.partition_dim, init_method, rank=rank,
-                                                  world_size=tp)
+                                                  self.partition_dim, init_method, stride=stride,
+                                                  rank=rank, world_size=tp)
                 else:
                     _initialize_affine_weight_gpu(w, init_method, self.partition_dim,
-                                                  is_expert=True)
+                                                  stride=stride, is_expert=True)
             else:
-                set_tensor_model_parallel_attributes(w, True, self.partition_dim, 1)
+                set_tensor_model_parallel_attributes(w, True, self.partition_dim, stride)
             w.allreduce = not use_expert_pgs
             self.register_parameter(f"weight{i}", w)
             if bias:
@@ -123,7 +125,7 @@ class _UFP4GroupedLinear(MegatronModule):
                 seed = self.ufp4.seeds.draw(self.ufp4.layer_number, self.ufp4.role,
                                             self._first_expert + i + 1, self._dp_rank)
             outs.append(UFP4ParallelLinearFn.apply(xe, w, None if self.skip_bias_add else b,
-                                                   self.ufp4.recipe, seed, self._origins, comm))
+                                                   self.ufp4.recipe, seed, self._shard, comm))
             biases.append(b)
         out = torch.cat(outs) if outs else x.new_empty(0, 0)
         has_bias = biases and biases[0] is not None

@@ -8,8 +8,9 @@ drop into a ModuleSpec unchanged.
 
 Tensor-parallel invariance: this rank's shard offsets are passed to ops as origins, and the
 SR seed is identical on all TP ranks (seeds.py), so TP=2 draws the SR bits of TP=1. That needs
-shards made of whole blocks: the sharded dim per rank (N/TP for column-parallel, K/TP for
-row-parallel) must be a multiple of `shard_unit(recipe)`; construction fails otherwise.
+shards made of whole blocks: the sharded dim per rank and chunk (N/TP/stride for
+column-parallel, K/TP for row-parallel) must be a multiple of `shard_unit(recipe)`;
+construction fails otherwise.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from megatron.core.utils import get_pg_rank, get_pg_size
 
 from ..ops import uses_sr
 from ..recipe import GEMMS, Recipe
-from .parallel_gemm import Comm, Origins, UFP4ParallelLinearFn
+from .parallel_gemm import Comm, Shard, UFP4ParallelLinearFn
 from .policy import UFP4Binding
 
 
@@ -73,7 +74,7 @@ class _UFP4Mixin:
         b = self.ufp4
         return b.seeds.draw(b.layer_number, b.role, self.expert_index + 1, self._dp_rank)
 
-    def _ufp4_forward(self, input, weight, bias, *, origins: Origins, gradient_accumulation_fusion,
+    def _ufp4_forward(self, input, weight, bias, *, shard: Shard, gradient_accumulation_fusion,
                       allreduce_dgrad, sequence_parallel, tp_group, grad_output_buffer=None,
                       wgrad_deferral_limit=None, gtp_remat_size=1):
         if gtp_remat_size > 1:
@@ -86,7 +87,7 @@ class _UFP4Mixin:
                     grad_accumulation_fusion=gradient_accumulation_fusion,
                     tp_group=tp_group if tp_group is not None else self.tp_group)
         seed = self._draw_seed(input, weight)
-        return UFP4ParallelLinearFn.apply(input, weight, bias, self.ufp4.recipe, seed, origins,
+        return UFP4ParallelLinearFn.apply(input, weight, bias, self.ufp4.recipe, seed, shard,
                                           comm)
 
 
@@ -109,14 +110,17 @@ class UFP4ColumnParallelLinear(_UFP4Mixin, ColumnParallelLinear):
                          **kwargs)
         self.config = config
         self.gradient_accumulation_fusion = config.gradient_accumulation_fusion
-        self._setup_ufp4(ufp4, sharded=self.output_size_per_partition,
-                         kind="UFP4ColumnParallelLinear", dim_name=f"output_size {output_size}")
-        n0 = get_pg_rank(self.tp_group) * self.output_size_per_partition
-        self._origins = Origins(w=(n0, 0), dy_col=n0)
+        stride = kwargs.get("stride", 1)
+        self._setup_ufp4(ufp4, sharded=self.output_size_per_partition // stride,
+                         kind="UFP4ColumnParallelLinear",
+                         dim_name=f"output_size {output_size}" + (f"/stride {stride}"
+                                                                  if stride > 1 else ""))
+        self._shard = Shard.column(get_pg_rank(self.tp_group), get_pg_size(self.tp_group),
+                                   self.output_size_per_partition, stride)
 
     def _forward_impl(self, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
                       sequence_parallel, *args, **kwargs):
-        return self._ufp4_forward(input, weight, bias, origins=self._origins,
+        return self._ufp4_forward(input, weight, bias, shard=self._shard,
                                   gradient_accumulation_fusion=gradient_accumulation_fusion,
                                   allreduce_dgrad=allreduce_dgrad,
                                   sequence_parallel=sequence_parallel, **_named(args, kwargs))
@@ -132,12 +136,11 @@ class UFP4RowParallelLinear(_UFP4Mixin, RowParallelLinear):
         super().__init__(input_size, output_size, config=config, **kwargs)
         self._setup_ufp4(ufp4, sharded=self.input_size_per_partition,
                          kind="UFP4RowParallelLinear", dim_name=f"input_size {input_size}")
-        k0 = get_pg_rank(self.tp_group) * self.input_size_per_partition
-        self._origins = Origins(x_col=k0, w=(0, k0))
+        self._shard = Shard.row(get_pg_rank(self.tp_group), self.input_size_per_partition)
 
     def _forward_impl(self, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
                       sequence_parallel, *args, **kwargs):
-        return self._ufp4_forward(input, weight, bias, origins=self._origins,
+        return self._ufp4_forward(input, weight, bias, shard=self._shard,
                                   gradient_accumulation_fusion=gradient_accumulation_fusion,
                                   allreduce_dgrad=allreduce_dgrad,
                                   sequence_parallel=sequence_parallel, **_named(args, kwargs))

@@ -9,9 +9,12 @@ step, and swaps each of its three matmuls for `ufp4_megatron.ops`:
               dw = wgrad(dy, x)  -> weight.grad, or added into weight.main_grad
               (gradient_accumulation_fusion, done with torch instead of apex's fused kernel)
 
-Shard offsets (`Origins`) tell ops where this rank's operands sit in the unsharded GEMM, so
-stochastic-rounding bits equal those of TP=1; rows always start at 0 because every rank holds
-all tokens of the GEMM (SP gathers them before any GEMM).
+`Shard` tells ops where this rank's operands sit in the unsharded GEMM, so stochastic-rounding
+bits equal those of TP=1. Rows always start at 0 (every rank holds all tokens of the GEMM: SP
+gathers them first). A column-parallel weight with partition stride s > 1 (the gated fc1 of
+SwiGLU: local rows are [gate_r; up_r]) is s separate chunks of the full N axis; each chunk is
+its own call into ops at its own offset: fprop and wgrad outputs are concatenated, dgrad's
+partial products summed (like a TP reduction). With stride 1 there is one chunk, one call.
 """
 from __future__ import annotations
 
@@ -26,12 +29,23 @@ from ..recipe import Recipe
 
 
 @dataclass(frozen=True)
-class Origins:
-    """Column offsets of this rank's shards in the full tensors (natural layouts)."""
+class Shard:
+    """This rank's place in the full GEMM: K offset, and N chunks (local, full, width)."""
 
-    x_col: int = 0               # x [M, K]: K offset (row-parallel)
-    w: tuple[int, int] = (0, 0)  # w [N, K]: (N offset, K offset)
-    dy_col: int = 0              # dy [M, N]: N offset (column-parallel)
+    k: int = 0                                       # row-parallel: K offset of x and w columns
+    n: tuple[tuple[int, int, int], ...] = ((0, 0, -1),)  # width -1: the whole local N
+
+    @staticmethod
+    def column(rank: int, world: int, n_local: int, stride: int = 1) -> "Shard":
+        # Megatron's partition with stride s: the full N axis is cut into world*s chunks,
+        # rank r holds chunks r, r+world, ... (megatron.core.tensor_parallel.layers).
+        width = n_local // stride
+        return Shard(n=tuple((c * width, (rank + c * world) * width, width if stride > 1 else -1)
+                             for c in range(stride)))
+
+    @staticmethod
+    def row(rank: int, k_local: int) -> "Shard":
+        return Shard(k=rank * k_local)
 
 
 @dataclass(frozen=True)
@@ -52,15 +66,38 @@ def _gather_tokens(x: torch.Tensor, group, async_op: bool = False):
     return buf, handle
 
 
+def _chunks(shard: Shard, t: torch.Tensor, dim: int):
+    """(chunk of t along the local N dim, full N offset) for each chunk."""
+    for local, full, width in shard.n:
+        yield (t if width < 0 else t.narrow(dim, local, width).contiguous()), full
+
+
+def _fprop(x2d, weight, recipe, seed, shard: Shard):
+    ys = [ops.fprop(x2d, w, recipe, seed=seed, x_origin=(0, shard.k), w_origin=(n0, shard.k))
+          for w, n0 in _chunks(shard, weight, 0)]
+    return ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
+
+
+def _dgrad(dy2d, weight, recipe, seed, shard: Shard):
+    dxs = [ops.dgrad(dy, w, recipe, seed=seed, dy_origin=(0, n0), w_origin=(n0, shard.k))
+           for (dy, n0), (w, _) in zip(_chunks(shard, dy2d, 1), _chunks(shard, weight, 0))]
+    return dxs[0] if len(dxs) == 1 else torch.stack(dxs).sum(0)
+
+
+def _wgrad(dy2d, x2d, recipe, seed, shard: Shard):
+    dws = [ops.wgrad(dy, x2d, recipe, seed=seed, dy_origin=(0, n0), x_origin=(0, shard.k))
+           for dy, n0 in _chunks(shard, dy2d, 1)]
+    return dws[0] if len(dws) == 1 else torch.cat(dws, dim=0)
+
+
 class UFP4ParallelLinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe: Recipe, seed: int, origins: Origins, comm: Comm):
+    def forward(ctx, x, weight, bias, recipe: Recipe, seed: int, shard: Shard, comm: Comm):
         if comm.sequence_parallel:
             total_x, _ = _gather_tokens(x, comm.tp_group)
         else:
             total_x = x
-        y = ops.fprop(total_x.reshape(-1, total_x.shape[-1]), weight, recipe, seed=seed,
-                      x_origin=(0, origins.x_col), w_origin=origins.w)
+        y = _fprop(total_x.reshape(-1, total_x.shape[-1]), weight, recipe, seed, shard)
         y = y.view(*total_x.shape[:-1], weight.shape[0])
         if bias is not None:
             y = y + bias
@@ -68,14 +105,14 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
         # main_grad is kept off save_for_backward as Megatron does (modules reused across
         # layers, e.g. MTP, would trip the in-place version check).
         ctx.main_grad = getattr(weight, "main_grad", None) if comm.grad_accumulation_fusion else None
-        ctx.recipe, ctx.seed, ctx.origins, ctx.comm = recipe, seed, origins, comm
+        ctx.recipe, ctx.seed, ctx.shard, ctx.comm = recipe, seed, shard, comm
         ctx.use_bias = bias is not None
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
-        recipe, seed, origins, comm = ctx.recipe, ctx.seed, ctx.origins, ctx.comm
+        recipe, seed, shard, comm = ctx.recipe, ctx.seed, ctx.shard, ctx.comm
         wgrad_needed = ctx.needs_input_grad[1]
         handle = None
         if wgrad_needed and comm.sequence_parallel:
@@ -83,9 +120,7 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
         else:
             total_x = x
         dy2d = dy.reshape(-1, dy.shape[-1]).contiguous()
-        dx = ops.dgrad(dy2d, weight, recipe, seed=seed, dy_origin=(0, origins.dy_col),
-                       w_origin=origins.w)
-        dx = dx.view(*dy.shape[:-1], weight.shape[1])
+        dx = _dgrad(dy2d, weight, recipe, seed, shard).view(*dy.shape[:-1], weight.shape[1])
         if handle is not None:
             handle.wait()
 
@@ -99,9 +134,7 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
 
         grad_weight = None
         if wgrad_needed:
-            x2d = total_x.reshape(-1, total_x.shape[-1])
-            dw = ops.wgrad(dy2d, x2d, recipe, seed=seed, dy_origin=(0, origins.dy_col),
-                           x_origin=(0, origins.x_col))
+            dw = _wgrad(dy2d, total_x.reshape(-1, total_x.shape[-1]), recipe, seed, shard)
             grad_weight = _accumulate(weight, dw, ctx.main_grad)
         grad_bias = dy2d.sum(dim=0) if ctx.use_bias else None
 
