@@ -6,10 +6,10 @@ WANDB_API_KEY or ~/.netrc, only in online mode).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import uuid
 from pathlib import Path
-
-from omegaconf import OmegaConf
 
 from .schema import Config
 
@@ -40,9 +40,9 @@ def start(cfg: Config, run_dir: Path):
     wdir.mkdir(parents=True, exist_ok=True)
     run_id = (run_dir / "wandb_id.txt")
     if not run_id.exists():
-        run_id.write_text(wandb.util.generate_id())
+        run_id.write_text(uuid.uuid4().hex[:8])
     return wandb.init(
         project=w.project, entity=w.entity, group=cfg.experiment, name=run_name(cfg),
         id=run_id.read_text().strip(), resume="allow", mode=mode, dir=str(wdir),
-        config=OmegaConf.to_container(cfg, resolve=True), settings=wandb.Settings(quiet=True),
+        config=dataclasses.asdict(cfg), settings=wandb.Settings(quiet=True),
     )
