@@ -63,7 +63,9 @@ def models(recipes=("bf16", "e2m1", "ufp4")) -> dict:
         if not moe:  # the same model with another SR seed: how far apart SR noise alone puts it
             results[("dense", "ufp4", "tp1_seed8")] = _run(False, "ufp4", {}, state, sr_seed=8)
         else:  # grouped experts (TEGroupedMLP + UFP4 grouped linears) on the same weights
-            results[("moe", "ufp4", "tp1_grouped")] = _run(True, "ufp4", {}, state, grouped=True)
+            for name, layout in (("tp1", {}), ("tp2sp", MOE_LAYOUTS["tp2sp"]), ("ep2", {"ep": 2})):
+                results[("moe", "ufp4", f"{name}_grouped")] = _run(True, "ufp4", layout, state,
+                                                                   grouped=True)
     # SwiGLU: fc1 is sharded with stride 2, each rank holding [gate_r; up_r]
     setup_parallel()
     state = full_state(build_gpt(tiny_config(glu=True), UFP4Policy("bf16")))
@@ -279,6 +281,21 @@ def layers() -> dict:
             "experts": _expert_checks()}
 
 
+def expert_checkpoint_layouts() -> dict[str, list]:
+    """Sharded-checkpoint weight entries (key, global shape, global offset) of the routed
+    experts of an EP=2 MoE GPT, SequentialMLP vs grouped, on this rank. (SequentialMLP also
+    saves `_extra_state` placeholders, which the grouped linears do not.)"""
+    out = {}
+    for label, grouped in (("sequential", False), ("grouped", True)):
+        setup_parallel(ep=2)
+        model = build_gpt(tiny_config(moe=True, ep=2, grouped=grouped), UFP4Policy("ufp4"))
+        out[label] = sorted((t.key, tuple(t.global_shape), tuple(t.global_offset))
+                            for name, t in model.sharded_state_dict().items()
+                            if ".mlp.experts." in name and "_extra_state" not in name)
+    return out
+
+
 def suite() -> dict:
     """Everything the pytest suite needs, in one launch (Megatron imports once per rank)."""
-    return {"layers": layers(), "models": models(), "bf16_layers": bf16_layers_model()}
+    return {"layers": layers(), "models": models(), "bf16_layers": bf16_layers_model(),
+            "checkpoint": expert_checkpoint_layouts()}

@@ -72,6 +72,17 @@ def test_grouped_experts_model_matches_sequential_forward(mcore_results):
         "UFP4ColumnParallelGroupedLinear"
 
 
+@pytest.mark.parametrize("layout", ("tp2sp", "ep2"))
+def test_grouped_experts_model_tp_and_ep_invariance(mcore_results, layout):
+    runs = mcore_results["models"]
+    ref, run = runs[("moe", "ufp4", "tp1_grouped")], runs[("moe", "ufp4", f"{layout}_grouped")]
+    assert abs(run["loss"] - ref["loss"]) <= 1e-6 * ref["loss"]
+    if layout == "tp2sp":
+        assert _rel(run["grads"], ref["grads"]) < QUANT_TOL
+    else:
+        assert _rel(run["grads_dp"], ref["grads_dp"]) < 0.3
+
+
 def test_lm_head_router_embeddings_stay_megatron_bf16(mcore_results):
     modules = mcore_results["models"][("moe", "ufp4", "tp1")]["modules"]
     assert modules["output_layer"] == "ColumnParallelLinear"

@@ -10,7 +10,9 @@
   weight.grad left None, without apex.
 - test_shard_of_partial_blocks_raises_clear_error: K/TP not a multiple of the block.
 - test_grouped_experts_match_sequential_experts_bitwise_without_sr, test_empty_expert_...,
-  test_sequential_experts_know_their_global_index: the two expert hosts.
+  test_sequential_experts_know_their_global_index: the two expert hosts;
+  test_grouped_experts_checkpoint_weights_layout_equals_sequential: their distributed checkpoints hold
+  the same expert weights (sharded keys, global shapes and offsets under EP=2).
 """
 import pytest
 
@@ -59,3 +61,9 @@ def test_empty_expert_and_uneven_token_counts_work(mcore_results, rounding):
 
 def test_sequential_experts_know_their_global_index(mcore_results):
     assert mcore_results["layers"]["experts"]["sr"]["expert_indices"] == [0, 1, 2, 3]
+
+
+def test_grouped_experts_checkpoint_weights_layout_equals_sequential(mcore_results):
+    layouts = mcore_results["checkpoint"]  # EP=2, rank 0: 2 layers x 2 local experts x fc1/fc2
+    assert len(layouts["sequential"]) == 8
+    assert layouts["grouped"] == layouts["sequential"]

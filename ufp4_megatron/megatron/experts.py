@@ -30,7 +30,7 @@ from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 from megatron.core.utils import divide, get_pg_rank, get_pg_size
 
 from ..ops import uses_sr
-from .linear import _UFP4Mixin, shard_unit
+from .linear import _UFP4Mixin, draw_seed, shard_unit
 from .parallel_gemm import Comm, Shard, UFP4ParallelLinearFn
 from .policy import UFP4Binding
 
@@ -120,16 +120,12 @@ class _UFP4GroupedLinear(MegatronModule):
         outs, biases = [], []
         for i, xe in enumerate(torch.split(x, counts)):
             w, b = getattr(self, f"weight{i}"), getattr(self, f"bias{i}")
-            seed = 0
-            if self._sr and torch.is_grad_enabled() and (xe.requires_grad or w.requires_grad):
-                seed = self.ufp4.seeds.draw(self.ufp4.layer_number, self.ufp4.role,
-                                            self._first_expert + i + 1, self._dp_rank)
+            seed = draw_seed(self.ufp4, self._sr, xe, w, self._first_expert + i, self._dp_rank)
             outs.append(UFP4ParallelLinearFn.apply(xe, w, None if self.skip_bias_add else b,
                                                    self.ufp4.recipe, seed, self._shard, comm))
             biases.append(b)
-        out = torch.cat(outs) if outs else x.new_empty(0, 0)
-        has_bias = biases and biases[0] is not None
-        return out, (biases if self.skip_bias_add and has_bias else None)
+        has_bias = biases[0] is not None
+        return torch.cat(outs), (biases if self.skip_bias_add and has_bias else None)
 
     def backward_dw(self) -> None:
         """Deferred wgrad is not supported: wgrad runs inside backward."""

@@ -42,6 +42,15 @@ def shard_unit(recipe: Recipe) -> int:
     return unit
 
 
+def draw_seed(binding: UFP4Binding, sr: bool, x: torch.Tensor, weight: torch.Tensor,
+              expert_index: int, dp_rank: int) -> int:
+    """This call's SR seed (seeds.py). Only forwards that will run backward draw, so eval
+    leaves the stream alone; recipes without SR draw nothing."""
+    if not (sr and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        return 0
+    return binding.seeds.draw(binding.layer_number, binding.role, expert_index + 1, dp_rank)
+
+
 class _UFP4Mixin:
     """Shared by both linears: binding, origins, seed draw, the call into the autograd fn."""
 
@@ -61,18 +70,10 @@ class _UFP4Mixin:
                 f"(block and RHT sizes of recipe {ufp4.recipe.name!r}), so quantization blocks "
                 f"would straddle tensor-parallel shards. Choose sizes with {dim_name} divisible "
                 f"by TP*{unit}, a smaller TP, or a recipe with smaller blocks for this layer.")
-        self._tp_rank = get_pg_rank(self.tp_group)
         self._dp_rank = (parallel_state.get_expert_data_parallel_rank() if self.is_expert else
                          parallel_state.get_data_parallel_rank(with_context_parallel=True))
         self._sr = uses_sr(ufp4.recipe)
 
-    def _draw_seed(self, x: torch.Tensor, weight: torch.Tensor) -> int:
-        # Only forwards that will run backward draw, so eval leaves the stream alone.
-        if not (self._sr and torch.is_grad_enabled()
-                and (x.requires_grad or weight.requires_grad)):
-            return 0
-        b = self.ufp4
-        return b.seeds.draw(b.layer_number, b.role, self.expert_index + 1, self._dp_rank)
 
     def _ufp4_forward(self, input, weight, bias, *, shard: Shard, gradient_accumulation_fusion,
                       allreduce_dgrad, sequence_parallel, tp_group, grad_output_buffer=None,
@@ -86,7 +87,7 @@ class _UFP4Mixin:
         comm = Comm(sequence_parallel=sequence_parallel, allreduce_dgrad=allreduce_dgrad,
                     grad_accumulation_fusion=gradient_accumulation_fusion,
                     tp_group=tp_group if tp_group is not None else self.tp_group)
-        seed = self._draw_seed(input, weight)
+        seed = draw_seed(self.ufp4, self._sr, input, weight, self.expert_index, self._dp_rank)
         return UFP4ParallelLinearFn.apply(input, weight, bias, self.ufp4.recipe, seed, shard,
                                           comm)
 
