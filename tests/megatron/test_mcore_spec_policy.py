@@ -141,3 +141,15 @@ def test_policy_from_env_reads_name_or_json_file(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="unknown keys"):
         policy_from_env()
 
+
+
+def test_spec_rewrite_refuses_a_spec_without_megatron_local_linears():
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_layer import (
+        TransformerLayer,
+        TransformerLayerSubmodules,
+    )
+
+    empty = ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules())
+    with pytest.raises(TypeError, match="local spec"):
+        ufp4_block_spec(empty, _config(), UFP4Policy("ufp4"), pp_rank=0)

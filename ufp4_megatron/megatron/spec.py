@@ -77,8 +77,14 @@ def ufp4_block_spec(spec: ModuleSpec | TransformerBlockSubmodules, config, polic
     rewritten = []
     for i, layer_spec in enumerate(layer_specs):
         number = offset + i + 1  # Megatron's global, 1-based layer number
-        ctx = _Ctx(policy, config, number, f"decoder.layers.{number - 1}")
+        ctx = _Ctx(policy, config, number, f"decoder.layers.{number - 1}", [])
         rewritten.append(_rewrite(layer_spec, ctx, path=""))
+        if not ctx.seen:
+            raise TypeError(
+                f"layer {number}: no ColumnParallelLinear/RowParallelLinear/SequentialMLP in its "
+                "spec. ufp4_block_spec rewrites Megatron's local spec (get_gpt_layer_local_spec,"
+                " get_gpt_decoder_block_spec(..., use_transformer_engine=False)); "
+                "TransformerEngine specs are not supported.")
     if config.sequence_parallel and layer_norm is WrappedTorchNorm:
         layer_norm = sequence_parallel_torch_norm
     return TransformerBlockSubmodules(layer_specs=rewritten, layer_norm=layer_norm)
@@ -133,8 +139,10 @@ class _Ctx:
     config: Any
     layer_number: int
     prefix: str
+    seen: list  # paths of the swappable modules found (a TE spec has none)
 
     def bind(self, path: str):
+        self.seen.append(path)
         return self.policy.bind(f"{self.prefix}.{path}", layer_number=self.layer_number,
                                 config=self.config)
 
