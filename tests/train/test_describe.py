@@ -1,0 +1,42 @@
+"""`python -m ufp4_megatron.describe`: the printed contract, and counts equal to a built model.
+
+    test_describe_prints_the_contract_lines
+    test_counts_match_a_built_megatron_model   tiny (dense) and a 2-layer moe_small
+"""
+import subprocess
+import sys
+
+import pytest
+
+from _cli import ROOT, env, run
+
+_BUILD = r"""
+import sys, torch
+from ufp4_megatron.describe import count_params, load_config
+from ufp4_megatron.train import distributed
+from ufp4_megatron.train.model import build_model
+from ufp4_megatron.train.precision import recipe_from_config
+cfg = load_config(sys.argv[1:])
+distributed.init(cfg.parallel, torch.device("cpu"), 0)
+model, _ = build_model(cfg, recipe_from_config(cfg.precision), torch.float32, torch.device("cpu"))
+print(sum(p.numel() for p in model.parameters()), count_params(cfg.model).total)
+"""
+
+
+def test_describe_prints_the_contract_lines(tmp_path):
+    r = run([sys.executable, "-m", "ufp4_megatron.describe", "model=moe_7p9b", "parallel.tp=2",
+             "parallel.ep=8", "parallel.dp=8"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = dict(line.split(": ", 1) for line in r.stdout.splitlines())
+    assert int(lines["total_params"]) == 7_910_017_024
+    assert int(lines["active_params"]) == 1_303_988_224
+    assert float(lines["per_gpu_total_gib"]) > 0
+
+
+@pytest.mark.parametrize("overrides", [["model=tiny"], ["model=moe_small", "model.num_layers=2",
+                                                         "precision=ufp4"]])
+def test_counts_match_a_built_megatron_model(tmp_path, overrides):
+    r = run([sys.executable, "-c", _BUILD, *overrides], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    built, counted = map(int, r.stdout.split()[-2:])
+    assert built == counted
