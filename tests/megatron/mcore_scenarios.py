@@ -295,7 +295,66 @@ def expert_checkpoint_layouts() -> dict[str, list]:
     return out
 
 
+def seed_stream() -> dict:
+    """When a UFP4 linear draws SR seeds, and exact resume from SRSeeds.state_dict()."""
+    from ufp4_megatron.megatron import UFP4ColumnParallelLinear
+
+    setup_parallel()
+    config = tiny_config()
+    out = {}
+    for label, overrides in (("sr", {}), ("no_sr", {"sr": ()})):
+        binding = _binding("ufp4", **overrides)
+        layer = _make_linear("column", UFP4ColumnParallelLinear, config, binding)
+        x = torch.randn(16, 2, 64)
+        with torch.no_grad():
+            layer(x)
+        eval_draws = binding.seeds.draws
+        layer(x.requires_grad_())
+        out[label] = (eval_draws, binding.seeds.draws)
+
+    # Resume: step 2 after restoring the stream saved after step 1 == step 2 of the original.
+    state = full_state(build_gpt(config, UFP4Policy("bf16")))
+    policy = UFP4Policy("ufp4", sr_seed=3)
+    model = build_gpt(config, policy)
+    load_full_state(model, state)
+    loss_and_backward(model, batch(0))
+    saved = policy.state_dict()
+    model.zero_grad(set_to_none=True)
+    loss_and_backward(model, batch(1))
+    step2 = full_grads(model)
+    for label, restore in (("resumed", True), ("fresh", False)):
+        policy = UFP4Policy("ufp4", sr_seed=3)
+        model = build_gpt(config, policy)
+        load_full_state(model, state)
+        if restore:
+            policy.load_state_dict(saved)
+        loss_and_backward(model, batch(1))
+        grads = full_grads(model)
+        out[label] = max((grads[k] - step2[k]).abs().max().item() for k in step2)
+    return out
+
+
+def entry_point() -> dict:
+    """ufp4_gpt_spec (Megatron-LM's --spec hook) with UFP4_RECIPE, dense and MoE."""
+    import os
+
+    from megatron.core.models.gpt import GPTModel
+    from ufp4_megatron.megatron.spec import ENTRY_POLICIES, ufp4_gpt_spec
+
+    setup_parallel()
+    os.environ["UFP4_RECIPE"] = "e2m1"
+    out = {}
+    for label, config in (("dense", tiny_config()), ("moe", tiny_config(moe=True))):
+        model = GPTModel(config=config, transformer_layer_spec=ufp4_gpt_spec(config),
+                         vocab_size=128, max_sequence_length=32)
+        out[label] = {n: f"{type(m).__name__} {m.extra_repr()}" for n, m in model.named_modules()
+                      if type(m).__name__.startswith("UFP4")}
+    out["policy"] = ENTRY_POLICIES[None].default.name
+    return out
+
+
 def suite() -> dict:
     """Everything the pytest suite needs, in one launch (Megatron imports once per rank)."""
     return {"layers": layers(), "models": models(), "bf16_layers": bf16_layers_model(),
-            "checkpoint": expert_checkpoint_layouts()}
+            "checkpoint": expert_checkpoint_layouts(), "seeds": seed_stream(),
+            "entry_point": entry_point()}

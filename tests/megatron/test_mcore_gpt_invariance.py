@@ -104,3 +104,14 @@ def test_first_and_last_layers_stay_bf16(mcore_results):
     assert ufp4_layers == {"1"}
     assert modules["decoder.layers.0.self_attention.linear_qkv"] == "ColumnParallelLinear"
     assert modules["decoder.layers.2.mlp.experts"] == "SequentialMLP"
+
+
+@pytest.mark.parametrize("model", ("dense", "moe"))
+def test_megatron_lm_entry_point_builds_ufp4_model_from_env(mcore_results, model):
+    entry = mcore_results["entry_point"]  # UFP4_RECIPE=e2m1
+    assert entry["policy"] == "e2m1"
+    linears = entry[model]
+    assert "decoder.layers.1.self_attention.linear_qkv" in linears
+    assert all("recipe=e2m1" in desc for desc in linears.values())
+    if model == "moe":
+        assert "decoder.layers.0.mlp.shared_experts.linear_fc2" in linears

@@ -67,3 +67,15 @@ def test_grouped_experts_checkpoint_weights_layout_equals_sequential(mcore_resul
     layouts = mcore_results["checkpoint"]  # EP=2, rank 0: 2 layers x 2 local experts x fc1/fc2
     assert len(layouts["sequential"]) == 8
     assert layouts["grouped"] == layouts["sequential"]
+
+
+def test_sr_seeds_drawn_only_by_forwards_that_will_backward_with_sr(mcore_results):
+    seeds = mcore_results["seeds"]  # (draws after a no-grad forward, after a grad forward)
+    assert seeds["sr"] == (0, 1)
+    assert seeds["no_sr"] == (0, 0)
+
+
+def test_restoring_sr_seed_state_resumes_bit_exactly(mcore_results):
+    seeds = mcore_results["seeds"]
+    assert seeds["resumed"] == 0.0
+    assert seeds["fresh"] > 0.0  # without the saved state, step 2 draws other SR bits
