@@ -1,0 +1,147 @@
+"""End to end on CPU with the real trainer: the compare sweep on the local Slurm cluster, and an
+elastic torchrun restart.
+
+- test_compare_sweep_with_requeue_resumes_exactly: `ufp4-launch compare` submits BF16, E2M1 and
+  UFP4 as one job array plus the report as a dependent job. Mid-run, the UFP4 element gets the
+  time-limit warning (USR1): it requeues, the trainer checkpoints on SIGTERM, the requeued job
+  resumes. Its per-step losses then equal those of the same run done in one go (nothing lost
+  or repeated differently), all runs share seed and data, and the report job ran after them.
+- test_torchrun_elastic_restart_resumes: 2 ranks under launch/torchrun.sh --max-restarts 1;
+  one rank is killed mid-run, torchrun restarts both, they resume from the newest checkpoint
+  and finish every step.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import LAUNCH, ROOT, run_env
+
+STEPS = 24
+# A tiny model with a small corpus: seconds per run on 2 CPU cores. Each run tokenizes into its
+# own cache (the trainer's cache writes are not safe between concurrent jobs).
+COMMON = ["model=tiny", "model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
+          "model.num_attention_heads=2", "model.num_query_groups=1", "train.seq_len=32",
+          "train.micro_batch=1", "train.global_batch=2", f"train.steps={STEPS}", "train.seed=7",
+          "checkpoint.interval=4", "logging.wandb.mode=disabled", "logging.progress=plain",
+          "data.corpus_max_bytes=300000", "data.split='80,20,0'",
+          "data.cache_dir=${hydra:run.dir}/data-cache"]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return {}
+    return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
+
+
+def scontrol_job(env, job) -> dict:
+    res = subprocess.run(["scontrol", "-o", "show", "job", job], env=env, capture_output=True,
+                         text=True, timeout=30)
+    return dict(kv.split("=", 1) for kv in res.stdout.split() if "=" in kv)
+
+
+def wait_for(predicate, timeout, what, on_fail=lambda: "", failed=lambda: False):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        if failed():
+            raise AssertionError(f"failed while waiting for {what}\n{on_fail()}")
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{on_fail()}")
+
+
+@pytest.mark.slurm
+def test_compare_sweep_with_requeue_resumes_exactly(slurm, tmp_path):
+    env = run_env(tmp_path, **slurm)
+    out = tmp_path / "sweep"
+    # The same UFP4 run in one go, outside Slurm, to compare the requeued one against.
+    ref_dir = tmp_path / "ufp4-uninterrupted"
+    ref = subprocess.Popen([sys.executable, "-m", "ufp4_megatron.train", *COMMON, "precision=ufp4",
+                            f"hydra.run.dir={ref_dir}"], env=env, cwd=tmp_path,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    res = subprocess.run([sys.executable, "-m", "ufp4_megatron.launch_cli", "compare",
+                          "--out", str(out), "--nproc-per-node", "1", "--", *COMMON],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    sweep = json.loads((out / "sweep.json").read_text())
+    names = [run["name"] for run in sweep["runs"]]
+    assert names == ["bf16", "e2m1", "ufp4"]
+    array, report = sweep["jobs"]["array"], sweep["jobs"]["report"]
+    ufp4 = f"{array}_{names.index('ufp4')}"
+    logs = lambda: "\n".join(p.name + ":\n" + p.read_text()[-3000:]  # noqa: E731
+                             for p in sorted((out / "logs").glob("*")))
+    failed = lambda: any(scontrol_job(env, f"{array}_{i}").get("JobState")  # noqa: E731
+                         in ("FAILED", "CANCELLED", "TIMEOUT") for i in range(len(names)))
+
+    # Mid-run: the time-limit warning for the UFP4 element, after its first checkpoint.
+    wait_for(lambda: len(losses(out / "ufp4")) >= 3, 180, "UFP4 step 3", logs, failed)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", ufp4], env=env, check=True, timeout=30)
+    wait_for(lambda: scontrol_job(env, ufp4).get("JobState") == "PENDING"
+             and scontrol_job(env, ufp4).get("Restarts") == "1", 90, "the requeue", logs)
+    interrupted_at = max(losses(out / "ufp4"))
+    assert interrupted_at < STEPS
+    # Slurm holds a requeued job ~2 minutes (BeginTime); release it now.
+    subprocess.run(["scontrol", "update", f"JobId={ufp4}", "StartTime=now"], env=env,
+                   check=True, timeout=30)
+    wait_for(lambda: scontrol_job(env, report).get("JobState") in ("COMPLETED", "FAILED",
+                                                                    "CANCELLED", "TIMEOUT"),
+             240, "the report job", logs, failed)
+    assert scontrol_job(env, report)["JobState"] == "COMPLETED", logs()
+    ref_out, _ = ref.communicate(timeout=240)
+    assert ref.returncode == 0, ref_out[-3000:]
+
+    # Nothing lost: every step present, and the same losses as the run done in one go.
+    expected = losses(ref_dir)
+    assert sorted(expected) == list(range(1, STEPS + 1))
+    for name in names:
+        assert sorted(losses(out / name)) == list(range(1, STEPS + 1)), name
+    assert losses(out / "ufp4") == pytest.approx(expected, rel=1e-6, abs=0)
+    ufp4_log = (out / "logs" / f"ufp4-compare-{array}_{names.index('ufp4')}.out").read_text()
+    assert "restart 1" in ufp4_log and "stop signal: saved step" in ufp4_log
+    for i, name in enumerate(names[:-1]):  # the requeue hit the UFP4 element only
+        assert "restart 1" not in (out / "logs" / f"ufp4-compare-{array}_{i}.out").read_text()
+    assert len({tuple(losses(out / n).values()) for n in names}) == 3  # precisions do differ
+
+    # Same seed and data everywhere; only the precision (and the run's own paths) differ.
+    def identity(name):
+        c = yaml.safe_load((out / name / ".hydra" / "config.yaml").read_text())
+        c.pop("precision"), c["checkpoint"].pop("dir"), c["data"].pop("cache_dir")
+        return c
+    first = identity("bf16")
+    assert first["train"]["seed"] == 7
+    assert all(identity(n) == first for n in names[1:])
+
+    # The report ran on the three runs after they finished.
+    table = (out / "report" / "loss_gap.md").read_text()
+    assert "e2m1" in table and "ufp4" in table
+
+
+def test_torchrun_elastic_restart_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    env = run_env(tmp_path)
+    proc = subprocess.Popen([str(LAUNCH / "torchrun.sh"), "--nproc-per-node", "2",
+                             "--max-restarts", "1", "--", *COMMON, "precision=bf16",
+                             f"hydra.run.dir={run_dir}"], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: len(losses(run_dir)) >= 3, 180, "step 3",
+                 failed=lambda: proc.poll() is not None)
+        workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                 text=True).stdout.split()
+        assert len(workers) == 2, workers
+        os.kill(int(workers[-1]), signal.SIGKILL)  # one rank dies: torchrun restarts both
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert sorted(losses(run_dir)) == list(range(1, STEPS + 1))
+    assert "restart" in out.lower() or "Restarting" in out, out[-3000:]
