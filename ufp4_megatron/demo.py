@@ -24,7 +24,8 @@ def train_overrides(steps: int) -> list[str]:
         "train.seq_len=128", "train.micro_batch=4", "train.global_batch=4",
         # a short run: a high peak LR reaches the regime where recipes differ quickly
         "optim.lr=3e-3", "optim.min_lr=3e-4", "optim.warmup_steps=10",
-        "logging.progress=plain", "logging.log_interval=10", "checkpoint.interval=0",
+        "logging.progress=plain", "logging.log_interval=1", "logging.print_interval=20",
+        "checkpoint.interval=0",
     ]
 
 

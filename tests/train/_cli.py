@@ -9,7 +9,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # small, fast, deterministic: 2-layer model, 64 tokens per step, a 1.5 MB corpus
 FAST = ["model=tiny", "train.seq_len=32", "train.micro_batch=2", "train.global_batch=2",
-        "optim.warmup_steps=2", "logging.progress=plain", "data.corpus_max_bytes=1500000"]
+        "optim.warmup_steps=2", "logging.progress=plain", "logging.print_interval=1",
+        "data.corpus_max_bytes=1500000"]
 
 
 def env(tmp: Path) -> dict:

@@ -11,12 +11,18 @@ def gap_series(run: dict[int, float], ref: dict[int, float]) -> dict[int, float]
     return {s: (run[s] - ref[s]) / ref[s] for s in sorted(run.keys() & ref.keys())}
 
 
-def mean_latest(series: dict[int, float], last: int) -> float:
-    """Mean over the latest `last` steps of the series (all of them if it is shorter)."""
+def latest_steps(series: dict[int, float], last: int) -> list[int]:
+    """The logged steps within the latest `last` training steps (logging may skip steps)."""
     if not series:
         raise ValueError("no common steps between the run and its reference")
-    vals = [series[s] for s in sorted(series)[-last:]]
-    return sum(vals) / len(vals)
+    end = max(series)
+    return [s for s in sorted(series) if s > end - last]
+
+
+def mean_latest(series: dict[int, float], last: int) -> float:
+    """Mean gap over the latest `last` training steps (the paper: last=1000)."""
+    steps = latest_steps(series, last)
+    return sum(series[s] for s in steps) / len(steps)
 
 
 @dataclass
@@ -24,7 +30,7 @@ class GapRow:
     model: str
     seed: int
     recipe: str
-    steps: int  # steps in the mean
+    steps: int  # logged steps in the mean
     last_step: int
     loss_gap: float  # mean relative training-loss gap over the latest steps
     val_gap: float | None  # relative validation-loss gap at the last common eval step
@@ -45,7 +51,7 @@ def compare(runs: list[Run], reference: str = "bf16", last: int = 1000) -> list[
         series = gap_series(r.loss, ref.loss)
         val = gap_series(r.val_loss, ref.val_loss)
         rows.append(GapRow(model=r.model, seed=r.seed, recipe=r.recipe,
-                           steps=min(last, len(series)), last_step=max(series, default=0),
+                           steps=len(latest_steps(series, last)), last_step=max(series),
                            loss_gap=mean_latest(series, last),
                            val_gap=val[max(val)] if val else None, series=series))
     return rows
@@ -54,7 +60,7 @@ def compare(runs: list[Run], reference: str = "bf16", last: int = 1000) -> list[
 def markdown_table(rows: list[GapRow], last: int, baseline: str = "e2m1") -> str:
     """The paper's table: gap in %, and each recipe's reduction of the baseline's gap."""
     base = {(r.model, r.seed): r.loss_gap for r in rows if r.recipe == baseline}
-    lines = [f"| model | seed | recipe | steps averaged (latest, of {last}) | loss gap vs bf16 "
+    lines = [f"| model | seed | recipe | logged steps in the mean (latest {last}) | loss gap vs bf16 "
              f"| val-loss gap | gap reduction vs {baseline} |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:

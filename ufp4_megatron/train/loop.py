@@ -76,7 +76,8 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
     is_main = env.rank == 0
     metrics = MetricsFile(run_dir / "metrics.jsonl", start) if is_main else None
     wb = wandb_run.start(cfg, run_dir) if is_main else None
-    progress = Progress(cfg.logging.progress, t.steps, start) if is_main else None
+    progress = (Progress(cfg.logging.progress, t.steps, start, cfg.logging.print_interval)
+                if is_main else None)
     probes = None
     if cfg.logging.wandb.diagnostics_interval and recipe.quantized:
         probes = LayerProbes(model, list(cfg.logging.wandb.diagnostics_layers), recipe)
@@ -113,7 +114,7 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
                 metrics.write(record)
                 if wb is not None:
                     wb.log(record | (probes.stats() if diag_step else {}), step=step)
-            progress.update(record, logged)
+            progress.update(record)
         stopping = stop.requested()
         if stopping or (cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or (
                 step == t.steps and cfg.checkpoint.save_at_end):

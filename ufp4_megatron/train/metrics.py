@@ -33,8 +33,9 @@ def read_metrics(path: Path) -> list[dict]:
 class Progress:
     """tqdm bar with tokens/s and ETA on a terminal; plain lines when output is a file/pipe."""
 
-    def __init__(self, mode: str, total: int, initial: int):
+    def __init__(self, mode: str, total: int, initial: int, print_interval: int):
         tty = sys.stderr.isatty()
+        self.total, self.print_interval = total, max(1, print_interval)
         self.bar = None
         if mode == "bar" or (mode == "auto" and tty):
             from tqdm import tqdm
@@ -42,12 +43,12 @@ class Progress:
         elif mode not in ("auto", "plain", "bar"):
             raise ValueError(f"logging.progress={mode!r}; valid: auto, bar, plain")
 
-    def update(self, record: dict, logged: bool) -> None:
-        """Called every step; plain mode prints only the logged steps."""
+    def update(self, record: dict) -> None:
+        """Called every step; plain mode prints every print_interval steps and the last."""
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
             self.bar.update(1)
-        elif logged:
+        elif record["step"] % self.print_interval == 0 or record["step"] == self.total:
             print(f"step {record['step']:>6} loss {record['loss']:.4f} lr {record['lr']:.2e} "
                   f"grad_norm {record['grad_norm']:.3f} tok/s {record['tokens_per_s']:.0f}",
                   flush=True)

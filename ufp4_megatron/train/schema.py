@@ -151,6 +151,7 @@ class WandbConfig:
 class LoggingConfig:
     log_interval: int = 1  # steps between metrics.jsonl lines
     progress: str = "auto"  # auto: a tqdm bar on a TTY, plain lines otherwise | bar | plain
+    print_interval: int = 10  # steps between plain progress lines
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
