@@ -22,7 +22,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_scenario(name: str, out_dir: Path, *, world_size: int = 2, timeout: int = 400,
+def run_scenario(name: str, out_dir: Path, *, world_size: int = 2, timeout: int = 900,
                  **kwargs) -> dict:
     port = _free_port()
     procs = []
