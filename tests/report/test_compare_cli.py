@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from ufp4_megatron.report.compare import main
+from ufp4_megatron.report.compare import run
 from ufp4_megatron.report.wandb_offline import find_run_file, read_run
 
 
@@ -30,7 +30,7 @@ def test_compare_writes_table_and_plot_and_logs_offline_wandb(tmp_path, monkeypa
             write_run(tmp_path / "e", "e2m1", [4.4, 2.1, 2.06]),
             write_run(tmp_path / "u", "ufp4", [4.2, 2.04, 2.02])]
     out = tmp_path / "out"
-    rows = main([*runs, "--last", "2", "--out", str(out), "--wandb-mode", "offline", "--group", "t"])
+    rows = run([*runs, "--last", "2", "--out", str(out), "--wandb-mode", "offline", "--group", "t"])
     gaps = {r.recipe: r.loss_gap for r in rows}
     assert gaps == pytest.approx({"e2m1": 0.04, "ufp4": 0.015})
     assert "| tiny | 3 | ufp4 |" in (out / "loss_gap.md").read_text()
@@ -43,4 +43,4 @@ def test_compare_writes_table_and_plot_and_logs_offline_wandb(tmp_path, monkeypa
 
 def test_unknown_source_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a run dir"):
-        main([str(tmp_path / "nope.txt"), "--wandb-mode", "disabled"])
+        run([str(tmp_path / "nope.txt"), "--wandb-mode", "disabled"])

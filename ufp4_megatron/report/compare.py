@@ -39,7 +39,7 @@ def log_to_wandb(rows: list[GapRow], table_md: str, png: Path, args) -> None:
     run.finish()
 
 
-def main(argv: list[str] | None = None) -> list[GapRow]:
+def run(argv: list[str] | None = None) -> list[GapRow]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="run dirs, offline W&B runs, or entity/project/run_id")
     ap.add_argument("--reference", default="bf16", help="precision name of the reference runs")
@@ -62,6 +62,11 @@ def main(argv: list[str] | None = None) -> list[GapRow]:
     print(f"wrote {args.out / 'loss_gap.md'} and {png}")
     log_to_wandb(rows, table, png, args)
     return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry (`ufp4-compare`): returns None, so the exit status is 0."""
+    run(argv)
 
 
 if __name__ == "__main__":

@@ -37,8 +37,8 @@ def transformer_config(cfg: Config, dtype: torch.dtype, device: torch.device):
         # Megatron's BF16 first/last layers, which the plugin's policy honours
         first_last_layers_bf16=bf16.start + bf16.end > 0,
         num_layers_at_start_in_bf16=bf16.start, num_layers_at_end_in_bf16=bf16.end,
-        # the fused kernels are CUDA-only
-        bias_activation_fusion=False, masked_softmax_fusion=on_gpu, persist_layer_norm=False,
+        # the fused kernels need apex/TE or CUDA extensions this package does not install
+        bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
         **moe,
     )
