@@ -21,7 +21,7 @@ RECIPES = ("bf16", "e2m1", "ufp4")
 def train_overrides(steps: int) -> list[str]:
     return [
         "model=tiny", "experiment=demo", f"train.steps={steps}", "train.seed=1234",
-        "train.seq_len=128", "train.micro_batch=4", "train.global_batch=4",
+        "train.seq_len=64", "train.micro_batch=4", "train.global_batch=4",
         # a short run: a high peak LR reaches the regime where recipes differ quickly
         "optim.lr=3e-3", "optim.min_lr=3e-4", "optim.warmup_steps=10",
         "logging.progress=plain", "logging.log_interval=1", "logging.print_interval=20",
@@ -31,9 +31,9 @@ def train_overrides(steps: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--out", type=Path, default=Path("runs/demo"))
-    ap.add_argument("--last", type=int, default=50, help="latest steps in the mean gap")
+    ap.add_argument("--last", type=int, default=100, help="latest steps in the mean gap")
     ap.add_argument("--wandb-mode", default="offline")
     args = ap.parse_args(argv)
 
