@@ -74,6 +74,10 @@ def test_precision_overrides_reach_the_recipe():
     assert r.operand("fprop", "w").grid == "int4"
     r = recipe_from_config(load("precision=e2m1", "precision.rht.fprop=true").precision)
     assert (r.fprop.rht, r.dgrad.rht, r.wgrad.rht) == (16, None, 16)
+    r = recipe_from_config(load("precision=ufp4", "+precision.overrides.fprop.x.grid=e2m1",
+                                "+precision.overrides.wgrad.rht=null").precision)
+    assert r.operand("fprop", "x").grid == "e2m1" and r.operand("fprop", "w").grid == "e1m2"
+    assert r.wgrad.rht is None and r.fprop.rht == 16
 
 
 def test_bf16_layers_reach_megatron_config():

@@ -7,7 +7,7 @@ names below; see docs/training.md for the command-line contract.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -71,7 +71,7 @@ class Bf16LayersConfig:
 class PrecisionConfig:
     """A preset of ufp4_megatron.recipe.get_recipe plus its command-line overrides.
 
-    grid/block/scale None keep the preset's values; rht and sr are stated in full by every
+    grid/block/scale/block_2d None keep the preset's values; rht and sr are stated in full by every
     preset YAML so that `precision.rht.fprop=false` or `precision.sr.dy=false` edit one switch.
     """
 
@@ -80,6 +80,10 @@ class PrecisionConfig:
     grid: Optional[str] = None
     block: Optional[int] = None
     scale: Optional[str] = None
+    block_2d: Optional[bool] = None
+    # any other Recipe field by its get_recipe path, e.g. +precision.overrides.fprop.x.grid=e2m1
+    # or +precision.overrides.wgrad.rht=null
+    overrides: dict[str, Any] = field(default_factory=dict)
     rht: RhtConfig = field(default_factory=RhtConfig)
     sr: SrConfig = field(default_factory=SrConfig)
     bf16_layers: Bf16LayersConfig = field(default_factory=Bf16LayersConfig)
