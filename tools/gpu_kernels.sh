@@ -7,12 +7,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 steps=${1:-test,sweep,bench}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 if [[ $steps == *test* ]]; then
-  timeout 200 python3 -m pytest -q -m gpu tests/kernels -p no:cacheprovider -x 2>&1 | tail -25 | tee "$OUT/test_gpu.log"
+  timeout 150 python3 -m pytest -q -m gpu tests/kernels -p no:cacheprovider -n 8 2>&1 | tail -40 | tee "$OUT/test_gpu.log"
 fi
 if [[ $steps == *sweep* ]]; then
   timeout 150 python3 tools/gpu_tile_sweep.py 2>&1 | tee "$OUT/sweep.log"
 fi
 if [[ $steps == *bench* ]]; then
   cp docs/performance.md "$OUT/performance.md" 2>/dev/null
-  timeout 300 python3 -m ufp4_megatron.bench --out "$OUT/performance.md" --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+  timeout 330 python3 -m ufp4_megatron.bench --out "$OUT/performance.md" --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
 fi

@@ -39,7 +39,7 @@ def _step(recipe):
     return run
 
 
-def layer_rows(recipes=("ufp4", "e2m1"), log=print) -> list[dict]:
+def layer_rows(recipes=("ufp4",), log=print) -> list[dict]:
     rows = []
     for name, (k, n) in dense_1p5b_shapes().items():
         def make():

@@ -15,7 +15,7 @@ def rotating(make, nbytes: int, budget: int = 4 * L2_BYTES) -> list:
     return [make() for _ in range(max(2, min(8, -(-budget // max(nbytes, 1)))))]
 
 
-def median_ms(fn, inputs: list, warmup_ms: int = 25, rep_ms: int = 200) -> float:
+def median_ms(fn, inputs: list, warmup_ms: int = 25, rep_ms: int = 100) -> float:
     """Median time of fn(input) in ms, cycling the inputs."""
     it = itertools.cycle(inputs)
     return do_bench(lambda: fn(next(it)), warmup=warmup_ms, rep=rep_ms, return_mode="median")

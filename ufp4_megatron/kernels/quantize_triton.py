@@ -24,14 +24,14 @@ from ..numerics.quantize import padded_length
 from ..numerics.rounding import midpoints
 from ..numerics.scaling import E4M3_MAX
 from .hadamard_triton import rht_rows
-from .rounding_triton import round_rtne, round_sr
+from .rounding_triton import round_rtne, round_sr, round_uniform_rtne, round_uniform_sr
 from .scaling_triton import block_amax, block_negative_extreme, block_scale, expand
 
 SCALES = {"fp32": 0, "e4m3": 1, "e8m0": 2}
 BLOCKS = (16, 32)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # (rows, cols, warps) of a tile of the [A, B] input per mode; widened to the spec's unit.
-TILES = {"row": (32, 128, 4), "col": (128, 32, 4), "dual": (64, 64, 4)}
+TILES = {"row": (16, 128, 4), "col": (128, 16, 4), "dual": (64, 32, 4)}  # H200 sweep
 
 
 @triton.jit
@@ -47,10 +47,10 @@ def _uniform(seed, r, c4, BR: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
-def _cast_out(y, ptr):
-    """fp32 -> the output dtype, RTNE. bf16 is rounded on the bit pattern first (then the
-    cast is exact): Triton's CPU interpreter truncates fp32 -> bf16, the GPU rounds."""
-    if ptr.dtype.element_ty == tl.bfloat16:
+def _cast_out(y, ptr, INTERP: tl.constexpr):
+    """fp32 -> the output dtype, RTNE. In the CPU interpreter (which truncates fp32 -> bf16)
+    bf16 is rounded on the bit pattern first, so the cast after it is exact."""
+    if INTERP and ptr.dtype.element_ty == tl.bfloat16:
         bits = y.to(tl.int32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
         y = tl.where(y != y, y, bits.to(tl.float32, bitcast=True))
@@ -58,12 +58,26 @@ def _cast_out(y, ptr):
 
 
 @triton.jit
+def _div_fast(a, b, y):
+    """RN(a / b) given y = RN(1 / b): q = a * y is within an ulp, the residual a - b q is
+    exact (fma), and q + r y rounds to RN(a / b) (Markstein's theorem) when no intermediate
+    underflows; the second correction is idempotent and only adds margin."""
+    q = a * y
+    r = tl.fma(-b, q, a)
+    q = tl.fma(r, y, q)
+    r = tl.fma(-b, q, a)
+    return tl.fma(r, y, q)
+
+
+@triton.jit
 def _qdq_tile(x, r, c_start, c_org, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg,
               BR: tl.constexpr, BC: tl.constexpr, B: tl.constexpr, BLOCK_2D: tl.constexpr,
               SCALE: tl.constexpr, SR: tl.constexpr, LOG_H: tl.constexpr,
-              NLEV: tl.constexpr, ASYM: tl.constexpr):
+              NLEV: tl.constexpr, ASYM: tl.constexpr, D: tl.constexpr, INV_D: tl.constexpr,
+              EXACT_DIV: tl.constexpr):
     """Fake-quantize x [BR, BC] (fp32) along axis 1. r: [BR, 1] global view rows; the tile's
-    first view column is c_start (local), c_org + c_start (global)."""
+    first view column is c_start (local), c_org + c_start (global). D > 0: uniform grid of
+    step D (rounding by rint/floor); EXACT_DIV: divide with div_rn everywhere."""
     if LOG_H > 0:
         signs = tl.load(sign_ptr + tl.arange(0, BC) % (1 << LOG_H))[None, :]
         x = rht_rows(x, signs, norm, BR, BC, LOG_H)
@@ -75,9 +89,24 @@ def _qdq_tile(x, r, c_start, c_org, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, nor
     s_t = 0.0
     if SCALE == 1:
         s_t = tl.load(st_ptr)
-    s = expand(block_scale(amax, g, s_t, SCALE), BR, BC, B)
-    safe = s > 0
-    v = tl.where(safe, tl.math.div_rn(tl.abs(x), tl.where(safe, s, 1.0)), 0.0)
+    sb = block_scale(amax, g, s_t, SCALE)
+    sb = tl.where(tl.abs(sb) < float("inf"), sb, float("nan"))  # NaN/Inf block -> all NaN
+    s = expand(sb, BR, BC, B)
+    a = tl.abs(x)
+    if EXACT_DIV:
+        v = tl.where(s > 0, tl.math.div_rn(a, tl.where(s > 0, s, 1.0)), 0.0)
+    else:  # one exact reciprocal per block; s == 0 or NaN gives y = 0, so v = 0 (or NaN)
+        yb = tl.where(sb > 0, tl.math.div_rn(tl.full(sb.shape, 1.0, tl.float32),
+                                              tl.where(sb > 0, sb, 1.0)), 0.0)
+        v = _div_fast(a, s, expand(yb, BR, BC, B))
+        # outside the theorem's range (tiny or huge scales; for SR, where only v > 0 of a
+        # tiny quotient decides, tiny quotients too) the whole tile divides with div_rn
+        bad = expand((sb > 0) & ((sb < 8.673617379884035e-19) | (sb > 1.152921504606847e18)),
+                     BR, BC, B)
+        if SR:
+            bad = bad | ((a > 0) & (v < 7.888609052210118e-31))
+        if tl.max(bad.to(tl.int32)) > 0:
+            v = tl.where(s > 0, tl.math.div_rn(a, tl.where(s > 0, s, 1.0)), 0.0)
     neg = x < 0
     if ASYM:
         v = tl.minimum(v, tl.where(neg, gneg, gmax))
@@ -85,12 +114,17 @@ def _qdq_tile(x, r, c_start, c_org, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, nor
         v = tl.minimum(v, gmax)
     if SR:
         c4 = (c_start + c_org) // 4 + tl.arange(0, BC // 4)[None, :]
-        q = round_sr(v, _uniform(seed, r, c4, BR, BC), lv_ptr, NLEV)
+        u = _uniform(seed, r, c4, BR, BC)
+        if D > 0:
+            q = round_uniform_sr(v, u, gneg, D, INV_D)
+        else:
+            q = round_sr(v, u, lv_ptr, NLEV)
+    elif D > 0:
+        q = round_uniform_rtne(v, D, INV_D)
     else:
         q = round_rtne(v, lv_ptr, mid_ptr, NLEV)
     mag = q * s
-    y = tl.where(neg, -mag, mag)
-    return tl.where(tl.abs(s) < float("inf"), y, float("nan"))
+    return tl.where(neg, -mag, mag)
 
 
 @triton.jit
@@ -105,7 +139,9 @@ def _qdq_kernel(x_ptr, stride_a, A, B,
                 R_ASYM: tl.constexpr,
                 C_B: tl.constexpr, C_2D: tl.constexpr, C_SCALE: tl.constexpr,
                 C_SR: tl.constexpr, C_LOGH: tl.constexpr, C_NLEV: tl.constexpr,
-                C_ASYM: tl.constexpr):
+                C_ASYM: tl.constexpr, R_D: tl.constexpr, R_INV_D: tl.constexpr,
+                C_D: tl.constexpr, C_INV_D: tl.constexpr, R_EXACT_DIV: tl.constexpr,
+                C_EXACT_DIV: tl.constexpr, INTERP: tl.constexpr):
     """row_len: columns of the row output (B or Bp); col_len: rows of the column output."""
     a0 = tl.program_id(0) * BA
     b0 = tl.program_id(1) * BB
@@ -115,16 +151,17 @@ def _qdq_kernel(x_ptr, stride_a, A, B,
     x = x.to(tl.float32)
     if ROW:
         y = _qdq_tile(x, a + r_org0, b0, r_org1, r_seed, r_lv, r_mid, r_st, r_sign, r_norm,
-                      r_gmax, r_gneg, BA, BB, R_B, R_2D, R_SCALE, R_SR, R_LOGH, R_NLEV, R_ASYM)
-        tl.store(row_ptr + a.to(tl.int64) * row_len + b, _cast_out(y, row_ptr),
+                      r_gmax, r_gneg, BA, BB, R_B, R_2D, R_SCALE, R_SR, R_LOGH, R_NLEV, R_ASYM,
+                      R_D, R_INV_D, R_EXACT_DIV)
+        tl.store(row_ptr + a.to(tl.int64) * row_len + b, _cast_out(y, row_ptr, INTERP),
                  mask=(a < A) & (b < row_len))
     if COL:
         at = a0 + tl.arange(0, BA)[None, :]
         bt = b0 + tl.arange(0, BB)[:, None]
         y = _qdq_tile(tl.trans(x), bt + c_org0, a0, c_org1, c_seed, c_lv, c_mid, c_st, c_sign,
                       c_norm, c_gmax, c_gneg, BB, BA, C_B, C_2D, C_SCALE, C_SR, C_LOGH, C_NLEV,
-                      C_ASYM)
-        tl.store(col_ptr + at.to(tl.int64) * B + bt, _cast_out(y, col_ptr),
+                      C_ASYM, C_D, C_INV_D, C_EXACT_DIV)
+        tl.store(col_ptr + at.to(tl.int64) * B + bt, _cast_out(y, col_ptr, INTERP),
                  mask=(bt < B) & (at < col_len))
 
 
@@ -157,6 +194,15 @@ def _tables(g, device) -> tuple[torch.Tensor, torch.Tensor]:
             lv = torch.cat([lv, lv.new_tensor([g.neg_extra])])
         _TABLES[key] = (torch.cat([lv, lv[-1:]]).to(device), midpoints(lv).to(device))
     return _TABLES[key]
+
+
+def _uniform_step(g) -> float:
+    """d when the levels are i * d (and the two's-complement extra is n * d) with d a power
+    of two, so that v / d is exact; 0.0 otherwise."""
+    d = g.levels[1]
+    levels = g.levels + ((g.neg_extra,) if g.neg_extra is not None else ())
+    ok = math.frexp(d)[0] == 0.5 and all(l == i * d for i, l in enumerate(levels))
+    return d if ok and len(levels) < 2**20 else 0.0
 
 
 def _signs(rht: RHT, device) -> torch.Tensor:
@@ -207,9 +253,11 @@ def _layout(view: torch.Tensor, grid, *, block=16, block_2d=False, scale="fp32",
     gneg = g.neg_extra if g.neg_extra is not None else g.g_max
     args = (lv, mid, st, sign, norm, g.g_max, gneg, seed, origin[0], origin[1])
     nlev = len(g.levels) + (g.neg_extra is not None)
+    d = _uniform_step(g)
     consts = dict(B=block, _2D=block_2d, SCALE=SCALES[scale], SR=rounding == "sr",
                   LOGH=int(math.log2(rht.size)) if rht is not None else 0, NLEV=nlev,
-                  ASYM=g.neg_extra is not None)
+                  ASYM=g.neg_extra is not None, D=d, INV_D=1.0 / d if d else 0.0,
+                  EXACT_DIV=triton.knobs.runtime.interpret or g.levels[1] < 2.0**-30)
     other = -(-R // block) * block if block_2d else R
     return _Layout(args, consts, Cp, other, Cp if keep_padding else C,
                    padded_length(1, block, rht), out_dtype or view.dtype)
@@ -232,7 +280,8 @@ def _launch(t: torch.Tensor, row: _Layout | None, col: _Layout | None, tiles=Non
     row_out = (torch.empty(A, row.out_len, dtype=row.dtype, device=t.device) if row else dummy)
     col_out = (torch.empty(col.out_len, B, dtype=col.dtype, device=t.device) if col else dummy)
     filler = (dummy, dummy, dummy, dummy, 1.0, 1.0, 1.0, 0, 0, 0)
-    off = dict(B=16, _2D=False, SCALE=0, SR=False, LOGH=0, NLEV=2, ASYM=False)
+    off = dict(B=16, _2D=False, SCALE=0, SR=False, LOGH=0, NLEV=2, ASYM=False, D=0.0,
+               INV_D=0.0, EXACT_DIV=True)
     rc = row.consts if row else off
     cc = col.consts if col else off
     grid = (triton.cdiv(a_len, ba), triton.cdiv(b_len, bb))
@@ -241,10 +290,35 @@ def _launch(t: torch.Tensor, row: _Layout | None, col: _Layout | None, tiles=Non
         row_out, row.out_len if row else 0, *(row.args if row else filler),
         col_out, col.out_len if col else 0, *(col.args if col else filler),
         BA=ba, BB=bb, ROW=row is not None, COL=col is not None,
+        INTERP=triton.knobs.runtime.interpret,
         **{"R_" + k.lstrip("_"): v for k, v in rc.items()},
         **{"C_" + k.lstrip("_"): v for k, v in cc.items()},
         num_warps=warps)
     return (row_out if row else None), (col_out.t() if col else None)
+
+
+COL16_TILE = (2, 128, 4)  # (groups of 16 rows, columns, warps) per program
+
+
+def _launch_col16(t: torch.Tensor, col: _Layout, tile=None) -> torch.Tensor:
+    """Column layout of row-major t [A, B] through the 16-tensor kernel; [B, A'] view."""
+    from .quantize_col16_triton import _col16_kernel  # imports this module
+
+    A, B = t.shape
+    bg, bb, warps = tile or COL16_TILE
+    out = torch.empty(col.out_len, B, dtype=col.dtype, device=t.device)
+    c = col.consts
+    grid = (triton.cdiv(col.length // 16, bg), triton.cdiv(B, bb))
+    _col16_kernel[grid](t, t.stride(0), A, B, out, col.out_len, *col.args, BG=bg, BB=bb,
+                        SCALE=c["SCALE"], SR=c["SR"], RHT=c["LOGH"] == 4, NLEV=c["NLEV"],
+                        ASYM=c["ASYM"], D=c["D"], INV_D=c["INV_D"], EXACT_DIV=c["EXACT_DIV"],
+                        INTERP=triton.knobs.runtime.interpret, num_warps=warps)
+    return out.t()
+
+
+def _col16(layout: _Layout) -> bool:
+    c = layout.consts
+    return c["B"] == 16 and not c["_2D"] and c["LOGH"] in (0, 4)
 
 
 def quantize_view(x: torch.Tensor, grid, *, tiles=None, **kw) -> torch.Tensor:
@@ -255,7 +329,10 @@ def quantize_view(x: torch.Tensor, grid, *, tiles=None, **kw) -> torch.Tensor:
     result is then a transposed view too.
     """
     if x.stride(0) == 1 and x.stride(1) != 1 and x.shape[0] > 1:
-        return _launch(x.t(), None, _layout(x, grid, **kw), tiles)[1]
+        col = _layout(x, grid, **kw)
+        if _col16(col) and not (tiles and "col" in tiles):
+            return _launch_col16(x.t(), col, tiles and tiles.get("col16"))
+        return _launch(x.t(), None, col, tiles)[1]
     t = x if x.stride(1) == 1 or x.shape[1] == 1 else x.contiguous()
     return _launch(t, _layout(t, grid, **kw), None, tiles)[0]
 

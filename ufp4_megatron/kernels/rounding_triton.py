@@ -1,5 +1,9 @@
 """Triton twin of numerics/rounding.py: v (scaled magnitude) -> grid level, RTNE or SR.
 
+Uniform grids with a power-of-two step d (e1m2, int4, int4_asym: levels i * d) take a short
+path: v / d is exact, so RTNE is rint(v / d) * d (ties to the even integer = the even code)
+and SR's lo is floor(v / d) * d, hi = min(lo + d, top); the same values the loops find.
+
 Levels (with g_max repeated at the end) and midpoints are small fp32 tables built by the
 reference's own code; the loops unroll over at most 17 levels. Returns the level value, not
 the code: the midpoints (levels) passed form a prefix, so the last one passed names the code.
@@ -34,3 +38,21 @@ def round_sr(v, u, lv_ptr, NLEV: tl.constexpr):
         lo = tl.where(ge, li, lo)
         hi = tl.where(ge, nxt, hi)
     return tl.where(u * (hi - lo) < v - lo, hi, lo)
+
+
+@triton.jit
+def round_uniform_rtne(v, D: tl.constexpr, INV_D: tl.constexpr):
+    return _rint(v * INV_D) * D
+
+
+@triton.jit
+def round_uniform_sr(v, u, top, D: tl.constexpr, INV_D: tl.constexpr):
+    lo = tl.floor(v * INV_D) * D
+    hi = tl.minimum(lo + D, top)
+    return tl.where(u * (hi - lo) < v - lo, hi, lo)
+
+
+@triton.jit
+def _rint(x):
+    """Round to the nearest integer, ties to even (exact for |x| < 2^22: the add rounds)."""
+    return (x + 12582912.0) - 12582912.0  # 1.5 * 2^23

@@ -13,29 +13,33 @@ SCALE_E8M0: tl.constexpr = 2
 
 
 @triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _tile_reduce(t, BR: tl.constexpr, BC: tl.constexpr, B: tl.constexpr,
                  BLOCK_2D: tl.constexpr, IS_MAX: tl.constexpr):
-    """max (IS_MAX) or min of each block, [BR, BC // B]; 2D tiles repeat over their rows."""
+    """max (IS_MAX, NaN-propagating) or min of each block, [BR, BC // B]; 2D tiles repeat
+    over their rows."""
     if BLOCK_2D:
         t4 = tl.reshape(t, (BR // B, B, BC // B, B))
         if IS_MAX:
-            m = tl.max(tl.max(t4, axis=3), axis=1)
+            m = tl.reduce(tl.reduce(t4, 3, _max_nan), 1, _max_nan)
         else:
             m = tl.min(tl.min(t4, axis=3), axis=1)
         m = tl.broadcast_to(tl.reshape(m, (BR // B, 1, BC // B)), (BR // B, B, BC // B))
         return tl.reshape(m, (BR, BC // B))
     t3 = tl.reshape(t, (BR, BC // B, B))
     if IS_MAX:
-        return tl.max(t3, axis=2)
+        return tl.reduce(t3, 2, _max_nan)
     return tl.min(t3, axis=2)
 
 
 @triton.jit
 def block_amax(x, BR: tl.constexpr, BC: tl.constexpr, B: tl.constexpr, BLOCK_2D: tl.constexpr):
     """amax of |x| per block; NaN if the block holds a NaN (as the reference's _nan_max)."""
-    amax = _tile_reduce(tl.abs(x), BR, BC, B, BLOCK_2D, True)
-    has_nan = _tile_reduce((x != x).to(tl.int32), BR, BC, B, BLOCK_2D, True)
-    return tl.where(has_nan > 0, float("nan"), amax)
+    return _tile_reduce(tl.abs(x), BR, BC, B, BLOCK_2D, True)
 
 
 @triton.jit

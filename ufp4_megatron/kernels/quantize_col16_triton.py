@@ -1,0 +1,123 @@
+"""Column-wise QDQ in groups of 16 rows, kept as 16 register tensors: no data movement.
+
+For the wgrad operands (quantized along dim 0 of a row-major [A, B] tensor) with 1x16
+blocks and RHT16 (or none): element j of a group is row 16 g + j, held in its own [BG, BB]
+tensor with every tensor in the same layout, so the butterfly, the block amax and the
+rounding are elementwise across the 16 tensors and every load and store is coalesced along
+B. Same operations, same order as numerics/ (the view is t.t(): view row = b, column = a).
+"""
+import triton
+import triton.language as tl
+
+from .quantize_triton import _cast_out, _div_fast
+from .rounding_triton import round_rtne, round_sr, round_uniform_rtne, round_uniform_sr
+from .scaling_triton import block_scale
+
+
+@triton.jit
+def _butterfly16(xs, h: tl.constexpr):
+    """Pairs (j, j + h) -> (a + b, a - b) over a 16-tuple."""
+    out = ()
+    for j in tl.static_range(16):
+        if (j // h) % 2 == 0:
+            out = out + (xs[j] + xs[j + h],)
+        else:
+            out = out + (xs[j - h] - xs[j],)
+    return out
+
+
+@triton.jit
+def _philox_u(seed, c0, c1):
+    """Four uniforms (bits >> 8) * 2^-24 from Philox counter (c0, c1, 0, 0)."""
+    z = tl.zeros(c0.shape, tl.uint32)
+    w0, w1, w2, w3 = tl.philox(seed, c0.to(tl.uint32), c1.to(tl.uint32), z, z)
+    k: tl.constexpr = 5.9604644775390625e-08
+    return ((w0 >> 8).to(tl.float32) * k, (w1 >> 8).to(tl.float32) * k,
+            (w2 >> 8).to(tl.float32) * k, (w3 >> 8).to(tl.float32) * k)
+
+
+@triton.jit
+def _col16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr, sign_ptr,
+                  norm, gmax, gneg, seed, org0, org1,
+                  BG: tl.constexpr, BB: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
+                  RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
+                  D: tl.constexpr, INV_D: tl.constexpr, EXACT_DIV: tl.constexpr,
+                  INTERP: tl.constexpr):
+    """out [out_len, B] row-major: rows 16 g .. 16 g + 15 of x quantized as one block."""
+    g = tl.program_id(0) * BG + tl.arange(0, BG)[:, None]
+    b = tl.program_id(1) * BB + tl.arange(0, BB)[None, :]
+    xs = ()
+    for j in tl.static_range(16):
+        a = g * 16 + j
+        x = tl.load(x_ptr + a.to(tl.int64) * stride_a + b, mask=(a < A) & (b < B), other=0.0)
+        xs = xs + (x.to(tl.float32),)
+    if RHT:
+        sx = ()
+        for j in tl.static_range(16):
+            sx = sx + (xs[j] * tl.load(sign_ptr + j),)
+        for i in tl.static_range(4):
+            sx = _butterfly16(sx, 1 << i)
+        xs = ()
+        for j in tl.static_range(16):
+            xs = xs + (sx[j] * norm,)
+    amax = tl.abs(xs[0])
+    mx = xs[0]
+    mn = xs[0]
+    for j in tl.static_range(1, 16):
+        amax = tl.maximum(amax, tl.abs(xs[j]), propagate_nan=tl.PropagateNan.ALL)
+        if ASYM:
+            mx = tl.maximum(mx, xs[j])
+            mn = tl.minimum(mn, xs[j])
+    if ASYM:
+        gs = tl.where(-mn >= mx, gneg, gmax)
+    else:
+        gs = gmax
+    s_t = 0.0
+    if SCALE == 1:
+        s_t = tl.load(st_ptr)
+    s = block_scale(amax, gs, s_t, SCALE)
+    s = tl.where(tl.abs(s) < float("inf"), s, float("nan"))
+    y = tl.where(s > 0, tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32),
+                                       tl.where(s > 0, s, 1.0)), 0.0)
+    vs = ()
+    bad = (s > 0) & ((s < 8.673617379884035e-19) | (s > 1.152921504606847e18))
+    for j in tl.static_range(16):
+        a_j = tl.abs(xs[j])
+        if EXACT_DIV:
+            v = tl.where(s > 0, tl.math.div_rn(a_j, tl.where(s > 0, s, 1.0)), 0.0)
+        else:
+            v = _div_fast(a_j, s, y)
+            if SR:
+                bad = bad | ((a_j > 0) & (v < 7.888609052210118e-31))
+        vs = vs + (v,)
+    if not EXACT_DIV:
+        if tl.max(bad.to(tl.int32)) > 0:  # outside the fast division's proven range
+            vs = ()
+            for j in tl.static_range(16):
+                vs = vs + (tl.where(s > 0, tl.math.div_rn(tl.abs(xs[j]),
+                                                          tl.where(s > 0, s, 1.0)), 0.0),)
+    r = b + org0
+    for j in tl.static_range(16):
+        if SR:
+            if j % 4 == 0:  # one Philox call serves 4 consecutive rows (view columns)
+                us = _philox_u(seed, (g * 16 + j + org1) >> 2, r)
+        x = xs[j]
+        neg = x < 0
+        if ASYM:
+            v = tl.minimum(vs[j], tl.where(neg, gneg, gmax))
+        else:
+            v = tl.minimum(vs[j], gmax)
+        if SR:
+            if D > 0:
+                q = round_uniform_sr(v, us[j % 4], gneg, D, INV_D)
+            else:
+                q = round_sr(v, us[j % 4], lv_ptr, NLEV)
+        elif D > 0:
+            q = round_uniform_rtne(v, D, INV_D)
+        else:
+            q = round_rtne(v, lv_ptr, mid_ptr, NLEV)
+        mag = q * s
+        a = g * 16 + j
+        tl.store(out_ptr + a.to(tl.int64) * B + b,
+                 _cast_out(tl.where(neg, -mag, mag), out_ptr, INTERP),
+                 mask=(a < out_len) & (b < B))
