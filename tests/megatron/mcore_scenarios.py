@@ -56,8 +56,8 @@ def models(recipes=("bf16", "e2m1", "ufp4")) -> dict:
     for moe, layouts in ((False, DENSE_LAYOUTS), (True, MOE_LAYOUTS)):
         setup_parallel()
         state = full_state(build_gpt(tiny_config(moe=moe), UFP4Policy("bf16")))
-        for recipe in recipes:
-            for name, layout in layouts.items():
+        for name, layout in layouts.items():  # layout-major: parallel state built once each
+            for recipe in recipes:
                 results[("moe" if moe else "dense", recipe, name)] = _run(moe, recipe, layout,
                                                                           state)
         if not moe:  # the same model with another SR seed: how far apart SR noise alone puts it
@@ -69,8 +69,8 @@ def models(recipes=("bf16", "e2m1", "ufp4")) -> dict:
     # SwiGLU: fc1 is sharded with stride 2, each rank holding [gate_r; up_r]
     setup_parallel()
     state = full_state(build_gpt(tiny_config(glu=True), UFP4Policy("bf16")))
-    for recipe in ("bf16", "ufp4"):
-        for name, layout in (("tp1", {}), ("tp2sp", {"tp": 2, "sp": True})):
+    for name, layout in (("tp1", {}), ("tp2sp", {"tp": 2, "sp": True})):
+        for recipe in ("bf16", "ufp4"):
             results[("dense_glu", recipe, name)] = _run(False, recipe, layout, state, glu=True)
     return results
 

@@ -19,9 +19,18 @@ _LOCAL = re.compile(r"\.experts\.local_experts\.(\d+)\.")
 _GROUPED = re.compile(r"\.experts\.(linear_fc[12])\.(weight|bias)(\d+)$")
 
 
+_LAYOUT: list = []
+
+
 def setup_parallel(tp: int = 1, ep: int = 1, seed: int = 1234) -> None:
-    ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    """Megatron's parallel state for (tp, ep), rebuilt only when the layout changes (group
+    creation dominates a gloo run's set-up), and the RNGs reseeded."""
+    if _LAYOUT != [tp, ep]:
+        ps.destroy_model_parallel()
+        # gloo is already the default backend: no second set of gloo groups
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
+                                     create_gloo_process_groups=False)
+        _LAYOUT[:] = [tp, ep]
     seed_model_parallel(seed)
 
 
