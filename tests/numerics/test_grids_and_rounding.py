@@ -87,3 +87,16 @@ def test_int4_asym_reaches_minus_eight_only_for_negative_amax():
     qy = quantize(y, "int4_asym")  # amax positive: s = 8/7; -7 -> -6.125 s -> -6 s
     assert torch.isclose(qy[0, 0], torch.tensor(8.0))
     assert torch.isclose(qy[0, 1], torch.tensor(-6.0 * 8 / 7))
+
+
+@pytest.mark.parametrize("fmt", ["e1m2", "int4"])
+def test_uniform_fast_path_equals_generic_comparisons_bitwise(fmt):
+    from ufp4_megatron.numerics.rounding import uniform_step
+    lv = get_grid(fmt).levels_tensor()
+    assert uniform_step(lv) is not None and uniform_step(get_grid("e2m1").levels_tensor()) is None
+    g = lv[-1]
+    v = torch.cat([torch.rand(20000) * g, lv, (lv[:-1] + lv[1:]) / 2,  # levels and ties
+                   torch.nextafter((lv[:-1] + lv[1:]) / 2, torch.tensor(0.0)), g.reshape(1)])
+    u = torch.rand(v.shape)
+    assert torch.equal(round_rtne(v, lv), round_rtne(v, lv, generic=True))
+    assert torch.equal(round_stochastic(v, lv, u), round_stochastic(v, lv, u, generic=True))

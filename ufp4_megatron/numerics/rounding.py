@@ -15,8 +15,25 @@ def midpoints(levels: torch.Tensor) -> torch.Tensor:
     return (levels[:-1] + levels[1:]) * 0.5
 
 
-def round_rtne(v: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
-    """Code of the nearest level (int64), ties to the even code."""
+def uniform_step(levels: torch.Tensor) -> float | None:
+    """The spacing of a uniform grid whose spacing is a power of two (E1M2, INT4), else None.
+
+    On such grids v / step is exact, so the rounding below reduces to rint/floor and gives
+    the same codes as the generic comparisons (a test checks both paths bit for bit).
+    """
+    step = float(levels[1])
+    uniform = torch.equal(levels, torch.arange(len(levels), dtype=levels.dtype,
+                                               device=levels.device) * step)
+    mantissa = torch.frexp(torch.tensor(step))[0].item()
+    return step if uniform and mantissa == 0.5 else None
+
+
+def round_rtne(v: torch.Tensor, levels: torch.Tensor, *, generic: bool = False) -> torch.Tensor:
+    """Code of the nearest level (int64), ties to the even code (NaN: any code; the
+    caller masks non-finite blocks)."""
+    step = None if generic else uniform_step(levels)
+    if step is not None:  # torch.round is round-half-to-even
+        return torch.round(v / step).to(torch.int64).clamp(0, len(levels) - 1)
     mids = midpoints(levels)
     up_on_tie = (torch.arange(1, len(levels), device=v.device) % 2 == 0)
     code = torch.zeros(v.shape, dtype=torch.int64, device=v.device)
@@ -27,11 +44,16 @@ def round_rtne(v: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
     return code
 
 
-def round_stochastic(v: torch.Tensor, levels: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def round_stochastic(v: torch.Tensor, levels: torch.Tensor, u: torch.Tensor, *,
+                     generic: bool = False) -> torch.Tensor:
     """Code after unbiased stochastic rounding; u uniform in [0, 1), same shape as v."""
-    code_lo = torch.zeros(v.shape, dtype=torch.int64, device=v.device)
-    for i in range(1, len(levels)):
-        code_lo += (v >= levels[i]).to(torch.int64)
+    step = None if generic else uniform_step(levels)
+    if step is not None:
+        code_lo = torch.floor(v / step).to(torch.int64).clamp(0, len(levels) - 1)
+    else:
+        code_lo = torch.zeros(v.shape, dtype=torch.int64, device=v.device)
+        for i in range(1, len(levels)):
+            code_lo += (v >= levels[i]).to(torch.int64)
     code_hi = (code_lo + 1).clamp(max=len(levels) - 1)
     lo, hi = levels[code_lo], levels[code_hi]
     up = u * (hi - lo) < (v - lo)
