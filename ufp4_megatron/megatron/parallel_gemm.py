@@ -39,8 +39,10 @@ class Shard:
     def column(rank: int, world: int, n_local: int, stride: int = 1) -> "Shard":
         # Megatron's partition with stride s: the full N axis is cut into world*s chunks,
         # rank r holds chunks r, r+world, ... (megatron.core.tensor_parallel.layers).
+        if stride == 1 or world == 1:  # one contiguous block of the full N axis: one call
+            return Shard(n=((0, rank * n_local, -1),))
         width = n_local // stride
-        return Shard(n=tuple((c * width, (rank + c * world) * width, width if stride > 1 else -1)
+        return Shard(n=tuple((c * width, (rank + c * world) * width, width)
                              for c in range(stride)))
 
     @staticmethod
