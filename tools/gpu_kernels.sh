@@ -10,7 +10,10 @@ if [[ $steps == *test* ]]; then
   timeout 150 python3 -m pytest -q -m gpu tests/kernels -p no:cacheprovider -n 8 2>&1 | tail -40 | tee "$OUT/test_gpu.log"
 fi
 if [[ $steps == *sweep* ]]; then
-  timeout 150 python3 tools/gpu_tile_sweep.py 2>&1 | tee "$OUT/sweep.log"
+  timeout 90 python3 tools/gpu_tile_sweep.py 2>&1 | tee "$OUT/sweep.log"
+fi
+if [[ $steps == *overhead* ]]; then
+  timeout 60 python3 tools/gpu_launch_overhead.py 2>&1 | tee "$OUT/overhead.log"
 fi
 if [[ $steps == *bench* ]]; then
   cp docs/performance.md "$OUT/performance.md" 2>/dev/null

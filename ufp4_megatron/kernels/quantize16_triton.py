@@ -1,10 +1,12 @@
-"""Column-wise QDQ in groups of 16 rows, kept as 16 register tensors: no data movement.
+"""QDQ of 1x16 blocks (RHT16 or none) kept as 16 register tensors: no data movement.
 
 For the wgrad operands (quantized along dim 0 of a row-major [A, B] tensor) with 1x16
 blocks and RHT16 (or none): element j of a group is row 16 g + j, held in its own [BG, BB]
 tensor with every tensor in the same layout, so the butterfly, the block amax and the
 rounding are elementwise across the 16 tensors and every load and store is coalesced along
 B. Same operations, same order as numerics/ (the view is t.t(): view row = b, column = a).
+Row-wise (along B), each block is loaded as two 16-byte halves and split in registers into
+the same 16-tensor form.
 """
 import triton
 import triton.language as tl
@@ -37,20 +39,13 @@ def _philox_u(seed, c0, c1):
 
 
 @triton.jit
-def _col16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr, sign_ptr,
-                  norm, gmax, gneg, seed, org0, org1,
-                  BG: tl.constexpr, BB: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
-                  RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
-                  D: tl.constexpr, INV_D: tl.constexpr, EXACT_DIV: tl.constexpr,
-                  INTERP: tl.constexpr):
-    """out [out_len, B] row-major: rows 16 g .. 16 g + 15 of x quantized as one block."""
-    g = tl.program_id(0) * BG + tl.arange(0, BG)[:, None]
-    b = tl.program_id(1) * BB + tl.arange(0, BB)[None, :]
-    xs = ()
-    for j in tl.static_range(16):
-        a = g * 16 + j
-        x = tl.load(x_ptr + a.to(tl.int64) * stride_a + b, mask=(a < A) & (b < B), other=0.0)
-        xs = xs + (x.to(tl.float32),)
+def _qdq16(xs, c4, r, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg,
+           SCALE: tl.constexpr, SR: tl.constexpr, RHT: tl.constexpr, NLEV: tl.constexpr,
+           ASYM: tl.constexpr, D: tl.constexpr, INV_D: tl.constexpr,
+           EXACT_DIV: tl.constexpr):
+    """QDQ of one block held as a 16-tuple of same-shaped fp32 tensors (element j of every
+    block in xs[j]). c4: global view column of element 0, over 4 (Philox counter 0 of
+    elements 0..3); r: global view row. Returns the 16 dequantized fp32 tensors."""
     if RHT:
         sx = ()
         for j in tl.static_range(16):
@@ -96,11 +91,11 @@ def _col16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_p
             for j in tl.static_range(16):
                 vs = vs + (tl.where(s > 0, tl.math.div_rn(tl.abs(xs[j]),
                                                           tl.where(s > 0, s, 1.0)), 0.0),)
-    r = b + org0
+    out = ()
     for j in tl.static_range(16):
         if SR:
-            if j % 4 == 0:  # one Philox call serves 4 consecutive rows (view columns)
-                us = _philox_u(seed, (g * 16 + j + org1) >> 2, r)
+            if j % 4 == 0:  # one Philox call serves 4 consecutive view columns
+                us = _philox_u(seed, c4 + j // 4, r)
         x = xs[j]
         neg = x < 0
         if ASYM:
@@ -117,7 +112,82 @@ def _col16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_p
         else:
             q = round_rtne(v, lv_ptr, mid_ptr, NLEV)
         mag = q * s
+        out = out + (tl.where(neg, -mag, mag),)
+    return out
+
+
+@triton.jit
+def _col16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr, sign_ptr,
+                  norm, gmax, gneg, seed, org0, org1,
+                  BG: tl.constexpr, BB: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
+                  RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
+                  D: tl.constexpr, INV_D: tl.constexpr, EXACT_DIV: tl.constexpr,
+                  INTERP: tl.constexpr):
+    """out [out_len, B] row-major: rows 16 g .. 16 g + 15 of x quantized as one block."""
+    g = tl.program_id(0) * BG + tl.arange(0, BG)[:, None]
+    b = tl.program_id(1) * BB + tl.arange(0, BB)[None, :]
+    xs = ()
+    for j in tl.static_range(16):
         a = g * 16 + j
-        tl.store(out_ptr + a.to(tl.int64) * B + b,
-                 _cast_out(tl.where(neg, -mag, mag), out_ptr, INTERP),
+        x = tl.load(x_ptr + a.to(tl.int64) * stride_a + b, mask=(a < A) & (b < B), other=0.0)
+        xs = xs + (x.to(tl.float32),)
+    ys = _qdq16(xs, (g * 16 + org1) >> 2, b + org0, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr,
+                norm, gmax, gneg, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV)
+    for j in tl.static_range(16):
+        a = g * 16 + j
+        tl.store(out_ptr + a.to(tl.int64) * B + b, _cast_out(ys[j], out_ptr, INTERP),
                  mask=(a < out_len) & (b < B))
+
+
+@triton.jit
+def _split8(t, BR: tl.constexpr, BG: tl.constexpr):
+    """[BR, BG, 8] -> its 8 elements along the last axis as a tuple of [BR, BG] (in-thread)."""
+    e0, e1 = tl.split(tl.reshape(t, (BR, BG, 4, 2)))
+    out = ()
+    f00, f01 = tl.split(tl.reshape(e0, (BR, BG, 2, 2)))
+    f10, f11 = tl.split(tl.reshape(e1, (BR, BG, 2, 2)))
+    a0, a4 = tl.split(f00)
+    a2, a6 = tl.split(f01)
+    a1, a5 = tl.split(f10)
+    a3, a7 = tl.split(f11)
+    return (a0, a1, a2, a3, a4, a5, a6, a7)
+
+
+@triton.jit
+def _join8(ys, o: tl.constexpr, BR: tl.constexpr, BG: tl.constexpr):
+    """Inverse of _split8 on ys[o .. o + 7]."""
+    f00 = tl.join(ys[o + 0], ys[o + 4])
+    f01 = tl.join(ys[o + 2], ys[o + 6])
+    f10 = tl.join(ys[o + 1], ys[o + 5])
+    f11 = tl.join(ys[o + 3], ys[o + 7])
+    e0 = tl.reshape(tl.join(f00, f01), (BR, BG, 4))
+    e1 = tl.reshape(tl.join(f10, f11), (BR, BG, 4))
+    return tl.reshape(tl.join(e0, e1), (BR, BG, 8))
+
+
+@triton.jit
+def _row16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr, sign_ptr,
+                  norm, gmax, gneg, seed, org0, org1,
+                  BR: tl.constexpr, BG: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
+                  RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
+                  D: tl.constexpr, INV_D: tl.constexpr, EXACT_DIV: tl.constexpr,
+                  INTERP: tl.constexpr):
+    """out [A, out_len] row-major, quantized along B in blocks of 16. Each block is loaded as
+    two 16-byte halves and split in registers into 16 tensors, then as in _col16_kernel."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)[:, None, None]
+    g = tl.program_id(1) * BG + tl.arange(0, BG)[None, :, None]
+    j8 = tl.arange(0, 8)[None, None, :]
+    c_lo = g * 16 + j8
+    row = x_ptr + r.to(tl.int64) * stride_a
+    lo = tl.load(row + c_lo, mask=(r < A) & (c_lo < B), other=0.0).to(tl.float32)
+    hi = tl.load(row + c_lo + 8, mask=(r < A) & (c_lo + 8 < B), other=0.0).to(tl.float32)
+    xs = _split8(lo, BR, BG) + _split8(hi, BR, BG)
+    g2 = tl.reshape(g, (1, BG))
+    r2 = tl.reshape(r, (BR, 1))
+    ys = _qdq16(xs, (g2 * 16 + org1) >> 2, r2 + org0, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr,
+                norm, gmax, gneg, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV)
+    out = out_ptr + r.to(tl.int64) * out_len
+    tl.store(out + c_lo, _cast_out(_join8(ys, 0, BR, BG), out_ptr, INTERP),
+             mask=(r < A) & (c_lo < out_len))
+    tl.store(out + c_lo + 8, _cast_out(_join8(ys, 8, BR, BG), out_ptr, INTERP),
+             mask=(r < A) & (c_lo + 8 < out_len))

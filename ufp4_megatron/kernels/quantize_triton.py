@@ -267,7 +267,7 @@ def _launch(t: torch.Tensor, row: _Layout | None, col: _Layout | None, tiles=Non
     """Run the kernel on row-major t [A, B]; returns (row output, column output view)."""
     A, B = t.shape
     mode = "dual" if row and col else ("row" if row else "col")
-    ba, bb, warps = (tiles or TILES)[mode]
+    ba, bb, warps = {**TILES, **(tiles or {})}[mode]
     if row:
         bb = max(bb, row.unit)
         ba = max(ba, row.consts["B"] if row.consts["_2D"] else 1)
@@ -297,26 +297,37 @@ def _launch(t: torch.Tensor, row: _Layout | None, col: _Layout | None, tiles=Non
     return (row_out if row else None), (col_out.t() if col else None)
 
 
-COL16_TILE = (2, 128, 4)  # (groups of 16 rows, columns, warps) per program
+# per program: col16 (groups of 16 rows, columns, warps), row16 (rows, blocks, warps)
+TILES16 = {"col16": (2, 128, 4), "row16": (8, 16, 4)}
 
 
-def _launch_col16(t: torch.Tensor, col: _Layout, tile=None) -> torch.Tensor:
-    """Column layout of row-major t [A, B] through the 16-tensor kernel; [B, A'] view."""
-    from .quantize_col16_triton import _col16_kernel  # imports this module
+def _launch16(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> torch.Tensor:
+    """One layout of row-major t [A, B] through the 16-tensor kernels (quantize16_triton):
+    along_rows=False quantizes along B ([A, B'] out), True along A ([B, A'] view out)."""
+    from . import quantize16_triton as k16  # imports this module
 
     A, B = t.shape
-    bg, bb, warps = tile or COL16_TILE
-    out = torch.empty(col.out_len, B, dtype=col.dtype, device=t.device)
-    c = col.consts
-    grid = (triton.cdiv(col.length // 16, bg), triton.cdiv(B, bb))
-    _col16_kernel[grid](t, t.stride(0), A, B, out, col.out_len, *col.args, BG=bg, BB=bb,
-                        SCALE=c["SCALE"], SR=c["SR"], RHT=c["LOGH"] == 4, NLEV=c["NLEV"],
-                        ASYM=c["ASYM"], D=c["D"], INV_D=c["INV_D"], EXACT_DIV=c["EXACT_DIV"],
-                        INTERP=triton.knobs.runtime.interpret, num_warps=warps)
-    return out.t()
+    c = lay.consts
+    consts = dict(SCALE=c["SCALE"], SR=c["SR"], RHT=c["LOGH"] == 4, NLEV=c["NLEV"],
+                  ASYM=c["ASYM"], D=c["D"], INV_D=c["INV_D"], EXACT_DIV=c["EXACT_DIV"],
+                  INTERP=triton.knobs.runtime.interpret)
+    if along_rows:
+        bg, bb, warps = tile or TILES16["col16"]
+        out = torch.empty(lay.out_len, B, dtype=lay.dtype, device=t.device)
+        grid = (triton.cdiv(lay.length // 16, bg), triton.cdiv(B, bb))
+        k16._col16_kernel[grid](t, t.stride(0), A, B, out, lay.out_len, *lay.args, BG=bg,
+                                BB=bb, num_warps=warps, **consts)
+        return out.t()
+    br, bg, warps = tile or TILES16["row16"]
+    out = torch.empty(A, lay.out_len, dtype=lay.dtype, device=t.device)
+    grid = (triton.cdiv(A, br), triton.cdiv(lay.length // 16, bg))
+    k16._row16_kernel[grid](t, t.stride(0), A, B, out, lay.out_len, *lay.args, BR=br, BG=bg,
+                            num_warps=warps, **consts)
+    return out
 
 
-def _col16(layout: _Layout) -> bool:
+def _blocks16(layout: _Layout) -> bool:
+    """1x16 blocks with RHT16 or none: the 16-tensor kernels apply."""
     c = layout.consts
     return c["B"] == 16 and not c["_2D"] and c["LOGH"] in (0, 4)
 
@@ -326,15 +337,21 @@ def quantize_view(x: torch.Tensor, grid, *, tiles=None, **kw) -> torch.Tensor:
 
     A transposed view of a row-major tensor (x.t() with stride (1, n)) runs the column
     layout on the tensor itself, so column-wise quantization reads and writes coalesced; the
-    result is then a transposed view too.
+    result is then a transposed view too. 1x16 blocks with RHT16 (or none) take the
+    16-tensor kernels; `tiles` overrides tile shapes per mode ("row", "col", "dual" force
+    the generic kernel, "row16", "col16" shape the others).
     """
+    tiles = tiles or {}
     if x.stride(0) == 1 and x.stride(1) != 1 and x.shape[0] > 1:
         col = _layout(x, grid, **kw)
-        if _col16(col) and not (tiles and "col" in tiles):
-            return _launch_col16(x.t(), col, tiles and tiles.get("col16"))
+        if _blocks16(col) and "col" not in tiles:
+            return _launch16(x.t(), col, True, tiles.get("col16"))
         return _launch(x.t(), None, col, tiles)[1]
     t = x if x.stride(1) == 1 or x.shape[1] == 1 else x.contiguous()
-    return _launch(t, _layout(t, grid, **kw), None, tiles)[0]
+    row = _layout(t, grid, **kw)
+    if _blocks16(row) and "row" not in tiles:
+        return _launch16(t, row, False, tiles.get("row16"))
+    return _launch(t, row, None, tiles)[0]
 
 
 def quantize_dual(t: torch.Tensor, row: dict, col: dict, *, tiles=None):
