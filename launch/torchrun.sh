@@ -49,6 +49,10 @@ export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# Workers get their own TCPStore instead of sharing the rendezvous store: with the shared one,
+# workers restarted by --max-restarts read keys of the failed attempt and connect to dead peers
+# (pytorch/pytorch#135712; seen here with gloo and torch 2.13).
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
 
 if [ -n "$RDZV_ENDPOINT" ]; then
   rdzv=(--rdzv-backend c10d --rdzv-endpoint "$RDZV_ENDPOINT" --rdzv-id "$RDZV_ID")
