@@ -1,6 +1,9 @@
 """Triton twin of numerics/quantize.py: fused (RHT ->) amax -> scale -> round -> dequantize.
 
-One kernel reads a tile of a row-major [A, B] tensor once and writes one or both layouts:
+Entry points: supports, quantize_view, quantize_dual. 1x16 blocks with RHT16 or none (the
+UFP4 and E2M1 operands) run the 16-tensor kernels of quantize16_triton.py; everything else
+(blocks of 32, 2D tiles, RHT 32-128, both layouts at once) runs the generic kernel here.
+The generic kernel reads a tile of a row-major [A, B] tensor once and writes one or both layouts:
   row  quantized along B (the last dim): output [A, B or Bp], row-major;
   col  quantized along A (dim 0; the wgrad operands): output stored [A or Ap, B] row-major
        and returned as its transpose, a [B, A or Ap] view, the reference's [R, C] layout.
