@@ -132,25 +132,28 @@ def test_compare_sweep_with_requeue_resumes_exactly(slurm, tmp_path):
 def test_torchrun_elastic_restart_resumes(tmp_path):
     run_dir = tmp_path / "run"
     env = run_env(tmp_path)
-    proc = subprocess.Popen([str(LAUNCH / "torchrun.sh"), "--nproc-per-node", "2",
-                             "--max-restarts", "1", "--", *overrides(12), "precision=bf16",
-                             f"hydra.run.dir={run_dir}"], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "torchrun.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen([str(LAUNCH / "torchrun.sh"), "--nproc-per-node", "2",
+                                 "--max-restarts", "1", "--", *overrides(12), "precision=bf16",
+                                 f"hydra.run.dir={run_dir}"], env=env, cwd=tmp_path,
+                                stdout=f, stderr=subprocess.STDOUT)
     latest = run_dir / "checkpoints" / "latest"
     try:
         wait_for(lambda: latest.exists() and len(losses(run_dir)) > int(latest.read_text()),
-                 180, "a checkpoint and a step past it", failed=lambda: proc.poll() is not None)
+                 180, "a checkpoint and a step past it", lambda: log.read_text()[-4000:],
+                 failed=lambda: proc.poll() is not None)
         saved = int(latest.read_text())
         before = (run_dir / "metrics.jsonl").read_text().splitlines()
         workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
                                  text=True).stdout.split()
         assert len(workers) == 2, workers
         os.kill(int(workers[-1]), signal.SIGKILL)  # one rank dies: torchrun restarts both
-        out, _ = proc.communicate(timeout=240)
+        proc.wait(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, out[-4000:]  # with --max-restarts 0 this run fails
+    assert proc.returncode == 0, log.read_text()[-4000:]  # with --max-restarts 0 it fails
     after = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["step"] for r in after] == list(range(1, 13))
     # Resumed, not restarted from scratch: the records up to the checkpoint are the first

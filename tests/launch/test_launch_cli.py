@@ -1,0 +1,67 @@
+"""ufp4-launch without a cluster: what `compare` would submit, and that every planned run is a
+valid trainer config (so a sweep cannot fail hours later on a misspelt override).
+
+- test_compare_dry_run_plans_array_and_dependent_report
+- test_every_planned_run_composes_with_the_trainer_config (ablations included)
+- test_task_refuses_an_index_outside_the_sweep
+"""
+import json
+import shlex
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from conftest import ROOT
+from ufp4_megatron.launch_cli import ABLATIONS, main, plan_runs
+
+
+def test_compare_dry_run_plans_array_and_dependent_report(tmp_path, capsys):
+    assert main(["compare", "--out", str(tmp_path / "sw"), "--ablations", "--nproc-per-node", "1",
+                 "--sbatch-arg=--partition=gpu", "--dry-run", "--", "model=tiny",
+                 "x='a b'"]) == 0
+    array, report = [shlex.split(line) for line in capsys.readouterr().out.splitlines()]
+    n = 3 + len(ABLATIONS)
+    assert f"--array=0-{n - 1}" in array and "--partition=gpu" in array
+    assert array[array.index(str(ROOT / "launch" / "slurm.sbatch")) + 1:] == [
+        "--nproc-per-node", "1", "--max-restarts", "0", "--module", "ufp4_megatron.launch_cli",
+        "--", "task", str(tmp_path / "sw" / "sweep.json")]
+    assert "--dependency=afterok:<array>" in report and "--partition=gpu" in report
+    wrapped = shlex.split(next(a for a in report if a.startswith("--wrap="))[len("--wrap="):])
+    assert wrapped[:4] == ["exec", sys.executable, "-m", "ufp4_megatron.report.compare"]
+    assert wrapped[4:4 + n] == [str(tmp_path / "sw" / name) for name in
+                                ["bf16", "e2m1", "ufp4", *ABLATIONS]]
+    assert not (tmp_path / "sw").exists()  # a dry run writes nothing
+
+
+def test_every_planned_run_composes_with_the_trainer_config(tmp_path):
+    from ufp4_megatron.train.schema import register_configs
+
+    register_configs()
+    shared = ["model=tiny", "train.seed=3"]
+    plan = plan_runs(["bf16", "e2m1", "ufp4"], True, shared, tmp_path)
+    seen = {}
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        for run in plan:
+            assert run["overrides"][:2] == shared  # identical seed and data for every run
+            cfg = compose("config", overrides=[o for o in run["overrides"]
+                                               if not o.startswith("hydra.")])
+            assert cfg.checkpoint.dir == str(tmp_path / run["name"] / "checkpoints")
+            rht = {g: cfg.precision.rht[g] for g in ("fprop", "dgrad", "wgrad")}
+            seen[run["name"]] = (cfg.precision.name, rht, dict(cfg.precision.sr))
+    assert seen["ufp4_rht_none"] == ("ufp4_rht_none", {"fprop": False, "dgrad": False,
+                                                       "wgrad": False}, seen["ufp4"][2])
+    assert seen["ufp4_rht_fprop_wgrad"][1] == {"fprop": True, "dgrad": False, "wgrad": True}
+    assert seen["ufp4_no_sr"][2]["dy"] is False and seen["ufp4"][2]["dy"] is True
+    assert len({name for name, _, _ in seen.values()}) == len(plan)  # distinct report rows
+
+
+def test_task_refuses_an_index_outside_the_sweep(tmp_path):
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"runs": [{"name": "bf16", "overrides": []}]}))
+    res = subprocess.run([sys.executable, "-m", "ufp4_megatron.launch_cli", "task", str(sweep),
+                          "--index", "1"], capture_output=True, text=True)
+    assert res.returncode != 0 and "index 1 outside 0..0" in res.stderr
+    with pytest.raises(SystemExit, match="no --index and no SLURM_ARRAY_TASK_ID"):
+        main(["task", str(sweep)])
