@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import resource
 import time
 from pathlib import Path
 
@@ -107,6 +108,8 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
             record["val_loss"] = _validate(cfg, train_model, valid_ds, env, device, n_micro)
         if device.type == "cuda":
             record["mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        else:  # peak resident memory of this process (Linux reports KiB)
+            record["max_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         logged = step % cfg.logging.log_interval == 0 or step == t.steps
         if is_main:
             records.append(record)
