@@ -2,7 +2,9 @@
 
     test_kill_and_resume_gives_identical_losses  SIGTERM at step k, rerun: same losses as an
         unbroken run, bit for bit (model, optimizer, LR schedule, RNG, SR seeds, data order)
-    test_run_dir_contract          metrics.jsonl keys, resolved config in the run dir
+    test_run_dir_contract          metrics.jsonl keys, val_loss on eval steps, resolved config
+    (the unbroken run also evaluates every 4 steps and the resumed one does not: equal losses
+    also show that evaluation does not shift the training stream, SR seeds included)
     test_offline_wandb_run_is_readable   name model-recipe-seed, group, losses = metrics.jsonl
     test_torchrun_tp2_matches_single_process   2 ranks on gloo, TP=2 + SP, same losses as TP=1
 """
@@ -36,7 +38,8 @@ def cache(tmp_path_factory):
 def unbroken(tmp_path_factory, cache):
     tmp = tmp_path_factory.mktemp("unbroken")
     r = run(train_cmd(tmp / "run", cache, "precision=ufp4", f"train.steps={STEPS}",
-                      "logging.wandb.mode=offline", "experiment=pytest"), tmp)
+                      "logging.wandb.mode=offline", "experiment=pytest",
+                      "train.eval_interval=4", "train.eval_iters=1"), tmp)
     assert r.returncode == 0, r.stderr[-3000:]
     return tmp / "run"
 
@@ -47,6 +50,7 @@ def test_run_dir_contract(unbroken):
     for key in ("step", "loss", "lr", "grad_norm", "tokens", "step_time"):
         assert all(key in r for r in rows), key
     assert rows[-1]["tokens"] == STEPS * 2 * 32
+    assert [r["step"] for r in rows if "val_loss" in r] == [4, 8]
     assert "precision:" in (unbroken / "config.yaml").read_text()
     assert (unbroken / ".hydra" / "config.yaml").exists()
     assert (unbroken / "checkpoints" / "latest").read_text() == str(STEPS)
