@@ -25,7 +25,7 @@ def train_overrides(steps: int) -> list[str]:
         # a short run: a high peak LR reaches the regime where recipes differ quickly
         "optim.lr=3e-3", "optim.min_lr=3e-4", "optim.warmup_steps=10",
         "logging.progress=plain", "logging.log_interval=1", "logging.print_interval=20",
-        "checkpoint.interval=0",
+        "checkpoint.interval=0", "train.eval_interval=50", "train.eval_iters=4",
     ]
 
 
