@@ -8,7 +8,9 @@ RNG streams (torch, Megatron's tracker, numpy, random) and the SR-seed state. La
     <dir>/step_00000120/dist/               Megatron dist_checkpointing of model + optimizer (GPU)
     <dir>/latest                            "120", written last, after every rank has saved
 
-dist_checkpointing is used on GPU only: on CPU its save path calls torch.cuda.synchronize.
+dist_checkpointing is used on GPU only. On CPU its save calls torch.cuda.synchronize (the
+plugin's cpu_compat stubs that) and its async file writer needs psutil, which this package
+does not install; per-rank torch.save is the CPU format.
 """
 from __future__ import annotations
 
