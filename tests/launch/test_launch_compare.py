@@ -29,13 +29,13 @@ STEPS = 12
 COMMON = ["model=tiny", "model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
           "model.num_attention_heads=2", "model.num_query_groups=1", "train.seq_len=32",
           "train.micro_batch=1", "train.global_batch=2", "train.seed=7",
-          "checkpoint.interval=4", "logging.wandb.mode=disabled", "logging.progress=plain",
+          "logging.wandb.mode=disabled", "logging.progress=plain",
           "data.corpus_max_bytes=300000", "data.split='80,20,0'",
           "data.cache_dir=${hydra:run.dir}/data-cache"]
 
 
-def overrides(steps: int) -> list[str]:
-    return [*COMMON, f"train.steps={steps}"]
+def overrides(steps: int, interval: int) -> list[str]:
+    return [*COMMON, f"train.steps={steps}", f"checkpoint.interval={interval}"]
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -68,17 +68,19 @@ def test_compare_sweep_with_requeue_resumes_exactly(slurm, tmp_path):
     out = tmp_path / "sweep"
     # The same UFP4 run in one go, outside Slurm, to compare the requeued one against.
     ref_dir = tmp_path / "ufp4-uninterrupted"
-    ref = subprocess.Popen([sys.executable, "-m", "ufp4_megatron.train", *overrides(STEPS),
+    ref = subprocess.Popen([sys.executable, "-m", "ufp4_megatron.train", *overrides(STEPS, 4),
                             "precision=ufp4",
                             f"hydra.run.dir={ref_dir}"], env=env, cwd=tmp_path,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     res = subprocess.run([sys.executable, "-m", "ufp4_megatron.launch_cli", "compare",
-                          "--out", str(out), "--nproc-per-node", "1", "--", *overrides(STEPS)],
+                          "--out", str(out), "--nproc-per-node", "1",
+                          # UFP4 first: its requeue then overlaps the other runs on 2 CPUs
+                          "--precisions", "ufp4,bf16,e2m1", "--", *overrides(STEPS, 4)],
                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     sweep = json.loads((out / "sweep.json").read_text())
     names = [run["name"] for run in sweep["runs"]]
-    assert names == ["bf16", "e2m1", "ufp4"]
+    assert names == ["ufp4", "bf16", "e2m1"]
     array, report = sweep["jobs"]["array"], sweep["jobs"]["report"]
     ufp4 = f"{array}_{names.index('ufp4')}"
     logs = lambda: "\n".join(p.name + ":\n" + p.read_text()[-3000:]  # noqa: E731
@@ -86,13 +88,28 @@ def test_compare_sweep_with_requeue_resumes_exactly(slurm, tmp_path):
     failed = lambda: any(scontrol_job(env, f"{array}_{i}").get("JobState")  # noqa: E731
                          in ("FAILED", "CANCELLED", "TIMEOUT") for i in range(len(names)))
 
-    # Mid-run: the time-limit warning for the UFP4 element, after its first checkpoint.
-    wait_for(lambda: len(losses(out / "ufp4")) >= 3, 180, "UFP4 step 3", logs, failed)
+    # Mid-run, after its first checkpoint (step 4): the time-limit warning for the UFP4
+    # element. The trainer runs in 0.2 s slices between SIGSTOPs, so it is surely paused mid-run
+    # when the warning is sent; Slurm's SIGCONT + SIGTERM to the step then wake it up to
+    # checkpoint and exit.
+    pattern = f"hydra.run.dir={out / 'ufp4'}( |$)"
+    find = lambda: subprocess.run(["pgrep", "-f", pattern], capture_output=True,  # noqa: E731
+                                  text=True).stdout.split()
+    wait_for(lambda: len(find()) == 1, 180, "the UFP4 trainer", logs, failed)
+    trainer = int(find()[0])
+    deadline = time.time() + 180
+    os.kill(trainer, signal.SIGSTOP)
+    while max(losses(out / "ufp4"), default=0) < 5:
+        assert time.time() < deadline, logs()
+        os.kill(trainer, signal.SIGCONT)
+        time.sleep(0.2)
+        os.kill(trainer, signal.SIGSTOP)
+        time.sleep(0.05)
+    paused_at = max(losses(out / "ufp4"))
     subprocess.run(["scancel", "--batch", "--signal=USR1", ufp4], env=env, check=True, timeout=30)
     wait_for(lambda: scontrol_job(env, ufp4).get("JobState") == "PENDING"
              and scontrol_job(env, ufp4).get("Restarts") == "1", 90, "the requeue", logs)
-    interrupted_at = max(losses(out / "ufp4"))
-    assert interrupted_at < STEPS
+    assert max(losses(out / "ufp4")) <= paused_at + 1 < STEPS  # stopped mid-run
     # Slurm holds a requeued job ~2 minutes (BeginTime); release it now.
     subprocess.run(["scontrol", "update", f"JobId={ufp4}", "StartTime=now"], env=env,
                    check=True, timeout=30)
@@ -111,7 +128,7 @@ def test_compare_sweep_with_requeue_resumes_exactly(slurm, tmp_path):
     assert losses(out / "ufp4") == pytest.approx(expected, rel=1e-6, abs=0)
     ufp4_log = (out / "logs" / f"ufp4-compare-{array}_{names.index('ufp4')}.out").read_text()
     assert "restart 1" in ufp4_log and "stop signal: saved step" in ufp4_log
-    for i, name in enumerate(names[:-1]):  # the requeue hit the UFP4 element only
+    for i in (names.index("bf16"), names.index("e2m1")):  # the requeue hit UFP4 only
         assert "restart 1" not in (out / "logs" / f"ufp4-compare-{array}_{i}.out").read_text()
     assert len({tuple(losses(out / n).values()) for n in names}) == 3  # precisions do differ
 
@@ -122,7 +139,7 @@ def test_compare_sweep_with_requeue_resumes_exactly(slurm, tmp_path):
         return c
     first = identity("bf16")
     assert first["train"]["seed"] == 7
-    assert all(identity(n) == first for n in names[1:])
+    assert all(identity(n) == first for n in names)
 
     # The report ran on the three runs after they finished.
     table = (out / "report" / "loss_gap.md").read_text()
@@ -135,7 +152,7 @@ def test_torchrun_elastic_restart_resumes(tmp_path):
     log = tmp_path / "torchrun.log"
     with log.open("w") as f:
         proc = subprocess.Popen([str(LAUNCH / "torchrun.sh"), "--nproc-per-node", "2",
-                                 "--max-restarts", "1", "--", *overrides(8), "precision=bf16",
+                                 "--max-restarts", "1", "--", *overrides(8, 2), "precision=bf16",
                                  f"hydra.run.dir={run_dir}"], env=env, cwd=tmp_path,
                                 stdout=f, stderr=subprocess.STDOUT)
     latest = run_dir / "checkpoints" / "latest"
