@@ -60,8 +60,9 @@ def _read_inputs(paths: list[str]) -> Iterable[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("inputs", nargs="*", help="text files or directories; none: the embedded corpus")
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("inputs", nargs="*", help="text files or dirs; none: the embedded corpus")
     ap.add_argument("--out", required=True, help="output prefix (writes <out>.bin and <out>.idx)")
     ap.add_argument("--max-bytes", type=int, default=8_000_000, help="embedded corpus size")
     args = ap.parse_args(argv)

@@ -40,10 +40,11 @@ def log_to_wandb(rows: list[GapRow], table_md: str, png: Path, args) -> None:
 
 
 def run(argv: list[str] | None = None) -> list[GapRow]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="run dirs, offline W&B runs, or entity/project/run_id")
     ap.add_argument("--reference", default="bf16", help="precision name of the reference runs")
-    ap.add_argument("--baseline", default="e2m1", help="recipe whose gap others are measured against")
+    ap.add_argument("--baseline", default="e2m1", help="recipe whose gap others are measured by")
     ap.add_argument("--last", type=int, default=1000, help="steps in the mean (latest N)")
     ap.add_argument("--smooth", type=int, default=1, help="moving-average window of the plot")
     ap.add_argument("--out", type=Path, default=Path("runs/compare"))

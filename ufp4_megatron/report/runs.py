@@ -48,7 +48,8 @@ def _from_run_dir(path: Path) -> Run:
             config = OmegaConf.to_container(OmegaConf.load(path / name))
             break
     else:
-        raise FileNotFoundError(f"{path} has metrics.jsonl but no config.yaml or .hydra/config.yaml")
+        raise FileNotFoundError(f"{path} has metrics.jsonl but no config.yaml or "
+                                f".hydra/config.yaml")
     return _from_rows(str(path), config, rows, "step")
 
 

@@ -48,7 +48,8 @@ def records(path: str | Path) -> Iterator:
 def find_run_file(run_dir: str | Path) -> Path:
     """The .wandb file of an offline run dir, or of the single one under a training run dir."""
     run_dir = Path(run_dir)
-    found = sorted(run_dir.glob("run-*.wandb")) or sorted(run_dir.glob("**/offline-run-*/run-*.wandb"))
+    found = (sorted(run_dir.glob("run-*.wandb"))
+             or sorted(run_dir.glob("**/offline-run-*/run-*.wandb")))
     if not found:
         raise FileNotFoundError(f"no offline W&B run file (run-*.wandb) under {run_dir}")
     return found[-1]

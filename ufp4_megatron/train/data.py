@@ -18,7 +18,9 @@ from .tokenizer import ByteTokenizer
 
 def build_datasets(cfg: Config, n_train: int, n_valid: int):
     """(train, valid) GPTDatasets through Megatron's BlendedMegatronDatasetBuilder."""
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     from megatron.core.datasets.utils import get_blend_from_list
 

@@ -35,7 +35,9 @@ def init(cfg: ParallelConfig, device: torch.device, seed: int) -> Dist:
         from ..megatron.cpu_compat import enable_cpu_compat
         enable_cpu_compat()
     if not dist.is_initialized():
-        backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+        backend = cfg.backend
+        if backend == "auto":
+            backend = "nccl" if device.type == "cuda" else "gloo"
         if "WORLD_SIZE" in os.environ:
             if device.type == "cuda":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

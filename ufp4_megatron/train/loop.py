@@ -66,7 +66,8 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
     train_model = getattr(opt, "model", model) if device.type == "cuda" else model
     n_micro = data.num_micro_batches(cfg, env.dp)
     t = cfg.train
-    n_valid = (t.steps // t.eval_interval + 1) * t.eval_iters * t.global_batch if t.eval_interval else 1
+    n_evals = t.steps // t.eval_interval + 1 if t.eval_interval else 0
+    n_valid = max(1, n_evals * t.eval_iters * t.global_batch)
     train_ds, valid_ds = data.build_datasets(cfg, t.steps * t.global_batch, n_valid)
     extra = {"policy": policy}  # its SR-seed stream
 

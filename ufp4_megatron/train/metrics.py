@@ -46,7 +46,8 @@ class Progress:
     def update(self, record: dict) -> None:
         """Called every step; plain mode prints every print_interval steps and the last."""
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            self.bar.set_postfix(loss=f"{record['loss']:.4f}",
+                                 tok_s=f"{record['tokens_per_s']:.0f}")
             self.bar.update(1)
         elif record["step"] % self.print_interval == 0 or record["step"] == self.total:
             print(f"step {record['step']:>6} loss {record['loss']:.4f} lr {record['lr']:.2e} "

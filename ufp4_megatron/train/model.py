@@ -33,7 +33,9 @@ def transformer_config(cfg: Config, dtype: torch.dtype, device: torch.device):
         tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
         expert_model_parallel_size=p.ep, sequence_parallel=p.sp,
         params_dtype=dtype, bf16=dtype == torch.bfloat16, pipeline_dtype=dtype,
-        use_cpu_initialization=not on_gpu,
+        # CPU init draws each full weight from one generator, then splits it: the same
+        # weights for every TP layout (what layout-invariance checks need); slower on GPU
+        use_cpu_initialization=(not on_gpu) if m.cpu_init is None else m.cpu_init,
         # Megatron's BF16 first/last layers, which the plugin's policy honours
         first_last_layers_bf16=bf16.start + bf16.end > 0,
         num_layers_at_start_in_bf16=bf16.start, num_layers_at_end_in_bf16=bf16.end,
@@ -69,7 +71,8 @@ def build_model(cfg: Config, recipe: Recipe, dtype: torch.dtype, device: torch.d
 
     m = cfg.model
     if cfg.train.seq_len > m.max_seq_len:
-        raise ValueError(f"train.seq_len={cfg.train.seq_len} exceeds model.max_seq_len={m.max_seq_len}")
+        raise ValueError(f"train.seq_len={cfg.train.seq_len} exceeds "
+                         f"model.max_seq_len={m.max_seq_len}")
     config = transformer_config(cfg, dtype, device)
     policy = UFP4Policy(recipe, sr_seed=cfg.train.seed)
     model = GPTModel(

@@ -38,7 +38,8 @@ class CpuOptimizer:
         self.sp = cfg.parallel.sp
         params = list(model.named_parameters())
         groups = [
-            {"params": [p for n, p in params if _decays(n, p)], "weight_decay": self.cfg.weight_decay},
+            {"params": [p for n, p in params if _decays(n, p)],
+             "weight_decay": self.cfg.weight_decay},
             {"params": [p for n, p in params if not _decays(n, p)], "weight_decay": 0.0},
         ]
         self.opt = torch.optim.AdamW(groups, lr=self.cfg.lr, betas=(self.cfg.beta1, self.cfg.beta2),

@@ -29,6 +29,7 @@ class ModelConfig:
     rotary_base: int = 10000
     untie_embeddings: bool = True  # separate output head (Megatron's default for GPT-3 style)
     init_std: float = 0.02
+    cpu_init: Optional[bool] = None  # None: on CPU only; true: TP-layout-invariant weights
     # MoE (num_experts None: dense). Routed experts use moe_ffn_hidden_size, one shared expert
     # of moe_shared_expert_size runs on every token, the first moe_first_dense layers are dense.
     num_experts: Optional[int] = None
