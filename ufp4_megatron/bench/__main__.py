@@ -56,8 +56,8 @@ def main(argv=None) -> None:
     if "layer" in raw:
         text += [f"### Layer ({layer.TOKENS} tokens, forward + backward, dense_1p5b shapes)",
                  "", layer.layer_table(raw["layer"]), ""]
-    text += ["### Step", "", "Pending: needs the Megatron training step "
-             "(ufp4_megatron/megatron, ufp4_megatron/train) runnable on the GPU image.", ""]
+    text += ["### Step", "", "A full training step runs through the trainer, in its own device "
+             "call: `python3 tools/gpu_train_matrix.py --suite step` (section Step below).", ""]
     print("\n".join(text))
     if args.out:
         write_between_markers(args.out, "\n".join(text))

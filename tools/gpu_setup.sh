@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Source on an offline GPU node of the device tool: installs the wheels from `make wheelhouse
+# PY=3.12` that its CUDA image lacks into /tmp/site (the image's torch/triton/numpy stay).
+#   source tools/gpu_setup.sh   (needs wheelhouse/ carried along)
+set -u
+keep=(megatron_core hydra_core omegaconf antlr4 wandb pydantic pydantic_core annotated_types
+      typing_inspection platformdirs opentelemetry googleapis_common_protos submitit
+      hydra_submitit_launcher cwevals distro)
+wheels=()
+for w in wheelhouse/*.whl; do
+  for k in "${keep[@]}"; do [[ $(basename "$w") == ${k}* ]] && wheels+=("$w"); done
+done
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site "${wheels[@]}" || return 1 2>/dev/null || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -c 'import megatron.core, hydra, wandb, torch; print("gpu_setup ok:", megatron.core.__version__, torch.__version__, torch.cuda.device_count(), "GPUs")'

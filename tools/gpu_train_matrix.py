@@ -1,0 +1,206 @@
+"""GPU validation and step benchmarks through the real trainer (one device call per suite).
+
+    python3 tools/gpu_train_matrix.py --suite smoke,step --out $OUT          # one GPU
+    python3 tools/gpu_train_matrix.py --suite multi,scaling --out $OUT       # two GPUs or more
+
+smoke    tiny and moe_small, bf16/e2m1/ufp4, a few steps on one GPU (the GPU code path runs).
+step     `small` on one GPU with bf16/e2m1/ufp4: median step time, tokens/s, MFU against the
+         BF16 GEMM rate measured in the same run, peak memory (docs/performance.md, Step).
+multi    each parallel layout (TP=2+SP, PP=2, DP=2 with the distributed optimizer, EP=2 for
+         MoE) against the one-GPU run of the same model, seed and data: max relative loss
+         difference per step (docs/multi-gpu.md).
+scaling  tokens/s of small and moe_small at 1..N GPUs (data parallel, weak scaling) for bf16
+         and ufp4, and the UFP4/BF16 step-time ratio at each size.
+Each run is a subprocess with a timeout; results go to <out>/<suite>.json and <suite>.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+RUNS = Path(os.environ.get("RUNS_DIR", "/tmp/ufp4-runs"))
+ENV = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1",
+       "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+       "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def train(name: str, overrides: list[str], *, nproc: int = 1, timeout: int = 240,
+          log: Path) -> dict:
+    run_dir = RUNS / name
+    cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}"] if nproc > 1 else [sys.executable])
+    cmd += ["-m", "ufp4_megatron.train", f"hydra.run.dir={run_dir}", "experiment=gpu",
+            "logging.wandb.mode=disabled", "checkpoint.save_at_end=false",
+            "checkpoint.resume=false", "logging.print_interval=5", *overrides]
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
+        rc, out = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out = 124, (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
+    with open(log, "a") as f:
+        f.write(f"\n===== {name} (rc={rc}, {time.time() - t0:.0f}s): {' '.join(cmd)}\n{out[-6000:]}\n")
+    rows = []
+    mpath = run_dir / "metrics.jsonl"
+    if mpath.exists():
+        rows = [json.loads(line) for line in mpath.read_text().splitlines() if line.strip()]
+    print(f"[{name}] rc={rc} steps={len(rows)} wall={time.time() - t0:.0f}s", flush=True)
+    with open(log.with_suffix(".jsonl"), "a") as f:  # survives a suite killed by its timeout
+        f.write(json.dumps({"name": name, "rc": rc, "losses": [m["loss"] for m in rows],
+                            "step_time": [m.get("step_time") for m in rows],
+                            "mem_gib": [m.get("mem_gib") for m in rows]}) + "\n")
+    return {"name": name, "rc": rc, "metrics": rows, "wall_s": time.time() - t0}
+
+
+def gemm_tflops(n: int = 8192) -> float:
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    times = []
+    for _ in range(10):
+        ev[0].record(); a @ b; ev[1].record(); torch.cuda.synchronize()
+        times.append(ev[0].elapsed_time(ev[1]))
+    return 2 * n ** 3 / (statistics.median(times) * 1e-3) / 1e12
+
+
+def _steady(rows, key, skip):
+    vals = [r[key] for r in rows if r["step"] > skip and key in r]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def suite_smoke(out: Path, log: Path):
+    res = []
+    for model, recipes in (("tiny", ("bf16", "e2m1", "ufp4")), ("moe_small", ("ufp4",))):
+        for rec in recipes:
+            r = train(f"smoke-{model}-{rec}", [f"model={model}", f"precision={rec}",
+                      "train.steps=6", "train.seq_len=256", "train.global_batch=4"], log=log)
+            loss = [m["loss"] for m in r["metrics"]]
+            res.append({"model": model, "recipe": rec, "rc": r["rc"], "steps": len(loss),
+                        "first_loss": loss[0] if loss else None, "last_loss": loss[-1] if loss else None})
+    lines = ["| model | recipe | rc | steps | first loss | last loss |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['model']} | {r['recipe']} | {r['rc']} | {r['steps']} | {r['first_loss']} | {r['last_loss']} |" for r in res]
+    return res, lines
+
+
+def suite_step(out: Path, log: Path, steps: int = 40, seq: int = 2048, mbs: int = 8):
+    peak = gemm_tflops()
+    cfg = ["model=small", f"train.steps={steps}", f"train.seq_len={seq}",
+           f"train.micro_batch={mbs}", f"train.global_batch={mbs}", "optim.warmup_steps=5"]
+    res = []
+    for rec in ("bf16", "e2m1", "ufp4"):
+        r = train(f"step-small-{rec}", cfg + [f"precision={rec}"], log=log, timeout=300)
+        rows = r["metrics"]
+        st = _steady(rows, "step_time", 10)
+        n_params = 123_587_328  # describe model=small (tied embeddings)
+        layers, hidden = 12, 768
+        flops_per_token = 6 * n_params + 12 * layers * hidden * seq  # Kaplan/PaLM convention
+        tok = seq * mbs
+        mem = max((m.get("mem_gib", float("nan")) for m in rows), default=float("nan"))
+        res.append({"recipe": rec, "rc": r["rc"], "step_ms": st * 1e3, "tokens_per_s": tok / st,
+                    "mfu": flops_per_token * tok / st / (peak * 1e12), "peak_mem_gib": mem,
+                    "final_loss": rows[-1]["loss"] if rows else None})
+    base = next((r for r in res if r["recipe"] == "bf16"), None)
+    lines = [f"BF16 GEMM roofline measured in the same run: {peak:.0f} TFLOP/s (8192^3, median of 10)", "",
+             "| recipe | step (ms) | x BF16 | tokens/s | MFU | peak mem (GiB) | x BF16 | loss @ last |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in res:
+        lines.append(f"| {r['recipe']} | {r['step_ms']:.1f} | {r['step_ms'] / base['step_ms']:.3f} | "
+                     f"{r['tokens_per_s']:.0f} | {r['mfu']:.1%} | {r['peak_mem_gib']:.2f} | "
+                     f"{r['peak_mem_gib'] / base['peak_mem_gib']:.3f} | {r['final_loss']} |")
+    return res, lines
+
+
+def _max_rel_diff(a, b):
+    la = {m["step"]: m["loss"] for m in a}
+    lb = {m["step"]: m["loss"] for m in b}
+    common = sorted(set(la) & set(lb))
+    if not common:
+        return float("nan"), 0
+    return max(abs(la[s] - lb[s]) / abs(lb[s]) for s in common), len(common)
+
+
+def suite_multi(out: Path, log: Path, ngpu: int):
+    # model.cpu_init: every layout starts from the same full weights (Megatron's CPU init)
+    base = ["train.steps=8", "train.seq_len=256", "train.global_batch=8", "train.micro_batch=2",
+            "model.cpu_init=true"]
+    layouts = {"tp2+sp": ["parallel.tp=2", "parallel.sp=true"], "pp2": ["parallel.pp=2"],
+               "dp2+distopt": ["parallel.dp=2", "parallel.distributed_optimizer=true"]}
+    res = []
+    plan = (("tiny", ("bf16",), {"tp2+sp": layouts["tp2+sp"]}),
+            ("tiny", ("ufp4",), {"tp2+sp": layouts["tp2+sp"], "dp2+distopt": layouts["dp2+distopt"]}))
+    for model, recipes, lays in plan:
+        for rec in recipes:
+            ref = train(f"multi-{model}-{rec}-1gpu", [f"model={model}", f"precision={rec}", *base], log=log)
+            for lay, ov in lays.items():
+                r = train(f"multi-{model}-{rec}-{lay}", [f"model={model}", f"precision={rec}", *base, *ov],
+                          nproc=2, log=log)
+                d, n = _max_rel_diff(r["metrics"], ref["metrics"])
+                res.append({"model": model, "recipe": rec, "layout": lay, "rc": r["rc"], "steps": n,
+                            "max_rel_loss_diff": d})
+    lines = ["| model | recipe | layout (2 GPUs) | rc | steps compared | max rel. loss diff vs 1 GPU |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['model']} | {r['recipe']} | {r['layout']} | {r['rc']} | {r['steps']} | {r['max_rel_loss_diff']:.2e} |" for r in res]
+    return res, lines
+
+
+def suite_scaling(out: Path, log: Path, ngpu: int):
+    res = []
+    sizes = [n for n in (1, 2, 4, 8) if n <= ngpu]
+    for model, seq, mbs in (("small", 2048, 8),):
+        for rec in ("bf16", "ufp4"):
+            for n in sizes:
+                r = train(f"scale-{model}-{rec}-{n}", [f"model={model}", f"precision={rec}", "train.steps=15",
+                          f"train.seq_len={seq}", f"train.micro_batch={mbs}", f"train.global_batch={mbs * n}"],
+                          nproc=n, log=log, timeout=300)
+                st = _steady(r["metrics"], "step_time", 8)
+                res.append({"model": model, "recipe": rec, "gpus": n, "rc": r["rc"], "step_ms": st * 1e3,
+                            "tokens_per_s": seq * mbs * n / st})
+    lines = ["| model | GPUs | bf16 tokens/s | ufp4 tokens/s | UFP4/BF16 step time | scaling eff. (bf16) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for model in ("small",):
+        one = next((r for r in res if r["model"] == model and r["recipe"] == "bf16" and r["gpus"] == 1), None)
+        for n in sizes:
+            b = next(r for r in res if (r["model"], r["recipe"], r["gpus"]) == (model, "bf16", n))
+            u = next(r for r in res if (r["model"], r["recipe"], r["gpus"]) == (model, "ufp4", n))
+            eff = b["tokens_per_s"] / (n * one["tokens_per_s"]) if one else float("nan")
+            lines.append(f"| {model} | {n} | {b['tokens_per_s']:.0f} | {u['tokens_per_s']:.0f} | "
+                         f"{u['step_ms'] / b['step_ms']:.3f} | {eff:.2f} |")
+    return res, lines
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--suite", default="smoke")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
+    a = p.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    ngpu = torch.cuda.device_count()
+    header = (f"{torch.cuda.get_device_name(0)} x{ngpu}, torch {torch.__version__}, "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(header, flush=True)
+    for suite in a.suite.split(","):
+        log = a.out / f"{suite}.log"
+        fn = {"smoke": suite_smoke, "step": suite_step, "multi": suite_multi, "scaling": suite_scaling}[suite]
+        res, lines = fn(a.out, log) if suite in ("smoke", "step") else fn(a.out, log, ngpu)
+        failed = [r for r in res if r["rc"] != 0]
+        (a.out / f"{suite}.json").write_text(json.dumps({"header": header, "results": res}, indent=1))
+        text = "\n".join([f"## {suite}: {header}", "", *lines, ""])
+        (a.out / f"{suite}.md").write_text(text)
+        print(text, flush=True)
+        if suite == "smoke" and failed:
+            print(f"smoke failed ({len(failed)} runs): later suites skipped", flush=True)
+            break
+
+
+if __name__ == "__main__":
+    main()
