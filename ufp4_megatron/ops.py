@@ -17,6 +17,8 @@ stochastic-rounding bits of the unsharded tensor.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .fake_quant import quantize_view
@@ -26,6 +28,13 @@ from .numerics.quantize import padded_length
 from .recipe import GEMMS, GemmSpec, OperandSpec, Recipe
 
 _GEMM_ID = {g: i for i, g in enumerate(GEMMS)}
+
+
+@functools.lru_cache(maxsize=32)
+def _rht(size: int, seed: int) -> RHT:
+    # An RHT is a pure function of (size, seed); building one costs ~20 us of host time
+    # per GEMM, which shows in host-bound layers (docs/performance.md).
+    return RHT(size, seed)
 
 
 def _prepare(t: torch.Tensor, spec: OperandSpec | None, *, along_rows: bool, length: int,
@@ -54,7 +63,7 @@ def _prepare(t: torch.Tensor, spec: OperandSpec | None, *, along_rows: bool, len
 
 def _gemm_operands(gemm: str, spec: GemmSpec, a, b, *, a_rows: bool, b_rows: bool,
                    reduction: int, recipe: Recipe, seed: int, a_origin, b_origin, backend):
-    rht = RHT(spec.rht, recipe.rht_seed) if spec.rht else None
+    rht = _rht(spec.rht, recipe.rht_seed) if spec.rht else None
     length = max(padded_length(reduction, op.block, rht) if op else
                  padded_length(reduction, 1, rht) for op in (spec.a, spec.b))
     gid = _GEMM_ID[gemm]
