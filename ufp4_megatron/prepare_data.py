@@ -48,7 +48,12 @@ def embedded_corpus(cache_dir: str | Path, max_bytes: int) -> str:
     """The embedded corpus's prefix under cache_dir, written on first use."""
     prefix = Path(cache_dir) / f"stdlib_bytes_{max_bytes}"
     if not Path(f"{prefix}.idx").exists():
-        write_indexed(stdlib_documents(max_bytes), prefix)
+        # Jobs sharing a cache dir (a compare sweep) may race: each writes under its own
+        # name, then renames (.bin first: a visible .idx means both files are complete).
+        tmp = prefix.with_name(f"{prefix.name}.tmp{os.getpid()}")
+        write_indexed(stdlib_documents(max_bytes), tmp)
+        os.replace(f"{tmp}.bin", f"{prefix}.bin")
+        os.replace(f"{tmp}.idx", f"{prefix}.idx")
     return str(prefix)
 
 
