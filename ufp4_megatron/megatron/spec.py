@@ -97,6 +97,8 @@ def ufp4_gpt_spec(config, vp_stage: int | None = None, *rest) -> TransformerBloc
     (default "ufp4") or the path of a JSON file {"recipe": ..., "rules": {...}, "sr_seed": N}.
     Dense or MoE (config.num_moe_experts, moe_layer_freq), MLA and qk-layernorm follow the
     config. Also accepts the (args, config, vp_stage) call of forks that call --spec hooks.
+    Stock Megatron-LM core_r0.19.0 hands the --spec object to GPTModel without calling it:
+    apply patches/0002 (docs/megatron-lm.md).
     """
     if not hasattr(config, "num_moe_experts") and rest:  # (args, config, vp_stage)
         config, vp_stage = vp_stage, rest[0]
