@@ -152,27 +152,45 @@ def test_torchrun_elastic_restart_resumes(tmp_path):
     log = tmp_path / "torchrun.log"
     with log.open("w") as f:
         proc = subprocess.Popen([str(LAUNCH / "torchrun.sh"), "--nproc-per-node", "2",
-                                 "--max-restarts", "1", "--", *overrides(8, 2), "precision=bf16",
+                                 "--max-restarts", "1", "--", *overrides(40, 4), "precision=bf16",
                                  f"hydra.run.dir={run_dir}"], env=env, cwd=tmp_path,
-                                stdout=f, stderr=subprocess.STDOUT)
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     latest = run_dir / "checkpoints" / "latest"
+
+    def paused_mid_run() -> bool:
+        # Free-running until the first checkpoint (startup), then in 20 ms slices between
+        # SIGSTOPs (a tiny bf16 step takes a few ms on an idle machine), so the kill below
+        # lands after a checkpoint and before the last step.
+        if not latest.exists():
+            time.sleep(0.002)
+            return False
+        os.killpg(proc.pid, signal.SIGSTOP)
+        if int(latest.read_text()) < len(losses(run_dir)) < 40:
+            return True
+        os.killpg(proc.pid, signal.SIGCONT)
+        time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGSTOP)
+        done = losses(run_dir)
+        return latest.exists() and int(latest.read_text()) < len(done) < 40
+
     try:
-        wait_for(lambda: latest.exists() and len(losses(run_dir)) > int(latest.read_text()),
-                 180, "a checkpoint and a step past it", lambda: log.read_text()[-4000:],
-                 failed=lambda: proc.poll() is not None)
+        wait_for(paused_mid_run, 180, "a checkpoint and a step past it",
+                 lambda: log.read_text()[-4000:], failed=lambda: proc.poll() is not None)
         saved = int(latest.read_text())
         before = (run_dir / "metrics.jsonl").read_text().splitlines()
         workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
                                  text=True).stdout.split()
         assert len(workers) == 2, workers
         os.kill(int(workers[-1]), signal.SIGKILL)  # one rank dies: torchrun restarts both
+        os.killpg(proc.pid, signal.SIGCONT)
         proc.wait(timeout=240)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGCONT)
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, log.read_text()[-4000:]  # with --max-restarts 0 it fails
     after = (run_dir / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(r)["step"] for r in after] == list(range(1, 9))
+    assert [json.loads(r)["step"] for r in after] == list(range(1, 41))
     # Resumed, not restarted from scratch: the records up to the checkpoint are the first
     # attempt's, byte for byte (their step times would differ had they been recomputed).
     assert saved >= 1 and after[:saved] == before[:saved]
