@@ -74,6 +74,18 @@ class _UFP4Mixin:
                          parallel_state.get_data_parallel_rank(with_context_parallel=True))
         self._sr = uses_sr(ufp4.recipe)
 
+    def _forward_impl(self, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
+                      sequence_parallel, *args, **kwargs):
+        # The seam Megatron's own forward calls, for both linears; self._shard (set by the
+        # subclass) says where this rank's slice sits in the full weight.
+        return self._ufp4_forward(input, weight, bias, shard=self._shard,
+                                  gradient_accumulation_fusion=gradient_accumulation_fusion,
+                                  allreduce_dgrad=allreduce_dgrad,
+                                  sequence_parallel=sequence_parallel, **_named(args, kwargs))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, recipe={self.ufp4.recipe.name}"
+
 
     def _ufp4_forward(self, input, weight, bias, *, shard: Shard, gradient_accumulation_fusion,
                       allreduce_dgrad, sequence_parallel, tp_group, grad_output_buffer=None,
@@ -119,16 +131,6 @@ class UFP4ColumnParallelLinear(_UFP4Mixin, ColumnParallelLinear):
         self._shard = Shard.column(get_pg_rank(self.tp_group), get_pg_size(self.tp_group),
                                    self.output_size_per_partition, stride)
 
-    def _forward_impl(self, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
-                      sequence_parallel, *args, **kwargs):
-        return self._ufp4_forward(input, weight, bias, shard=self._shard,
-                                  gradient_accumulation_fusion=gradient_accumulation_fusion,
-                                  allreduce_dgrad=allreduce_dgrad,
-                                  sequence_parallel=sequence_parallel, **_named(args, kwargs))
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, recipe={self.ufp4.recipe.name}"
-
 
 class UFP4RowParallelLinear(_UFP4Mixin, RowParallelLinear):
     """RowParallelLinear (Y = X W^T, W split along K) whose GEMMs follow a UFP4 recipe."""
@@ -138,16 +140,6 @@ class UFP4RowParallelLinear(_UFP4Mixin, RowParallelLinear):
         self._setup_ufp4(ufp4, sharded=self.input_size_per_partition,
                          kind="UFP4RowParallelLinear", dim_name=f"input_size {input_size}")
         self._shard = Shard.row(get_pg_rank(self.tp_group), self.input_size_per_partition)
-
-    def _forward_impl(self, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
-                      sequence_parallel, *args, **kwargs):
-        return self._ufp4_forward(input, weight, bias, shard=self._shard,
-                                  gradient_accumulation_fusion=gradient_accumulation_fusion,
-                                  allreduce_dgrad=allreduce_dgrad,
-                                  sequence_parallel=sequence_parallel, **_named(args, kwargs))
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, recipe={self.ufp4.recipe.name}"
 
 
 _TAIL = ("grad_output_buffer", "wgrad_deferral_limit", "tp_group", "gtp_remat_size")
