@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from .numerics.grids import get_grid
-from .numerics.hadamard import RHT, as_rht
+from .numerics.hadamard import as_rht
 from .numerics.quantize import quantize_view as _reference_view
-from .numerics.scaling import SCALE_MODES
-from .recipe import ROUNDINGS
+from .recipe import check_operand_fields
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -44,13 +42,7 @@ def quantize(x: torch.Tensor, fmt, *, block: int = 16, scale: str = "fp32",
     block_2d: block x block tiles over (rows, dim) instead of 1 x block.
     Sizes along dim that are not a multiple of the block are zero-padded internally.
     """
-    get_grid(fmt)
-    if scale not in SCALE_MODES:
-        raise ValueError(f"unknown scale {scale!r}; valid: {', '.join(SCALE_MODES)}")
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
-    if not isinstance(block, int) or block < 1:
-        raise ValueError(f"block must be a positive integer, got {block!r}")
+    check_operand_fields(fmt, block, scale, rounding)
     if not (x.is_floating_point()):
         raise TypeError(f"quantize takes a floating-point tensor, got {x.dtype}")
     r = as_rht(rht)

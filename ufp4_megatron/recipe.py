@@ -45,13 +45,18 @@ class OperandSpec:
     rounding: str = "rtne"
 
     def __post_init__(self) -> None:
-        get_grid(self.grid)  # validates names and codebooks with a clear error
-        if self.block < 1:
-            raise ValueError(f"block must be a positive integer, got {self.block}")
-        if self.scale not in SCALE_MODES:
-            raise ValueError(f"unknown scale mode {self.scale!r}; valid: {', '.join(SCALE_MODES)}")
-        if self.rounding not in ROUNDINGS:
-            raise ValueError(f"unknown rounding {self.rounding!r}; valid: {', '.join(ROUNDINGS)}")
+        check_operand_fields(self.grid, self.block, self.scale, self.rounding)
+
+
+def check_operand_fields(grid, block, scale: str, rounding: str) -> None:
+    """Clear errors, listing the valid choices, for an operand's quantization settings."""
+    get_grid(grid)  # validates names and codebooks
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be a positive integer, got {block!r}")
+    if scale not in SCALE_MODES:
+        raise ValueError(f"unknown scale mode {scale!r}; valid: {', '.join(SCALE_MODES)}")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
 
 
 @dataclass(frozen=True, kw_only=True)
