@@ -1,4 +1,4 @@
-"""Imports flow one way: numerics <- kernels <- ops <- megatron <- train/report/launch.
+"""Imports flow one way: numerics <- kernels <- ops <- megatron <- data <- train <- report <- cli.
 
 Contract: the numerics, recipe, ops and diagnostics modules import without Megatron, Hydra,
 W&B or Triton; no lower layer imports a higher one (checked on the source's import lines).
@@ -9,12 +9,13 @@ import subprocess
 import sys
 
 PKG = pathlib.Path(__file__).resolve().parents[1] / "ufp4_megatron"
-LAYER = {"numerics": 0, "recipe": 0, "kernels": 1, "fake_quant": 2, "ops": 2,
-         "diagnostics": 2, "megatron": 3}  # everything else (train, report, ...) is top
+LAYER = {"numerics": 0, "recipe": 0, "configs": 0, "kernels": 1, "fake_quant": 2, "ops": 2,
+         "diagnostics": 2, "megatron": 3, "data": 4, "train": 5, "report": 6}
+# everything else is a command-line entry point (describe, demo, compare, launch, bench, ...)
 
 
 def _layer(mod: str) -> int:
-    return LAYER.get(mod, 4)
+    return LAYER.get(mod, 7)
 
 
 def test_core_imports_without_megatron_hydra_wandb_triton():

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from .train.schema import Config, ModelConfig
 
@@ -91,11 +90,11 @@ def load_config(overrides: list[str]) -> Config:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from .configs import CONFIG_DIR
     from .train.schema import register_configs
 
     register_configs()
-    config_dir = str(Path(__file__).resolve().parents[1] / "configs")
-    with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return OmegaConf.to_object(compose("config", overrides=overrides))
 
 

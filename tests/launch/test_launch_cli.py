@@ -14,6 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from conftest import ROOT
+from ufp4_megatron.configs import CONFIG_DIR
 from ufp4_megatron.launch_cli import ABLATIONS, main, plan_runs
 
 
@@ -42,7 +43,7 @@ def test_every_planned_run_composes_with_the_trainer_config(tmp_path):
     shared = ["model=tiny", "train.seed=3"]
     plan = plan_runs(["bf16", "e2m1", "ufp4"], True, shared, tmp_path)
     seen = {}
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         for run in plan:
             assert run["overrides"][:2] == shared  # identical seed and data for every run
             cfg = compose("config", overrides=[o for o in run["overrides"]

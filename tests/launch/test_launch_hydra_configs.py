@@ -1,10 +1,12 @@
 """configs/hydra/launcher/*: every launcher composes with the trainer's config and resolves to
 hydra-submitit-launcher's classes with the settings the comments promise."""
+from pathlib import Path
+
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from conftest import ROOT
+from ufp4_megatron.configs import CONFIG_DIR
 
 
 @pytest.fixture(scope="module")
@@ -13,8 +15,8 @@ def launchers():
 
     register_configs()
     out = {}
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        for path in sorted((ROOT / "configs" / "hydra" / "launcher").glob("*.yaml")):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        for path in sorted((Path(CONFIG_DIR) / "hydra" / "launcher").glob("*.yaml")):
             cfg = compose("config", overrides=[f"hydra/launcher={path.stem}"],
                           return_hydra_config=True)
             out[path.stem] = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)

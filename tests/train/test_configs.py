@@ -9,6 +9,8 @@ paper configs have the paper's parameter counts; bad overrides fail naming the k
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -16,20 +18,20 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from _cli import ROOT
+from ufp4_megatron.configs import CONFIG_DIR
 from ufp4_megatron.describe import count_params
 from ufp4_megatron.recipe import list_recipes
 from ufp4_megatron.train.precision import recipe_from_config
 from ufp4_megatron.train.schema import Config, register_configs
 
-MODELS = sorted(p.stem for p in (ROOT / "configs/model").glob("*.yaml"))
-PRECISIONS = sorted(p.stem for p in (ROOT / "configs/precision").glob("*.yaml"))
+MODELS = sorted(p.stem for p in (Path(CONFIG_DIR) / "model").glob("*.yaml"))
+PRECISIONS = sorted(p.stem for p in (Path(CONFIG_DIR) / "precision").glob("*.yaml"))
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _hydra():
     register_configs()  # one Hydra context for the module: composing is then milliseconds
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         yield
 
 

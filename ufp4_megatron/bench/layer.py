@@ -17,7 +17,7 @@ def dense_1p5b_shapes() -> dict[str, tuple[int, int]]:
     """(in, out) features of qkv, proj, fc1 (SwiGLU: 2 x ffn), fc2 from configs/model."""
     cfg = {"hidden_size": 2048, "ffn_hidden_size": 5632, "num_attention_heads": 16,
            "num_query_groups": 4}
-    path = pathlib.Path(__file__).resolve().parents[2] / "configs/model/dense_1p5b.yaml"
+    path = pathlib.Path(__file__).resolve().parents[1] / "configs/model/dense_1p5b.yaml"
     if path.exists():
         for line in path.read_text().splitlines():
             key, _, val = line.partition(":")

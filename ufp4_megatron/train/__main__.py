@@ -14,14 +14,14 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from ..configs import CONFIG_MODULE
 from .schema import Config, register_configs
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 
 register_configs()
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+@hydra.main(version_base="1.3", config_path=CONFIG_MODULE, config_name="config")
 def _hydra_main(dcfg: DictConfig) -> None:
     from .loop import train
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, data, distributed, model as model_lib, optim, schedule, wandb_run
+from ..data import datasets as data
+from . import checkpoint, distributed, model as model_lib, optim, schedule, wandb_run
 from .metrics import MetricsFile, Progress
 from .precision import check_bf16_layers, recipe_from_config
 from .probes import LayerProbes
@@ -64,11 +65,13 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
     model, policy = model_lib.build_model(cfg, recipe, dtype, device)
     opt = optim.build_optimizer(model, cfg, device)
     train_model = getattr(opt, "model", model) if device.type == "cuda" else model
-    n_micro = data.num_micro_batches(cfg, env.dp)
     t = cfg.train
+    n_micro = data.num_micro_batches(t.global_batch, t.micro_batch, env.dp)
     n_evals = t.steps // t.eval_interval + 1 if t.eval_interval else 0
     n_valid = max(1, n_evals * t.eval_iters * t.global_batch)
-    train_ds, valid_ds = data.build_datasets(cfg, t.steps * t.global_batch, n_valid)
+    train_ds, valid_ds = data.build_datasets(cfg.data, seed=t.seed, seq_len=t.seq_len,
+                                             vocab_size=cfg.model.vocab_size,
+                                             n_train=t.steps * t.global_batch, n_valid=n_valid)
     extra = {"policy": policy}  # its SR-seed stream
 
     ckpt_dir = Path(cfg.checkpoint.dir or run_dir / "checkpoints")
@@ -97,7 +100,7 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
         if probes is not None:
             probes.active = diag_step
         reports = schedule.forward_backward(
-            train_model, data.micro_batches(train_ds, step, cfg, env.dp, env.dp_rank, device),
+            train_model, _batches(train_ds, step, cfg, env, device),
             n_micro=n_micro, seq_len=t.seq_len, micro_batch=t.micro_batch, forward_only=False)
         grad_norm = opt.step()
         loss = _mean_loss(reports)
@@ -144,10 +147,17 @@ def _validate(cfg, model, valid_ds, env, device, n_micro) -> float:
     losses = []
     for i in range(cfg.train.eval_iters):
         reports = schedule.forward_backward(
-            model, data.micro_batches(valid_ds, i, cfg, env.dp, env.dp_rank, device),
+            model, _batches(valid_ds, i, cfg, env, device),
             n_micro=n_micro, seq_len=cfg.train.seq_len, micro_batch=cfg.train.micro_batch,
             forward_only=True)
         losses.append(_mean_loss(reports))
     model.train()
     return sum(losses) / len(losses)
 
+
+
+def _batches(dataset, step: int, cfg: Config, env, device):
+    t = cfg.train
+    return data.micro_batches(dataset, step, global_batch=t.global_batch,
+                              micro_batch=t.micro_batch, dp=env.dp, dp_rank=env.dp_rank,
+                              device=device)

@@ -1,6 +1,6 @@
 """The training config schema: one keyword-only dataclass per Hydra group.
 
-Hydra merges every YAML under `configs/` into these dataclasses, so an unknown key or a value
+Hydra merges every YAML under `ufp4_megatron/configs/` into these dataclasses, so an unknown key or a value
 of the wrong type fails at start with the full key in the message. YAML keys equal the field
 names below; see docs/training.md for the command-line contract.
 """
@@ -183,5 +183,5 @@ class Config:
 
 
 def register_configs() -> None:
-    """Registers the schema as `base_config`, the first entry of configs/config.yaml."""
+    """Registers the schema as `base_config`, the first entry of ufp4_megatron/configs/config.yaml."""
     ConfigStore.instance().store(name="base_config", node=Config)

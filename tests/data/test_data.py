@@ -6,8 +6,8 @@ that Megatron's IndexedDataset reads back token for token; the embedded corpus i
     test_embedded_corpus_is_real_stdlib_text_in_a_fixed_order
 """
 from ufp4_megatron.prepare_data import main as prepare_main
-from ufp4_megatron.train.corpus import stdlib_documents
-from ufp4_megatron.train.tokenizer import ByteTokenizer
+from ufp4_megatron.data.corpus import stdlib_documents
+from ufp4_megatron.data.tokenizers import ByteTokenizer
 
 
 def test_tokenizer_round_trip():

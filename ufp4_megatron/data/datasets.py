@@ -11,42 +11,49 @@ from pathlib import Path
 
 import torch
 
-from ..prepare_data import embedded_corpus
-from .schema import Config
-from .tokenizer import ByteTokenizer
+from .indexed import embedded_corpus
+from .tokenizers import ByteTokenizer
 
 
-def build_datasets(cfg: Config, n_train: int, n_valid: int):
-    """(train, valid) GPTDatasets through Megatron's BlendedMegatronDatasetBuilder."""
+def build_datasets(data, *, seed: int, seq_len: int, vocab_size: int, n_train: int,
+                   n_valid: int):
+    """(train, valid) GPTDatasets through Megatron's BlendedMegatronDatasetBuilder.
+
+    data: the `data` config group (prefixes, split, cache_dir, corpus_max_bytes).
+    """
     from megatron.core.datasets.blended_megatron_dataset_builder import (
         BlendedMegatronDatasetBuilder,
     )
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     from megatron.core.datasets.utils import get_blend_from_list
 
-    d = cfg.data
-    prefixes = list(d.prefixes) or [_embedded(cfg)]
-    for p in prefixes[1::2] if len(prefixes) > 1 and _is_number(prefixes[0]) else prefixes:
+    prefixes = list(data.prefixes) or [_embedded(data)]
+    for p in _paths(prefixes):
         if not Path(f"{p}.idx").exists():
             raise FileNotFoundError(f"data.prefixes: {p}.idx not found; write it with "
                                     f"`python -m ufp4_megatron.prepare_data --out {p} <files>`")
     tok = ByteTokenizer()
-    if cfg.model.vocab_size < tok.vocab_size:
-        raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is below the tokenizer's "
+    if vocab_size < tok.vocab_size:
+        raise ValueError(f"model.vocab_size={vocab_size} is below the tokenizer's "
                          f"{tok.vocab_size}")
     config = GPTDatasetConfig(
-        random_seed=cfg.train.seed, sequence_length=cfg.train.seq_len,
-        blend=get_blend_from_list(prefixes), split=d.split,
-        path_to_cache=str(Path(d.cache_dir) / "index"), tokenizer=tok,
+        random_seed=seed, sequence_length=seq_len,
+        blend=get_blend_from_list(prefixes), split=data.split,
+        path_to_cache=str(Path(data.cache_dir) / "index"), tokenizer=tok,
         reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
         create_attention_mask=True,  # Megatron's mask-free path allocates on "cuda"
         mid_level_dataset_surplus=0.005,
     )
-    for p in prefixes[1::2] if len(prefixes) > 1 and _is_number(prefixes[0]) else prefixes:
-        _check_split_sizes(p, config.split_matrix, d.split)
+    for p in _paths(prefixes):
+        _check_split_sizes(p, config.split_matrix, data.split)
     train, valid, _ = BlendedMegatronDatasetBuilder(
         GPTDataset, [n_train, n_valid, None], lambda: True, config).build()
     return train, valid
+
+
+def _paths(prefixes: list[str]) -> list[str]:
+    """The file prefixes of a blend: ["a"] or ["0.7", "a", "0.3", "b"]."""
+    return prefixes[1::2] if len(prefixes) > 1 and _is_number(prefixes[0]) else prefixes
 
 
 def _check_split_sizes(prefix: str, split_matrix, split: str) -> None:
@@ -60,15 +67,15 @@ def _check_split_sizes(prefix: str, split_matrix, split: str) -> None:
                              f"({n} documents) empty; use more data or change data.split")
 
 
-def _embedded(cfg: Config) -> str:
+def _embedded(data) -> str:
     import torch.distributed as dist
 
     # rank 0 writes the corpus once; the others wait and read it
     if not dist.is_initialized() or dist.get_rank() == 0:
-        embedded_corpus(cfg.data.cache_dir, cfg.data.corpus_max_bytes)
+        embedded_corpus(data.cache_dir, data.corpus_max_bytes)
     if dist.is_initialized():
         dist.barrier()
-    return embedded_corpus(cfg.data.cache_dir, cfg.data.corpus_max_bytes)
+    return embedded_corpus(data.cache_dir, data.corpus_max_bytes)
 
 
 def _is_number(s: str) -> bool:
@@ -79,20 +86,19 @@ def _is_number(s: str) -> bool:
         return False
 
 
-def micro_batches(dataset, step: int, cfg: Config, dp: int, dp_rank: int, device: torch.device):
+def micro_batches(dataset, step: int, *, global_batch: int, micro_batch: int, dp: int,
+                  dp_rank: int, device: torch.device):
     """This rank's micro-batches of global batch `step`, as Megatron's GPT batch dicts."""
-    t = cfg.train
-    n_micro = num_micro_batches(cfg, dp)
+    n_micro = num_micro_batches(global_batch, micro_batch, dp)
     for m in range(n_micro):
-        start = step * t.global_batch + (m * dp + dp_rank) * t.micro_batch
-        samples = [dataset[(start + j) % len(dataset)] for j in range(t.micro_batch)]
+        start = step * global_batch + (m * dp + dp_rank) * micro_batch
+        samples = [dataset[(start + j) % len(dataset)] for j in range(micro_batch)]
         yield {k: torch.stack([s[k] for s in samples]).to(device)
                for k in ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")}
 
 
-def num_micro_batches(cfg: Config, dp: int) -> int:
-    t = cfg.train
-    if t.global_batch % (t.micro_batch * dp):
-        raise ValueError(f"train.global_batch={t.global_batch} must be a multiple of "
-                         f"train.micro_batch * data-parallel size = {t.micro_batch} * {dp}")
-    return t.global_batch // (t.micro_batch * dp)
+def num_micro_batches(global_batch: int, micro_batch: int, dp: int) -> int:
+    if global_batch % (micro_batch * dp):
+        raise ValueError(f"train.global_batch={global_batch} must be a multiple of "
+                         f"train.micro_batch * data-parallel size = {micro_batch} * {dp}")
+    return global_batch // (micro_batch * dp)
