@@ -1,0 +1,87 @@
+"""A run's identity: the config keys that change what is trained, and a short hash of them.
+
+Two commands whose identity is equal train the same run (and may resume each other); any
+difference in these keys is another run, with another run dir and W&B id. Keys that only
+change how or how long it runs (parallel layout, micro-batch, steps, logging, checkpointing,
+device) are not part of it: a run may resume with them changed.
+
+    identity(cfg)        {"model": ..., "precision": ..., "data": ..., "optim": ...,
+                          "train": {seed, seq_len, global_batch, dtype}}
+    run_id(cfg)          8 hex digits of sha256 over identity(cfg)
+    sibling_key(cfg)     the same over identity(cfg) without "precision": runs that differ
+                         only in their recipe (a BF16 reference and its 4-bit runs) share it
+
+`cfg` is the resolved config as plain containers (OmegaConf.to_container(..., resolve=True))
+or a dataclass Config. Imports nothing of Megatron; usable on saved config.yaml files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any, Mapping
+
+# Whole groups that define the run.
+IDENTITY_GROUPS = ("model", "precision", "data", "optim")
+# Keys of `train` that define the run; the rest (steps, micro_batch, eval_*, device) do not.
+IDENTITY_TRAIN_KEYS = ("seed", "seq_len", "global_batch", "dtype")
+# Keys inside the groups above that do not change the run (where files go, not what is in them).
+NON_IDENTITY_KEYS = {("data", "cache_dir")}
+
+
+def _plain(cfg: Any) -> Mapping:
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return dataclasses.asdict(cfg)
+    if isinstance(cfg, Mapping):
+        return cfg
+    from omegaconf import OmegaConf  # a DictConfig
+
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def identity(cfg: Any) -> dict:
+    """The run-defining part of a config, as plain, JSON-serialisable containers."""
+    c = _plain(cfg)
+    out = {}
+    for group in IDENTITY_GROUPS:
+        node = dict(c.get(group) or {})
+        for g, key in NON_IDENTITY_KEYS:
+            if g == group:
+                node.pop(key, None)
+        out[group] = node
+    train = c.get("train") or {}
+    out["train"] = {k: train.get(k) for k in IDENTITY_TRAIN_KEYS}
+    return out
+
+
+def _digest(obj: Any) -> str:
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def run_id(cfg: Any) -> str:
+    """8 hex digits naming the run: equal iff identity(cfg) is equal."""
+    return _digest(identity(cfg))
+
+
+def sibling_key(cfg: Any) -> str:
+    """8 hex digits shared by runs that differ only in `precision` (same model, data, seed, ...)."""
+    ident = identity(cfg)
+    ident.pop("precision")
+    return _digest(ident)
+
+
+def differences(old: Any, new: Any) -> list[str]:
+    """Dotted keys whose identity value differs between two configs (sorted)."""
+    a, b = identity(old), identity(new)
+    out: list[str] = []
+
+    def walk(x, y, path):
+        if isinstance(x, Mapping) and isinstance(y, Mapping):
+            for k in sorted(set(x) | set(y)):
+                walk(x.get(k), y.get(k), f"{path}.{k}" if path else k)
+        elif x != y:
+            out.append(path)
+
+    walk(a, b, "")
+    return out
