@@ -152,7 +152,6 @@ BAD = {
         "entity/project/run_id needs an API key"),
     "not a run dir": (_empty_dir, [], "a directory without metrics.jsonl"),
     "--last 0": (_pair, ["--last", "0"], "--last 0: the mean needs at least 1 step"),
-    "--last -5": (_pair, ["--last", "-5"], "--last -5: the mean needs at least 1 step"),
     "--last-fraction 1.5": (_pair, ["--last-fraction", "1.5"], "must be in (0, 1]"),
     "--confidence 95": (_pair, ["--confidence", "95"], "--confidence 95.0: must be in (0, 1)"),
     "--smooth 0": (_pair, ["--smooth", "0"], "--smooth 0: must be >= 1"),

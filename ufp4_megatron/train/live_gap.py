@@ -14,8 +14,10 @@ for (`gap_vs_bf16_at_tokens`; W&B charts it against that):
   up gives s' = s every time; one that lags gives one point per log at the step it has
   reached, so the curve catches up as the reference advances (the steps skipped meanwhile are
   not back-filled: W&B cannot write to past steps; `ufp4-compare` after the sweep has them).
-- A reference not found at start is looked for again every `rescan_s` seconds (a sweep may
-  start it later); one note says which references were found and which not.
+- A reference not found at start is looked for again after `rescan_s` seconds, then at
+  doubling intervals up to an hour (a sweep may start it later; a scan reads every
+  config.yaml there, and the loop waits for it); one note says which references were found
+  and which not, another when one is found later.
 - The reference's metrics.jsonl is read incrementally; a partial last line (being written) waits
   for the next read, and a file that shrank (the reference resumed) is read again from the top.
 """
@@ -30,6 +32,8 @@ import yaml
 from . import identity
 
 REFERENCES = ("bf16", "e2m1")  # precision.name of the runs gaps are taken against
+MAX_RESCAN_S = 3600.0
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML has it
 
 
 class _Curve:
@@ -62,7 +66,7 @@ class _Curve:
 
 def _load_config(path: Path) -> dict | None:
     try:
-        cfg = yaml.safe_load(path.read_text())
+        cfg = yaml.load(path.read_text(), Loader=_LOADER)
     except (OSError, yaml.YAMLError):
         return None  # a run dir being created, or not ours
     return cfg if isinstance(cfg, dict) else None
@@ -70,7 +74,7 @@ def _load_config(path: Path) -> dict | None:
 
 class LiveGap:
     def __init__(self, cfg, run_dir: Path, wb, rescan_s: float = 30.0):
-        self.wb, self.run_dir, self.rescan_s = wb, Path(run_dir).resolve(), rescan_s
+        self.wb, self.run_dir = wb, Path(run_dir).resolve()
         self.name = cfg.precision.name
         self.sibling = identity.sibling_key(cfg)
         experiment_dir = Path("runs", cfg.experiment).resolve()
@@ -90,13 +94,14 @@ class LiveGap:
         for ref in wanted:
             wb.define_metric(f"gap_vs_{ref}_at_tokens")
             wb.define_metric(f"gap_vs_{ref}", step_metric=f"gap_vs_{ref}_at_tokens")
-        self._scanned = float("-inf")
+        self._scanned, self._wait = float("-inf"), rescan_s
         if wanted:
             self._scan(announce=False)
             print("live gap: " + "; ".join(
                 f"gap_vs_{r} from {c.path.parent}" if c else
                 f"no {r} run of the same model, data and seed yet under "
-                f"{', '.join(map(str, self.roots))} (looked for again every {rescan_s:.0f} s)"
+                f"{', '.join(map(str, self.roots))} (looked for again in {rescan_s:.0f} s, then "
+                f"at doubling intervals)"
                 for r, c in self.refs.items()), flush=True)
 
     def _scan(self, announce: bool = True) -> None:
@@ -131,8 +136,9 @@ class LiveGap:
         """Called where the loop logs a step: logs the gaps that became computable."""
         step = record["step"]
         self.own[step] = (record["loss"], record["tokens"])
-        if None in self.refs.values() and time.monotonic() - self._scanned > self.rescan_s:
+        if None in self.refs.values() and time.monotonic() - self._scanned >= self._wait:
             self._scan()
+            self._wait = min(2 * self._wait, MAX_RESCAN_S)
         out = {}
         for name, ref in self.refs.items():
             if ref is None:
