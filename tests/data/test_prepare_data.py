@@ -53,7 +53,7 @@ def test_prepare_data_writes_readable_indexed_data(tmp_path, capsys):
     _, seqs = _read(tmp_path / "out")
     assert seqs == [list(b"hello") + [256], list(b"world!") + [256]]
     out = capsys.readouterr().out.splitlines()
-    assert out[-1] == (f"train with: data.prefixes=[{tmp_path / 'out'}] data.tokenizer.type=byte "
+    assert out[-1] == (f"train with: data.prefixes=[{tmp_path / 'out'}] data.tokenizer.type=byte-level "
                        f"model.vocab_size=384")
 
 
@@ -108,7 +108,7 @@ def test_same_bytes_as_megatron_preprocess_data(tmp_path, tiktoken_ranks, senten
                           ["--tokenizer", "sentencepiece", "--tokenizer-path",
                            str(sentencepiece_model)]),
         "null": (null_jsonl, _mlm_args(tokenizer_type="NullTokenizer", vocab_size=70000),
-                 ["--tokenizer", "null", "--vocab-size", "70000"]),
+                 ["--tokenizer", "null-text", "--vocab-size", "70000"]),
     }
     for name, (src, args, flags) in cases.items():
         _megatron_preprocess(src, tmp_path / f"mlm_{name}", args)
@@ -126,12 +126,12 @@ def test_same_bytes_as_megatron_preprocess_data(tmp_path, tiktoken_ranks, senten
 def test_jsonl_one_document_per_line(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text('{"body": "ab"}\n\n   \n{"body": ["c", "de"], "other": 1}\n')
-    prepare_main([str(src), "--out", str(tmp_path / "o"), "--json-keys", "body"])
+    prepare_main(["--json-keys", "body", str(src), "--out", str(tmp_path / "o")])  # flag first
     ds, seqs = _read(tmp_path / "o")
     assert seqs == [[97, 98, 256], [99], [100, 101, 256]]  # a list's strings: one sequence each
     assert list(ds.document_indices) == [0, 1, 3]
     src.write_text('{"a": "x", "b": "yz"}\n{"a": "q", "b": "r"}\n')
-    prepare_main([str(src), "--out", str(tmp_path / "m"), "--json-keys", "a", "b"])
+    prepare_main([str(src), "--out", str(tmp_path / "m"), "--json-keys", "a,b"])
     assert _read(tmp_path / "m_a")[1] == [[120, 256], [113, 256]]
     assert _read(tmp_path / "m_b")[1] == [[121, 122, 256], [114, 256]]
 
@@ -189,14 +189,14 @@ def test_no_temporary_files_left_on_error(tmp_path):
 def test_dtype_follows_the_vocabulary(tmp_path):
     src = _jsonl(tmp_path / "in.jsonl", ["1 2 65498"])
     for vocab, dtype in ((65499, np.uint16), (65500, np.int32)):  # Megatron's optimal_dtype
-        prepare_main([str(src), "--out", str(tmp_path / f"v{vocab}"), "--tokenizer", "null",
+        prepare_main([str(src), "--out", str(tmp_path / f"v{vocab}"), "--tokenizer", "null-text",
                       "--vocab-size", str(vocab)])
         ds, seqs = _read(tmp_path / f"v{vocab}")
         assert ds.index.dtype == dtype and seqs == [[1, 2, 65498, vocab - 1]]
     _jsonl(src, ["1 2", "3 70000"])  # ids past the vocabulary would wrap around in uint16
     with pytest.raises(SystemExit, match=r"in\.jsonl:2: token id 70000 is outside the "
                                          r"tokenizer's ids 0\.\.65498"):
-        prepare_main([str(src), "--out", str(tmp_path / "bad"), "--tokenizer", "null",
+        prepare_main([str(src), "--out", str(tmp_path / "bad"), "--tokenizer", "null-text",
                       "--vocab-size", "65499"])
 
 

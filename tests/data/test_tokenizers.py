@@ -32,9 +32,9 @@ def test_byte_tokenizer_keeps_the_fixed_ids():
 
 
 def test_null_tokenizer_has_no_pad():
-    tok = build_tokenizer(TokenizerConfig(type="null", vocab_size=50257))
+    tok = build_tokenizer(TokenizerConfig(type="null-text", vocab_size=50257))
     assert (tok.vocab_size, tok.eod, pad_id(tok)) == (50257, 50256, None)
-    tok = build_tokenizer(TokenizerConfig(type="null", vocab_size=32000, eod_id=2))
+    tok = build_tokenizer(TokenizerConfig(type="null-text", vocab_size=32000, eod_id=2))
     assert tok.eod == 2
 
 
@@ -84,13 +84,13 @@ def test_tiktoken_and_sentencepiece_through_megatron(tiktoken_ranks, sentencepie
 
 
 @pytest.mark.parametrize("cfg, message", [
-    (dict(type="gpt2"), "data.tokenizer.type='gpt2'; valid: byte, null"),
-    (dict(type="null"), "needs data.tokenizer.vocab_size"),
-    (dict(type="null", vocab_size=10, eod_id=10), "eod_id=10 is outside 0..9"),
+    (dict(type="gpt2"), "data.tokenizer.type='gpt2'; valid: byte-level, null-text"),
+    (dict(type="null-text"), "needs data.tokenizer.vocab_size"),
+    (dict(type="null-text", vocab_size=10, eod_id=10), "eod_id=10 is outside 0..9"),
     (dict(type="huggingface"), "needs data.tokenizer.path"),
     (dict(type="huggingface", path="gpt2"), "nothing is downloaded"),
     (dict(type="sentencepiece", path="/no/such.model"), "/no/such.model does not exist"),
-    (dict(type="tiktoken", path="{ranks}", eod_id=3), "eod_id applies to types null and"),
+    (dict(type="tiktoken", path="{ranks}", eod_id=3), "eod_id applies to types null-text and"),
 ])
 def test_bad_tokenizer_configs_name_the_fix(cfg, message, tiktoken_ranks):
     cfg = {k: (v.format(ranks=tiktoken_ranks) if isinstance(v, str) else v) for k, v in cfg.items()}
@@ -114,3 +114,24 @@ def test_huggingface_file_errors_name_the_file(tmp_path, bpe_json):
     (tmp_path / "odd.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match="names no end-of-document token"):
         build_tokenizer(TokenizerConfig(type="huggingface", path=str(tmp_path / "odd.json")))
+
+
+def test_data_configs_compose_into_the_schema():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from ufp4_megatron.configs import CONFIG_DIR
+    from ufp4_megatron.train.schema import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        byte = OmegaConf.to_object(compose("config")).data
+        bpe = OmegaConf.to_object(compose("config", overrides=["data=embedded_bpe"])).data
+        tik = OmegaConf.to_object(compose("config", overrides=[
+            "data.tokenizer.type=tiktoken", "data.tokenizer.path=x.json"])).data
+        null = OmegaConf.to_object(compose("config", overrides=[  # a string, not Hydra's null
+            "data.tokenizer.type=null-text", "data.tokenizer.vocab_size=50257"])).data
+    assert byte.tokenizer == TokenizerConfig() and byte.corpus_bpe_vocab == 0
+    assert (bpe.corpus_bpe_vocab, bpe.tokenizer.type, bpe.tokenizer.path) == (8192, "huggingface", None)
+    assert isinstance(tik.tokenizer, TokenizerConfig) and tik.tokenizer.path == "x.json"
+    assert (null.tokenizer.type, null.tokenizer.vocab_size) == ("null-text", 50257)

@@ -124,4 +124,4 @@ def check_data_fits(prefix: str, lo: int, hi: int, tokenizer_vocab: int,
             f"{prefix}.bin holds token id {hi}, but the tokenizer (data.tokenizer: "
             f"{tokenizer_desc}) has {tokenizer_vocab} ids: the data was made with another "
             f"tokenizer; set data.tokenizer to that one (for Megatron-LM data: "
-            f"data.tokenizer.type=null data.tokenizer.vocab_size=<its vocabulary, >= {hi + 1}>)")
+            f"data.tokenizer.type=null-text data.tokenizer.vocab_size=<its vocabulary, >= {hi + 1}>)")

@@ -100,7 +100,7 @@ def _embedded(data, tok_cfg) -> str:
     if data.corpus_bpe_vocab:
         train_embedded_bpe(data.cache_dir, data.corpus_max_bytes, data.corpus_bpe_vocab)
         name = f"bpe{data.corpus_bpe_vocab}"
-    elif tok_cfg.type == "byte":
+    elif tok_cfg.type == "byte-level":
         name = "byte"
     else:
         raise ValueError(f"data.prefixes is empty (the embedded corpus) with "

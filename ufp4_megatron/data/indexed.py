@@ -62,8 +62,8 @@ class IndexedWriter:
         for ext in (".bin", ".idx"):
             Path(f"{self._tmp}{ext}").unlink(missing_ok=True)
         if exc_type is None:
-            raise ValueError("no documents to write: give text or JSONL files, or directories "
-                             "that hold some")
+            raise ValueError(f"no documents to write to {self.prefix}: give text or JSONL "
+                             f"files, or directories that hold some")
 
 
 def write_indexed(documents: Iterable[list[str]], prefix: str | Path,

@@ -34,11 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("inputs", nargs="*",
                     help="text/JSONL files or directories; none: the embedded corpus")
     ap.add_argument("--out", required=True, help="output prefix (writes <out>.bin and <out>.idx)")
-    ap.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY",
-                    help="JSONL keys holding the text (default: text); several keys write "
-                         "<out>_<key>.bin/.idx each")
+    ap.add_argument("--json-keys", default="text", metavar="KEY[,KEY...]",
+                    help="JSONL key(s) holding the text (default: text); several keys, comma-"
+                         "separated, write <out>_<key>.bin/.idx each")
     tok = ap.add_argument_group("tokenizer (the same choices as the trainer's data.tokenizer)")
-    tok.add_argument("--tokenizer", choices=TOKENIZER_TYPES, default="byte")
+    tok.add_argument("--tokenizer", choices=TOKENIZER_TYPES, default="byte-level")
     tok.add_argument("--tokenizer-path", help="tokenizer.json (or its dir), tiktoken ranks "
                                               ".json, or sentencepiece .model")
     tok.add_argument("--vocab-size", type=int, help="null: the ids' range; tiktoken: its size")
@@ -74,7 +74,10 @@ def _prepare(args) -> None:
                           vocab_size=args.vocab_size, eod_id=args.eod_id,
                           tiktoken_pattern=args.tiktoken_pattern,
                           tiktoken_num_special_tokens=args.tiktoken_num_special_tokens)
-    keys = args.json_keys
+    keys = [k for k in args.json_keys.split(",") if k]
+    if not keys or (files is None and len(keys) > 1):
+        raise ValueError(f"--json-keys {args.json_keys!r}: give one key, or several for JSONL "
+                         f"inputs")
     if args.train_tokenizer is not None:
         cfg = _train_tokenizer(args, files, keys)
     tokenizer = build_tokenizer(cfg, key="--tokenizer")
@@ -105,7 +108,7 @@ def _prepare(args) -> None:
 def _train_tokenizer(args, files, keys) -> TokenizerConfig:
     from .bpe import train_bpe
 
-    if args.tokenizer != "byte" or args.tokenizer_path:
+    if args.tokenizer != "byte-level" or args.tokenizer_path:
         raise ValueError("--train-tokenizer makes its own tokenizer: drop --tokenizer and "
                          "--tokenizer-path")
     if files is None:

@@ -4,10 +4,12 @@
                            (train/schema.py; prepare_data's --tokenizer flags build the same)
     pad_id(tok)            its pad id, or None when it has none (nothing is masked as pad)
 
+`type` is megatron-core's library name (so `data.tokenizer.type=null-text`, never Hydra's null):
+
 | type | files | ids | EOD | pad |
 | --- | --- | --- | --- | --- |
-| byte (default) | none | 0-255 UTF-8 bytes | 256 | 257 |
-| null | none: data made elsewhere (Megatron-LM's preprocess_data.py) | 0..vocab_size-1 | eod_id (vocab_size - 1) | none |
+| byte-level (default) | none | 0-255 UTF-8 bytes | 256 | 257 |
+| null-text | none: data made elsewhere (Megatron-LM's preprocess_data.py) | 0..vocab_size-1 | eod_id (vocab_size - 1) | none |
 | huggingface | tokenizer.json, or a directory holding one | the file's | tokenizer_config.json's eos_token, or a known name | tokenizer_config.json's pad_token, or none |
 | tiktoken | Megatron's ranks .json | special tokens first | `</s>` | `<pad>` |
 | sentencepiece | a .model | the model's | its eos | its pad, or none |
@@ -22,11 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-TOKENIZER_TYPES = ("byte", "null", "huggingface", "tiktoken", "sentencepiece")
+TOKENIZER_TYPES = ("byte-level", "null-text", "huggingface", "tiktoken", "sentencepiece")
 # The byte tokenizer's ids, fixed since the first release: 0-255 bytes, then EOD, then pad.
 BYTE_EOD, BYTE_PAD = 256, 257
-_LIBRARY = {"byte": "byte-level", "null": "null-text", "huggingface": "huggingface",
-            "tiktoken": "tiktoken", "sentencepiece": "sentencepiece"}
 _PACKAGE = {"huggingface": "tokenizers", "tiktoken": "tiktoken", "sentencepiece": "sentencepiece"}
 
 
@@ -34,7 +34,8 @@ _PACKAGE = {"huggingface": "tokenizers", "tiktoken": "tiktoken", "sentencepiece"
 class TokenizerConfig:
     """`data.tokenizer` (train/schema.py's DataConfig) and prepare_data's --tokenizer flags."""
 
-    type: str = "byte"  # byte | null | huggingface | tiktoken | sentencepiece
+    type: str = "byte-level"  # megatron-core's library: byte-level | null-text |
+    # huggingface | tiktoken | sentencepiece
     # huggingface: a tokenizer.json or its directory; tiktoken: a ranks .json (Megatron's
     # TikTokenizer format); sentencepiece: a .model file. Local files only.
     path: Optional[str] = None
@@ -59,16 +60,16 @@ def build_tokenizer(cfg, *, key: str = "data.tokenizer"):
     if kind not in TOKENIZER_TYPES:
         raise TokenizerError(f"{key}.type={kind!r}; valid: {', '.join(TOKENIZER_TYPES)}")
     _check_package(kind, key)
-    metadata = {"library": _LIBRARY[kind]}
-    if kind == "byte":
+    metadata = {"library": kind}
+    if kind == "byte-level":
         # Megatron's ByteLevelTokenizer decodes ids below its first special id as bytes: the
         # two specials take 256 and 257 and ids are set explicitly to the fixed EOD and pad.
         return MegatronTokenizer.from_pretrained(
             metadata_path=metadata, vocab_size=256, special_tokens=["<pad>", "<eod>"],
             _eos_id=BYTE_EOD, _pad_id=BYTE_PAD)
-    if kind == "null":
+    if kind == "null-text":
         if not cfg.vocab_size or cfg.vocab_size <= 0:
-            raise TokenizerError(f"{key}.type=null needs {key}.vocab_size (the data's ids are "
+            raise TokenizerError(f"{key}.type=null-text needs {key}.vocab_size (the data's ids are "
                                  f"0..vocab_size-1), e.g. {key}.vocab_size=50257 for GPT-2 BPE")
         eod = cfg.vocab_size - 1 if cfg.eod_id is None else cfg.eod_id
         if not 0 <= eod < cfg.vocab_size:
@@ -82,7 +83,7 @@ def build_tokenizer(cfg, *, key: str = "data.tokenizer"):
         return TokenizerJsonText(str(path), dict(metadata, model_type=None),
                                  eod_id=cfg.eod_id)
     if cfg.eod_id is not None:
-        raise TokenizerError(f"{key}.eod_id applies to types null and huggingface; "
+        raise TokenizerError(f"{key}.eod_id applies to types null-text and huggingface; "
                              f"{kind} takes its EOD from {path.name}")
     kwargs = {}
     if kind == "tiktoken":
@@ -108,8 +109,8 @@ def pad_id(tok) -> int | None:
 
 def describe(cfg) -> str:
     """One line naming a tokenizer config, for messages: 'huggingface data/x.json'."""
-    if cfg.type == "null":
-        return f"null, vocab_size={cfg.vocab_size}"
+    if cfg.type == "null-text":
+        return f"null-text, vocab_size={cfg.vocab_size}"
     return cfg.type + (f" {cfg.path}" if cfg.path else "")
 
 
