@@ -41,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     tok.add_argument("--tokenizer", choices=TOKENIZER_TYPES, default="byte-level")
     tok.add_argument("--tokenizer-path", help="tokenizer.json (or its dir), tiktoken ranks "
                                               ".json, or sentencepiece .model")
-    tok.add_argument("--vocab-size", type=int, help="null-text: the ids' range; tiktoken: its size")
+    tok.add_argument("--vocab-size", type=int,
+                     help="null-text: the ids' range; tiktoken: its size")
     tok.add_argument("--eod-id", type=int, help="null-text / huggingface: the EOD id")
     tok.add_argument("--tiktoken-pattern", default="v2", choices=("v1", "v2"))
     tok.add_argument("--tiktoken-num-special-tokens", type=int, default=1000)
