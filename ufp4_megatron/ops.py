@@ -6,9 +6,11 @@
 
 Each operand is fake-quantized from the high-precision tensor along the GEMM's reduction
 dim (rotated first when the GEMM has an RHT; the same rotation on both operands cancels in
-the product), then the product runs in the operands' dtype with fp32 accumulation. Both
-operands are zero-padded along the reduction dim to a common multiple of block and RHT
-size; zeros add nothing to the product. Backward quantizes from the tensors BF16 saves
+the product), then the product runs in the operands' dtype with fp32 accumulation (float16
+with an RHT: operands in float32, a rotated block can exceed fp16's range, and the product
+cast to float16 once). Both operands are zero-padded along the reduction dim to a common
+multiple of block and RHT size; zeros add nothing to the product. Both are quantized in one
+kernel launch where the kernels cover them (fake_quant.quantize_pair). Backward quantizes from the tensors BF16 saves
 anyway (x, w): no extra copies are kept for backward.
 
 Origins are each operand's (row, column) offset in the full tensor, natural layout (dy:
