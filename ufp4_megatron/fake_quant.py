@@ -26,8 +26,10 @@ def _kernels():
 def quantize_view(x: torch.Tensor, grid, *, backend: str = "auto", **kw) -> torch.Tensor:
     """Dispatching twin of numerics.quantize.quantize_view (same arguments)."""
     if backend == "auto":
-        if x.is_cuda and _kernels().supports(x, grid, **kw):
-            return _kernels().quantize_view(x, grid, **kw)
+        if x.is_cuda:  # the kernels where they cover the arguments (None: they do not)
+            q = _kernels().quantize_view(x, grid, strict=False, **kw)
+            if q is not None:
+                return q
         return _reference_view(x, grid, **kw)
     if backend == "torch":
         return _reference_view(x, grid, **kw)
@@ -44,9 +46,9 @@ def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *,
     operands of one GEMM, in one kernel launch where the kernels cover both."""
     if a.numel() and b.numel() and (backend == "triton" or (backend == "auto" and a.is_cuda
                                                             and b.is_cuda)):
-        kernels = _kernels()
-        if backend == "triton" or (kernels.supports(a, **a_kw) and kernels.supports(b, **b_kw)):
-            return kernels.quantize_pair(a, a_kw, b, b_kw)
+        pair = _kernels().quantize_pair(a, a_kw, b, b_kw, strict=backend == "triton")
+        if pair is not None:
+            return pair
     return quantize_view(a, backend=backend, **a_kw), quantize_view(b, backend=backend, **b_kw)
 
 

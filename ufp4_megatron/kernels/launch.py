@@ -214,11 +214,15 @@ def check_device(x: torch.Tensor) -> None:
 
 def _layout(view: torch.Tensor, grid, block=16, block_2d=False, scale="fp32", rounding="rtne",
             rht=None, seed=0, origin=(0, 0), tensor_amax=None, keep_padding=False,
-            out_dtype=None) -> _Layout:
+            out_dtype=None, strict=True) -> _Layout | None:
+    """The call's layout; for arguments the kernels do not implement a ValueError naming
+    them (strict) or None (the caller runs the reference)."""
     plan = _plan(view.dtype, view.device, grid, block, block_2d, scale, rounding, rht,
                  keep_padding, out_dtype)
     reason = plan if isinstance(plan, str) else _call_reason(view, rounding, seed, origin)
     if reason is not None:
+        if not strict:
+            return None
         raise ValueError(f"the Triton kernels do not implement {reason}: use backend='auto' "
                          "(it runs the reference for such arguments) or backend='torch'")
     check_device(view)
@@ -315,18 +319,21 @@ def _launch(t: torch.Tensor, row: _Layout | None, col: _Layout | None, tiles=Non
     return (row_out if row else None), (col_out.t() if col else None)
 
 
-def quantize_view(x: torch.Tensor, grid, *, tiles=None, **kw) -> torch.Tensor:
+def quantize_view(x: torch.Tensor, grid, *, tiles=None, strict: bool = True,
+                  **kw) -> torch.Tensor | None:
     """Kernel twin of numerics.quantize.quantize_view: same arguments, same values.
 
     A transposed view of a row-major tensor (x.t() with stride (1, n)) runs the column
     layout on the tensor itself, so column-wise quantization reads and writes coalesced; the
     result is then a transposed view too. 1x16 blocks with RHT16 (or none) take the
     16-tensor kernels; `tiles` overrides tile shapes per mode ("row", "col", "dual" force
-    the generic kernel, "row16", "col16" shape the others). Raises ValueError for arguments
-    the kernels do not implement (`unsupported` says which).
+    the generic kernel, "row16", "col16" shape the others). Arguments the kernels do not
+    implement (`unsupported` says which) raise ValueError, or return None with strict=False.
     """
+    lay = _layout(x, grid, strict=strict, **kw)
+    if lay is None:
+        return None
     t, along_rows = _orient(x)
-    lay = _layout(x, grid, **kw)
     tiles = tiles or {}
     if along_rows:
         if lay.plan.consts16 is not None and "col" not in tiles:
@@ -337,15 +344,19 @@ def quantize_view(x: torch.Tensor, grid, *, tiles=None, **kw) -> torch.Tensor:
     return _launch(t, lay, None, tiles)[0]
 
 
-def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *, tiles=None):
+def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *, tiles=None,
+                  strict: bool = True):
     """(quantize_view(a, **a_kw), quantize_view(b, **b_kw)), grid included in the kw dicts.
 
     When both take the 16-tensor kernels (UFP4's and E2M1's operands: 1x16 blocks, RHT16 or
     none) the two jobs run in one launch (`_pair16_kernel`), bit for bit what two launches
-    give; otherwise two launches."""
+    give; otherwise two launches. With strict=False, None when the kernels do not implement
+    either operand's arguments (nothing was launched)."""
+    la, lb = _layout(a, strict=strict, **a_kw), _layout(b, strict=strict, **b_kw)
+    if la is None or lb is None:
+        return None
     ta, a_rows = _orient(a)
     tb, b_rows = _orient(b)
-    la, lb = _layout(a, **a_kw), _layout(b, **b_kw)
     tiles = tiles or {}
     forced = "row" in tiles or "col" in tiles
     if la.plan.consts16 is None or lb.plan.consts16 is None or forced:
