@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .numerics.checks import check_bool, check_dim, check_int, check_seed
+from .numerics.checks import check_bool, check_dim, check_float_tensor, check_int, check_seed
 from .numerics.hadamard import as_rht
 from .numerics.quantize import output_dtype
 from .numerics.quantize import quantize_view as _reference_view
@@ -72,9 +72,7 @@ def quantize(x: torch.Tensor, fmt, *, block: int = 16, scale: str = "fp32",
     Sizes along dim that are not a multiple of the block are zero-padded internally. NaN or
     Inf makes its own block NaN, in every scale mode (e4m3's tensor scale ignores it).
     """
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError("quantize takes a floating-point tensor, got "
-                        f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+    check_float_tensor(x, "x", "quantize")
     check_operand_fields(fmt, block, scale, rounding)
     check_bool(block_2d, "block_2d")
     seed = check_seed(seed)

@@ -24,7 +24,7 @@ import functools
 import torch
 
 from .fake_quant import BACKENDS, quantize_pair, quantize_view
-from .numerics.checks import check_seed
+from .numerics.checks import check_float_tensor, check_seed
 from .numerics.hadamard import RHT, get_rht, rotated_dtype
 from .numerics.philox import mix_seed
 from .numerics.quantize import padded_length
@@ -183,12 +183,8 @@ def _check_linear_args(x, weight, bias) -> None:
     """Refuse what torch would silently accept and we would get wrong: integer tensors
     (truncated products), or a bias that broadcasts in forward and fails only in backward."""
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
-        if t is None and name == "bias":
-            continue
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-            raise TypeError(f"quantized_linear takes floating-point tensors; {name} is {got}: "
-                            f"convert it, e.g. {name}.float()")
+        if t is not None or name != "bias":
+            check_float_tensor(t, name, "quantized_linear")
     if weight.dim() != 2 or x.dim() < 1:
         raise ValueError(f"quantized_linear takes x [..., in_features] and weight "
                          f"[out_features, in_features], got x {tuple(x.shape)} and weight "

@@ -5,7 +5,7 @@ behaviour (issue 10, section 4, "Library"; docs/reliability.md lists each case).
 | nvfp4 (e4m3) tensor amax with one NaN / Inf        | NaN stays in its block (and 2D tile)       | e4m3_nan_and_inf_stay_in_their_block, nvfp4_linear_nan_stays_in_its_rows |
 | fp16 with RHT, |x| >= 16400                         | finite, fp32, = fp32 reference cast once   | fp16_rht_* (3 tests) |
 | quantize(x, dim=2) on 2-D                          | IndexError naming the valid range          | out_of_range_dim_is_refused |
-| quantized_linear with integer tensors             | TypeError                                  | linear_refuses_non_floating_tensors |
+| quantized_linear with integer (or float8) tensors | TypeError                                  | linear_refuses_non_floating_tensors |
 | codebook with inf / nan                            | ValueError                                 | codebook_refuses_non_finite_levels |
 | seed=1.5, RHT.rotate of 0-dim / bad dim            | ValueError / IndexError                    | seeds_must_be_ints_in_range, rht_rotate_refuses_* |
 | rht_seed="a", block_2d="yes", rht=16.0, sr=5       | ValueError                                 | option_types_are_checked |
@@ -126,7 +126,7 @@ def test_out_of_range_dim_is_refused():
 def test_linear_refuses_non_floating_tensors():
     x, w, b = torch.randn(2, 16), torch.randn(4, 16), torch.randn(4)
     r = get_recipe("ufp4")
-    with pytest.raises(TypeError, match="floating-point tensors; x is torch.int32"):
+    with pytest.raises(TypeError, match="float32/bfloat16/float16/float64 tensors; x is torch.int32"):
         quantized_linear(x.int(), w, None, r)
     with pytest.raises(TypeError, match="weight is torch.int64"):
         quantized_linear(x, w.long(), None, r)
@@ -134,8 +134,13 @@ def test_linear_refuses_non_floating_tensors():
         quantized_linear(x, w, b.int(), r)
     with pytest.raises(TypeError, match="weight is list"):
         quantized_linear(x, [[1.0] * 16] * 4, None, r)
-    with pytest.raises(TypeError, match="floating-point"):
+    with pytest.raises(TypeError, match="quantize takes float32/bfloat16/float16/float64"):
         quantize(torch.ones(4, 16, dtype=torch.int32), "e2m1")
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):  # would round the QDQ values again
+        with pytest.raises(TypeError, match=f"x is {fp8}"):
+            quantize(torch.randn(4, 16).to(fp8), "e2m1")
+        with pytest.raises(TypeError, match=f"weight is {fp8}"):
+            quantized_linear(x, w.to(fp8), None, r)
 
 
 @pytest.mark.parametrize("shape", [(3,), (1,), (1, 4), ()])
@@ -209,7 +214,7 @@ def test_rht_rotate_refuses_zero_dim_bad_dim_and_integers():
         r.rotate(torch.randn(4, 16), dim=2)
     with pytest.raises(IndexError, match="out of range"):
         r.inverse(torch.randn(4, 16), dim=-3)
-    with pytest.raises(TypeError, match="floating-point"):
+    with pytest.raises(TypeError, match="RHT.rotate/inverse takes float32/.* x is torch.int64"):
         r.rotate(torch.ones(4, 16, dtype=torch.int64))
     assert r.rotate(torch.randn(16)).shape == (16,)
 

@@ -8,7 +8,20 @@ from __future__ import annotations
 
 import numbers
 
+import torch
+
+# dtypes the QDQ computes from and returns to; float8/float4 are themselves quantized formats
+# (returning QDQ values in them would round them a second time, silently)
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 SEED_LIMIT = 2**63  # seeds travel to kernels as int64 and key Philox as two uint32 words
+
+
+def check_float_tensor(t, name: str, what: str) -> None:
+    """t is a tensor of a dtype in FLOAT_DTYPES (TypeError otherwise)."""
+    if not isinstance(t, torch.Tensor) or t.dtype not in FLOAT_DTYPES:
+        got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+        raise TypeError(f"{what} takes float32/bfloat16/float16/float64 tensors; {name} is "
+                        f"{got}: convert it, e.g. {name}.float()")
 
 
 def check_bool(value, name: str) -> bool:

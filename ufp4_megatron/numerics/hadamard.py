@@ -16,7 +16,7 @@ import numbers
 
 import torch
 
-from .checks import check_dim, check_seed
+from .checks import check_dim, check_float_tensor, check_seed
 
 SIZES = (16, 32, 64, 128)
 
@@ -76,9 +76,7 @@ class RHT:
         return (_butterfly(y) * self.norm).flatten(-2)
 
     def _apply(self, x: torch.Tensor, dim: int, inverse: bool) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise TypeError("RHT rotates floating-point tensors, got "
-                            f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+        check_float_tensor(x, "x", "RHT.rotate/inverse")
         dim = check_dim(dim, x.dim())
         n = x.shape[dim]
         if n % self.size:
