@@ -28,7 +28,7 @@ from .numerics.checks import check_float_tensor, check_seed
 from .numerics.hadamard import RHT, get_rht, rotated_dtype
 from .numerics.philox import mix_seed
 from .numerics.quantize import padded_length
-from .recipe import GEMMS, GemmSpec, OperandSpec, Recipe
+from .recipe import GEMMS, GemmSpec, Recipe
 
 _GEMM_ID = {g: i for i, g in enumerate(GEMMS)}
 
