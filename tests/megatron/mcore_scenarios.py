@@ -255,15 +255,15 @@ def _expert_checks() -> dict:
             linear_fc2=partial(UFP4RowParallelGroupedLinear, ufp4=b2)), pg_collection=pgc)
         with torch.no_grad():
             for i, e in enumerate(seq.local_experts):
-                getattr(grp.linear_fc1, f"weight{i}").copy_(e.linear_fc1.weight)
-                getattr(grp.linear_fc2, f"weight{i}").copy_(e.linear_fc2.weight)
+                grp.linear_fc1.weight[i].copy_(e.linear_fc1.weight)
+                grp.linear_fc2.weight[i].copy_(e.linear_fc2.weight)
         res = {}
         for name, mod in (("seq", seq), ("grp", grp)):
             xi = x.clone().requires_grad_()
             y, _ = mod(xi, counts, probs)
             y.backward(dy)
             res[name] = (y.detach(), xi.grad)
-        wgrads = [(e.linear_fc1.weight.grad, getattr(grp.linear_fc1, "weight0").grad)
+        wgrads = [(e.linear_fc1.weight.grad, grp.linear_fc1.weight.grad[0])
                   for e in seq.local_experts[:1]]
         out[label] = {
             "grouped_vs_sequential_maxabs": max((res["seq"][0] - res["grp"][0]).abs().max().item(),
@@ -282,16 +282,28 @@ def layers() -> dict:
 
 
 def expert_checkpoint_layouts() -> dict[str, list]:
-    """Sharded-checkpoint weight entries (key, global shape, global offset) of the routed
-    experts of an EP=2 MoE GPT, SequentialMLP vs grouped, on this rank. (SequentialMLP also
-    saves `_extra_state` placeholders, which the grouped linears do not.)"""
+    """What the routed experts of an EP=2 MoE GPT write to a sharded checkpoint on this rank,
+    SequentialMLP vs grouped: per expert weight (key, global shape, the global box this rank
+    holds, as (start, stop) per axis), and whether the tensor saved is the parameter itself
+    (the distributed optimizer's model-space formats match them by identity). (SequentialMLP
+    also saves `_extra_state` placeholders, which the grouped linears do not.)"""
     out = {}
     for label, grouped in (("sequential", False), ("grouped", True)):
         setup_parallel(ep=2)
         model = build_gpt(tiny_config(moe=True, ep=2, grouped=grouped), UFP4Policy("ufp4"))
-        out[label] = sorted((t.key, tuple(t.global_shape), tuple(t.global_offset))
-                            for name, t in model.sharded_state_dict().items()
-                            if ".mlp.experts." in name and "_extra_state" not in name)
+        params = {id(p) for p in model.parameters()}
+        boxes = []
+        for name, t in model.sharded_state_dict().items():
+            if ".mlp.experts." not in name or "_extra_state" in name:
+                continue
+            local = [1] * (len(t.global_shape) - t.data.dim()) + list(t.data.shape)
+            box = [(o, o + n) for o, n in zip(t.global_offset, local)]
+            e_axis = len(t.global_shape) - 3  # [..., experts, N, K]
+            for e in range(*box[e_axis]):  # one box per expert
+                boxes.append((t.key, tuple(t.global_shape),
+                              tuple(box[:e_axis] + [(e, e + 1)] + box[e_axis + 1:])))
+            out.setdefault(f"{label}_data_is_param", []).append(id(t.data) in params)
+        out[label] = sorted(boxes)
     return out
 
 

@@ -12,7 +12,8 @@
 - test_grouped_experts_match_sequential_experts_bitwise_without_sr, test_empty_expert_...,
   test_sequential_experts_know_their_global_index: the two expert hosts;
   test_grouped_experts_checkpoint_weights_layout_equals_sequential: their distributed checkpoints hold
-  the same expert weights (sharded keys, global shapes and offsets under EP=2).
+  the same expert weights (sharded keys, global shapes, the global box of every expert under
+  EP=2); the grouped linears save their stacked parameter itself.
 """
 import pytest
 
@@ -67,6 +68,8 @@ def test_grouped_experts_checkpoint_weights_layout_equals_sequential(mcore_resul
     layouts = mcore_results["checkpoint"]  # EP=2, rank 0: 2 layers x 2 local experts x fc1/fc2
     assert len(layouts["sequential"]) == 8
     assert layouts["grouped"] == layouts["sequential"]
+    assert all(layouts["grouped_data_is_param"])  # one stacked parameter per linear
+    assert len(layouts["grouped_data_is_param"]) == 4
 
 
 def test_sr_seeds_drawn_only_by_forwards_that_will_backward_with_sr(mcore_results):
