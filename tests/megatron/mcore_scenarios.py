@@ -23,13 +23,15 @@ MOE_LAYOUTS = {"tp1": {}, "tp2sp": {"tp": 2, "sp": True}, "ep2": {"ep": 2}}
 
 
 def _run(moe: bool, recipe: str, layout: dict, state, *, sr_seed: int = 7, grouped=False,
-         glu=False):
+         glu=False, attention="megatron"):
     setup_parallel(tp=layout.get("tp", 1), ep=layout.get("ep", 1))
     config = tiny_config(moe=moe, grouped=grouped, glu=glu, **layout)
-    model = build_gpt(config, UFP4Policy(recipe, sr_seed=sr_seed))
+    model = build_gpt(config, UFP4Policy(recipe, sr_seed=sr_seed), attention)
     local_experts = 4 // layout.get("ep", 1) if moe else 0
     load_full_state(model, state, local_experts)
-    loss = loss_and_backward(model, batch(ps.get_data_parallel_rank()))
+    # the fused attention is causal by construction: no mask tensor, as the trainer runs it
+    loss = loss_and_backward(model, batch(ps.get_data_parallel_rank()),
+                             masked=attention == "megatron")
     out = {"loss": loss}
     if layout.get("ep", 1) == 1:  # rank 0's own gradients (TP layouts share rank 0's data)
         out["grads"] = full_grads(model, local_experts)
@@ -62,10 +64,14 @@ def models(recipes=("bf16", "e2m1", "ufp4")) -> dict:
                                                                           state)
         if not moe:  # the same model with another SR seed: how far apart SR noise alone puts it
             results[("dense", "ufp4", "tp1_seed8")] = _run(False, "ufp4", {}, state, sr_seed=8)
+            for name, layout in layouts.items():  # fused attention (SDPA), no mask tensor
+                results[("dense", "bf16", f"{name}_sdpa")] = _run(False, "bf16", layout, state,
+                                                                  attention="sdpa")
         else:  # grouped experts (TEGroupedMLP + UFP4 grouped linears) on the same weights
             for name, layout in (("tp1", {}), ("tp2sp", MOE_LAYOUTS["tp2sp"]), ("ep2", {"ep": 2})):
-                results[("moe", "ufp4", f"{name}_grouped")] = _run(True, "ufp4", layout, state,
-                                                                   grouped=True)
+                for recipe in ("bf16", "ufp4"):
+                    results[("moe", recipe, f"{name}_grouped")] = _run(True, recipe, layout,
+                                                                       state, grouped=True)
     # SwiGLU: fc1 is sharded with stride 2, each rank holding [gate_r; up_r]
     setup_parallel()
     state = full_state(build_gpt(tiny_config(glu=True), UFP4Policy("bf16")))
@@ -365,8 +371,50 @@ def entry_point() -> dict:
     return out
 
 
+def attention() -> dict:
+    """SDPAttention against Megatron's DotProductAttention on the same q, k, v and output
+    gradient: (rel. error of the output, of dq, dk, dv) per dtype, head grouping and mask."""
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from ufp4_megatron.megatron.attention import SDPAttention
+
+    setup_parallel()
+    s, b, heads, dim = 48, 2, 4, 16
+    causal = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)[None, None].expand(b, 1, s, s)
+    padded = causal.clone()
+    padded[1, :, :, 40:] = True  # sample 1: the last 8 keys are padding
+    padded[1, :, 40:, 40:] = causal[1, :, 40:, 40:]  # (padding rows still see themselves)
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        for groups in (4, 2, 1):  # MHA, GQA, MQA
+            config = TransformerConfig(num_layers=1, hidden_size=heads * dim,
+                                       num_attention_heads=heads, num_query_groups=groups,
+                                       params_dtype=dtype, bf16=dtype == torch.bfloat16,
+                                       use_cpu_initialization=True, attention_dropout=0.0)
+            g = torch.Generator().manual_seed(groups)
+            q, k, v = (torch.randn(s, b, n, dim, generator=g).to(dtype)
+                       for n in (heads, groups, groups))
+            dy = torch.randn(s, b, heads * dim, generator=g).to(dtype)
+            for label, mask_type, ref_mask, our_mask in (
+                    ("causal", AttnMaskType.causal, causal, None),
+                    ("causal_mask_given", AttnMaskType.causal, causal, causal),
+                    ("padding", AttnMaskType.padding, padded, padded)):
+                res = []
+                for module, mask in ((DotProductAttention(config, 1, mask_type, "self"), ref_mask),
+                                     (SDPAttention(config, 1, mask_type, "self"), our_mask)):
+                    qkv = [t.clone().requires_grad_() for t in (q, k, v)]
+                    y = module(*qkv, mask)
+                    y.backward(dy)
+                    res.append([y.detach()] + [t.grad for t in qkv])
+                key = (str(dtype).split(".")[-1], groups, label)
+                out[key] = [_rel(ours, ref) for ours, ref in zip(res[1], res[0])]
+    return out
+
+
 def suite() -> dict:
     """Everything the pytest suite needs, in one launch (Megatron imports once per rank)."""
     return {"layers": layers(), "models": models(), "bf16_layers": bf16_layers_model(),
             "checkpoint": expert_checkpoint_layouts(), "seeds": seed_stream(),
-            "entry_point": entry_point()}
+            "entry_point": entry_point(), "attention": attention()}

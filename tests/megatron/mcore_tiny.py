@@ -12,6 +12,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 
 from ufp4_megatron.megatron import UFP4Policy, seed_model_parallel
+from ufp4_megatron.megatron.attention import core_attention_spec, with_core_attention
 from ufp4_megatron.megatron.spec import ufp4_block_spec
 
 SEQ, BATCH, VOCAB = 32, 2, 128
@@ -50,9 +51,12 @@ def tiny_config(*, moe: bool = False, tp: int = 1, ep: int = 1, sp: bool = False
     return TransformerConfig(**kw)
 
 
-def build_gpt(config: TransformerConfig, policy: UFP4Policy) -> GPTModel:
+def build_gpt(config: TransformerConfig, policy: UFP4Policy,
+              attention: str = "megatron") -> GPTModel:
     base = get_gpt_layer_local_spec(num_experts=config.num_moe_experts,
                                     moe_grouped_gemm=config.moe_grouped_gemm)
+    if attention != "megatron":
+        base = with_core_attention(base, core_attention_spec(attention))
     return GPTModel(config=config, transformer_layer_spec=ufp4_block_spec(base, config, policy),
                     vocab_size=VOCAB, max_sequence_length=SEQ, position_embedding_type="rope")
 
@@ -62,8 +66,8 @@ def batch(dp_rank: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(dp_rank))
 
 
-def loss_and_backward(model: GPTModel, tokens: torch.Tensor) -> float:
-    mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), 1)[None, None]
+def loss_and_backward(model: GPTModel, tokens: torch.Tensor, masked: bool = True) -> float:
+    mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), 1)[None, None] if masked else None
     pos = torch.arange(SEQ).expand(BATCH, SEQ)
     loss = model(tokens, pos, mask, labels=tokens).float().mean()
     loss.backward()

@@ -16,7 +16,7 @@ from .tokenizers import ByteTokenizer
 
 
 def build_datasets(data, *, seed: int, seq_len: int, vocab_size: int, n_train: int,
-                   n_valid: int):
+                   n_valid: int, create_attention_mask: bool = True):
     """(train, valid) GPTDatasets through Megatron's BlendedMegatronDatasetBuilder.
 
     data: the `data` config group (prefixes, split, cache_dir, corpus_max_bytes).
@@ -41,7 +41,7 @@ def build_datasets(data, *, seed: int, seq_len: int, vocab_size: int, n_train: i
         blend=get_blend_from_list(prefixes), split=data.split,
         path_to_cache=str(Path(data.cache_dir) / "index"), tokenizer=tok,
         reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-        create_attention_mask=True,  # Megatron's mask-free path allocates on "cuda"
+        create_attention_mask=create_attention_mask,
         mid_level_dataset_surplus=0.005,
     )
     for p in _paths(prefixes):
@@ -94,7 +94,8 @@ def micro_batches(dataset, step: int, *, global_batch: int, micro_batch: int, dp
         start = step * global_batch + (m * dp + dp_rank) * micro_batch
         samples = [dataset[(start + j) % len(dataset)] for j in range(micro_batch)]
         yield {k: torch.stack([s[k] for s in samples]).to(device)
-               for k in ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")}
+               for k in ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
+               if k in samples[0]}  # no attention_mask with create_attention_mask=False
 
 
 def num_micro_batches(global_batch: int, micro_batch: int, dp: int) -> int:

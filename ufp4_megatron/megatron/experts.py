@@ -134,6 +134,7 @@ class _UFP4GroupedLinear(MegatronModule):
         """The stacked tensors as slices [E_local, ...] of the global [experts, N, K] tensor
         SequentialMLP saves under the same key (TEGroupedMLP maps the prefix)."""
         replica = (0, 0, self._dp_rank)  # replicated over expert-DP only
+        ep = (get_pg_rank(self.ep_group), get_pg_size(self.ep_group))
         out = {}
         for name, tp_axis in (("weight", self.partition_dim), ("bias", 0)):
             t = getattr(self, name)
@@ -141,9 +142,8 @@ class _UFP4GroupedLinear(MegatronModule):
                 continue
             tp_sharded = name == "weight" or self.partition_dim == 0
             out[f"{prefix}{name}"] = _stacked_sharded_tensor(
-                f"{prefix}{name}", t, sharded_offsets,
-                (get_pg_rank(self.ep_group), get_pg_size(self.ep_group)), tp_axis if tp_sharded else None, self.tp_group,
-                self._stride if tp_sharded else 1,
+                f"{prefix}{name}", t, sharded_offsets, ep, tp_axis if tp_sharded else None,
+                self.tp_group, self._stride if tp_sharded else 1,
                 replica if tp_sharded else (0, get_pg_rank(self.tp_group), self._dp_rank))
         return out
 
@@ -240,7 +240,8 @@ def _stacked_sharded_tensor(key, t, outer, ep, tp_axis, tp_group, stride, replic
     @torch.no_grad()
     def build(key, data, replica_id, flattened_range):
         chunks = torch.chunk(data, stride, dim=1 + tp_axis)
-        return [ShardedTensor.from_rank_offsets(key, c, *offsets, (axis, rank + i * tp, stride * tp),
+        return [ShardedTensor.from_rank_offsets(key, c, *offsets,
+                                                (axis, rank + i * tp, stride * tp),
                                                 replica_id=replica_id, prepend_axis_num=prepend)
                 for i, c in enumerate(chunks)]
 
