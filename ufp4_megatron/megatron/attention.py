@@ -102,7 +102,9 @@ def _sdpa_kernels(kernels: Optional[tuple[str, ...]]):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     order = [getattr(SDPBackend, KERNELS[k]) for k in kernels]
-    return lambda: sdpa_kernel(order, set_priority=True)
+    if len(order) == 1:
+        return lambda: sdpa_kernel(order)
+    return lambda: sdpa_kernel(order, set_priority=True)  # the listed order, not PyTorch's
 
 
 def core_attention_spec(backend: str, kernels: Optional[tuple[str, ...]] = None):
