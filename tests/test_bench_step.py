@@ -47,14 +47,17 @@ def test_trainer_run_becomes_a_row(tmp_path):
 
 
 def test_oom_and_missing_rows_render():
-    oom = {"rc": 1, "tail": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"}
+    oom = {"rc": 1, "tail": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate",
+           "metrics": []}
     assert step._status(oom) == "OOM"
-    assert step._status({"rc": 124, "tail": ""}) == "timeout"
-    rows = [dict(model="small", recipe="bf16", status="ok", step_ms=100.0, tokens_per_s=1.0,
+    assert step._status({"rc": 124, "tail": "", "metrics": []}) == "timeout"
+    done = {"rc": 1, "tail": "CheckpointingException", "metrics": [{}] * 12}
+    assert step._status(done, 12) == "steps ok, then failed (rc=1)"
+    rows = [dict(model="small", recipe="bf16", status="ok", steps=12, step_ms=100.0, tokens_per_s=1.0,
                  mfu=0.3, peak_mem_gib=10.0, checkpoint="end: saved 1.0 GiB", final_loss=5.0),
-            dict(model="small", recipe="ufp4", status="ok", step_ms=110.0, tokens_per_s=1.0,
+            dict(model="small", recipe="ufp4", status="ok", steps=12, step_ms=110.0, tokens_per_s=1.0,
                  mfu=0.27, peak_mem_gib=10.5, checkpoint="end: saved 1.0 GiB", final_loss=5.1),
-            dict(model="small", recipe="nvfp4", status="OOM", step_ms=float("nan"),
+            dict(model="small", recipe="nvfp4", status="OOM", steps=0, step_ms=float("nan"),
                  tokens_per_s=float("nan"), mfu=float("nan"), peak_mem_gib=float("nan"),
                  checkpoint="end: not written", final_loss=None),
             dict(model="moe_124b", recipe="bf16", status="not run (time budget)")]

@@ -118,11 +118,13 @@ def model_flops(shape: Shape) -> tuple[float, int]:
     return 6 * n_matmul + attention, c.total
 
 
-def _status(run: dict) -> str:
+def _status(run: dict, steps: int | None = None) -> str:
     if run["rc"] == 0:
         return "ok"
     if "out of memory" in run["tail"].lower() or "OutOfMemoryError" in run["tail"]:
         return "OOM"
+    if steps is not None and len(run["metrics"]) == steps:  # e.g. the final checkpoint failed
+        return f"steps ok, then failed (rc={run['rc']})"
     return "timeout" if run["rc"] == 124 else f"failed (rc={run['rc']})"
 
 
@@ -187,14 +189,14 @@ def run_suite(out: Path, *, models=tuple(SHAPES), recipes=RECIPES, steps: int = 
                           timeout=int(min(timeout, left)))
         metrics = run["metrics"]
         st = _steady(metrics, "step_time", skip)
-        row |= dict(status=_status(run), steps=len(metrics), step_ms=st * 1e3,
+        row |= dict(status=_status(run, steps), steps=len(metrics), step_ms=st * 1e3,
                     tokens_per_s=tokens / st,
                     mfu=model_flops_per_token * tokens / st / (peak * 1e12),
                     peak_mem_gib=max((m.get("mem_gib", float("nan")) for m in metrics),
                                      default=float("nan")),
                     checkpoint=_checkpoint(run["run_dir"], plan), wall_s=run["wall_s"],
                     final_loss=metrics[-1]["loss"] if metrics else None)
-        if row["status"] != "ok":
+        if run["rc"] != 0:
             row["error"] = run["tail"].strip().splitlines()[-1][:300] if run["tail"] else ""
         shutil.rmtree(runs / name, ignore_errors=True)  # checkpoints are large
         rows.append(row)
@@ -205,7 +207,8 @@ def run_suite(out: Path, *, models=tuple(SHAPES), recipes=RECIPES, steps: int = 
 
 
 def _add_ratios(rows: list[dict]) -> None:
-    base = {r["model"]: r for r in rows if r["recipe"] == "bf16" and r.get("status") == "ok"}
+    base = {r["model"]: r for r in rows
+            if r["recipe"] == "bf16" and r.get("steps", 0) > 0 and "step_ms" in r}
     for r in rows:
         b = base.get(r["model"])
         if b is not None and "step_ms" in r:
