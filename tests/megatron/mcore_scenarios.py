@@ -287,30 +287,90 @@ def layers() -> dict:
             "experts": _expert_checks()}
 
 
-def expert_checkpoint_layouts() -> dict[str, list]:
-    """What the routed experts of an EP=2 MoE GPT write to a sharded checkpoint on this rank,
-    SequentialMLP vs grouped: per expert weight (key, global shape, the global box this rank
-    holds, as (start, stop) per axis), and whether the tensor saved is the parameter itself
-    (the distributed optimizer's model-space formats match them by identity). (SequentialMLP
-    also saves `_extra_state` placeholders, which the grouped linears do not.)"""
-    out = {}
-    for label, grouped in (("sequential", False), ("grouped", True)):
-        setup_parallel(ep=2)
-        model = build_gpt(tiny_config(moe=True, ep=2, grouped=grouped), UFP4Policy("ufp4"))
-        params = {id(p) for p in model.parameters()}
-        boxes = []
-        for name, t in model.sharded_state_dict().items():
-            if ".mlp.experts." not in name or "_extra_state" in name:
-                continue
-            local = [1] * (len(t.global_shape) - t.data.dim()) + list(t.data.shape)
-            box = [(o, o + n) for o, n in zip(t.global_offset, local)]
-            e_axis = len(t.global_shape) - 3  # [..., experts, N, K]
+def _boxes(sharded: dict, label_filter=".mlp.experts.") -> list:
+    """Per expert weight: (key, global shape, the global box this rank holds), factories
+    (SwiGLU halves) built into their tensors."""
+    boxes = []
+    for name, t in sharded.items():
+        if label_filter not in name or "_extra_state" in name:
+            continue
+        for st in (t.build() if hasattr(t, "build") else [t]):
+            local = [1] * (len(st.global_shape) - st.data.dim()) + list(st.data.shape)
+            box = [(o, o + n) for o, n in zip(st.global_offset, local)]
+            e_axis = len(st.global_shape) - 3  # [..., experts, N, K]
             for e in range(*box[e_axis]):  # one box per expert
-                boxes.append((t.key, tuple(t.global_shape),
+                boxes.append((st.key, tuple(st.global_shape),
                               tuple(box[:e_axis] + [(e, e + 1)] + box[e_axis + 1:])))
-            out.setdefault(f"{label}_data_is_param", []).append(id(t.data) in params)
-        out[label] = sorted(boxes)
+    return sorted(boxes)
+
+
+def expert_checkpoint_layouts() -> dict:
+    """What the routed experts of MoE GPTs write to a sharded checkpoint on this rank,
+    SequentialMLP vs grouped (EP=2; EP=2 with SwiGLU; expert-TP=2 with SwiGLU, whose fc1
+    halves are saved apart), and whether the tensor a grouped weight saves is the parameter
+    itself (the distributed optimizer's model-space formats match them by identity).
+    (SequentialMLP also saves `_extra_state` placeholders, which the grouped linears do not.)"""
+    out = {}
+    for layout, kw in (("ep2", dict(ep=2)), ("ep2_glu", dict(ep=2, glu=True)),
+                       ("tp2sp_glu", dict(tp=2, sp=True, glu=True))):
+        for label, grouped in (("sequential", False), ("grouped", True)):
+            setup_parallel(tp=kw.get("tp", 1), ep=kw.get("ep", 1))
+            model = build_gpt(tiny_config(moe=True, grouped=grouped, **kw), UFP4Policy("ufp4"))
+            sharded = model.sharded_state_dict()
+            out[(layout, label)] = _boxes(sharded)
+            if grouped:
+                params = {id(p) for p in model.parameters()}
+                out[(layout, "grouped_data_is_param")] = [
+                    id(t.data) in params for name, t in sharded.items()
+                    if ".mlp.experts." in name]
     return out
+
+
+def expert_checkpoint_roundtrip() -> dict:
+    """A dist_checkpointing checkpoint of a grouped-expert MoE GPT (EP=2, SwiGLU) loads into
+    a SequentialMLP one and back: max |difference| of every parameter after each load."""
+    import tempfile
+
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+
+    setup_parallel(ep=2)
+    holder = [tempfile.mkdtemp(prefix="ufp4-ckpt-") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(holder, src=0)
+    root = holder[0]
+    out = {}
+    models = {g: build_gpt(tiny_config(moe=True, ep=2, glu=True, grouped=g), UFP4Policy("ufp4"))
+              for g in (True, False)}
+    with torch.no_grad():
+        for m in models.values():
+            for p in m.parameters():
+                p.normal_()
+    for src, dst in ((True, False), (False, True)):
+        path = f"{root}/{'grouped' if src else 'sequential'}"
+        if dist.get_rank() == 0:
+            import os
+
+            os.makedirs(path)
+        dist.barrier()
+        dist_checkpointing.save(models[src].sharded_state_dict(), path)
+        template = {k: v for k, v in models[dst].sharded_state_dict().items()
+                    if "_extra_state" not in k}
+        loaded = dist_checkpointing.load(template, path, strict=StrictHandling.LOG_ALL)
+        models[dst].load_state_dict(loaded, strict=False)
+        a = _canonical_params(models[src], 2)
+        b = _canonical_params(models[dst], 2)
+        out[f"{'grouped' if src else 'sequential'}_to_{'sequential' if src else 'grouped'}"] = \
+            max((a[k] - b[k]).abs().max().item() for k in a)
+        out.setdefault("same_names", []).append(a.keys() == b.keys())
+    return out
+
+
+def _canonical_params(model, num_local_experts: int) -> dict:
+    """This rank's parameters under canonical (TP=1, EP=1, SequentialMLP) names."""
+    from mcore_tiny import _per_expert
+
+    return {k: t.detach().clone() for name, p in model.named_parameters()
+            for k, t in _per_expert(name, p, num_local_experts)}
 
 
 def seed_stream() -> dict:
@@ -413,8 +473,16 @@ def attention() -> dict:
     return out
 
 
+def _optional(fn, module: str):
+    """fn(), or None when `module` (an optional dependency of what fn exercises) is missing."""
+    import importlib.util
+
+    return fn() if importlib.util.find_spec(module) else None
+
+
 def suite() -> dict:
     """Everything the pytest suite needs, in one launch (Megatron imports once per rank)."""
     return {"layers": layers(), "models": models(), "bf16_layers": bf16_layers_model(),
             "checkpoint": expert_checkpoint_layouts(), "seeds": seed_stream(),
+            "checkpoint_roundtrip": _optional(expert_checkpoint_roundtrip, "psutil"),
             "entry_point": entry_point(), "attention": attention()}
