@@ -3,14 +3,16 @@
 Contracts:
 - test_grouped_gemms_equal_per_expert_reference_bitwise: for every preset recipe, fp32 and
   bf16, with an empty expert, token counts that are not multiples of the block, and
-  tensor-parallel shard origins, grouped fprop/dgrad/wgrad equal the per-expert loop through
-  `ops` exactly (RTNE and SR: SR keys are token positions, passed as origins by the twin);
+  tensor-parallel shard origins, grouped fprop/dgrad/wgrad on the padded token layout equal
+  the per-expert loop through `ops` on each padded segment exactly (RTNE and SR: SR keys are
+  padded token positions, passed as origins by the twin);
 - test_torch_grouped_mm_equals_the_loop_bitwise: torch._grouped_mm (where torch has it on
   this device) equals the loop of matmuls it replaces, both layouts, empty groups included;
 - test_sr_bits_follow_the_seed: another seed moves SR-rounded gradients, the same seed
   reproduces them (the comparison above is not trivially passing);
 - test_zero_token_expert_wgrad_is_exactly_zero, test_no_tokens_at_all;
-- test_padding_layout: each expert's tokens start a segment that is a multiple of `align`;
+- test_padding_layout: each expert's tokens start a segment that is a multiple of `align`,
+  unpad(pad(t)) == t;
 - test_grouped_linear_autograd: bf16 == per-expert F.linear exactly (y, dx, dW, db); RTNE
   UFP4 == per-expert quantized_linear exactly;
 - errors: SR weights, expert sizes that split a block, wrong wgrad padding, bad backend,
@@ -34,15 +36,21 @@ def _data(dtype, seed=0):
 
 
 def _groups(recipe):
-    return G.ExpertGroups(COUNTS, G.wgrad_alignment(recipe))
+    return G.ExpertGroups(COUNTS, G.token_alignment(recipe))
+
+
+def _padded(recipe, dtype, seed=0):
+    """groups and x, w, dy with x and dy in the padded token layout."""
+    x, w, dy = _data(dtype, seed)
+    g = _groups(recipe)
+    return g, g.pad(x), w, g.pad(dy)
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
 @pytest.mark.parametrize("name", list_recipes())
 def test_grouped_gemms_equal_per_expert_reference_bitwise(name, dtype):
     r = get_recipe(name)
-    x, w, dy = _data(dtype)
-    g = _groups(r)
+    g, x, w, dy = _padded(r, dtype)
     # a TP shard's origins: column chunk at n0 = 32, row shard at k0 = 64
     kw = dict(seed=1234)
     cases = [
@@ -59,19 +67,16 @@ def test_grouped_gemms_equal_per_expert_reference_bitwise(name, dtype):
 @pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="torch without _grouped_mm")
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
 def test_torch_grouped_mm_equals_the_loop_bitwise(dtype):
-    x, w, dy = _data(dtype, seed=1)
-    g = G.ExpertGroups(COUNTS, 16)
-    for a, b, padded in ((x, w.transpose(1, 2), False), (dy, w, False),
-                         (dy.t(), x, False), (g.pad(dy).t(), g.pad(x), True)):
-        fused = G.grouped_mm(a, b, g, padded=padded, backend="grouped")
-        loop = G.grouped_mm(a, b, g, padded=padded, backend="loop")
+    g, x, w, dy = _padded(get_recipe("bf16"), dtype, seed=1)
+    for a, b in ((x, w.transpose(1, 2)), (dy, w), (dy.t(), x)):
+        fused = G.grouped_mm(a, b, g, backend="grouped")
+        loop = G.grouped_mm(a, b, g, backend="loop")
         assert torch.equal(fused, loop)
 
 
 def test_sr_bits_follow_the_seed():
     r = get_recipe("ufp4")
-    x, w, dy = _data(torch.float32, seed=2)
-    g = _groups(r)
+    g, x, w, dy = _padded(r, torch.float32, seed=2)
     a, b = G.wgrad(dy, x, g, r, seed=1), G.wgrad(dy, x, g, r, seed=2)
     assert torch.equal(a, G.wgrad(dy, x, g, r, seed=1))
     assert (a - b).abs().max() > 0
@@ -81,8 +86,8 @@ def test_sr_bits_follow_the_seed():
 @pytest.mark.parametrize("name", ("bf16", "ufp4", "nvfp4"))
 def test_zero_token_expert_wgrad_is_exactly_zero(name):
     r = get_recipe(name)
-    x, _, dy = _data(torch.float32, seed=3)
-    dw = G.wgrad(dy, x, _groups(r), r, seed=5)
+    g, x, _, dy = _padded(r, torch.float32, seed=3)
+    dw = G.wgrad(dy, x, g, r, seed=5)
     assert dw.shape == (E, N, K)
     assert torch.equal(dw[0], torch.zeros(N, K)) and dw[1:].abs().amax() > 0
 
@@ -91,6 +96,7 @@ def test_no_tokens_at_all():
     r = get_recipe("ufp4")
     g = G.ExpertGroups((0, 0), 16)
     x, w, dy = torch.zeros(0, K), torch.randn(2, N, K), torch.zeros(0, N)
+    assert g.padded_total == 0
     assert G.fprop(x, w, g, r).shape == (0, N)
     assert G.dgrad(dy, w, g, r).shape == (0, K)
     assert torch.equal(G.wgrad(dy, x, g, r), torch.zeros(2, N, K))
@@ -104,6 +110,7 @@ def test_padding_layout():
     for s, e, c in zip(g.starts, g.padded_starts, g.counts):
         assert torch.equal(p[e:e + c], t[s:s + c])
     assert p.sum() == t.sum()  # everything else is zero
+    assert torch.equal(g.unpad(p), t)
     aligned = t[:48]
     assert G.ExpertGroups((16, 32), 16).pad(aligned) is aligned  # nothing to move: no copy
 
@@ -135,16 +142,20 @@ def test_grouped_linear_autograd(with_bias):
 
 
 def test_errors_say_what_to_change():
-    x, w, dy = _data(torch.float32)
     r = get_recipe("ufp4")
+    g, xp, w, dyp = _padded(r, torch.float32)
+    x, _, dy = _data(torch.float32)
     with pytest.raises(ValueError, match="RTNE for weights"):
-        G.fprop(x, w, _groups(r), get_recipe("ufp4", sr=("dy", "w")))
+        G.fprop(xp, w, g, get_recipe("ufp4", sr=("dy", "w")))
     with pytest.raises(ValueError, match="not a multiple of 16"):
-        G.fprop(x[:, :40], w[:, :, :40], _groups(r), r)
-    with pytest.raises(ValueError, match="wgrad_alignment"):
-        G.wgrad(dy, x, G.ExpertGroups(COUNTS, 1), r)
+        G.fprop(xp[:, :40], w[:, :, :40], g, r)
+    with pytest.raises(ValueError, match="token_alignment"):
+        g4 = G.ExpertGroups(COUNTS, 4)
+        G.wgrad(g4.pad(dy), g4.pad(x), g4, r)
+    with pytest.raises(ValueError, match="padded token layout"):
+        G.fprop(x, w, g, r)
     with pytest.raises(ValueError, match="unknown grouped GEMM backend"):
-        G.fprop(x, w, _groups(r), r, gemm_backend="cutlass")
+        G.fprop(xp, w, g, r, gemm_backend="cutlass")
     with pytest.raises(ValueError, match="one token count per expert"):
         G.grouped_linear(x, w, None, COUNTS[:3], r)
     with pytest.raises(ValueError, match="sum of the counts"):

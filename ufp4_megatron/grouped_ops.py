@@ -1,26 +1,30 @@
 """The three GEMMs of E experts' linear layers at once (MoE), and their per-expert twin.
 
-Expert e owns rows [start_e, start_e + m_e) of the token matrix (Megatron's dispatcher sorts
-tokens by local expert) and the weight w[e] of a stacked w [E, N, K]:
+Expert e owns a segment of the token matrix (Megatron's dispatcher sorts tokens by local
+expert) and the weight w[e] of a stacked w [E, N, K]. All three GEMMs run on one padded
+layout (`ExpertGroups`): each expert's tokens are zero-padded to a multiple of `align` (16,
+or the recipe's block/RHT unit if larger), so every segment starts at a multiple of it:
 
-    fprop  Y_e  = Q(X_e) Q(W_e)^T    x [M,K] row-wise, w [E*N,K] row-wise          one launch each
-    dgrad  dX_e = Q(dY_e) Q(W_e)     dy [M,N] row-wise, w [E*N,K] column-wise      one launch each
-    wgrad  dW_e = Q(dY_e)^T Q(X_e)   dy, x column-wise over the padded token matrix one launch each
+    fprop  Y_e  = Q(X_e) Q(W_e)^T    x [Mp,K] row-wise, w [E*N,K] row-wise       one launch each
+    dgrad  dX_e = Q(dY_e) Q(W_e)     dy [Mp,N] row-wise, w [E*N,K] column-wise   one launch each
+    wgrad  dW_e = Q(dY_e)^T Q(X_e)   dy, x column-wise (blocks along tokens)     one launch each
 
 Blocks along K (fprop) and N (dgrad) never cross an expert (N and K are multiples of the
-recipe's block/RHT unit), so one quantization launch covers all experts. wgrad blocks run
-along tokens: each expert's tokens are zero-padded to a multiple of that unit (`ExpertGroups`),
-so every block starts at an expert's first token, exactly as a per-expert GEMM pads them.
-Products go through `torch._grouped_mm` (one kernel for all experts; bf16 on Hopper, and the
+recipe's block/RHT unit), and blocks along tokens (wgrad) start at each expert's first token,
+exactly as a per-expert GEMM pads its tokens; so one quantization launch covers all experts.
+Products go through `torch._grouped_mm` (one kernel for all experts; bf16 on sm90+, and its
 CPU implementation), or a loop of matmuls where it is unavailable; no host sync per expert.
+The padding also gives every group the 16-row alignment the grouped CUTLASS kernels expect
+(Megatron-Core's own bf16 grouped MoE path aligns to 16 too); padded rows are zeros, their
+outputs are dropped (`grouped_linear` pads and unpads).
 
-Stochastic-rounding keys are positions, as in ops: expert e's rows are keyed by their row in
-the operand this module quantizes (the token matrix for fprop/dgrad, the padded token matrix
-for wgrad; weights are never SR-quantized here), with one seed per call mixed per GEMM and
-operand as ops does. `reference_fprop/dgrad/wgrad` run the same GEMMs one expert at a time
-through `ops` with those positions as origins: the twin every grouped result equals bit for
-bit on CPU. Two deliberate limits: E4M3 (NVFP4) operands keep a per-expert tensor scale, so
-they are quantized one expert at a time (correct, slower); SR on weights is refused.
+Stochastic-rounding keys are positions, as in ops: expert e's token rows are keyed by their
+row in the padded token matrix (weights are never SR-quantized here), with one seed per call
+mixed per GEMM and operand as ops does. `reference_fprop/dgrad/wgrad` run the same GEMMs one
+expert at a time through `ops`, on each expert's padded segment with its position as origin:
+the twin every grouped result equals bit for bit on CPU. Two deliberate limits: E4M3 (NVFP4)
+operands keep a per-expert tensor scale, so they are quantized one expert at a time (correct,
+slower); SR on weights is refused.
 """
 from __future__ import annotations
 
@@ -47,11 +51,11 @@ GEMM_BACKENDS = ("auto", "grouped", "loop")
 
 @dataclass(frozen=True)
 class ExpertGroups:
-    """Token counts per local expert, and the padded layout wgrad quantizes over.
+    """Token counts per local expert, and the padded layout all grouped GEMMs run on.
 
-    align: every expert's padded segment is a multiple of it (1: no padding); padded
-    segments start at multiples of `align`, so quantization blocks along tokens never cross
-    experts and zero-token experts own no rows at all.
+    align: every expert's padded segment is a multiple of it, so segments start at multiples
+    of `align`: quantization blocks along tokens never cross experts, and zero-token experts
+    own no rows at all.
     """
 
     counts: tuple[int, ...]
@@ -95,26 +99,34 @@ class ExpertGroups:
     def needs_padding(self) -> bool:
         return self.padded_counts != self.counts
 
-    def offsets(self, device, *, padded: bool = False) -> torch.Tensor:
-        """int32 cumulative ends, `torch._grouped_mm`'s `offs`, on `device` (no host sync)."""
-        return self._cached("padded_offs" if padded else "offs", device, lambda: torch.tensor(
-            self.padded_ends if padded else self.ends, dtype=torch.int32))
+    def offsets(self, device) -> torch.Tensor:
+        """int32 cumulative ends of the padded segments, `torch._grouped_mm`'s `offs`, on
+        `device` (copied without a host sync)."""
+        return self._cached("offs", device, lambda: torch.tensor(self.padded_ends,
+                                                                 dtype=torch.int32))
 
     def token_experts(self, device) -> torch.Tensor:
-        """int64 [M]: the local expert of each token row."""
+        """int64 [M]: the local expert of each (unpadded) token row."""
         return self._cached("experts", device, lambda: torch.repeat_interleave(
             torch.arange(len(self.counts)), torch.tensor(self.counts, dtype=torch.int64),
             output_size=self.total))
 
     def pad(self, t: torch.Tensor) -> torch.Tensor:
-        """[M, C] token matrix -> [padded_total, C], each expert's rows moved to its padded
+        """[M, C] token matrix -> [padded_total, C]: each expert's rows at its padded
         segment, zeros elsewhere."""
         if not self.needs_padding:
             return t
-        dest = self._cached("dest", t.device, lambda: torch.arange(self.total) + torch.tensor(
+        return t.new_zeros(self.padded_total, t.shape[1]).index_copy_(0, self._rows(t.device), t)
+
+    def unpad(self, t: torch.Tensor) -> torch.Tensor:
+        """[padded_total, C] -> [M, C]: the tokens' rows, in the original order."""
+        return t if not self.needs_padding else t.index_select(0, self._rows(t.device))
+
+    def _rows(self, device) -> torch.Tensor:
+        """int64 [M]: the padded row of each token."""
+        return self._cached("rows", device, lambda: torch.arange(self.total) + torch.tensor(
             [p - s for p, s in zip(self.padded_starts, self.starts)]).repeat_interleave(
                 torch.tensor(self.counts, dtype=torch.int64), output_size=self.total))
-        return t.new_zeros(self.padded_total, t.shape[1]).index_copy_(0, dest, t)
 
     def _cached(self, name: str, device, make) -> torch.Tensor:
         key = (name, str(device))
@@ -123,21 +135,24 @@ class ExpertGroups:
         return self._device[key]
 
 
+GROUP_ALIGN = 16  # rows per group of the grouped GEMM kernels (bf16: 32 bytes)
+
+
 @functools.lru_cache(maxsize=8)
-def expert_groups(counts: tuple[int, ...], align: int = 1) -> ExpertGroups:
+def expert_groups(counts: tuple[int, ...], align: int = GROUP_ALIGN) -> ExpertGroups:
     """A shared ExpertGroups per (counts, align): fc1 and fc2 of one MoE layer reuse it."""
     return ExpertGroups(tuple(int(c) for c in counts), align)
 
 
-def wgrad_alignment(recipe: Recipe) -> int:
-    """Padding unit of each expert's tokens for wgrad: the one ops would pad a single
-    expert's token dim to (block and RHT size of both wgrad operands), and 4 for Philox
-    words under SR; 1 when wgrad is not quantized."""
+def token_alignment(recipe: Recipe) -> int:
+    """The padding unit of each expert's tokens: GROUP_ALIGN, and the unit ops would pad a
+    single expert's token dim to in wgrad (block and RHT size of both wgrad operands, 4 for
+    Philox words under SR)."""
     spec = recipe.wgrad
     if spec is None:
-        return 1
+        return GROUP_ALIGN
     rht = _rht(spec.rht, recipe.rht_seed) if spec.rht else None
-    unit = 1
+    unit = GROUP_ALIGN
     for op in (spec.a, spec.b):
         unit = math.lcm(unit, padded_length(1, op.block if op else 1, rht),
                         4 if op is not None and op.rounding == "sr" else 1)
@@ -155,15 +170,15 @@ def _to_device(t: torch.Tensor, device) -> torch.Tensor:
 # ----------------------------------------------------------------------------- the product
 
 
-def grouped_mm(a: torch.Tensor, b: torch.Tensor, groups: ExpertGroups, *, padded: bool = False,
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, groups: ExpertGroups, *,
                backend: str = "auto") -> torch.Tensor:
-    """Per-expert products in one call.
+    """Per-expert products in one call, over the padded token layout (Mp rows).
 
-    a [M, K], b [E, K, N] -> [M, N]: rows of expert e times b[e] (fprop, dgrad);
-    a [N, M], b [M, K]    -> [E, N, K]: columns/rows of expert e contracted (wgrad).
-    `padded` selects the layout the rows are in. backend "grouped" is torch._grouped_mm,
-    "loop" a loop of matmuls (the reference, bitwise equal on CPU), "auto" the first where
-    torch supports it (bf16 on sm90+, or CPU), else the loop.
+    a [Mp, K], b [E, K, N] -> [Mp, N]: rows of expert e times b[e] (fprop, dgrad);
+    a [N, Mp], b [Mp, K]   -> [E, N, K]: columns/rows of expert e contracted (wgrad).
+    backend "grouped" is torch._grouped_mm, "loop" a loop of matmuls (the reference, bitwise
+    equal on CPU), "auto" the first where torch supports it (bf16 on sm90+, or CPU), else
+    the loop.
     """
     if backend not in GEMM_BACKENDS:
         raise ValueError(f"unknown grouped GEMM backend {backend!r}; valid: {GEMM_BACKENDS}")
@@ -171,10 +186,9 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, groups: ExpertGroups, *, padded
     if groups.total == 0:  # no tokens at all: nothing to launch
         return (a.new_zeros(0, b.shape[2]) if weights_3d else
                 a.new_zeros(len(groups.counts), a.shape[0], b.shape[1]))
-    ends = groups.padded_ends if padded else groups.ends
-    starts = groups.padded_starts if padded else groups.starts
+    starts, ends = groups.padded_starts, groups.padded_ends
     if backend == "grouped" or (backend == "auto" and _grouped_mm_supported(a, b)):
-        out = torch._grouped_mm(a, b, offs=groups.offsets(a.device, padded=padded))
+        out = torch._grouped_mm(a, b, offs=groups.offsets(a.device))
         if not weights_3d:  # an expert without tokens contracts nothing: exact zeros
             for e, c in enumerate(groups.counts):
                 if c == 0:
@@ -273,9 +287,18 @@ def _weight_rows(E: int, N: int):
     return [(e * N, (e + 1) * N) for e in range(E)]
 
 
-def _token_rows(groups: ExpertGroups, padded: bool = False):
-    return list(zip(groups.padded_starts, groups.padded_ends) if padded else
-                zip(groups.starts, groups.ends))
+def _token_rows(groups: ExpertGroups):
+    return list(zip(groups.padded_starts, groups.padded_ends))
+
+
+def _check_layout(name: str, t: torch.Tensor, groups: ExpertGroups, recipe: Recipe) -> None:
+    if t.shape[0] != groups.padded_total:
+        raise ValueError(f"grouped {name}: expected the padded token layout of "
+                         f"{groups.padded_total} rows (ExpertGroups.pad), got {t.shape[0]}")
+    if groups.align % token_alignment(recipe):
+        raise ValueError(f"grouped {name}: experts' tokens are padded to {groups.align}, the "
+                         f"recipe needs a multiple of {token_alignment(recipe)}; build the "
+                         "groups with token_alignment(recipe)")
 
 
 # ----------------------------------------------------------------------------- the GEMMs
@@ -284,9 +307,10 @@ def _token_rows(groups: ExpertGroups, padded: bool = False):
 def fprop(x: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recipe, *,
           seed: int = 0, x_origin=(0, 0), w_origin=(0, 0), backend: str = "auto",
           gemm_backend: str = "auto") -> torch.Tensor:
-    """Y_e = Q(X_e) Q(W_e)^T: x [M, K], w [E, N, K] -> [M, N]."""
+    """Y_e = Q(X_e) Q(W_e)^T: x [Mp, K] (padded layout), w [E, N, K] -> [Mp, N]."""
     E, N, K = w.shape
     w = w.to(x.dtype)
+    _check_layout("fprop", x, groups, recipe)
     if recipe.fprop is None:
         return grouped_mm(x, w.transpose(1, 2), groups, backend=gemm_backend)
     spec, rht, seed_x, seed_w = _gemm_setup("fprop", recipe, seed, K)
@@ -302,9 +326,11 @@ def fprop(x: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recipe
 def dgrad(dy: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recipe, *,
           seed: int = 0, dy_origin=(0, 0), w_origin=(0, 0), backend: str = "auto",
           gemm_backend: str = "auto") -> torch.Tensor:
-    """dX_e = Q(dY_e) Q(W_e): dy [M, N], w [E, N, K] -> [M, K]; W quantized along N."""
+    """dX_e = Q(dY_e) Q(W_e): dy [Mp, N] (padded layout), w [E, N, K] -> [Mp, K]; W
+    quantized along N."""
     E, N, K = w.shape
     w = w.to(dy.dtype)
+    _check_layout("dgrad", dy, groups, recipe)
     if recipe.dgrad is None:
         return grouped_mm(dy, w, groups, backend=gemm_backend)
     spec, rht, seed_dy, seed_w = _gemm_setup("dgrad", recipe, seed, N)
@@ -322,54 +348,49 @@ def dgrad(dy: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recip
 def wgrad(dy: torch.Tensor, x: torch.Tensor, groups: ExpertGroups, recipe: Recipe, *,
           seed: int = 0, dy_origin=(0, 0), x_origin=(0, 0), backend: str = "auto",
           gemm_backend: str = "auto") -> torch.Tensor:
-    """dW_e = Q(dY_e)^T Q(X_e): dy [M, N], x [M, K] -> [E, N, K]; both along tokens, over
-    each expert's padded segment (groups.align must cover the recipe's wgrad unit)."""
+    """dW_e = Q(dY_e)^T Q(X_e): dy [Mp, N], x [Mp, K] (padded layout) -> [E, N, K]; both
+    quantized along tokens, in blocks that start at each expert's first token."""
     x = x.to(dy.dtype)
+    _check_layout("wgrad", dy, groups, recipe)
     if recipe.wgrad is None:
         return grouped_mm(dy.t(), x, groups, backend=gemm_backend)
-    if groups.align % wgrad_alignment(recipe):
-        raise ValueError(f"grouped wgrad: experts' tokens are padded to {groups.align}, the "
-                         f"recipe needs a multiple of {wgrad_alignment(recipe)}; build the "
-                         "groups with wgrad_alignment(recipe)")
     spec, rht, seed_dy, seed_x = _gemm_setup("wgrad", recipe, seed)
-    segments = _token_rows(groups, padded=True)
-    qdy_t = _operand(groups.pad(dy).t(), spec.a, rht=rht, seed=seed_dy,
-                     origin=(dy_origin[1], dy_origin[0]), segments=segments, along_columns=True,
-                     dtype=dy.dtype, backend=backend)
-    qx_t = _operand(groups.pad(x).t(), spec.b, rht=rht, seed=seed_x,
-                    origin=(x_origin[1], x_origin[0]), segments=segments, along_columns=True,
-                    dtype=dy.dtype, backend=backend)
-    return grouped_mm(qdy_t, qx_t.t(), groups, padded=True, backend=gemm_backend)
+    segments = _token_rows(groups)
+    qdy_t = _operand(dy.t(), spec.a, rht=rht, seed=seed_dy, origin=(dy_origin[1], dy_origin[0]),
+                     segments=segments, along_columns=True, dtype=dy.dtype, backend=backend)
+    qx_t = _operand(x.t(), spec.b, rht=rht, seed=seed_x, origin=(x_origin[1], x_origin[0]),
+                    segments=segments, along_columns=True, dtype=dy.dtype, backend=backend)
+    return grouped_mm(qdy_t, qx_t.t(), groups, backend=gemm_backend)
 
 
 # ----------------------------------------------------------------------------- the twin
+# One expert at a time through ops, on each expert's padded segment (origin: its first row).
 
 
 def reference_fprop(x, w, groups: ExpertGroups, recipe: Recipe, *, seed: int = 0,
                     x_origin=(0, 0), w_origin=(0, 0), backend: str = "auto") -> torch.Tensor:
-    """fprop one expert at a time through ops: expert e's tokens at their rows."""
-    return torch.cat([ops.fprop(x[s:t], w[e], recipe, seed=seed, backend=backend,
-                                x_origin=(x_origin[0] + s, x_origin[1]), w_origin=w_origin)
-                      for e, (s, t) in enumerate(_token_rows(groups))]) if groups.counts else \
-        x.new_zeros(0, w.shape[1])
+    return _cat([ops.fprop(x[s:t], w[e], recipe, seed=seed, backend=backend,
+                           x_origin=(x_origin[0] + s, x_origin[1]), w_origin=w_origin)
+                 for e, (s, t) in enumerate(_token_rows(groups))], x, w.shape[1])
 
 
 def reference_dgrad(dy, w, groups: ExpertGroups, recipe: Recipe, *, seed: int = 0,
                     dy_origin=(0, 0), w_origin=(0, 0), backend: str = "auto") -> torch.Tensor:
-    return torch.cat([ops.dgrad(dy[s:t], w[e], recipe, seed=seed, backend=backend,
-                                dy_origin=(dy_origin[0] + s, dy_origin[1]), w_origin=w_origin)
-                      for e, (s, t) in enumerate(_token_rows(groups))]) if groups.counts else \
-        dy.new_zeros(0, w.shape[2])
+    return _cat([ops.dgrad(dy[s:t], w[e], recipe, seed=seed, backend=backend,
+                           dy_origin=(dy_origin[0] + s, dy_origin[1]), w_origin=w_origin)
+                 for e, (s, t) in enumerate(_token_rows(groups))], dy, w.shape[2])
 
 
 def reference_wgrad(dy, x, groups: ExpertGroups, recipe: Recipe, *, seed: int = 0,
                     dy_origin=(0, 0), x_origin=(0, 0), backend: str = "auto") -> torch.Tensor:
-    """wgrad one expert at a time: expert e's tokens keyed at its padded segment's rows."""
-    return torch.stack([
-        ops.wgrad(dy[s:t], x[s:t], recipe, seed=seed, backend=backend,
-                  dy_origin=(dy_origin[0] + p, dy_origin[1]),
-                  x_origin=(x_origin[0] + p, x_origin[1]))
-        for (s, t), p in zip(_token_rows(groups), groups.padded_starts)])
+    return torch.stack([ops.wgrad(dy[s:t], x[s:t], recipe, seed=seed, backend=backend,
+                                  dy_origin=(dy_origin[0] + s, dy_origin[1]),
+                                  x_origin=(x_origin[0] + s, x_origin[1]))
+                        for s, t in _token_rows(groups)])
+
+
+def _cat(parts: list, like: torch.Tensor, cols: int) -> torch.Tensor:
+    return torch.cat(parts) if parts else like.new_zeros(0, cols)
 
 
 # ----------------------------------------------------------------------------- autograd
@@ -379,36 +400,35 @@ class _GroupedLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, groups: ExpertGroups, recipe: Recipe, seed: int,
                 backend: str):
-        y = fprop(x, weight, groups, recipe, seed=seed, backend=backend)
+        xp = groups.pad(x)
+        y = groups.unpad(fprop(xp, weight, groups, recipe, seed=seed, backend=backend))
         if bias is not None:
-            y = y + _per_token(bias, groups, x.device).to(y.dtype)
-        ctx.save_for_backward(x, weight)
+            y = y + bias.index_select(0, groups.token_experts(x.device)).to(y.dtype)
+        ctx.save_for_backward(xp, weight)
         ctx.groups, ctx.recipe, ctx.seed, ctx.backend = groups, recipe, seed, backend
         ctx.has_bias = bias is not None
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        dy = dy.contiguous().to(x.dtype)
+        xp, weight = ctx.saved_tensors
+        groups = ctx.groups
+        dy = dy.contiguous().to(xp.dtype)
+        dyp = groups.pad(dy)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = dgrad(dy, weight, ctx.groups, ctx.recipe, seed=ctx.seed, backend=ctx.backend)
+            dx = groups.unpad(dgrad(dyp, weight, groups, ctx.recipe, seed=ctx.seed,
+                                    backend=ctx.backend))
         if ctx.needs_input_grad[1]:
-            dw = wgrad(dy, x, ctx.groups, ctx.recipe, seed=ctx.seed,
+            dw = wgrad(dyp, xp, groups, ctx.recipe, seed=ctx.seed,
                        backend=ctx.backend).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = per_expert_sum(dy, ctx.groups)
+            db = per_expert_sum(dy, groups)
         return dx, dw, db, None, None, None, None
 
 
-def _per_token(bias: torch.Tensor, groups: ExpertGroups, device) -> torch.Tensor:
-    """bias [E, N] -> [M, N]: each token's expert's bias."""
-    return bias.index_select(0, groups.token_experts(device))
-
-
 def per_expert_sum(t: torch.Tensor, groups: ExpertGroups) -> torch.Tensor:
-    """[M, N] -> [E, N]: the sum of each expert's rows (bias gradients)."""
+    """[M, N] (unpadded) -> [E, N]: the sum of each expert's rows (bias gradients)."""
     return t.new_zeros(len(groups.counts), t.shape[1], dtype=torch.float32).index_add_(
         0, groups.token_experts(t.device), t.float()).to(t.dtype)
 
@@ -432,5 +452,5 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
                          f"counts ({sum(counts)}), got {tuple(x.shape)}")
     if seed is None:
         seed = int(torch.randint(0, 2**62, ()).item()) if ops.uses_sr(recipe) else 0
-    groups = expert_groups(counts, wgrad_alignment(recipe))
+    groups = expert_groups(counts, token_alignment(recipe))
     return _GroupedLinear.apply(x, weight, bias, groups, recipe, seed, backend)

@@ -1,8 +1,8 @@
 """Grouped expert GEMMs on the kernel path, bit for bit against the per-expert twin.
 
 The grouped path quantizes each operand of all experts in one kernel launch (the stacked
-weight, the token matrix, the padded token matrix for wgrad); the twin runs `ops` one expert
-at a time on the torch reference (`backend="torch"`). Both products go through the same loop
+weight, the padded token matrix in both layouts); the twin runs `ops` one expert at a time,
+on each padded segment, on the torch reference (`backend="torch"`). Both products go through the same loop
 of matmuls (`gemm_backend="loop"`), so equal operands give equal results bit for bit: a
 block crossing an expert, a wrong SR key or a lost padding row shows as a difference.
 Runs in Triton's CPU interpreter without a GPU (conftest.py), on CUDA where there is one.
@@ -34,7 +34,8 @@ def test_grouped_kernel_path_matches_per_expert_twin(name):
     e, n, k = len(counts), 64, 96
     r = get_recipe(name)
     x, w, dy = _data(counts, e, n, k, seed=len(name))
-    g = G.ExpertGroups(counts, G.wgrad_alignment(r))
+    g = G.ExpertGroups(counts, G.token_alignment(r))
+    x, dy = g.pad(x), g.pad(dy)
     for fn, ref, args, origins in (
             (G.fprop, G.reference_fprop, (x, w), dict(x_origin=(0, 32), w_origin=(64, 32))),
             (G.dgrad, G.reference_dgrad, (dy, w), dict(dy_origin=(0, 64), w_origin=(64, 32))),
@@ -52,7 +53,8 @@ def test_gpu_grouped_mm_matches_loop(name):
     e, n, k = len(counts), 1792, 2048
     r = get_recipe(name)
     x, w, dy = _data(counts, e, n, k, seed=3)
-    g = G.ExpertGroups(counts, G.wgrad_alignment(r))
+    g = G.ExpertGroups(counts, G.token_alignment(r))
+    x, dy = g.pad(x), g.pad(dy)
     for fn, args in ((G.fprop, (x, w)), (G.dgrad, (dy, w)), (G.wgrad, (dy, x))):
         fused = fn(*args, g, r, seed=5).float()
         loop = fn(*args, g, r, seed=5, gemm_backend="loop").float()

@@ -7,9 +7,10 @@
   of the grouped-linear protocol that Megatron's `TEGroupedMLP` calls
   (`linear(x, tokens_per_expert) -> (y, bias)`), so `TEGroupedMLP` hosts them unchanged.
   All local experts' weights are one parameter `weight` [E, N, K] (and `bias` [E, N]), and
-  every GEMM runs for all experts at once through `ufp4_megatron.grouped_ops`: one
-  quantization launch per operand, one `torch._grouped_mm` per GEMM, for every recipe (BF16
-  experts included), with no host sync per expert.
+  every GEMM runs for all experts at once through `ufp4_megatron.grouped_ops`, on the token
+  matrix padded per expert to a multiple of 16 (or the recipe's block): one quantization
+  launch per operand, one `torch._grouped_mm` per GEMM, for every recipe (BF16 experts
+  included), with no host sync per expert.
 
 Experts need no TP communication here (Megatron's token dispatcher does it: explicit expert
 comm); shard origins still follow the expert-TP rank. Checkpoints: the stacked weight is saved
@@ -83,7 +84,7 @@ class _UFP4GroupedLinear(MegatronModule):
         self._dp_rank = parallel_state.get_expert_data_parallel_rank()
         self._first_expert = get_pg_rank(self.ep_group) * num_local_experts
         self._sr = uses_sr(ufp4.recipe)
-        self._align = grouped_ops.wgrad_alignment(ufp4.recipe)
+        self._align = grouped_ops.token_alignment(ufp4.recipe)
 
         # As Megatron's linears: expert weights reduce over the expert-DP group, not DP.
         use_expert_pgs = (config.expert_model_parallel_size > 1 or
@@ -164,18 +165,20 @@ class UFP4RowParallelGroupedLinear(_UFP4GroupedLinear):
 
 
 class _GroupedExpertsFn(torch.autograd.Function):
-    """All local experts' fc1 or fc2: grouped GEMMs per N chunk of this rank's shard (as
-    UFP4ParallelLinearFn, without communication), wgrad into main_grad when fused."""
+    """All local experts' fc1 or fc2: grouped GEMMs on the padded token layout, per N chunk of
+    this rank's shard (as UFP4ParallelLinearFn, without communication), wgrad into
+    main_grad when fused."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, recipe: Recipe, seed: int, groups, shard: Shard,
                 fuse_wgrad: bool):
-        ys = [grouped_ops.fprop(x, w, groups, recipe, seed=seed, x_origin=(0, shard.k),
+        xp = groups.pad(x)
+        ys = [grouped_ops.fprop(xp, w, groups, recipe, seed=seed, x_origin=(0, shard.k),
                                 w_origin=(n0, shard.k)) for w, n0 in _chunks(shard, weight, 1)]
-        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
+        y = groups.unpad(ys[0] if len(ys) == 1 else torch.cat(ys, dim=1))
         if bias is not None:
             y = y + bias.index_select(0, groups.token_experts(y.device)).to(y.dtype)
-        ctx.save_for_backward(x, weight)
+        ctx.save_for_backward(xp, weight)
         ctx.main_grad = getattr(weight, "main_grad", None) if fuse_wgrad else None
         ctx.recipe, ctx.seed, ctx.groups, ctx.shard = recipe, seed, groups, shard
         ctx.use_bias = bias is not None
@@ -183,17 +186,18 @@ class _GroupedExpertsFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
+        xp, weight = ctx.saved_tensors
         recipe, seed, groups, shard = ctx.recipe, ctx.seed, ctx.groups, ctx.shard
-        dy = dy.contiguous().to(x.dtype)
+        dy = dy.contiguous().to(xp.dtype)
+        dyp = groups.pad(dy)
         dxs = [grouped_ops.dgrad(d, w, groups, recipe, seed=seed, dy_origin=(0, n0),
                                  w_origin=(n0, shard.k))
-               for (d, n0), (w, _) in zip(_chunks(shard, dy, 1), _chunks(shard, weight, 1))]
-        dx = dxs[0] if len(dxs) == 1 else torch.stack(dxs).sum(0)
+               for (d, n0), (w, _) in zip(_chunks(shard, dyp, 1), _chunks(shard, weight, 1))]
+        dx = groups.unpad(dxs[0] if len(dxs) == 1 else torch.stack(dxs).sum(0))
         grad_weight = None
         if ctx.needs_input_grad[1]:
-            dws = [grouped_ops.wgrad(d, x, groups, recipe, seed=seed, dy_origin=(0, n0),
-                                     x_origin=(0, shard.k)) for d, n0 in _chunks(shard, dy, 1)]
+            dws = [grouped_ops.wgrad(d, xp, groups, recipe, seed=seed, dy_origin=(0, n0),
+                                     x_origin=(0, shard.k)) for d, n0 in _chunks(shard, dyp, 1)]
             dw = dws[0] if len(dws) == 1 else torch.cat(dws, dim=1)
             grad_weight = _accumulate(weight, dw, ctx.main_grad)
         grad_bias = grouped_ops.per_expert_sum(dy, groups) if ctx.use_bias else None
