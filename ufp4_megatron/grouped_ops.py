@@ -44,6 +44,7 @@ from .recipe import GEMMS, GemmSpec, OperandSpec, Recipe
 
 _GEMM_ID = {g: i for i, g in enumerate(GEMMS)}
 GEMM_BACKENDS = ("auto", "grouped", "loop")
+GROUP_ALIGN = 16  # rows per expert group of the grouped GEMM kernels (bf16: 32 bytes)
 
 
 # ----------------------------------------------------------------------------- token layout
@@ -59,7 +60,7 @@ class ExpertGroups:
     """
 
     counts: tuple[int, ...]
-    align: int = 1
+    align: int = GROUP_ALIGN
     _device: dict = field(default_factory=dict, compare=False, repr=False)  # tensors per device
 
     def __post_init__(self):
@@ -133,9 +134,6 @@ class ExpertGroups:
         if key not in self._device:
             self._device[key] = _to_device(make(), device)
         return self._device[key]
-
-
-GROUP_ALIGN = 16  # rows per group of the grouped GEMM kernels (bf16: 32 bytes)
 
 
 @functools.lru_cache(maxsize=8)
