@@ -69,10 +69,19 @@ def test_oom_and_missing_rows_render():
     assert "| small | nvfp4 | OOM |" in text and "not run (time budget)" in text
 
 
-def test_bench_cli_refuses_without_cuda_or_with_an_unknown_suite():
+def test_bench_cli_names_what_is_wrong():
     import subprocess
 
-    res = subprocess.run([sys.executable, "-m", "ufp4_megatron.bench", "--suite", "step"],
-                         capture_output=True, text=True)
-    assert res.returncode != 0
-    assert "CUDA device" in res.stderr or "unknown suite" in res.stderr
+    import torch
+
+    def run(*args):
+        res = subprocess.run([sys.executable, "-m", "ufp4_megatron.bench", *args],
+                             capture_output=True, text=True)
+        assert res.returncode != 0
+        return res.stderr.strip().splitlines()[-1]
+
+    assert run("--suite", "steps").startswith("unknown suite(s) ['steps']; valid:")
+    assert "unknown model(s) ['moe_1t']; valid: small, dense_1p5b" in run("--models", "moe_1t")
+    assert "unknown recipe(s) ['fp3']" in run("--suite", "step", "--recipes", "bf16,fp3")
+    if not torch.cuda.is_available():
+        assert run("--suite", "step") == "the benchmarks need a CUDA device"

@@ -58,13 +58,20 @@ def main(argv=None) -> None:
     prof.add_argument("--model", default="moe_7p9b")
     prof.add_argument("--recipe", default="ufp4")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("the benchmarks need a CUDA device")
-
     parts = _csv(args.suite)
     unknown = set(parts) - {"kernels", "layer", "step", "profile"}
     if unknown:
         sys.exit(f"unknown suite(s) {sorted(unknown)}; valid: kernels, layer, step, profile")
+    from . import step as step_suite
+    from ..recipe import list_recipes
+
+    for what, names, valid in (("model", _csv(args.models) + (args.model,), step_suite.SHAPES),
+                               ("recipe", _csv(args.recipes) + (args.recipe,), list_recipes())):
+        bad = [n for n in names if n not in valid]
+        if bad:
+            sys.exit(f"unknown {what}(s) {bad}; valid: {', '.join(valid)}")
+    if not torch.cuda.is_available():
+        sys.exit("the benchmarks need a CUDA device")
     log = lambda row: print({k: (round(v, 4) if isinstance(v, float) else v)  # noqa: E731
                              for k, v in row.items()}, flush=True)
     dev = torch.cuda.get_device_name()
@@ -85,8 +92,6 @@ def main(argv=None) -> None:
             text += [f"### Layer ({layer.TOKENS} tokens, forward + backward, dense_1p5b "
                      "shapes)", "", layer.layer_table(raw["layer"]), ""]
     if "step" in parts:
-        from . import step as step_suite
-
         out = Path(args.json).parent if args.json else Path(".")
         raw["step"] = step_suite.run_suite(
             out, models=_csv(args.models), recipes=_csv(args.recipes), steps=args.steps,
@@ -97,7 +102,7 @@ def main(argv=None) -> None:
                  f"{peak:.0f} TFLOP/s; median of steps {args.skip + 1}-{args.steps}; "
                  f"checkpoint: {args.checkpoint})", "", step_suite.table(raw["step"]), ""]
     if "profile" in parts:
-        from . import profile, step as step_suite
+        from . import profile
 
         shape = step_suite.SHAPES[args.model]
         overrides = [*shape.overrides, f"precision={args.recipe}",
