@@ -10,7 +10,8 @@ by field name, each linear that the policy quantizes:
     ColumnParallelLinear -> UFP4ColumnParallelLinear   linear_qkv, linear_fc1, MLA up/q projs
     RowParallelLinear    -> UFP4RowParallelLinear      linear_proj, linear_fc2
     SequentialMLP        -> UFP4SequentialMLP, or with config.moe_grouped_gemm Megatron's
-                            TEGroupedMLP with UFP4 grouped fc1/fc2 (routed experts)
+                            TEGroupedMLP with grouped fc1/fc2 (routed experts; every
+                            recipe, BF16 too: one grouped GEMM for all experts)
 Shared experts are MLPs and are swapped like dense MLPs. Layers get their own spec because
 each binding carries its global layer number (SR seeds, BF16 first/last layers). Untouched:
 embeddings, LM head (a ColumnParallelLinear outside the block), norms, core attention, router,
@@ -40,6 +41,7 @@ from megatron.core.transformer.transformer_block import (
 )
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+from ..recipe import get_recipe
 from .experts import (
     UFP4ColumnParallelGroupedLinear,
     UFP4RowParallelGroupedLinear,
@@ -47,7 +49,7 @@ from .experts import (
 )
 from .linear import UFP4ColumnParallelLinear, UFP4RowParallelLinear
 from .norms import sequence_parallel_torch_norm
-from .policy import UFP4Policy
+from .policy import UFP4Binding, UFP4Policy
 
 _UFP4_CLASS = {ColumnParallelLinear: UFP4ColumnParallelLinear,
                RowParallelLinear: UFP4RowParallelLinear}
@@ -180,18 +182,26 @@ def _rewrite(obj, ctx: _Ctx, path: str, field: str = ""):
 
 
 def _experts(mlp_submodules, ctx: _Ctx, path: str):
-    """Routed experts: UFP4SequentialMLP, or TEGroupedMLP + UFP4 grouped linears."""
+    """Routed experts: with config.moe_grouped_gemm, Megatron's TEGroupedMLP hosting grouped
+    linears for every recipe (BF16 experts, and fc1/fc2 kept BF16 by the policy, run the same
+    grouped GEMMs unquantized); otherwise UFP4SequentialMLP, or None (Megatron's own) when
+    nothing is quantized."""
     fc1, fc2 = ctx.bind(f"{path}.linear_fc1"), ctx.bind(f"{path}.linear_fc2")
-    if fc1 is None and fc2 is None:
-        return None
     if ctx.config.moe_grouped_gemm:
-        if fc1 is None or fc2 is None:
-            raise ValueError(f"{ctx.prefix}.{path}: grouped experts need fc1 and fc2 both "
-                             "quantized; use moe_grouped_gemm=False for a BF16 fc1 or fc2")
         subs = GroupedMLPSubmodules(
-            linear_fc1=functools.partial(UFP4ColumnParallelGroupedLinear, ufp4=fc1),
-            linear_fc2=functools.partial(UFP4RowParallelGroupedLinear, ufp4=fc2),
+            linear_fc1=functools.partial(UFP4ColumnParallelGroupedLinear,
+                                         ufp4=fc1 or _bf16_binding(ctx, f"{path}.linear_fc1")),
+            linear_fc2=functools.partial(UFP4RowParallelGroupedLinear,
+                                         ufp4=fc2 or _bf16_binding(ctx, f"{path}.linear_fc2")),
             activation_func=mlp_submodules.activation_func)
         return functools.partial(TEGroupedMLP, submodules=subs)
+    if fc1 is None and fc2 is None:
+        return None
     subs = _rewrite(mlp_submodules, ctx, path)
     return functools.partial(UFP4SequentialMLP, submodules=subs)
+
+
+def _bf16_binding(ctx: _Ctx, path: str) -> UFP4Binding:
+    """The binding of a grouped linear the policy leaves in BF16 (no SR, so no role needed)."""
+    return UFP4Binding(recipe=get_recipe("bf16"), seeds=ctx.policy.seeds,
+                       layer_number=ctx.layer_number, path=f"{ctx.prefix}.{path}", role=0)
