@@ -21,5 +21,9 @@ if [ ! -f "$TARBALL" ]; then
 fi
 source tools/gpu_setup.sh || exit 1
 export OMP_NUM_THREADS=8
+if ! command -v torchrun >/dev/null; then  # the documented commands call torchrun
+  torchrun() { python3 -m torch.distributed.run "$@"; }
+  export -f torchrun
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 timeout 570 python3 tools/gpu_megatron_lm.py --tarball "$TARBALL" --out "$OUT" "$@"

@@ -41,14 +41,15 @@ gpu_megatron_lm = _load_tool()
 
 
 def run_probe(kind: str, root: Path | None = None, cases: list | None = None,
-              tmp: Path | None = None) -> dict:
+              tmp: Path | None = None, pythonpath: tuple[Path, ...] = ()) -> dict:
     argv = [sys.executable, str(HERE / "probe.py"), kind]
     if cases is not None:
         path = tmp / f"cases-{root.name}.json"
         path.write_text(json.dumps(cases))
         argv.append(str(path))
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(root) if root is not None else "", "HOME": str(tmp or HERE)}
+           "PYTHONPATH": os.pathsep.join(map(str, [*pythonpath, *([root] if root else [])])),
+           "HOME": str(tmp or HERE)}
     res = subprocess.run(argv, cwd=root or HERE, env=env, capture_output=True, text=True,
                          timeout=600)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("PROBE_JSON ")]
@@ -171,7 +172,9 @@ PATCHED = {  # name: (extra args, env)
 
 
 def patched_cases() -> list[dict]:
-    return [{"name": n, "argv": base_argv() + a, "env": e} for n, (a, e) in PATCHED.items()]
+    cases = [{"name": n, "argv": base_argv() + a, "env": e} for n, (a, e) in PATCHED.items()]
+    return cases + [{"name": "hybrid-refuses-flags", "argv": base_argv() + FLAGS + ["e1m2"],
+                     "env": {}, "hybrid": True}]
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """What Megatron-LM's pretrain_gpt.py does up to its model, on CPU, in one process per call.
 
     python probe.py routes CASES.json    (cwd / PYTHONPATH: a Megatron-LM root, see conftest)
+    python probe.py validate CASES.json  argument parsing and validation only
     python probe.py te                   TE-shaped spec rewrite, built into a model
     python probe.py sr_state             the SR stream in Megatron's checkpoint extra state
 
@@ -122,6 +123,11 @@ def _route(case, gpt_config_from_args, container_from_args, seed_model_parallel,
 
             set_global_variables(args)  # the rest of parse_and_validate_args
             stage = "config"
+            if case.get("hybrid"):  # pretrain_hybrid.py's config step instead
+                from megatron.training.argument_utils import hybrid_config_from_args
+
+                hybrid_config_from_args(args)
+                return {"stage": "ok"}
             model_cfg = gpt_config_from_args(args)
             full = container_from_args(args, model_cfg)
         result["args"] = {"fp4": args.fp4, "fp4_recipe": args.fp4_recipe,
@@ -144,6 +150,23 @@ def _route(case, gpt_config_from_args, container_from_args, seed_model_parallel,
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
+
+
+def validate(cases: list[dict]) -> dict:
+    """parse_args + validate_args only, without importing the plugin first (so a case can
+    run with the plugin shadowed on PYTHONPATH)."""
+    from megatron.training.arguments import parse_args, validate_args
+
+    out = {}
+    for case in cases:
+        sys.argv = ["pretrain_gpt.py", *case["argv"]]
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                validate_args(parse_args(), {"tokenizer_type": "GPT2BPETokenizer"})
+            out[case["name"]] = {"stage": "ok"}
+        except ValueError as e:
+            out[case["name"]] = {"stage": "validate", "error": str(e)}
+    return out
 
 
 # ----------------------------------------------------------------------------- te
@@ -253,9 +276,9 @@ def sr_state() -> dict:
 
 if __name__ == "__main__":
     kind = sys.argv[1]
-    if kind == "routes":
+    if kind in ("routes", "validate"):
         with open(sys.argv[2]) as f:
-            result = routes(json.load(f))
+            result = {"routes": routes, "validate": validate}[kind](json.load(f))
     else:
         result = {"te": te, "sr_state": sr_state}[kind]()
     print("PROBE_JSON " + json.dumps(result))

@@ -13,7 +13,7 @@ Contracts (model: the documented 4-layer GPT, 17 parallel linears = 4 per layer 
 - both routes build the same model for the same recipe.
 """
 import pytest
-from conftest import CHECKOUT, NEEDS_CHECKOUT, PATCHED
+from conftest import CHECKOUT, FLAGS, NEEDS_CHECKOUT, PATCHED, base_argv, run_probe
 
 from ufp4_megatron import get_recipe
 
@@ -174,8 +174,26 @@ _BUILT = {"plain", "flags-ufp4", "flags-int4", "flags-e2m1", "rht-none", "rht-wg
           "spec-on-patched"}
 
 
+def test_hybrid_models_refuse_the_flags(patched_results):
+    r = patched_results["hybrid-refuses-flags"]
+    assert r["stage"] == "config" and "hybrid models have no UFP4 spec" in r["error"], r
+
+
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_patched_refusals_name_the_flag(patched_results, case):
     stage, message = REFUSED[case]
     r = patched_results[case]
     assert r["stage"] == stage and message in r["error"], r
+
+
+def test_flags_without_the_plugin_say_how_to_install_it(patched_root, tmp_path):
+    shadow = tmp_path / "shadow" / "ufp4_megatron"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'ufp4_megatron'\")\n")
+    r = run_probe("validate", patched_root, [{"name": "no-plugin",
+                                              "argv": base_argv() + FLAGS + ["e1m2"]}],
+                  tmp_path, pythonpath=(shadow.parent,))["no-plugin"]
+    assert r["stage"] == "validate"
+    assert "needs the ufp4-megatron plugin, which does not import (No module named " \
+           "'ufp4_megatron'): pip install ufp4-megatron" in r["error"]
