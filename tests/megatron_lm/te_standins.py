@@ -6,6 +6,7 @@ structure of get_gpt_layer_with_transformer_engine_submodules (no MLA) with
   FusedNormColumn  for TELayerNormColumnParallelLinear (RMSNorm weight `layer_norm_weight`
                    inside a column-parallel linear, as TE's fused module keeps it)
   TEColumn, TERow  for TEColumnParallelLinear, TERowParallelLinear
+  GroupedColumn, GroupedRow  for TE's grouped expert linears (in Megatron's TEGroupedMLP)
 and TE_CLASSES, the TEModules table that te_modules() would read from TESpecProvider.
 """
 import functools
@@ -19,7 +20,7 @@ from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubm
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.mlp import MLP, MLPSubmodules
-from megatron.core.transformer.moe.experts import SequentialMLP
+from megatron.core.transformer.moe.experts import GroupedMLPSubmodules, SequentialMLP, TEGroupedMLP
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_layer import (
@@ -49,6 +50,14 @@ class TERow(RowParallelLinear):
     pass
 
 
+class GroupedColumn:
+    """TEColumnParallelGroupedLinear stand-in (never built: quantized experts replace it)."""
+
+
+class GroupedRow:
+    """TERowParallelGroupedLinear stand-in."""
+
+
 class FusedMLP(MLP):
     """TEFusedMLP stand-in (never built: the rewrite refuses it)."""
 
@@ -69,17 +78,22 @@ class FakeTEBackend(LocalSpecProvider):
         return FusedNormColumn
 
     def grouped_mlp_modules(self, moe_use_grouped_gemm):
+        if moe_use_grouped_gemm:
+            return functools.partial(TEGroupedMLP, submodules=GroupedMLPSubmodules(
+                linear_fc1=GroupedColumn, linear_fc2=GroupedRow, activation_func=None))
         return functools.partial(SequentialMLP, submodules=MLPSubmodules(
             linear_fc1=TEColumn, linear_fc2=TERow))
 
 
 TE_CLASSES = TEModules(fused=FusedNormColumn, column=TEColumn, row=TERow, norm=WrappedTorchNorm,
-                       qk_norm=WrappedTorchNorm, fused_mlps=(FusedMLP,))
+                       qk_norm=WrappedTorchNorm, grouped_mlp=TEGroupedMLP,
+                       grouped_linears=(GroupedColumn, GroupedRow), fused_mlps=(FusedMLP,))
 
 
-def te_layer(num_experts=None, fused_mlp=False) -> ModuleSpec:
+def te_layer(num_experts=None, fused_mlp=False, grouped=False) -> ModuleSpec:
     backend = FakeTEBackend()
-    mlp = get_mlp_module_spec_for_backend(backend=backend, num_experts=num_experts)
+    mlp = get_mlp_module_spec_for_backend(backend=backend, num_experts=num_experts,
+                                          moe_grouped_gemm=grouped)
     if fused_mlp:  # what use_te_op_fuser selects
         mlp = functools.partial(FusedMLP.as_mlp_submodule, **mlp.keywords)
     return ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(

@@ -2,7 +2,8 @@
 stand-in classes (te_standins.py; TE itself cannot be installed here).
 
 - Where the policy quantizes: TE column/row linears -> UFP4 linears; a fused norm+linear ->
-  the norm in the layer's slot + a UFP4 linear; elsewhere (a BF16 layer) TE's modules stay.
+  the norm in the layer's slot + a UFP4 linear; TE's grouped experts -> the plugin's (sequential
+  or grouped); elsewhere (a BF16 layer) TE's modules stay.
 - The rewritten model has exactly the checkpoint keys and shapes of the all-TE model
   (`self_attention.linear_qkv.layer_norm_weight`, ...), dense and MoE, and trains a step.
 - TE's fused MLP is refused where it would be quantized; an unexpected fused module or norm
@@ -15,9 +16,22 @@ from conftest import run_probe
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
-from te_standins import TE_CLASSES, FusedNormColumn, TEColumn, TERow, te_layer
+from megatron.core.transformer.moe.experts import TEGroupedMLP
+from te_standins import (
+    TE_CLASSES,
+    FusedNormColumn,
+    GroupedColumn,
+    GroupedRow,
+    TEColumn,
+    TERow,
+    te_layer,
+)
 
 from ufp4_megatron.megatron import UFP4ColumnParallelLinear, UFP4Policy, UFP4RowParallelLinear
+from ufp4_megatron.megatron.experts import (
+    UFP4ColumnParallelGroupedLinear,
+    UFP4RowParallelGroupedLinear,
+)
 from ufp4_megatron.megatron.spec import ufp4_block_spec
 from ufp4_megatron.megatron.te_spec import place_norms, te_modules
 
@@ -78,6 +92,22 @@ def test_te_sequential_experts_become_ufp4():
     assert {_cls(experts.keywords["submodules"].linear_fc1),
             _cls(experts.keywords["submodules"].linear_fc2)} == {UFP4ColumnParallelLinear,
                                                                UFP4RowParallelLinear}
+
+
+def test_te_grouped_experts_become_ufp4_grouped_experts():
+    config = _config(num_moe_experts=4, moe_router_topk=2, add_bias_linear=False,
+                     moe_grouped_gemm=True)
+    block = _rewrite(te_layer(num_experts=4, grouped=True), config, UFP4Policy("ufp4"))
+    experts = block.layer_specs[0].submodules.mlp.keywords["submodules"].experts
+    subs = experts.keywords["submodules"]
+    assert experts.func is TEGroupedMLP
+    assert (_cls(subs.linear_fc1), _cls(subs.linear_fc2)) == (UFP4ColumnParallelGroupedLinear,
+                                                             UFP4RowParallelGroupedLinear)
+    kept = _rewrite(te_layer(num_experts=4, grouped=True), config,
+                    UFP4Policy("ufp4", rules={"*.experts.*": "bf16"}))
+    subs = kept.layer_specs[0].submodules.mlp.keywords["submodules"].experts.keywords[
+        "submodules"]
+    assert (subs.linear_fc1, subs.linear_fc2) == (GroupedColumn, GroupedRow)
 
 
 def test_without_te_classes_a_te_spec_is_refused():
