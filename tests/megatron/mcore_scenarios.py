@@ -417,17 +417,18 @@ def entry_point() -> dict:
     import os
 
     from megatron.core.models.gpt import GPTModel
-    from ufp4_megatron.megatron.spec import ENTRY_POLICIES, ufp4_gpt_spec
+    from ufp4_megatron.megatron.spec import ufp4_gpt_spec
 
     setup_parallel()
     os.environ["UFP4_RECIPE"] = "e2m1"
-    out = {}
+    out, recipes = {}, set()
     for label, config in (("dense", tiny_config()), ("moe", tiny_config(moe=True))):
         model = GPTModel(config=config, transformer_layer_spec=ufp4_gpt_spec(config),
                          vocab_size=128, max_sequence_length=32)
         out[label] = {n: f"{type(m).__name__} {m.extra_repr()}" for n, m in model.named_modules()
                       if type(m).__name__.startswith("UFP4")}
-    out["policy"] = ENTRY_POLICIES[None].default.name
+        recipes |= {m.ufp4.recipe.name for m in model.modules() if hasattr(m, "ufp4")}
+    out["policy"] = "/".join(sorted(recipes))  # the recipes the UFP4 linears run
     return out
 
 
