@@ -241,8 +241,10 @@ def _experts(mlp_submodules, ctx: _Ctx, path: str):
     """Routed experts: with config.moe_grouped_gemm, Megatron's TEGroupedMLP hosting grouped
     linears for every recipe (BF16 experts, and fc1/fc2 kept BF16 by the policy, run the same
     grouped GEMMs unquantized); otherwise UFP4SequentialMLP, or None (Megatron's own) when
-    nothing is quantized."""
+    nothing is quantized. A TE spec whose experts stay BF16 keeps TE's own grouped GEMMs."""
     fc1, fc2 = ctx.bind(f"{path}.linear_fc1"), ctx.bind(f"{path}.linear_fc2")
+    if fc1 is None and fc2 is None and ctx.te is not None:
+        return None
     if ctx.config.moe_grouped_gemm:
         subs = GroupedMLPSubmodules(
             linear_fc1=functools.partial(UFP4ColumnParallelGroupedLinear,
