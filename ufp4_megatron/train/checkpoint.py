@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-STEP_DIR = re.compile(r"step_(\d{8})")
+STEP_DIR = re.compile(r"step_(\d{8,})")  # step_%08d; longer past 10^8 steps
 PREFIX = "ufp4"  # keys of the plugin's own entries in the checkpoint
 KILL_HOOK = "UFP4_TEST_CHECKPOINT_KILL_AT"  # tests only: "<phase>:<step>", see _test_hook
 
@@ -360,10 +360,9 @@ def load(ckpt_dir: Path, model, optimizer, extra: dict) -> int:
     except Exception as e:  # a checkpoint that passed the metadata checks but cannot be read
         raise CheckpointError(f"cannot load {path}: {type(e).__name__}: {e}. Move it aside to "
                               "resume from the step before") from e
-    with torch.no_grad():  # copies into parameters (fp32 main params are views of them)
+    with torch.no_grad():
         model.load_state_dict(state["model"])
-        optimizer.opt.load_state_dict(state["optimizer"])
-    optimizer.finish_load()
+    optimizer.load_state_dict(state["optimizer"])
     for name, obj in extra.items():
         obj.load_state_dict(state[f"{PREFIX}.{name}"])
     if same_ranks:

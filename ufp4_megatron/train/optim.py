@@ -63,13 +63,33 @@ class MegatronOptimizer:
                         st.setdefault("exp_avg_sq", torch.zeros_like(q))
                         st["step"] = torch.tensor(0.0)
 
-    def finish_load(self) -> None:
-        """After load_state_dict, the torch-AdamW fallback again: the distributed optimizer
-        restores the checkpoint's step into each param group's 'step', but then (dp_reshardable)
-        copies the load template's per-param 'step' over it, and gives every param one shared
-        'step' tensor, which AdamW would increment once per param per update. Set each param's
-        own 'step' from its group's restored value."""
-        for inner in _torch_adams(self.opt):
+    def load_state_dict(self, state: dict) -> None:
+        """Megatron's load_state_dict, plus repairs of its torch-AdamW fallback (no Apex/TE:
+        this package's CPU and GPU environments) in the distributed optimizer, whose torch
+        state then carries a per-param 'step' that Megatron's own code does not expect:
+          - fully_reshardable drops 'step' from the loaded tensors, then copies every key of
+            the torch state into place (KeyError 'step'): its parameter state is loaded here,
+            by Megatron's load_parameter_state_from_fully_reshardable, with 'step' held aside;
+          - the load gives every param one shared 'step' tensor, which AdamW would then
+            increment once per param per update, and (dp_reshardable) copies the load
+            template's step over the restored one: each param gets its own step, set from its
+            param group's, which Megatron restores from the checkpoint."""
+        chained = getattr(self.opt, "chained_optimizers", [self.opt])
+        parts = [state] if len(chained) == 1 else [v for _, v in sorted(state.items())]
+        later = []
+        for sub, part in zip(chained, parts):
+            if (_torch_adam(sub) is not None and isinstance(part, dict)
+                    and part.get("param_state_sharding_type") == "fully_reshardable"):
+                later.append((sub, part.pop("param_state")))
+                part.pop("param_state_sharding_type")
+        with torch.no_grad():  # copies into parameters (fp32 main params are views of them)
+            self.opt.load_state_dict(state)
+            for sub, param_state in later:
+                inner = _torch_adam(sub)
+                for st in inner.state.values():
+                    st.pop("step", None)
+                sub.load_parameter_state_from_fully_reshardable(param_state)
+        for inner in filter(None, map(_torch_adam, chained)):
             for group in inner.param_groups:
                 if "step" not in group:  # not the distributed optimizer: torch restored it
                     continue
@@ -91,11 +111,14 @@ class MegatronOptimizer:
         return float(grad_norm)
 
 
+def _torch_adam(sub) -> torch.optim.Optimizer | None:
+    """The torch Adam(W) inside one of Megatron's optimizers; None with Apex/TE's FusedAdam."""
+    inner = getattr(sub, "optimizer", None)
+    return inner if isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)) else None
+
+
 def _torch_adams(opt) -> list[torch.optim.Optimizer]:
-    """The torch Adam(W)s inside Megatron's (chained) optimizer; empty with Apex/TE's."""
-    chained = getattr(opt, "chained_optimizers", [opt])
-    return [o.optimizer for o in chained
-            if isinstance(getattr(o, "optimizer", None), (torch.optim.Adam, torch.optim.AdamW))]
+    return list(filter(None, map(_torch_adam, getattr(opt, "chained_optimizers", [opt]))))
 
 
 def _param_layout(model: torch.nn.Module, ddp_cfg):
