@@ -17,14 +17,12 @@ optimizer and dist_checkpointing, the code path of GPU runs. "Equal" means bit f
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
 
 import pytest
 
 from _cli import ROOT, env, run, train_cmd
+from _kill import run_to_death
 from ufp4_megatron.train import checkpoint
 
 STEPS = 6
@@ -56,23 +54,9 @@ def unbroken(tmp_path_factory, cache):
 def _killed(tmp_path, cache, at: str, *extra: str):
     """A run SIGKILLed at `at` ('<phase>:<step>') of a save; returns (its command, run dir)."""
     cmd = train_cmd(tmp_path / "run", cache, *COMMON, *extra)
-    log = tmp_path / "killed.log"
-    with log.open("w") as f:  # a file, not a pipe: see kill_group
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env(tmp_path) | {checkpoint.KILL_HOOK: at},
-                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-        rc = proc.wait(timeout=240)
-    kill_group(proc.pid)
-    assert rc == -9, log.read_text()[-3000:]  # SIGKILL: no handler, no cleanup ran
+    r = run_to_death(cmd, ROOT, env(tmp_path) | {checkpoint.KILL_HOOK: at}, tmp_path)
+    assert r.returncode == -9, r.stderr[-3000:]  # SIGKILL: no handler, no cleanup ran
     return cmd, tmp_path / "run"
-
-
-def kill_group(pgid: int) -> None:
-    """Megatron's checkpoint writer starts a multiprocessing Manager process that outlives a
-    SIGKILLed trainer; torchrun and Slurm kill the whole process group, so do the tests."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def test_checkpoint_is_megatron_dist_checkpointing(unbroken):
