@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-from _cli import ROOT, env, train_cmd  # noqa: E402
+from _cli import ROOT, env, losses, train_cmd  # noqa: E402
 from _kill import TAG, kill_tagged, run_to_death  # noqa: E402
 
 from ufp4_megatron.train import checkpoint  # noqa: E402
@@ -54,11 +54,6 @@ def _env(tmp: Path) -> dict:
 def _cmd(work: Path, name: str, optim: str, device: str) -> list[str]:
     return train_cmd(work / name / "run", work / name / "data", *COMMON, *OPTIM[optim],
                      f"train.device={device}")
-
-
-def _losses(run_dir: Path) -> list[float]:
-    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line)["loss"] for line in rows]
 
 
 def _run(cmd, tmp: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
@@ -125,8 +120,8 @@ def run_matrix(work: Path, log=None, device: str = "cuda") -> list[dict]:
                "max_abs_diff": None}
         ok = first_rc == expected_first and resume_rc == 0 and ref_rc == 0
         if ok:
-            a = _losses(work / name / "run")
-            b = _losses(work / f"unbroken-{ref}" / "run")
+            a = losses(work / name / "run")
+            b = losses(work / f"unbroken-{ref}" / "run")
             row["steps_equal"] = sum(x == y for x, y in zip(a, b))
             row["max_abs_diff"] = max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) \
                 else None

@@ -15,7 +15,6 @@ correctly, but no unbroken run has its bits). What check_layout refuses is refus
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -23,7 +22,7 @@ import sys
 
 import pytest
 
-from _cli import ROOT, env, run, train_cmd
+from _cli import ROOT, env, losses, run, train_cmd
 from _kill import run_to_death
 from ufp4_megatron.train import checkpoint
 
@@ -34,10 +33,6 @@ COMMON = [f"train.steps={STEPS}", "train.micro_batch=1", "checkpoint.interval=3"
 UFP4, BF16 = "precision=ufp4", "precision=bf16"
 FULLY = "checkpoint.optim_fully_reshardable=true"
 PLAIN = "parallel.distributed_optimizer=false"
-
-
-def losses(run_dir):
-    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def _port() -> int:

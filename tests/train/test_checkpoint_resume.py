@@ -21,17 +21,13 @@ import shutil
 
 import pytest
 
-from _cli import ROOT, env, run, train_cmd
+from _cli import ROOT, env, losses, run, train_cmd
 from _kill import run_to_death
 from ufp4_megatron.train import checkpoint
 
 STEPS = 6
 COMMON = ["precision=ufp4", f"train.steps={STEPS}", "checkpoint.interval=2", "checkpoint.keep=1",
           "logging.wandb.mode=disabled"]
-
-
-def losses(run_dir):
-    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def leftovers(ckpt_dir):

@@ -5,8 +5,9 @@
     test_prune_leaves_no_half_deleted_step       a dir being deleted is renamed first
     test_resume_false_over_used_dir_is_refused   one line, says how to start fresh
     test_no_intact_checkpoint_is_refused         damaged dirs only: refuse, name them
-    test_check_layout_refusals                   pp change, distributed optimizer on/off,
-        dp_reshardable at another TP/EP; DP changes and fully_reshardable TP changes pass
+    test_check_layout_refusals                   pp or ep change, distributed optimizer on/off,
+        dp_reshardable at another TP
+    test_check_layout_allows_what_megatron_reshards   DP changes; TP changes in model space
     test_metrics_partial_last_line_dropped       a line cut by a kill: dropped, warned, rest kept
     test_read_metrics_skips_a_line_being_written, test_read_metrics_names_a_damaged_line
 """
@@ -70,7 +71,8 @@ LAYOUT = {"tp": 2, "pp": 1, "ep": 1, "dp": 2, "world_size": 4, "distributed_opti
     (dict(pp=2, world_size=8), "changing parallel.pp"),
     (dict(distributed_optimizer=False, optim_sharding=None), "switching the distributed"),
     (dict(tp=1, dp=4), "dp_reshardable state can change only the data-parallel size"),
-    (dict(ep=2), "dp_reshardable state"),
+    (dict(ep=2), "changing parallel.ep"),
+    (dict(ep=2, distributed_optimizer=False, optim_sharding=None), "changing parallel.ep"),
 ])
 def test_check_layout_refusals(tmp_path, change, match):
     with pytest.raises(checkpoint.CheckpointError, match=match) as e:
@@ -82,7 +84,7 @@ def test_check_layout_refusals(tmp_path, change, match):
     (LAYOUT, LAYOUT | dict(dp=1, world_size=2)),  # DP change, dp_reshardable
     (LAYOUT | dict(optim_sharding="fully_reshardable"), LAYOUT | dict(tp=1, dp=4)),
     (LAYOUT | dict(distributed_optimizer=False, optim_sharding=None),
-     LAYOUT | dict(tp=1, ep=2, distributed_optimizer=False, optim_sharding=None)),
+     LAYOUT | dict(tp=1, dp=4, distributed_optimizer=False, optim_sharding=None)),
 ])
 def test_check_layout_allows_what_megatron_reshards(tmp_path, saved, now):
     checkpoint.check_layout(saved, now, tmp_path)

@@ -148,10 +148,12 @@ def check_layout(saved: dict, now: dict, path: Path) -> None:
     """Refuses what Megatron's checkpoint formats cannot reshard, naming the fix.
 
     Model weights and a non-distributed optimizer are stored in model space (global tensor
-    shapes): TP, EP and DP may change. The distributed optimizer in `fully_reshardable` form is
+    shapes): TP and DP may change. The distributed optimizer in `fully_reshardable` form is
     model space too. In `dp_reshardable` form (Megatron-LM's default) its state is the flat
-    bucket layout of one TP x PP x EP partition: only DP may change. PP never changes here:
-    the SR-seed streams are per pipeline stage, so a new PP layout cannot continue them."""
+    bucket layout of one TP x PP partition: only DP may change. PP never changes here: the
+    SR-seed streams are per pipeline stage, so a new PP layout cannot continue them. EP never
+    changes: Megatron's (chained) optimizer state for expert parameters has another structure
+    at another EP size (seen: EP=2 -> 1 fails in _filter_and_reorder_param_groups)."""
     def refuse(what: str, fix: str) -> None:
         raise CheckpointError(f"{path} was saved with {_describe(saved)}; this run has "
                               f"{_describe(now)}: {what}. {fix}")
@@ -162,14 +164,16 @@ def check_layout(saved: dict, now: dict, path: Path) -> None:
     if saved["pp"] != now["pp"]:
         refuse("changing parallel.pp on resume is not supported (the SR-seed streams are per "
                "pipeline stage)", back.capitalize())
+    if saved["ep"] != now["ep"]:
+        refuse("changing parallel.ep on resume is not supported (Megatron's optimizer state "
+               "for the expert parameters is structured per EP size)", back.capitalize())
     if saved["distributed_optimizer"] != now["distributed_optimizer"]:
         refuse("switching the distributed optimizer on or off on resume is not supported (its "
                "state dict differs from Megatron's plain optimizer's)", back.capitalize())
-    if saved["optim_sharding"] == "dp_reshardable" and (saved["tp"], saved["ep"]) != (
-            now["tp"], now["ep"]):
+    if saved["optim_sharding"] == "dp_reshardable" and saved["tp"] != now["tp"]:
         refuse("the distributed optimizer's dp_reshardable state can change only the "
                "data-parallel size", back.capitalize() + ", or save the run with "
-               "checkpoint.optim_fully_reshardable=true to change TP/EP later")
+               "checkpoint.optim_fully_reshardable=true to change TP later")
 
 
 def _describe(lay: dict) -> str:

@@ -175,7 +175,7 @@ class CheckpointConfig:
     resume: bool = True  # false: refuse to start if the dir already holds checkpoints
     keep: int = 2  # newest checkpoints kept (by step); older ones are deleted; <= 0: keep all
     # distributed optimizer state in Megatron's fully_reshardable form (resumable at another
-    # TP/EP; gathers the state over DP at save) instead of dp_reshardable (only DP may change)
+    # TP; gathers the state over DP at save) instead of dp_reshardable (only DP may change)
     optim_fully_reshardable: bool = False
 
 
