@@ -158,21 +158,21 @@ def check_layout(saved: dict, now: dict, path: Path) -> None:
         raise CheckpointError(f"{path} was saved with {_describe(saved)}; this run has "
                               f"{_describe(now)}: {what}. {fix}")
 
-    back = (f"resume with parallel.tp={saved['tp']} parallel.pp={saved['pp']} "
+    back = (f"Resume with parallel.tp={saved['tp']} parallel.pp={saved['pp']} "
             f"parallel.ep={saved['ep']} parallel.distributed_optimizer="
             f"{str(saved['distributed_optimizer']).lower()}")
     if saved["pp"] != now["pp"]:
         refuse("changing parallel.pp on resume is not supported (the SR-seed streams are per "
-               "pipeline stage)", back.capitalize())
+               "pipeline stage)", back)
     if saved["ep"] != now["ep"]:
         refuse("changing parallel.ep on resume is not supported (Megatron's optimizer state "
-               "for the expert parameters is structured per EP size)", back.capitalize())
+               "for the expert parameters is structured per EP size)", back)
     if saved["distributed_optimizer"] != now["distributed_optimizer"]:
         refuse("switching the distributed optimizer on or off on resume is not supported (its "
-               "state dict differs from Megatron's plain optimizer's)", back.capitalize())
+               "state dict differs from Megatron's plain optimizer's)", back)
     if saved["optim_sharding"] == "dp_reshardable" and saved["tp"] != now["tp"]:
         refuse("the distributed optimizer's dp_reshardable state can change only the "
-               "data-parallel size", back.capitalize() + ", or save the run with "
+               "data-parallel size", back + ", or save the run with "
                "checkpoint.optim_fully_reshardable=true to change TP later")
 
 
@@ -180,7 +180,7 @@ def _describe(lay: dict) -> str:
     opt = (f"distributed optimizer ({lay['optim_sharding']})" if lay["distributed_optimizer"]
            else "Megatron's non-distributed optimizer")
     return (f"tp={lay['tp']} pp={lay['pp']} ep={lay['ep']} dp={lay['dp']} "
-            f"({lay['world_size']} ranks), {opt}")
+            f"({lay['world_size']} rank{'s' * (lay['world_size'] != 1)}), {opt}")
 
 
 # -- state -----------------------------------------------------------------------------------

@@ -54,6 +54,8 @@ class MegatronOptimizer:
         torch AdamW, whose state holds a per-param 'step' that a fresh optimizer lacks; the
         distributed optimizer's state_dict() requires it. Give each param the state a first
         step would create (zeros, step 0); the load then overwrites all of it."""
+        if not self.distributed:  # Megatron's plain optimizers build their template themselves
+            return
         for inner in _torch_adams(self.opt):
             for group in inner.param_groups:
                 for q in group["params"]:
