@@ -5,7 +5,7 @@
 set -u
 keep=(megatron_core hydra_core omegaconf antlr4 wandb pydantic pydantic_core annotated_types
       typing_inspection platformdirs opentelemetry googleapis_common_protos submitit
-      hydra_submitit_launcher cwevals distro wandb_workspaces)
+      hydra_submitit_launcher cwevals distro wandb_workspaces psutil)
 wheels=()
 for w in wheelhouse/*.whl; do
   for k in "${keep[@]}"; do [[ $(basename "$w") == ${k}* ]] && wheels+=("$w"); done

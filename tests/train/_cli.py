@@ -1,6 +1,7 @@
 """Runs the real CLIs in subprocesses (the trainer owns process-global Megatron state)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,3 +30,9 @@ def train_cmd(run_dir: Path, cache: Path, *overrides: str) -> list[str]:
 def run(cmd: list[str], tmp: Path, timeout: int = 240) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=env(tmp), capture_output=True, text=True,
                           timeout=timeout)
+
+
+def losses(run_dir: Path) -> list[float]:
+    """The loss column of a run dir's metrics.jsonl."""
+    rows = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["loss"] for line in rows]

@@ -15,18 +15,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from _cli import ROOT, env, run, train_cmd
+from _cli import ROOT, env, losses, run, train_cmd
 from ufp4_megatron.report.wandb_offline import find_run_file, read_run
 
 STEPS = 8
-
-
-def losses(run_dir):
-    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")

@@ -3,21 +3,37 @@
 Megatron-Core 0.19.2 assumes CUDA in a few places even when nothing needs a GPU:
   - ~40 allocations on `torch.cuda.current_device()` (RoPE, mappings, router, linears);
   - MoE code creates `torch.cuda.Stream()` / `Event()` and enters `torch.cuda.stream(...)`;
-  - `model_parallel_cuda_manual_seed` builds a tracker that forks the CUDA RNG.
-`enable_cpu_compat()` points the first at "cpu" and replaces the stream/event objects with
-no-ops; `seed_model_parallel(seed)` seeds the RNG trackers in a CPU-safe way. Megatron's own
-classes are never patched, only these `torch.cuda` entry points, and only when CUDA is absent:
-on a GPU both functions reduce to Megatron's normal behaviour, so GPU runs never use this.
+  - `model_parallel_cuda_manual_seed` builds a tracker that forks the CUDA RNG;
+  - the optimizers, grad clipping and the schedules allocate small tensors with a literal
+    `device='cuda'` (found-inf flags, loss scale, norms, token counters) and check
+    `param.type() == 'torch.cuda.FloatTensor'` (FP32Optimizer's clipping, the distributed
+    optimizer's and Float16Optimizer's main-param set-up);
+  - dist_checkpointing's save calls `torch.cuda.synchronize()`.
+`enable_cpu_compat()` points the first at "cpu", replaces the stream/event objects and
+`synchronize` with no-ops, and enters `_CudaOnCpu`, a torch function mode (the mechanism of
+`torch.set_default_device`) that turns `device='cuda'` of tensor factories into "cpu", makes
+`Tensor.cuda()` return the tensor, and answers `Tensor.type()` with the CUDA type name when
+Megatron-Core itself asks. `seed_model_parallel(seed)` seeds the RNG trackers in a CPU-safe
+way. Megatron's own classes are never patched, only these torch entry points, and only when
+CUDA is absent: on a GPU both functions reduce to Megatron's normal behaviour, so GPU runs
+never use this. With it, Megatron's DDP, `get_megatron_optimizer` (the distributed optimizer
+too), `get_forward_backward_func` and `dist_checkpointing` run on CPU/gloo unchanged, so the
+CPU tests run the GPU code path.
 
 Not covered on CPU (use instead): the alltoall MoE dispatcher's all_to_all with tensor split
-sizes (use moe_token_dispatcher_type="allgather"), Megatron's distributed optimizer and grad
-clipping (use a torch optimizer), `initialize_megatron` of Megatron-LM (asserts CUDA).
+sizes (use moe_token_dispatcher_type="allgather"), `initialize_megatron` of Megatron-LM
+(asserts CUDA), pipeline parallelism (not tried on gloo). A torch function mode is
+per-thread: the shims hold on the thread that called `enable_cpu_compat()` (and autograd,
+which runs CPU backward on it); dist_checkpointing's writer threads only write bytes.
 """
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
 
 _ENABLED = False
 
@@ -45,6 +61,36 @@ class _NullStream:
 _CURRENT = _NullStream()
 
 
+def _names_cuda(device) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    return (isinstance(device, str) and device.startswith("cuda")) or (
+        isinstance(device, int) and not isinstance(device, bool))
+
+
+class _CudaOnCpu(TorchFunctionMode):
+    """CUDA-only spellings in Megatron-Core, answered on CPU (see the module docstring)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _FACTORIES and _names_cuda(kwargs.get("device")):
+            kwargs = {**kwargs, "device": "cpu"}
+        elif func is torch.Tensor.cuda:
+            return args[0]
+        elif func is torch.Tensor.type and len(args) == 1 and not kwargs and _asked_by_megatron():
+            name = func(*args)
+            return name if ".cuda." in name else name.replace("torch.", "torch.cuda.", 1)
+        return func(*args, **kwargs)
+
+
+def _asked_by_megatron() -> bool:
+    # frame 0: this function, 1: __torch_function__, 2: the code that called Tensor.type()
+    return sys._getframe(2).f_globals.get("__name__", "").startswith("megatron.")
+
+
+_FACTORIES = _device_constructors()
+
+
 def cuda_available() -> bool:
     return torch.cuda.is_available()
 
@@ -63,6 +109,7 @@ def enable_cpu_compat() -> bool:
     torch.cuda.current_stream = lambda device=None: _CURRENT
     torch.cuda.stream = lambda stream=None: contextlib.nullcontext()
     torch.cuda.synchronize = lambda device=None: None
+    _CudaOnCpu().__enter__()  # for the rest of the process, as torch.set_default_device does
     _ENABLED = True
     return True
 

@@ -56,6 +56,9 @@ def _mean_loss(reports: list[dict]) -> float:
 
 
 def train(cfg: Config, run_dir: Path) -> list[dict]:
+    ckpt_dir = Path(cfg.checkpoint.dir or run_dir / "checkpoints")
+    checkpoint.check_start(ckpt_dir, cfg.checkpoint.resume)  # before anything is written
+    optim.check_schedule(cfg)
     device = _device(cfg)
     dtype = _dtype(cfg, device)
     env = distributed.init(cfg.parallel, device, cfg.train.seed)
@@ -64,8 +67,8 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
     recipe = recipe_from_config(cfg.precision)
     check_bf16_layers(cfg.precision, cfg.model.num_layers)
     model, policy = model_lib.build_model(cfg, recipe, dtype, device)
-    opt = optim.build_optimizer(model, cfg, device)
-    train_model = getattr(opt, "model", model) if device.type == "cuda" else model
+    opt = optim.build_optimizer(model, cfg)
+    train_model = opt.model  # Megatron's DDP wrapper
     t = cfg.train
     n_micro = data.num_micro_batches(t.global_batch, t.micro_batch, env.dp)
     n_evals = t.steps // t.eval_interval + 1 if t.eval_interval else 0
@@ -75,13 +78,14 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
                                              vocab_size=cfg.model.vocab_size,
                                              n_train=t.steps * t.global_batch, n_valid=n_valid,
                                              create_attention_mask=masks)
-    extra = {"policy": policy}  # its SR-seed stream
+    extra = {"policy": policy, "lr_schedule": opt.scheduler}  # SR-seed stream, LR state
 
-    ckpt_dir = Path(cfg.checkpoint.dir or run_dir / "checkpoints")
     start = 0
     if cfg.checkpoint.resume and checkpoint.latest_step(ckpt_dir) is not None:
         start = checkpoint.load(ckpt_dir, model, opt, extra)
     is_main = env.rank == 0
+    if is_main and start and (note := optim.resumed_schedule_note(opt.scheduler, cfg)):
+        print(note, flush=True)
     metrics = MetricsFile(run_dir / "metrics.jsonl", start) if is_main else None
     wb = wandb_run.start(cfg, run_dir) if is_main else None
     live = LiveGap(cfg, run_dir, wb) if wb is not None else None  # gap_vs_bf16, ...
@@ -97,8 +101,7 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
     step = start
     while step < t.steps:
         t0 = time.perf_counter()
-        lr = optim.lr_at(step, cfg.optim, t.steps)
-        opt.set_lr(lr)
+        lr = opt.advance_lr()
         opt.zero_grad()
         diag_step = probes is not None and step % cfg.logging.wandb.diagnostics_interval == 0
         if probes is not None:

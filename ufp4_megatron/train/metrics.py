@@ -2,20 +2,28 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 
 class MetricsFile:
     """Appends step records; on resume, drops records past the checkpoint's step so the file
-    reads as one unbroken run."""
+    reads as one unbroken run. A line cut short by a kill mid-write (or otherwise unreadable)
+    is dropped with a warning; the rest is kept. The file is rewritten atomically."""
 
     def __init__(self, path: Path, resumed_step: int):
         self.path = Path(path)
         if self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line and json.loads(line)["step"] <= resumed_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            rows, bad = _parse(self.path)
+            if bad:
+                print(f"WARNING: {self.path}: dropped unreadable line(s) "
+                      f"{', '.join(map(str, bad))} (a run killed mid-write); kept {len(rows)}",
+                      file=sys.stderr, flush=True)
+            kept = [line for line, row in rows if row["step"] <= resumed_step]
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, self.path)
         self._f = self.path.open("a")
 
     def write(self, record: dict) -> None:
@@ -26,8 +34,33 @@ class MetricsFile:
         self._f.close()
 
 
+def _parse(path: Path) -> tuple[list[tuple[str, dict]], list[int]]:
+    """([(line, record)], numbers of unreadable lines), 1-based."""
+    rows, bad = [], []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            bad.append(n)
+            continue
+        if not isinstance(row, dict) or "step" not in row:
+            bad.append(n)
+            continue
+        rows.append((line, row))
+    return rows, bad
+
+
 def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
+    """The records of a metrics.jsonl; a last line still being written (or cut by a kill) is
+    skipped, an unreadable line elsewhere is an error naming the file and line."""
+    rows, bad = _parse(path)
+    n_lines = len(Path(path).read_text().splitlines())
+    if bad and bad != [n_lines]:
+        raise ValueError(f"{path}: unreadable line(s) {', '.join(map(str, bad))}; the file is "
+                         "damaged (a resume of its run drops them)")
+    return [row for _, row in rows]
 
 
 class Progress:

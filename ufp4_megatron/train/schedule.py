@@ -1,9 +1,9 @@
-"""One global batch of forward/backward passes: Megatron's schedule on GPU, its twin on CPU.
+"""One global batch of forward/backward passes through Megatron's own schedule.
 
-GPU: `get_forward_backward_func()` (no pipelining, or 1F1B when parallel.pp > 1).
-CPU: Megatron's schedules allocate a token counter on device "cuda", so the same
-no-pipelining schedule is spelled out here: the same forward step, the same loss contract
-(sum / tokens / micro-batches), the same MoE aux-loss scaling.
+`get_forward_backward_func()`: no pipelining, or 1F1B when parallel.pp > 1. The same call on
+CPU (its token counters on "cuda" land on CPU through the plugin's cpu_compat), so the loss
+contract (sum / tokens / micro-batches), the MoE aux-loss scaling and the gradient
+finalization (DP all-reduce, SP norm grads) are Megatron's on both.
 """
 from __future__ import annotations
 
@@ -27,22 +27,11 @@ def forward_step(data_iterator, model):
 
 def forward_backward(model, batches, *, n_micro: int, seq_len: int, micro_batch: int,
                      forward_only: bool) -> list[dict]:
-    """Runs n_micro micro-batches, accumulating grads unless forward_only; returns reports."""
-    if next(model.parameters()).is_cuda:
-        from megatron.core.pipeline_parallel import get_forward_backward_func
+    """Runs n_micro micro-batches, accumulating grads unless forward_only; returns reports
+    (empty on pipeline stages other than the last)."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        return get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter(batches), model=[model],
-            num_microbatches=n_micro, seq_length=seq_len, micro_batch_size=micro_batch,
-            decoder_seq_length=seq_len, forward_only=forward_only)
-    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
-
-    MoEAuxLossAutoScaler.set_loss_scale(torch.ones(1) / n_micro)
-    reports, it = [], iter(batches)
-    for _ in range(n_micro):
-        output, loss_func = forward_step(it, model)
-        total, n_tokens, report = loss_func(output)
-        if not forward_only:
-            (total / n_tokens.clamp(min=1) / n_micro).backward()
-        reports.append(report)
-    return reports
+    return get_forward_backward_func()(
+        forward_step_func=forward_step, data_iterator=iter(batches), model=[model],
+        num_microbatches=n_micro, seq_length=seq_len, micro_batch_size=micro_batch,
+        decoder_seq_length=seq_len, forward_only=forward_only)

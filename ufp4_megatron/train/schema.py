@@ -106,7 +106,7 @@ class ParallelConfig:
     ep: int = 1
     sp: bool = False  # sequence parallel (needs tp > 1)
     dp: Optional[int] = None  # None: world_size / (tp * pp); a number is checked against it
-    distributed_optimizer: bool = True  # GPU only; CPU runs use torch AdamW per rank
+    distributed_optimizer: bool = True  # Megatron's distributed optimizer (GPU and CPU)
     backend: str = "auto"  # auto: nccl with CUDA, gloo without
 
 
@@ -130,11 +130,16 @@ class DataConfig:
 
 @dataclass(kw_only=True)
 class OptimConfig:
-    """AdamW with linear warmup then cosine decay to min_lr, and global-norm clipping."""
+    """AdamW with global-norm clipping; LR through Megatron-Core's OptimizerParamScheduler:
+    linear warmup, then decay_style from lr to min_lr over decay_steps (see train/optim.py)."""
 
     lr: float = 3e-4
     min_lr: float = 3e-5
     warmup_steps: int = 100
+    decay_style: str = "cosine"  # cosine | linear | constant | inverse-square-root | WSD
+    decay_steps: Optional[int] = None  # None: train.steps (the value of the run's first start)
+    wsd_decay_steps: Optional[int] = None  # WSD: length of the final decay (needed for WSD)
+    wsd_decay_style: str = "linear"  # WSD's final decay: linear | cosine | exponential | minus_sqrt
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -175,11 +180,16 @@ class LoggingConfig:
 
 @dataclass(kw_only=True)
 class CheckpointConfig:
+    """Megatron dist_checkpointing, saved atomically (see train/checkpoint.py)."""
+
     dir: Optional[str] = None  # None: <run dir>/checkpoints; a checkpoint there is resumed
     interval: int = 0  # steps between saves; 0: only at the end and on SIGTERM/SIGUSR1
     save_at_end: bool = True
-    resume: bool = True
-    keep: int = 2  # newest checkpoints kept; older ones are deleted
+    resume: bool = True  # false: refuse to start if the dir already holds checkpoints
+    keep: int = 2  # newest checkpoints kept (by step); older ones are deleted; <= 0: keep all
+    # distributed optimizer state in Megatron's fully_reshardable form (resumable at another
+    # TP; gathers the state over DP at save) instead of dp_reshardable (only DP may change)
+    optim_fully_reshardable: bool = False
 
 
 @dataclass(kw_only=True)

@@ -1,0 +1,113 @@
+"""Resharding on resume, which dist_checkpointing exists for: 2 gloo ranks under torchrun.
+
+A run is SIGKILLed after its step-3 checkpoint in one layout and resumed in another; its
+losses must equal an unbroken run in the new layout within the TP tolerance of
+test_torchrun_tp2_matches_single_process (rel 1e-5; observed on this machine: 0 for the TP
+changes, 9e-8 for DP 2 -> 1). TP changes run UFP4 (SR on dy, RHT: TP-invariant); the DP change
+runs BF16, since SR seeds mix in the data-parallel rank (a DP change continues an SR run
+correctly, but no unbroken run has its bits). What check_layout refuses is refused.
+
+    test_tp2_resumes_at_tp1[distributed-fully_reshardable]   distributed optimizer, model space
+    test_tp2_resumes_at_tp1[plain]                           Megatron's non-distributed optimizer
+    test_dp2_resumes_at_dp1_from_dp_reshardable              Megatron-LM's default format (BF16)
+    test_dp_reshardable_refuses_a_tp_change                  one line naming the fix
+    test_switching_the_distributed_optimizer_is_refused
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+
+import pytest
+
+from _cli import ROOT, env, losses, run, train_cmd
+from _kill import run_to_death
+from ufp4_megatron.train import checkpoint
+
+STEPS = 6
+# micro_batch 1 so that 2 ranks can also be 2 data-parallel replicas of a 2-sequence batch
+COMMON = [f"train.steps={STEPS}", "train.micro_batch=1", "checkpoint.interval=3",
+          "logging.wandb.mode=disabled"]
+UFP4, BF16 = "precision=ufp4", "precision=bf16"
+FULLY = "checkpoint.optim_fully_reshardable=true"
+PLAIN = "parallel.distributed_optimizer=false"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(cmd: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_port", str(_port()), *cmd[1:]]
+
+
+def killed_after_step3(tmp_path, cache, *layout: str):
+    """2 ranks, SIGKILLed right after the step-3 checkpoint; torchrun kills the other rank."""
+    cmd = torchrun(train_cmd(tmp_path / "run", cache, *COMMON, *layout))
+    r = run_to_death(cmd, ROOT, env(tmp_path) | {checkpoint.KILL_HOOK: "latest_written:3"},
+                     tmp_path)
+    assert r.returncode != 0 and checkpoint.latest_step(tmp_path / "run" / "checkpoints") == 3, \
+        r.stderr[-3000:]
+    return tmp_path / "run"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="module")
+def unbroken(tmp_path_factory, cache):
+    """Single-process runs: UFP4 with the distributed optimizer and without, BF16 with it."""
+    out = {}
+    for name, extra in (("distributed", [UFP4]), ("plain", [UFP4, PLAIN]), ("bf16", [BF16])):
+        tmp = tmp_path_factory.mktemp(f"unbroken_{name}")
+        r = run(train_cmd(tmp / "run", cache, *COMMON, *extra), tmp)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out[name] = tmp / "run"
+    return out
+
+
+@pytest.mark.parametrize("name, opt", [("distributed", [FULLY]), ("plain", [PLAIN])],
+                         ids=["distributed-fully_reshardable", "plain"])
+def test_tp2_resumes_at_tp1(unbroken, tmp_path, cache, name, opt):
+    run_dir = killed_after_step3(tmp_path, cache, UFP4, "parallel.tp=2", "parallel.sp=true", *opt)
+    r = run(train_cmd(run_dir, cache, *COMMON, UFP4, *opt), tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resharding" in r.stdout and "tp=2" in r.stdout
+    assert losses(run_dir) == pytest.approx(losses(unbroken[name]), rel=1e-5)
+
+
+def test_dp2_resumes_at_dp1_from_dp_reshardable(unbroken, tmp_path, cache):
+    run_dir = killed_after_step3(tmp_path, cache, BF16)  # tp=1: 2 data-parallel ranks
+    r = run(train_cmd(run_dir, cache, *COMMON, BF16), tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "dp=2 (2 ranks), distributed optimizer (dp_reshardable) -> tp=1" in r.stdout
+    assert losses(run_dir) == pytest.approx(losses(unbroken["bf16"]), rel=1e-5)
+
+
+def test_dp_reshardable_refuses_a_tp_change(unbroken, tmp_path, cache):
+    run_dir = tmp_path / "run"
+    shutil.copytree(unbroken["distributed"], run_dir)
+    r = run(torchrun(train_cmd(run_dir, cache, *COMMON, UFP4, "parallel.tp=2", "train.steps=8")),
+            tmp_path)
+    assert r.returncode != 0
+    assert "the distributed optimizer's dp_reshardable state can change only the data-parallel " \
+           "size. Resume with parallel.tp=1" in r.stderr
+    assert "checkpoint.optim_fully_reshardable=true" in r.stderr
+    assert len(losses(run_dir)) == STEPS
+
+
+def test_switching_the_distributed_optimizer_is_refused(unbroken, tmp_path, cache):
+    run_dir = tmp_path / "run"
+    shutil.copytree(unbroken["plain"], run_dir)
+    r = run(train_cmd(run_dir, cache, *COMMON, UFP4, "train.steps=8"), tmp_path)  # default: on
+    assert r.returncode != 0
+    assert "switching the distributed optimizer on or off on resume is not supported" in r.stderr
+    assert "parallel.distributed_optimizer=false" in r.stderr
+    assert os.path.exists(run_dir / "checkpoints" / "latest")

@@ -1,0 +1,115 @@
+"""The checkpoint dir's rules, on real files, in process (train/checkpoint.py, train/metrics.py).
+
+    test_prune_by_integer_step_never_newer      retention deletes only steps older than the
+        one just saved, by number (step_100000000 sorts before step_99999999 by name)
+    test_prune_leaves_no_half_deleted_step       a dir being deleted is renamed first
+    test_resume_false_over_used_dir_is_refused   one line, says how to start fresh
+    test_no_intact_checkpoint_is_refused         damaged dirs only: refuse, name them
+    test_check_layout_refusals                   pp or ep change, distributed optimizer on/off,
+        dp_reshardable at another TP
+    test_check_layout_allows_what_megatron_reshards   DP changes; TP changes in model space
+    test_metrics_partial_last_line_dropped       a line cut by a kill: dropped, warned, rest kept
+    test_read_metrics_skips_a_line_being_written, test_read_metrics_names_a_damaged_line
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ufp4_megatron.train import checkpoint
+from ufp4_megatron.train.metrics import MetricsFile, read_metrics
+
+
+def _steps(d, *steps):
+    for s in steps:
+        checkpoint.step_dir(d, s).mkdir(parents=True)
+
+
+def test_prune_by_integer_step_never_newer(tmp_path):
+    _steps(tmp_path, 2, 4, 8, 10)
+    assert checkpoint.prune(tmp_path, 4, keep=1) == [2]  # 8 and 10 are newer: kept
+    assert checkpoint.steps_on_disk(tmp_path) == [4, 8, 10]
+    _steps(tmp_path, 99_999_999, 100_000_000)
+    assert checkpoint.prune(tmp_path, 100_000_000, keep=2) == [4, 8, 10]
+    assert checkpoint.steps_on_disk(tmp_path) == [99_999_999, 100_000_000]
+    assert checkpoint.prune(tmp_path, 100_000_000, keep=0) == []  # keep <= 0: keep all
+
+
+def test_prune_leaves_no_half_deleted_step(tmp_path):
+    _steps(tmp_path, 2, 4)
+    (tmp_path / "step_00000002.deleting").mkdir()  # left by a kill mid-delete
+    checkpoint.prune(tmp_path, 4, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000004"]
+
+
+def test_resume_false_over_used_dir_is_refused(tmp_path):
+    checkpoint.check_start(tmp_path / "absent", resume=False)  # nothing there: fine
+    _steps(tmp_path, 8, 10)
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.check_start(tmp_path, resume=False)
+    msg = str(e.value)
+    assert "steps 8, 10" in msg and "new run dir" in msg and "\n" not in msg
+    assert checkpoint.steps_on_disk(tmp_path) == [8, 10]
+
+
+def test_no_intact_checkpoint_is_refused(tmp_path):
+    _steps(tmp_path, 3)
+    (tmp_path / "latest").write_text("5")
+    assert checkpoint.latest_step(tmp_path) is None
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.check_start(tmp_path, resume=True)
+    msg = str(e.value)
+    assert "names step 5" in msg and "step_00000003 is damaged: no metadata.json" in msg
+
+
+LAYOUT = {"tp": 2, "pp": 1, "ep": 1, "dp": 2, "world_size": 4, "distributed_optimizer": True,
+          "optim_sharding": "dp_reshardable"}
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(pp=2, world_size=8), "changing parallel.pp"),
+    (dict(distributed_optimizer=False, optim_sharding=None), "switching the distributed"),
+    (dict(tp=1, dp=4), "dp_reshardable state can change only the data-parallel size"),
+    (dict(ep=2), "changing parallel.ep"),
+    (dict(ep=2, distributed_optimizer=False, optim_sharding=None), "changing parallel.ep"),
+])
+def test_check_layout_refusals(tmp_path, change, match):
+    with pytest.raises(checkpoint.CheckpointError, match=match) as e:
+        checkpoint.check_layout(LAYOUT, LAYOUT | change, tmp_path)
+    assert "Resume with parallel.tp=2 parallel.pp=1" in str(e.value)
+
+
+@pytest.mark.parametrize("saved, now", [
+    (LAYOUT, LAYOUT | dict(dp=1, world_size=2)),  # DP change, dp_reshardable
+    (LAYOUT | dict(optim_sharding="fully_reshardable"), LAYOUT | dict(tp=1, dp=4)),
+    (LAYOUT | dict(distributed_optimizer=False, optim_sharding=None),
+     LAYOUT | dict(tp=1, dp=4, distributed_optimizer=False, optim_sharding=None)),
+])
+def test_check_layout_allows_what_megatron_reshards(tmp_path, saved, now):
+    checkpoint.check_layout(saved, now, tmp_path)
+
+
+def test_metrics_partial_last_line_dropped(tmp_path, capsys):
+    f = tmp_path / "metrics.jsonl"
+    rows = [json.dumps({"step": s, "loss": 1.0 / s}) for s in (1, 2, 3, 4)]
+    f.write_text("\n".join(rows) + '\n{"step": 5, "lo')
+    m = MetricsFile(f, resumed_step=3)
+    m.write({"step": 4, "loss": 0.5})
+    m.close()
+    assert [r["step"] for r in read_metrics(f)] == [1, 2, 3, 4]
+    assert read_metrics(f)[-1]["loss"] == 0.5
+    assert "dropped unreadable line(s) 5" in capsys.readouterr().err
+
+
+def test_read_metrics_skips_a_line_being_written(tmp_path):
+    f = tmp_path / "metrics.jsonl"
+    f.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
+    assert read_metrics(f) == [{"step": 1, "loss": 2.0}]
+
+
+def test_read_metrics_names_a_damaged_line(tmp_path):
+    f = tmp_path / "metrics.jsonl"
+    f.write_text('{"step": 1}\n{"st\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl: unreadable line\(s\) 2"):
+        read_metrics(f)
