@@ -10,9 +10,12 @@ device) are not part of it: a run may resume with them changed.
     run_id(cfg)          8 hex digits of sha256 over identity(cfg)
     sibling_key(cfg)     the same over identity(cfg) without "precision": runs that differ
                          only in their recipe (a BF16 reference and its 4-bit runs) share it
+    differences(a, b)    the dotted identity keys where two configs differ
+    register_resolver()  `${ufp4.run_id:}` for Hydra's run and sweep dirs
 
-`cfg` is the resolved config as plain containers (OmegaConf.to_container(..., resolve=True))
-or a dataclass Config. Imports nothing of Megatron; usable on saved config.yaml files.
+`cfg` is the resolved config as plain containers (OmegaConf.to_container(..., resolve=True)),
+a dataclass Config, or a DictConfig (resolved key by key). All three give the same run_id.
+Imports nothing of Megatron; usable on saved config.yaml files.
 """
 from __future__ import annotations
 
@@ -69,6 +72,16 @@ def sibling_key(cfg: Any) -> str:
     ident = identity(cfg)
     ident.pop("precision")
     return _digest(ident)
+
+
+def register_resolver() -> None:
+    """`${ufp4.run_id:}` in a Hydra config: run_id() of the config it sits in. Hydra's run and
+    sweep dirs use it (configs/hydra/default.yaml), so every torchrun rank, given the same
+    command, computes the same dir. Register before hydra.main / compose."""
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("ufp4.run_id", lambda *, _root_: run_id(_root_),
+                                    replace=True)
 
 
 def differences(old: Any, new: Any) -> list[str]:
