@@ -26,7 +26,7 @@ def _read_inputs(paths: list[str]) -> Iterable[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m ufp4_megatron.prepare_data",
+    ap = argparse.ArgumentParser(prog="ufp4-prepare-data",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("inputs", nargs="*", help="text files or dirs; none: the embedded corpus")

@@ -40,7 +40,7 @@ def log_to_wandb(rows: list[GapRow], table_md: str, png: Path, args) -> None:
 
 
 def run(argv: list[str] | None = None) -> list[GapRow]:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog="ufp4-compare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="run dirs, offline W&B runs, or entity/project/run_id")
     ap.add_argument("--reference", default="bf16", help="precision name of the reference runs")

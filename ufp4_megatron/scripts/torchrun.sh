@@ -4,6 +4,10 @@
 #
 #   launch/torchrun.sh [--nnodes N|MIN:MAX] [--nproc-per-node G] [--rdzv-endpoint HOST:PORT]
 #                      [--rdzv-id ID] [--max-restarts R] [--module M] [--] [overrides...]
+#   launch/torchrun.sh --help
+#
+# (The file lives in the package, ufp4_megatron/scripts/torchrun.sh, so that installed wheels
+# have it too; launch/torchrun.sh in a checkout is a link to it.)
 #
 #   NNODES (1)            NPROC_PER_NODE (all GPUs: torchrun's "gpu"; CPU runs pass a number)
 #   RDZV_ENDPOINT (MASTER_ADDR:MASTER_PORT, else --standalone on one node)
@@ -25,6 +29,7 @@ MAX_RESTARTS=${MAX_RESTARTS:-0}
 UFP4_MODULE=${UFP4_MODULE:-ufp4_megatron.train}
 PYTHON=${PYTHON:-python}
 
+usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 need() { [ "$#" -ge 2 ] || { echo "torchrun.sh: $1 needs a value" >&2; exit 2; }; }
 while [ "$#" -gt 0 ]; do
   case "$1" in
@@ -34,6 +39,7 @@ while [ "$#" -gt 0 ]; do
     --rdzv-id) need "$@"; RDZV_ID=$2; shift 2 ;;
     --max-restarts) need "$@"; MAX_RESTARTS=$2; shift 2 ;;
     --module) need "$@"; UFP4_MODULE=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
     --) shift; break ;;
     *) break ;;
   esac
@@ -53,6 +59,13 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # workers restarted by --max-restarts read keys of the failed attempt and connect to dead peers
 # (pytorch/pytorch#135712; seen here with gloo and torch 2.13).
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
+
+if [ "$NPROC_PER_NODE" = gpu ] &&
+   ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  echo "torchrun.sh: no GPU visible to $PYTHON; give the number of processes," \
+       "e.g. --nproc-per-node 2 (or NPROC_PER_NODE=2)" >&2
+  exit 2
+fi
 
 if [ -n "$RDZV_ENDPOINT" ]; then
   rdzv=(--rdzv-backend c10d --rdzv-endpoint "$RDZV_ENDPOINT" --rdzv-id "$RDZV_ID")

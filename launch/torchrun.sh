@@ -1,0 +1,1 @@
+../ufp4_megatron/scripts/torchrun.sh
