@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from .train.schema import Config, ModelConfig
 
@@ -97,8 +98,9 @@ def describe(cfg: Config) -> str:
     return "\n".join(lines)
 
 
-def load_config(overrides: list[str]) -> Config:
-    """The training config composed exactly as `python -m ufp4_megatron.train` would."""
+def load_config(overrides: list[str], config_dir: str | None = None) -> Config:
+    """The training config composed exactly as `python -m ufp4_megatron.train` would
+    (`config_dir`: the trainer's --config-dir, a user's own config groups)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -108,6 +110,8 @@ def load_config(overrides: list[str]) -> Config:
 
     register_configs()
     register_resolver()
+    if config_dir is not None:  # what --config-dir does for the trainer
+        overrides = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]", *overrides]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return OmegaConf.to_object(compose("config", overrides=overrides))
 
@@ -130,12 +134,16 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example: ufp4-describe model=moe_124b parallel.tp=4 parallel.ep=8 "
                "parallel.pp=4 parallel.dp=8")
+    ap.add_argument("--config-dir", metavar="DIR",
+                    help="a directory of your own config groups, as for ufp4-train")
     ap.add_argument("overrides", nargs="*", metavar="OVERRIDE",
                     help="Hydra overrides of the training config (as for ufp4-train); "
                          "parallel.dp=null describes the smallest world, dp = ep")
     args = ap.parse_args(argv)
+    if args.config_dir is not None and not Path(args.config_dir).is_dir():
+        ap.error(f"--config-dir {args.config_dir}: no such directory")
     try:
-        cfg = with_smallest_dp(load_config(args.overrides))
+        cfg = with_smallest_dp(load_config(args.overrides, args.config_dir))
         check_config(cfg)
     except (ConfigError, HydraException, OmegaConfBaseException) as e:
         cause = f": {_one_line(str(e.__cause__))}" if e.__cause__ else ""

@@ -65,11 +65,16 @@ def start(dcfg: DictConfig, run_dir: Path) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_MODULE, config_name="config")
 def _hydra_main(dcfg: DictConfig) -> None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        start(dcfg, Path(HydraConfig.get().runtime.output_dir))
+        start(dcfg, run_dir)
     except ConfigError as e:
         if os.environ.get("LOCAL_RANK", "0") == "0":  # once per node, not once per rank
             print(f"error: {e}", file=sys.stderr, flush=True)
+        try:
+            run_dir.rmdir()  # Hydra made it; leave nothing behind (only if it is empty)
+        except OSError:
+            pass
         sys.exit(2)
 
 

@@ -35,11 +35,32 @@ NON_IDENTITY_KEYS = {("data", "cache_dir")}
 def _plain(cfg: Any) -> Mapping:
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
         return dataclasses.asdict(cfg)
-    if isinstance(cfg, Mapping):
-        return cfg
-    from omegaconf import OmegaConf  # a DictConfig
+    if type(cfg).__name__ == "DictConfig":  # a Mapping too, but resolved key by key
+        return _resolved_identity_nodes(cfg)
+    return cfg
 
-    return OmegaConf.to_container(cfg, resolve=True)
+
+def _resolved_identity_nodes(cfg: Any) -> dict:
+    """The identity groups of a DictConfig, resolved key by key: keys outside the identity are
+    never resolved, so one that points at the run dir (data.cache_dir='${hydra:run.dir}/x')
+    cannot make the run dir depend on itself."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    def value(node, key):
+        v = node[key]  # resolves an interpolation, relative to the whole config
+        if isinstance(v, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(v, resolve=True)
+        return v
+
+    out = {}
+    for group in (*IDENTITY_GROUPS, "train"):
+        node = cfg.get(group)
+        if node is None:
+            continue
+        keep = [k for k in node.keys() if (group, k) not in NON_IDENTITY_KEYS
+                and (group != "train" or k in IDENTITY_TRAIN_KEYS)]
+        out[group] = {k: value(node, k) for k in keep}
+    return out
 
 
 def identity(cfg: Any) -> dict:

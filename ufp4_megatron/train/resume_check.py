@@ -45,7 +45,7 @@ class StartPlan:
 
     def message(self) -> str:
         if self.complete:
-            return f"already complete at step {self.step}: nothing to do"
+            return f"already complete at step {self.step}: nothing to do ({self.run_dir})"
         if self.step == 0:
             return f"starting {self.run_dir}: {self.total} steps"
         changed = "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in self.changes.items())

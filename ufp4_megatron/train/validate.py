@@ -31,13 +31,19 @@ class ConfigError(ValueError):
 
 
 def check_config(cfg: Config, world_size: int | None = None) -> None:
-    """Raises ConfigError for the first problem found (in the order of the groups below)."""
+    """Raises ConfigError for the first problem found (in the order of the groups below).
+
+    world_size: the number of processes (torchrun's WORLD_SIZE); None: the one parallel.dp
+    implies, or no world checks when that is null too."""
     _check_model(cfg)
     _check_train(cfg)
     _check_optim(cfg)
     _check_logging(cfg)
     _check_precision(cfg)
     _check_layout(cfg)
+    p = cfg.parallel
+    if world_size is None and p.dp is not None:  # describe: the world the layout names
+        world_size = p.tp * p.pp * p.dp
     if world_size is not None:
         _check_world(cfg, world_size)
 
@@ -200,8 +206,6 @@ def _check_layout(cfg: Config) -> None:
         raise ConfigError(f"parallel.ep={p.ep} does not divide model.num_experts="
                           f"{m.num_experts}; use an ep that divides it "
                           f"(e.g. {_largest_divisor(m.num_experts, p.ep)})")
-    if p.dp is not None:
-        _check_world(cfg, p.tp * p.pp * p.dp)
 
 
 def _check_world(cfg: Config, world_size: int) -> None:
