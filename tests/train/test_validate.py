@@ -55,6 +55,8 @@ CASES = [  # (overrides, a fragment of the one-line message)
     (["parallel.tp=3"], "parallel.tp=3 does not divide model.num_attention_heads=4"),
     (["model.ffn_hidden_size=351", "parallel.tp=2"],
      "parallel.tp=2 does not divide model.ffn_hidden_size=351; use a tp that divides it"),
+    (["model.hidden_size=96", "model.num_attention_heads=12", "model.num_query_groups=6",
+      "parallel.tp=4"], "parallel.tp=4 and model.num_query_groups=6: one must divide the other"),
     (["parallel.pp=3"], "parallel.pp=3 does not divide model.num_layers=2"),
     (["parallel.ep=2"], "parallel.ep=2 needs an MoE model"),
     (["model=moe_small", "parallel.ep=3"], "parallel.ep=3 does not divide model.num_experts=8"),

@@ -184,7 +184,6 @@ def _check_layout(cfg: Config) -> None:
         raise ConfigError("parallel.sp=true needs parallel.tp > 1 (sequence parallelism splits "
                           "activations over the tensor-parallel ranks)")
     split_by_tp = {"model.num_attention_heads": m.num_attention_heads,
-                   "model.num_query_groups": m.num_query_groups,
                    "model.ffn_hidden_size": m.ffn_hidden_size, "model.vocab_size": m.vocab_size}
     if m.num_experts is not None:
         split_by_tp["model.moe_ffn_hidden_size"] = m.moe_ffn_hidden_size
@@ -196,6 +195,10 @@ def _check_layout(cfg: Config) -> None:
         if value % p.tp:
             raise ConfigError(f"parallel.tp={p.tp} does not divide {key}={value}; use a tp "
                               f"that divides it (e.g. {_largest_divisor(value, p.tp)})")
+    if m.num_query_groups % p.tp and p.tp % m.num_query_groups:
+        raise ConfigError(f"parallel.tp={p.tp} and model.num_query_groups={m.num_query_groups}:"
+                          " one must divide the other (Megatron splits or replicates the "
+                          "key/value heads over the tensor-parallel ranks)")
     if m.num_layers % p.pp:
         raise ConfigError(f"parallel.pp={p.pp} does not divide model.num_layers={m.num_layers}; "
                           f"use a pp that divides it (e.g. {_largest_divisor(m.num_layers, p.pp)})")
