@@ -46,3 +46,9 @@ def test_dp_null_describes_the_smallest_world(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = dict(line.split(": ", 1) for line in r.stdout.splitlines())
     assert lines["layout"].startswith("tp=4 pp=1 ep=8 dp=8 ")
+
+
+def test_config_dir_must_exist(tmp_path):
+    r = run([sys.executable, "-m", "ufp4_megatron.describe", "--config-dir",
+             str(tmp_path / "nowhere"), "model=tiny"], tmp_path)
+    assert r.returncode == 2 and "--config-dir" in r.stderr and "no such directory" in r.stderr
