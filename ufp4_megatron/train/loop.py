@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from ..data import datasets as data
 from . import checkpoint, distributed, model as model_lib, optim, schedule, wandb_run
+from .live_gap import LiveGap
 from .metrics import MetricsFile, Progress
 from .precision import check_bf16_layers, recipe_from_config
 from .probes import LayerProbes
@@ -81,6 +82,7 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
     is_main = env.rank == 0
     metrics = MetricsFile(run_dir / "metrics.jsonl", start) if is_main else None
     wb = wandb_run.start(cfg, run_dir) if is_main else None
+    live = LiveGap(cfg, run_dir, wb) if wb is not None else None  # gap_vs_bf16, ...
     progress = (Progress(cfg.logging.progress, t.steps, start, cfg.logging.print_interval)
                 if is_main else None)
     probes = None
@@ -122,6 +124,8 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
                 metrics.write(record)
             if wb is not None and (logged or diag_step):  # diagnostics whatever log_interval
                 wb.log(record | (probes.stats() if diag_step else {}), step=step)
+            if wb is not None and logged:
+                live.log(record)
             progress.update(record)
         stopping = stop.requested()
         if stopping or (cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or (

@@ -12,6 +12,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from ..data.tokenizers import TokenizerConfig  # `data.tokenizer`; prepare_data builds the same
+
 
 @dataclass(kw_only=True)
 class ModelConfig:
@@ -111,8 +113,14 @@ class DataConfig:
     # tokenized on first use into cache_dir.
     prefixes: list[str] = field(default_factory=list)
     split: str = "98,2,0"
-    cache_dir: str = "data/cache"
+    cache_dir: str = "data/cache"  # the embedded corpus, its BPE, Megatron's index cache
     corpus_max_bytes: int = 8_000_000  # size of the embedded corpus when prefixes is empty
+    # Embedded corpus only: 0 tokenizes it to bytes; N trains a byte-level BPE of N tokens on
+    # it once into cache_dir (data=embedded_bpe; tokenizer: huggingface with path null).
+    corpus_bpe_vocab: int = 0
+    # The tokenizer the data was made with: its EOD/pad ids and vocabulary are checked
+    # against model.vocab_size and the data at start (data/tokenizers.py).
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
 
 
 @dataclass(kw_only=True)

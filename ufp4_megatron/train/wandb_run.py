@@ -48,8 +48,14 @@ def start(cfg: Config, run_dir: Path):
     w = cfg.logging.wandb
     wdir = Path(w.dir or run_dir)
     wdir.mkdir(parents=True, exist_ok=True)
-    return wandb.init(
+    run = wandb.init(
         project=w.project, entity=w.entity, group=cfg.experiment, name=run_name(cfg),
         id=wandb_id(cfg, run_dir), resume="allow", mode=mode, dir=str(wdir),
         config=dataclasses.asdict(cfg), settings=wandb.Settings(quiet=True),
     )
+    # tokens as the charts' x-axis, so runs of different batch sizes line up (live gaps:
+    # train/live_gap.py defines their own x)
+    run.define_metric("tokens")
+    for key in ("loss", "val_loss", "lr", "grad_norm", "diag/*"):
+        run.define_metric(key, step_metric="tokens")
+    return run
