@@ -161,3 +161,22 @@ def test_ablations_and_resumes_are_checked(tmp_path):
     assert r.returncode == 2
     assert "the config it was trained with, is missing" in r.stderr
     assert [x["step"] for x in _lines(dirs[False] / "metrics.jsonl")] == [1, 2]
+
+
+def test_a_start_refused_for_its_data_pins_nothing(tmp_path):
+    """Data the trainer's checks refuse: one `error:` line, exit 2; the same dir then takes
+    the corrected command (nothing was trained there, so there is no other run to protect)."""
+    (tmp_path / "work").mkdir()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "d.bin").write_bytes(b"x")
+    (bad / "d.idx").write_bytes(b"not an index")
+    run_dir = tmp_path / "work" / "run"
+    r = _train(tmp_path, f"data.prefixes=[{bad / 'd'}]", "train.steps=1",
+               f"hydra.run.dir={run_dir}")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert f"error: {bad / 'd'}.idx is not a readable Megatron index" in r.stderr
+    assert not (run_dir / "metrics.jsonl").exists()
+    r = _train(tmp_path, "train.steps=1", f"hydra.run.dir={run_dir}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"starting {run_dir} (train.steps=1)" in r.stdout

@@ -4,8 +4,9 @@
     torchrun --nproc_per_node 2 -m ufp4_megatron.train parallel.tp=2 ...
 
 Before anything is built or written: the config is validated (train/validate.py) and the run
-dir checked (train/resume_check.py: fresh start, resume, or refusal). A refused config prints
-`error: <what to change>` and exits 2, without a traceback.
+dir checked (train/resume_check.py: fresh start, resume, or refusal). A refused config, and data
+the trainer's data checks refuse (data/checks.py, at the start of the loop), print
+`error: <what to change>` and exit 2, without a traceback.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from ..configs import CONFIG_MODULE
+from ..data.checks import DataError
 from . import resume_check
 from .identity import register_resolver
 from .quiet import hide_megatron_noise
@@ -68,7 +70,7 @@ def _hydra_main(dcfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         start(dcfg, run_dir)
-    except ConfigError as e:
+    except (ConfigError, DataError) as e:  # a config or data the trainer refuses
         if os.environ.get("LOCAL_RANK", "0") == "0":  # once per node, not once per rank
             print(f"error: {e}", file=sys.stderr, flush=True)
         try:

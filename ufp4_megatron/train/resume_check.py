@@ -8,7 +8,8 @@ command in the same dir (the same command again, a requeue, or an explicit hydra
 is checked against it:
 
 - a difference in the run's identity (train/identity.py: model, precision, data, optim,
-  seed, seq_len, global batch) is refused, naming the keys: that is another run;
+  seed, seq_len, global batch) is refused, naming the keys: that is another run (unless the
+  dir holds neither a checkpoint nor metrics: a start that failed before its first step);
 - a checkpoint to resume from but no config.yaml beside it is refused (nothing to check);
 - anything else (train.steps extended, log/eval/checkpoint intervals, micro_batch, parallel
   layout) resumes, and the changed keys are appended to resumes.jsonl with the step;
@@ -29,6 +30,7 @@ from .validate import ConfigError
 
 CONFIG = "config.yaml"
 HISTORY = "resumes.jsonl"
+METRICS = "metrics.jsonl"
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class StartPlan:
         if self.complete:
             return f"already complete at step {self.step}: nothing to do ({self.run_dir})"
         if self.step == 0:
-            return f"starting {self.run_dir}: {self.total} steps"
+            return f"starting {self.run_dir} (train.steps={self.total})"
         changed = "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in self.changes.items())
         return (f"resuming from step {self.step} of {self.total} in {self.run_dir}"
                 + (f" (changed: {changed})" if changed else ""))
@@ -64,14 +66,17 @@ def plan_start(cfg, run_dir: Path) -> StartPlan:
     run_dir = Path(run_dir)
     ckpt_dir = checkpoint_dir(cfg, run_dir)
     stored = _load(run_dir / CONFIG)
-    if stored is not None:
+    step = latest_step(ckpt_dir)
+    trained = step is not None or _has_lines(run_dir / METRICS)
+    if stored is not None and trained:  # (a start that failed before step 1 pins nothing)
         differ = identity.differences(stored, cfg)
         if differ:
             raise ConfigError(
                 f"{run_dir} holds another run: its {CONFIG} differs in {', '.join(differ)}. "
                 "To start a fresh run, drop hydra.run.dir (the default dir follows the "
                 "config) or give a new one; to continue that run, use its config")
-    step = latest_step(ckpt_dir) if cfg.checkpoint.resume else None
+    if not cfg.checkpoint.resume:
+        step = None
     if step is None:
         return StartPlan(run_dir, ckpt_dir, 0, cfg.train.steps)
     if stored is None:
@@ -108,6 +113,10 @@ def _load(path: Path) -> dict | None:
     except Exception as e:  # a truncated or hand-edited file: say which
         raise ConfigError(f"cannot read {path} ({type(e).__name__}: {e}); repair or remove "
                           "it (it records the config this run dir was started with)") from None
+
+
+def _has_lines(path: Path) -> bool:
+    return path.exists() and path.stat().st_size > 0
 
 
 def _as_dict(cfg) -> dict:
