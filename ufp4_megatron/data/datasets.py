@@ -144,7 +144,8 @@ def micro_batches(dataset, step: int, *, global_batch: int, micro_batch: int, dp
         start = step * global_batch + (m * dp + dp_rank) * micro_batch
         samples = [dataset[(start + j) % len(dataset)] for j in range(micro_batch)]
         yield {k: torch.stack([s[k] for s in samples]).to(device)
-               for k in ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")}
+               for k in ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
+               if k in samples[0]}  # no attention_mask with create_attention_mask=False
 
 
 def num_micro_batches(global_batch: int, micro_batch: int, dp: int) -> int:

@@ -70,9 +70,11 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
     n_micro = data.num_micro_batches(t.global_batch, t.micro_batch, env.dp)
     n_evals = t.steps // t.eval_interval + 1 if t.eval_interval else 0
     n_valid = max(1, n_evals * t.eval_iters * t.global_batch)
+    masks = model_lib.needs_attention_mask(cfg)  # only the unfused attention reads one
     train_ds, valid_ds = data.build_datasets(cfg.data, seed=t.seed, seq_len=t.seq_len,
                                              vocab_size=cfg.model.vocab_size,
-                                             n_train=t.steps * t.global_batch, n_valid=n_valid)
+                                             n_train=t.steps * t.global_batch, n_valid=n_valid,
+                                             create_attention_mask=masks)
     extra = {"policy": policy}  # its SR-seed stream
 
     ckpt_dir = Path(cfg.checkpoint.dir or run_dir / "checkpoints")

@@ -32,6 +32,10 @@ class ModelConfig:
     untie_embeddings: bool = True  # separate output head (Megatron's default for GPT-3 style)
     init_std: float = 0.02
     cpu_init: Optional[bool] = None  # None: on CPU only; true: TP-layout-invariant weights
+    # core attention, the same for every recipe: sdpa (PyTorch's fused kernels, no mask
+    # tensor), te (TransformerEngine, when installed), megatron (unfused, materialised mask)
+    attention_backend: str = "sdpa"
+    sdpa_kernels: Optional[list[str]] = None  # e.g. [cudnn, flash]; None: PyTorch's choice
     # MoE (num_experts None: dense). Routed experts use moe_ffn_hidden_size, one shared expert
     # of moe_shared_expert_size runs on every token, the first moe_first_dense layers are dense.
     num_experts: Optional[int] = None
@@ -40,6 +44,7 @@ class ModelConfig:
     moe_shared_expert_size: Optional[int] = None
     moe_first_dense: int = 0
     moe_aux_loss_coeff: float = 1e-3
+    moe_grouped_gemm: bool = True  # all experts' GEMMs at once; false: one MLP per expert
 
 
 @dataclass(kw_only=True)
