@@ -9,10 +9,10 @@ PYTEST := $(VPY) -m pytest
 
 STAMP := $(VENV)/.installed-$(shell cat Makefile pyproject.toml tools/install.sh requirements/*.txt 2>/dev/null | sha1sum | cut -c1-12)
 
-.PHONY: install test test-gpu test-all demo bench wheelhouse patch-check lint clean help
+.PHONY: install test test-gpu test-all test-wheel demo bench wheelhouse patch-check lint clean help
 
 help:
-	@echo "make install | test | demo | test-gpu | bench | wheelhouse PY=3.12 | patch-check | clean"
+	@echo "make install | test | demo | test-gpu | test-wheel | bench | wheelhouse PY=3.12 | patch-check | clean"
 
 install: $(STAMP)
 
@@ -26,6 +26,11 @@ test: install
 
 test-gpu: install
 	$(PYTEST) -q -m gpu -p no:cacheprovider
+
+# Part of `make test`; alone: build the wheel, install it into a fresh venv (reusing this
+# venv's dependencies, offline), train/describe/launch from outside the checkout.
+test-wheel: install
+	$(PYTEST) -q tests/launch/test_wheel_install.py -p no:cacheprovider
 
 test-all: install
 	$(PYTEST) -q -p no:cacheprovider

@@ -134,7 +134,7 @@ def table(shape=(4096, 1024), grids=("e2m1", "e1m2", "int4"), seed: int = 0) -> 
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m ufp4_megatron.diagnostics",
+    p = argparse.ArgumentParser(prog="ufp4-diagnostics",
                                 description="Quantization diagnostics of the 4-bit grids.")
     p.add_argument("--table", action="store_true", help="alpha/SQNR table for each grid")
     p.add_argument("--rows", type=int, default=4096)

@@ -4,12 +4,13 @@
                         [--nodes N] [--sbatch-arg=--partition=gpu ...] [--dry-run]
                         [--nproc-per-node G] [--max-restarts R] [--] OVERRIDES ...
 
-submits one Slurm job array (launch/slurm.sbatch, one element per precision: identical seed,
+submits one Slurm job array (slurm.sbatch, one element per precision: identical seed,
 data and overrides, only `precision` differs), then `ufp4-compare` over the run dirs as a job
 that starts once every element succeeded (afterok; a requeued element still counts once it
 finishes). Each element's run dir is <out>/<name>, its checkpoints <out>/<name>/checkpoints,
 its log <out>/logs/; so a requeued element resumes where it stopped. The job ids and the run
-list are written to <out>/sweep.json.
+list are written to <out>/sweep.json. The Slurm script and torchrun.sh are the installed
+package's (ufp4_megatron/scripts/), so a wheel install needs no checkout.
 
     ufp4-launch task SWEEP.json
 
@@ -26,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .scripts import SLURM_SBATCH, TORCHRUN
+
 TRAIN_MODULE = "ufp4_megatron.train"
 REPORT_MODULE = "ufp4_megatron.report.compare"
 DEFAULT_PRECISIONS = ("bf16", "e2m1", "ufp4")
@@ -40,15 +43,6 @@ ABLATIONS: dict[str, tuple[str, ...]] = {
     "ufp4_rht_fprop_wgrad": ("precision.rht.dgrad=false",),
     "ufp4_no_sr": ("precision.sr.dy=false",),
 }
-
-
-def repo_root() -> Path:
-    """Where launch/slurm.sbatch lives: $UFP4_ROOT, else this checkout (editable install)."""
-    root = Path(os.environ.get("UFP4_ROOT") or Path(__file__).resolve().parents[1])
-    if not (root / "launch" / "slurm.sbatch").is_file():
-        raise SystemExit(f"ufp4-launch: no launch/slurm.sbatch under {root}; set UFP4_ROOT to "
-                         "the ufp4-megatron checkout")
-    return root
 
 
 def plan_runs(precisions: list[str], ablations: bool, overrides: list[str],
@@ -72,12 +66,12 @@ def plan_runs(precisions: list[str], ablations: bool, overrides: list[str],
     return plan
 
 
-def sbatch_commands(root: Path, out: Path, plan: list[dict], args) -> tuple[list[str], list[str]]:
+def sbatch_commands(out: Path, plan: list[dict], args) -> tuple[list[str], list[str]]:
     """The two sbatch command lines; the report's gets `--dependency` once the array id is known."""
     logs = out / "logs"
     array = ["sbatch", "--parsable", f"--array=0-{len(plan) - 1}", f"--nodes={args.nodes}",
              f"--job-name={args.job_name}", f"--output={logs}/%x-%A_%a.out",
-             *args.sbatch_arg, str(root / "launch" / "slurm.sbatch"),
+             *args.sbatch_arg, str(SLURM_SBATCH),
              *(["--nproc-per-node", str(args.nproc_per_node)] if args.nproc_per_node else []),
              "--max-restarts", str(args.max_restarts), "--module", "ufp4_megatron.launch_cli", "--",
              "task", str(out / "sweep.json")]
@@ -99,11 +93,10 @@ def _sbatch(cmd: list[str], env: dict) -> str:
 
 
 def compare(args) -> int:
-    root = repo_root()
     out = Path(args.out).resolve()
     precisions = [p for p in args.precisions.split(",") if p]
     plan = plan_runs(precisions, args.ablations, args.overrides, out)
-    array_cmd, report_cmd = sbatch_commands(root, out, plan, args)
+    array_cmd, report_cmd = sbatch_commands(out, plan, args)
     if args.dry_run:
         print(shlex.join(array_cmd))
         print(shlex.join([*report_cmd[:2], "--dependency=afterok:<array>", *report_cmd[2:]]))
@@ -112,8 +105,8 @@ def compare(args) -> int:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     sweep = {"runs": plan, "python": args.python}
     (out / "sweep.json").write_text(json.dumps(sweep, indent=2))
-    # The jobs inherit this environment (sbatch --export=ALL): the same Python and checkout.
-    env = {**os.environ, "PYTHON": args.python, "UFP4_ROOT": str(root)}
+    # The jobs inherit this environment (sbatch --export=ALL): the same Python and package.
+    env = {**os.environ, "PYTHON": args.python, "UFP4_TORCHRUN": str(TORCHRUN)}
     array_id = _sbatch(array_cmd, env)
     report_id = _sbatch([*report_cmd[:2], f"--dependency=afterok:{array_id}", *report_cmd[2:]],
                         env)

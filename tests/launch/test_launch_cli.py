@@ -13,9 +13,9 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
-from conftest import ROOT
 from ufp4_megatron.configs import CONFIG_DIR
 from ufp4_megatron.launch_cli import ABLATIONS, main, plan_runs
+from ufp4_megatron.scripts import SLURM_SBATCH
 
 
 def test_compare_dry_run_plans_array_and_dependent_report(tmp_path, capsys):
@@ -25,7 +25,8 @@ def test_compare_dry_run_plans_array_and_dependent_report(tmp_path, capsys):
     array, report = [shlex.split(line) for line in capsys.readouterr().out.splitlines()]
     n = 3 + len(ABLATIONS)
     assert f"--array=0-{n - 1}" in array and "--partition=gpu" in array
-    assert array[array.index(str(ROOT / "launch" / "slurm.sbatch")) + 1:] == [
+    # the installed package's Slurm script (a checkout's launch/slurm.sbatch links to it)
+    assert array[array.index(str(SLURM_SBATCH)) + 1:] == [
         "--nproc-per-node", "1", "--max-restarts", "0", "--module", "ufp4_megatron.launch_cli",
         "--", "task", str(tmp_path / "sw" / "sweep.json")]
     assert "--dependency=afterok:<array>" in report and "--partition=gpu" in report

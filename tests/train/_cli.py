@@ -27,9 +27,10 @@ def train_cmd(run_dir: Path, cache: Path, *overrides: str) -> list[str]:
             f"data.cache_dir={cache}", *overrides]
 
 
-def run(cmd: list[str], tmp: Path, timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=ROOT, env=env(tmp), capture_output=True, text=True,
-                          timeout=timeout)
+def run(cmd: list[str], tmp: Path, timeout: int = 240, env_extra: dict | None = None,
+        cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, env=dict(env(tmp), **(env_extra or {})),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def losses(run_dir: Path) -> list[float]:

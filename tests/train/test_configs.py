@@ -6,6 +6,7 @@ paper configs have the paper's parameter counts; bad overrides fail naming the k
     test_precision_overrides_reach_the_recipe   rht / sr / grid switches -> get_recipe
     test_bf16_layers_reach_megatron_config      precision.bf16_layers -> TransformerConfig
     test_invalid_overrides_name_the_key         typos, wrong types, unknown options
+    test_every_config_and_documented_layout_passes_validation   no false refusals
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from ufp4_megatron.describe import count_params
 from ufp4_megatron.recipe import list_recipes
 from ufp4_megatron.train.precision import recipe_from_config
 from ufp4_megatron.train.schema import Config, register_configs
+from ufp4_megatron.train.validate import check_config
 
 MODELS = sorted(p.stem for p in (Path(CONFIG_DIR) / "model").glob("*.yaml"))
 PRECISIONS = sorted(p.stem for p in (Path(CONFIG_DIR) / "precision").glob("*.yaml"))
@@ -107,3 +109,28 @@ def test_invalid_overrides_name_the_key(override, named):
 def test_invalid_recipe_name_lists_the_valid_ones():
     with pytest.raises(ValueError, match="valid: bf16, e2m1, ufp4"):
         recipe_from_config(load("precision.recipe=fp3").precision)
+
+
+# Layouts the docs, README and GPU scripts use; train/validate.py must accept every one
+# (the invalid ones are in tests/train/test_validate.py, through the CLI).
+DOCUMENTED_LAYOUTS = [
+    ("moe_124b", ["parallel.tp=4", "parallel.ep=8", "parallel.pp=4", "parallel.dp=8"]),
+    ("moe_124b", ["parallel.tp=4", "parallel.ep=8"]),
+    ("moe_7p9b", ["parallel.tp=2", "parallel.ep=8", "parallel.dp=8"]),
+    ("dense_1p5b", ["parallel.tp=2", "parallel.sp=true", "train.global_batch=256",
+                    "train.seq_len=4096"]),
+    ("dense_1p5b", ["parallel.tp=8"]),  # tp above num_query_groups=4: key/value heads replicated
+    ("tiny", ["parallel.tp=2", "parallel.sp=true", "train.seq_len=32"]),
+    ("moe_small", ["parallel.tp=2", "parallel.ep=2", "parallel.sp=true"]),
+]
+
+
+def test_every_config_and_documented_layout_passes_validation():
+    for model in MODELS:
+        for precision in PRECISIONS:
+            check_config(load(f"model={model}", f"precision={precision}",
+                              "train.seq_len=512"))
+    for model, overrides in DOCUMENTED_LAYOUTS:
+        cfg = load(f"model={model}", *overrides)
+        world = None if cfg.parallel.dp else cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.ep
+        check_config(cfg, world_size=world)

@@ -2,6 +2,8 @@
 
     test_describe_prints_the_contract_lines
     test_counts_match_a_built_megatron_model   tiny (dense) and a 2-layer moe_small
+    test_dp_null_describes_the_smallest_world  dp = ep, not an impossible dp=1
+(impossible layouts are refused: tests/train/test_validate.py)
 """
 import sys
 
@@ -36,3 +38,17 @@ def test_counts_match_a_built_megatron_model(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     pairs = [tuple(map(int, line.split())) for line in r.stdout.splitlines()[-2:]]
     assert len(pairs) == 2 and all(built == counted for built, counted in pairs), pairs
+
+
+def test_dp_null_describes_the_smallest_world(tmp_path):
+    r = run([sys.executable, "-m", "ufp4_megatron.describe", "model=moe_124b", "parallel.tp=4",
+             "parallel.ep=8"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = dict(line.split(": ", 1) for line in r.stdout.splitlines())
+    assert lines["layout"].startswith("tp=4 pp=1 ep=8 dp=8 ")
+
+
+def test_config_dir_must_exist(tmp_path):
+    r = run([sys.executable, "-m", "ufp4_megatron.describe", "--config-dir",
+             str(tmp_path / "nowhere"), "model=tiny"], tmp_path)
+    assert r.returncode == 2 and "--config-dir" in r.stderr and "no such directory" in r.stderr

@@ -28,7 +28,7 @@ PROGRESS_MIN_BYTES = 16 << 20  # --progress auto: a bar from this much input on
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m ufp4_megatron.prepare_data",
+    ap = argparse.ArgumentParser(prog="ufp4-prepare-data",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("inputs", nargs="*",

@@ -2,12 +2,16 @@
 
     python -m ufp4_megatron.train model=tiny precision=ufp4 train.steps=200
     torchrun --nproc_per_node 2 -m ufp4_megatron.train parallel.tp=2 ...
+
+Before anything is built or written: the config is validated (train/validate.py) and the run
+dir checked (train/resume_check.py: fresh start, resume, or refusal). A refused config, and data
+the trainer's data checks refuse (data/checks.py, at the start of the loop), print
+`error: <what to change>` and exit 2, without a traceback.
 """
 from __future__ import annotations
 
-import logging
 import os
-import warnings
+import sys
 from pathlib import Path
 
 import hydra
@@ -15,27 +19,68 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from ..configs import CONFIG_MODULE
+from ..data.checks import DataError
+from . import resume_check
+from .identity import register_resolver
+from .quiet import hide_megatron_noise
 from .schema import Config, register_configs
-
+from .validate import ConfigError, check_config, check_machine
 
 register_configs()
+register_resolver()  # ${ufp4.run_id:} in hydra.run.dir / hydra.sweep.subdir
+
+
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _is_rank0() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _hydra_files(dcfg: DictConfig) -> dict[str, str]:
+    """What Hydra itself writes to .hydra/ (turned off in configs/hydra/default.yaml so that
+    nothing is written before the resume check)."""
+    hc = HydraConfig.get()
+    return {"config.yaml": OmegaConf.to_yaml(dcfg),
+            "hydra.yaml": OmegaConf.to_yaml(OmegaConf.create({"hydra": hc})),
+            "overrides.yaml": OmegaConf.to_yaml(hc.overrides.task)}
+
+
+def start(dcfg: DictConfig, run_dir: Path) -> None:
+    """Validate, check the run dir, record the start, train."""
+    hide_megatron_noise()  # Hydra has configured logging; Megatron is not imported yet
+    cfg: Config = OmegaConf.to_object(dcfg)  # the typed dataclasses; fails on MISSING values
+    check_config(cfg, world_size=_world_size())
+    check_machine(cfg)
+    plan = resume_check.plan_start(cfg, run_dir)
+    if _is_rank0():
+        print(plan.message(), flush=True)
+    if plan.complete:
+        return
+    if _is_rank0():
+        resume_check.record(plan, OmegaConf.to_yaml(dcfg, resolve=True), _hydra_files(dcfg))
+    from .loop import train
+
+    train(cfg, run_dir)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_MODULE, config_name="config")
 def _hydra_main(dcfg: DictConfig) -> None:
-    from .loop import train
-
-    cfg: Config = OmegaConf.to_object(dcfg)  # the typed dataclasses; fails on MISSING values
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    if int(os.environ.get("RANK", 0)) == 0:  # Hydra saved .hydra/config.yaml; keep a copy at top
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(dcfg, resolve=True))
-    train(cfg, run_dir)
+    try:
+        start(dcfg, run_dir)
+    except (ConfigError, DataError) as e:  # a config or data the trainer refuses
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # once per node, not once per rank
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        try:
+            run_dir.rmdir()  # Hydra made it; leave nothing behind (only if it is empty)
+        except OSError:
+            pass
+        sys.exit(2)
 
 
 def main() -> None:
-    # Megatron warns about missing apex/TE at import; the CPU path needs neither.
-    warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine|apex).*")
-    logging.getLogger("megatron").setLevel(logging.WARNING)  # dataset-index chatter
     _hydra_main()
 
 

@@ -10,9 +10,12 @@ device) are not part of it: a run may resume with them changed.
     run_id(cfg)          8 hex digits of sha256 over identity(cfg)
     sibling_key(cfg)     the same over identity(cfg) without "precision": runs that differ
                          only in their recipe (a BF16 reference and its 4-bit runs) share it
+    differences(a, b)    the dotted identity keys where two configs differ
+    register_resolver()  `${ufp4.run_id:}` for Hydra's run and sweep dirs
 
-`cfg` is the resolved config as plain containers (OmegaConf.to_container(..., resolve=True))
-or a dataclass Config. Imports nothing of Megatron; usable on saved config.yaml files.
+`cfg` is the resolved config as plain containers (OmegaConf.to_container(..., resolve=True)),
+a dataclass Config, or a DictConfig (resolved key by key). All three give the same run_id.
+Imports nothing of Megatron; usable on saved config.yaml files.
 """
 from __future__ import annotations
 
@@ -32,11 +35,32 @@ NON_IDENTITY_KEYS = {("data", "cache_dir")}
 def _plain(cfg: Any) -> Mapping:
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
         return dataclasses.asdict(cfg)
-    if isinstance(cfg, Mapping):
-        return cfg
-    from omegaconf import OmegaConf  # a DictConfig
+    if type(cfg).__name__ == "DictConfig":  # a Mapping too, but resolved key by key
+        return _resolved_identity_nodes(cfg)
+    return cfg
 
-    return OmegaConf.to_container(cfg, resolve=True)
+
+def _resolved_identity_nodes(cfg: Any) -> dict:
+    """The identity groups of a DictConfig, resolved key by key: keys outside the identity are
+    never resolved, so one that points at the run dir (data.cache_dir='${hydra:run.dir}/x')
+    cannot make the run dir depend on itself."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    def value(node, key):
+        v = node[key]  # resolves an interpolation, relative to the whole config
+        if isinstance(v, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(v, resolve=True)
+        return v
+
+    out = {}
+    for group in (*IDENTITY_GROUPS, "train"):
+        node = cfg.get(group)
+        if node is None:
+            continue
+        keep = [k for k in node.keys() if (group, k) not in NON_IDENTITY_KEYS
+                and (group != "train" or k in IDENTITY_TRAIN_KEYS)]
+        out[group] = {k: value(node, k) for k in keep}
+    return out
 
 
 def identity(cfg: Any) -> dict:
@@ -69,6 +93,16 @@ def sibling_key(cfg: Any) -> str:
     ident = identity(cfg)
     ident.pop("precision")
     return _digest(ident)
+
+
+def register_resolver() -> None:
+    """`${ufp4.run_id:}` in a Hydra config: run_id() of the config it sits in. Hydra's run and
+    sweep dirs use it (configs/hydra/default.yaml), so every torchrun rank, given the same
+    command, computes the same dir. Register before hydra.main / compose."""
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("ufp4.run_id", lambda *, _root_: run_id(_root_),
+                                    replace=True)
 
 
 def differences(old: Any, new: Any) -> list[str]:

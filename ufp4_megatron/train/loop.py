@@ -92,7 +92,7 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
     progress = (Progress(cfg.logging.progress, t.steps, start, cfg.logging.print_interval)
                 if is_main else None)
     probes = None
-    if cfg.logging.wandb.diagnostics_interval and recipe.quantized:
+    if is_main and cfg.logging.wandb.diagnostics_interval and recipe.quantized:
         probes = LayerProbes(model, list(cfg.logging.wandb.diagnostics_layers), recipe)
     stop = checkpoint.StopSignal()
     tokens_per_step = t.global_batch * t.seq_len
@@ -103,7 +103,8 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
         t0 = time.perf_counter()
         lr = opt.advance_lr()
         opt.zero_grad()
-        diag_step = probes is not None and step % cfg.logging.wandb.diagnostics_interval == 0
+        # this iteration trains step + 1: diagnostics land on multiples of the interval
+        diag_step = probes is not None and (step + 1) % cfg.logging.wandb.diagnostics_interval == 0
         if probes is not None:
             probes.active = diag_step
         reports = schedule.forward_backward(
@@ -126,9 +127,10 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
             records.append(record)
             if logged:
                 metrics.write(record)
-                if wb is not None:
-                    wb.log(record | (probes.stats() if diag_step else {}), step=step)
-                    live.log(record)
+            if wb is not None and (logged or diag_step):  # diagnostics whatever log_interval
+                wb.log(record | (probes.stats() if diag_step else {}), step=step)
+            if wb is not None and logged:
+                live.log(record)
             progress.update(record)
         stopping = stop.requested()
         if stopping or (cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or (

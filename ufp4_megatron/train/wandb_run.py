@@ -1,16 +1,20 @@
 """The W&B run of one training run: offline unless a key is configured or mode=online.
 
-Run name = <model>-<precision>-s<seed>, group = experiment. The config is logged as resolved
-by Hydra; nothing here reads, prints or stores an API key (wandb finds its own, from
-WANDB_API_KEY or ~/.netrc, only in online mode).
+Run name = <model>-<precision>-s<seed>, group = experiment, id = <run id>-<8 hex of the run
+dir's absolute path>: a function of the run dir (whose default name carries the run id,
+train/identity.py), so a resumed or requeued run logs to the same W&B run on every start and
+two run dirs never share one. The config is logged as resolved by Hydra; nothing here reads,
+prints or stores an API key (wandb finds its own, from WANDB_API_KEY or ~/.netrc, only in
+online mode).
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
-import uuid
 from pathlib import Path
 
+from .identity import run_id
 from .schema import Config
 
 MODES = ("offline", "online", "disabled", "auto")
@@ -28,6 +32,12 @@ def run_name(cfg: Config) -> str:
     return f"{cfg.model.name}-{cfg.precision.name}-s{cfg.train.seed}"
 
 
+def wandb_id(cfg: Config, run_dir: Path) -> str:
+    """The W&B run id of the run in `run_dir` (W&B ids are unique per project)."""
+    where = hashlib.sha256(os.path.abspath(run_dir).encode()).hexdigest()[:8]
+    return f"{run_id(cfg)}-{where}"
+
+
 def start(cfg: Config, run_dir: Path):
     """A wandb run (or None when disabled); resumes the same run id after a restart."""
     mode = resolve_mode(cfg.logging.wandb.mode)
@@ -38,12 +48,9 @@ def start(cfg: Config, run_dir: Path):
     w = cfg.logging.wandb
     wdir = Path(w.dir or run_dir)
     wdir.mkdir(parents=True, exist_ok=True)
-    run_id = (run_dir / "wandb_id.txt")
-    if not run_id.exists():
-        run_id.write_text(uuid.uuid4().hex[:8])
     run = wandb.init(
         project=w.project, entity=w.entity, group=cfg.experiment, name=run_name(cfg),
-        id=run_id.read_text().strip(), resume="allow", mode=mode, dir=str(wdir),
+        id=wandb_id(cfg, run_dir), resume="allow", mode=mode, dir=str(wdir),
         config=dataclasses.asdict(cfg), settings=wandb.Settings(quiet=True),
     )
     # tokens as the charts' x-axis, so runs of different batch sizes line up (live gaps:

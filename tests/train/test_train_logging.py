@@ -1,0 +1,79 @@
+"""What a run shows and logs: diagnostics on the interval's steps, val_loss on the terminal,
+Megatron's start-up warnings reduced to one note.
+
+    test_diagnostics_val_loss_and_quiet_start    one CPU run (6 steps, diagnostics every 3,
+        metrics every 2, eval every 3), read back from its offline W&B run file:
+        diag/ keys on steps 3 and 6 exactly (3 is not a log step), every key of the recipe;
+        `val_loss` on the terminal at steps 3 and 6; one note instead of Megatron's warnings
+    test_show_warnings_brings_them_back          UFP4_SHOW_WARNINGS=1
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+from _cli import FAST, ROOT, env, run
+from ufp4_megatron.report.wandb_offline import find_run_file, read_run
+from ufp4_megatron.train.quiet import NOTE
+
+LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+# UFP4 quantizes both operands of all three GEMMs: (GEMM, operand) pairs
+OPERANDS = ("fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x")
+STATS = ("alpha", "sqnr_db", "bucket_ratio", "delta_sqnr_db")
+MEGATRON_NOISE = ("not installed", "IS DEPRECATED", "is deprecated", "absl")
+
+
+def _env_with_warnings(tmp, **extra):
+    e = env(tmp)
+    e.pop("PYTHONWARNINGS")  # the CLI's own filtering is what is tested
+    return e | extra
+
+
+def test_diagnostics_val_loss_and_quiet_start(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "ufp4_megatron.train", *FAST, "precision=ufp4",
+           "train.steps=6", f"hydra.run.dir={run_dir}", f"data.cache_dir={tmp_path / 'c'}",
+           "logging.wandb.mode=offline", "logging.wandb.diagnostics_interval=3",
+           "logging.wandb.diagnostics_layers=[1]", "logging.log_interval=2",
+           "logging.print_interval=100", "train.eval_interval=3", "train.eval_iters=1"]
+    r = subprocess.run(cmd, cwd=ROOT, env=_env_with_warnings(tmp_path), capture_output=True,
+                       text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    history = read_run(find_run_file(run_dir))["history"]
+    diag_steps = [h["_step"] for h in history if any(k.startswith("diag/") for k in h)]
+    assert diag_steps == [3, 6]
+    expected = {f"diag/layer1.{lin}/{op}/{stat}"
+                for lin in LINEARS for op in OPERANDS for stat in STATS}
+    for h in history:
+        if h["_step"] in diag_steps:
+            keys = {k for k in h if k.startswith("diag/")}
+            assert keys == expected
+            assert all(math.isfinite(h[k]) for k in keys)
+    assert {h["_step"] for h in history} == {2, 3, 4, 6}  # log steps + diagnostics steps
+    logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").open()]
+    assert logged == [2, 4, 6]
+
+    val_lines = [line for line in r.stdout.splitlines()
+                 if line.startswith("step") and "val_loss" in line]
+    assert [int(line.split()[1]) for line in val_lines] == [3, 6]
+    assert all(math.isfinite(float(line.split("val_loss")[1])) for line in val_lines)
+
+    assert r.stderr.count(NOTE) == 1
+    rest = (r.stdout + r.stderr).replace(NOTE, "")
+    assert not [w for w in MEGATRON_NOISE if w in rest], r.stderr[-3000:]
+
+
+def test_show_warnings_brings_them_back(tmp_path):
+    code = ("from ufp4_megatron.train.quiet import hide_megatron_noise\n"
+            "hide_megatron_noise()\n"
+            "import megatron.core.optimizer, megatron.core.hyper_comm_grid\n")
+    quiet = run([sys.executable, "-c", code], tmp_path, env_extra={"PYTHONWARNINGS": "default"})
+    shown = run([sys.executable, "-c", code], tmp_path,
+                env_extra={"UFP4_SHOW_WARNINGS": "1", "PYTHONWARNINGS": "default"})
+    assert quiet.returncode == shown.returncode == 0, quiet.stderr + shown.stderr
+    assert "not installed" not in quiet.stderr and quiet.stderr.count(NOTE) == 1
+    assert "Transformer Engine and Apex are not installed" in shown.stderr
+    assert "absl.logging is not installed" in shown.stderr and NOTE not in shown.stderr

@@ -1,0 +1,121 @@
+"""Bad trainer input ends in one line saying what to change, exit status 2, nothing written.
+
+Every case runs the real CLI (`python -m ufp4_megatron.train`) in a subprocess; each fails in
+train/validate.py before Megatron is imported, so each takes about a second.
+
+    test_trainer_refuses_bad_config          one row per case: the override(s), the message
+    test_trainer_refuses_layouts_the_world_cannot_hold   WORLD_SIZE as torchrun sets it
+    test_device_cuda_without_gpu_is_refused  this CPU machine has no GPU
+    test_describe_refuses_with_the_trainers_message      the same check, the same words
+"""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from _cli import run
+
+TINY = ["model=tiny", "train.seq_len=32", "train.micro_batch=2", "train.global_batch=2",
+        "logging.wandb.mode=disabled"]
+
+CASES = [  # (overrides, a fragment of the one-line message)
+    (["train.micro_batch=0"], "train.micro_batch=0 must be >= 1"),
+    (["logging.log_interval=0"], "logging.log_interval=0 must be >= 1"),
+    (["logging.print_interval=0"], "logging.print_interval=0 must be >= 1"),
+    (["train.seq_len=0"], "train.seq_len=0 must be >= 1"),
+    (["train.global_batch=0"], "train.global_batch=0 must be >= 1"),
+    (["train.steps=0"], "train.steps=0 must be >= 1"),
+    (["train.steps=-1"], "train.steps=-1 must be >= 1"),
+    (["train.global_batch=3"], "train.global_batch=3 is not a multiple of train.micro_batch=2"),
+    (["train.seq_len=2048"], "train.seq_len=2048 exceeds model.max_seq_len=1024"),
+    (["train.seed=-1"], "train.seed=-1 must be in [0, 2**31)"),
+    (["train.eval_interval=2", "train.eval_iters=0"], "evaluate at least 1 batch"),
+    (["train.eval_interval=-1"], "train.eval_interval=-1 must be >= 0"),
+    (["train.device=tpu"], "train.device='tpu'; valid: auto, cpu, cuda"),
+    (["train.dtype=fp16"], "train.dtype='fp16'; valid: auto, bf16, fp32"),
+    (["model.num_query_groups=3"], "model.num_query_groups=3 must divide "
+                                   "model.num_attention_heads=4"),
+    (["model.hidden_size=130"], "model.hidden_size=130 is not a multiple of "
+                                "model.num_attention_heads=4"),
+    (["model.num_layers=0"], "model.num_layers=0 must be >= 1"),
+    (["logging.wandb.diagnostics_interval=2", "logging.wandb.diagnostics_layers=[5]"],
+     "logging.wandb.diagnostics_layers=[5]: give layer indices in [0, 2)"),
+    (["logging.wandb.diagnostics_layers=[-1]"], "diagnostics_layers=[-1]"),
+    (["logging.wandb.diagnostics_interval=-2"], "diagnostics_interval=-2 must be >= 0"),
+    (["logging.wandb.mode=cloud"], "logging.wandb.mode='cloud'; valid:"),
+    (["logging.progress=fancy"], "logging.progress='fancy'; valid: auto, bar, plain"),
+    (["optim.lr=-0.001"], "optim.lr=-0.001 must be > 0"),
+    (["optim.min_lr=1.0"], "optim.min_lr=1.0 must be in [0, optim.lr=0.0003]"),
+    (["optim.warmup_steps=-5"], "optim.warmup_steps=-5 must be >= 0"),
+    (["optim.beta2=1.0"], "optim.beta2=1.0 must be in [0, 1)"),
+    (["optim.eps=0"], "optim.eps=0.0 must be > 0"),
+    (["optim.clip_grad=-1"], "optim.clip_grad=-1.0 must be >= 0"),
+    (["parallel.tp=3"], "parallel.tp=3 does not divide model.num_attention_heads=4"),
+    (["model.ffn_hidden_size=351", "parallel.tp=2"],
+     "parallel.tp=2 does not divide model.ffn_hidden_size=351; use a tp that divides it"),
+    (["model.hidden_size=96", "model.num_attention_heads=12", "model.num_query_groups=6",
+      "parallel.tp=4"], "parallel.tp=4 and model.num_query_groups=6: one must divide the other"),
+    (["parallel.pp=3"], "parallel.pp=3 does not divide model.num_layers=2"),
+    (["parallel.ep=2"], "parallel.ep=2 needs an MoE model"),
+    (["model=moe_small", "parallel.ep=3"], "parallel.ep=3 does not divide model.num_experts=8"),
+    (["parallel.sp=true"], "parallel.sp=true needs parallel.tp > 1"),
+    (["parallel.tp=0"], "parallel.tp=0 must be >= 1"),
+    (["parallel.backend=mpi"], "parallel.backend='mpi'; valid: auto, nccl, gloo"),
+    (["precision.recipe=fp3"], "precision.recipe='fp3' is not a recipe; valid:"),
+    (["precision.bf16_layers.end=3"], "precision.bf16_layers start=0 end=3"),
+]
+
+
+def _refused(r, fragment: str) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert fragment in lines[0], lines[0]
+    assert "Traceback" not in r.stdout + r.stderr
+    return lines[0]
+
+
+def _train(tmp_path, *overrides: str, **env: str):
+    cmd = [sys.executable, "-m", "ufp4_megatron.train", *TINY,
+           f"hydra.run.dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}",
+           *overrides]
+    return run(cmd, tmp_path, env_extra=env)
+
+
+@pytest.mark.parametrize("overrides,fragment", CASES,
+                         ids=["+".join(o) for o, _ in CASES])
+def test_trainer_refuses_bad_config(tmp_path, overrides, fragment):
+    _refused(_train(tmp_path, *overrides), fragment)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("world,overrides,fragment", [
+    ("3", ["parallel.tp=2"], "3 processes do not divide into parallel.tp * parallel.pp = 2 * 1"),
+    ("2", ["parallel.dp=4"], "parallel.dp=4 but 2 processes / (tp * pp) give dp=2"),
+    ("1", ["model=moe_small", "parallel.ep=2"],
+     "parallel.ep=2 does not divide the data-parallel size 1"),
+    ("2", ["train.global_batch=2", "train.micro_batch=2"],
+     "train.global_batch=2 must be a multiple of train.micro_batch * data-parallel size = 2 * 2"),
+    ("2", ["parallel.pp=2"], "parallel.pp=2 runs on GPU only"),
+])
+def test_trainer_refuses_layouts_the_world_cannot_hold(tmp_path, world, overrides, fragment):
+    # WORLD_SIZE as torchrun exports it; the check runs before the process group is made
+    _refused(_train(tmp_path, *overrides, WORLD_SIZE=world), fragment)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_device_cuda_without_gpu_is_refused(tmp_path):
+    _refused(_train(tmp_path, "train.device=cuda"),
+             "train.device=cuda but no CUDA device is visible here")
+
+
+@pytest.mark.parametrize("overrides", [["model=tiny", "parallel.tp=3"],
+                                       ["model=moe_124b", "parallel.ep=7"]])
+def test_describe_refuses_with_the_trainers_message(tmp_path, overrides):
+    d = run([sys.executable, "-m", "ufp4_megatron.describe", *overrides], tmp_path)
+    assert "total_params" not in d.stdout
+    line = _refused(d, "does not divide")
+    t = _train(tmp_path, *overrides)
+    assert _refused(t, "does not divide") == line
