@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..configs import CONFIG_MODULE
 from ..data.checks import DataError
 from . import resume_check
+from .checkpoint import CheckpointError
 from .identity import register_resolver
 from .quiet import hide_megatron_noise
 from .schema import Config, register_configs
@@ -70,7 +71,7 @@ def _hydra_main(dcfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         start(dcfg, run_dir)
-    except (ConfigError, DataError) as e:  # a config or data the trainer refuses
+    except (ConfigError, DataError, CheckpointError) as e:  # what the trainer refuses
         if os.environ.get("LOCAL_RANK", "0") == "0":  # once per node, not once per rank
             print(f"error: {e}", file=sys.stderr, flush=True)
         try:

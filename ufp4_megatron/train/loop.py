@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ..data import datasets as data
-from . import checkpoint, distributed, model as model_lib, optim, schedule, wandb_run
+from . import checkpoint, distributed, model as model_lib, optim, resume_check, schedule, wandb_run
 from .live_gap import LiveGap
 from .metrics import MetricsFile, Progress
 from .precision import check_bf16_layers, recipe_from_config
@@ -56,7 +56,7 @@ def _mean_loss(reports: list[dict]) -> float:
 
 
 def train(cfg: Config, run_dir: Path) -> list[dict]:
-    ckpt_dir = Path(cfg.checkpoint.dir or run_dir / "checkpoints")
+    ckpt_dir = resume_check.checkpoint_dir(cfg, run_dir)
     checkpoint.check_start(ckpt_dir, cfg.checkpoint.resume)  # before anything is written
     optim.check_schedule(cfg)
     device = _device(cfg)

@@ -61,10 +61,14 @@ def checkpoint_dir(cfg, run_dir: Path) -> Path:
 
 def plan_start(cfg, run_dir: Path) -> StartPlan:
     """What starting `cfg` in `run_dir` means; raises ConfigError when it must not start."""
-    from .checkpoint import latest_step
+    from .checkpoint import CheckpointError, check_start, latest_step
 
     run_dir = Path(run_dir)
     ckpt_dir = checkpoint_dir(cfg, run_dir)
+    try:  # resume=false over saved steps, or no intact step left: refused before any write
+        check_start(ckpt_dir, cfg.checkpoint.resume)
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
     stored = _load(run_dir / CONFIG)
     step = latest_step(ckpt_dir)
     trained = step is not None or _has_lines(run_dir / METRICS)

@@ -129,6 +129,12 @@ def _check_train(cfg: Config) -> None:
 
 
 def _check_optim(cfg: Config) -> None:
+    from .optim import check_schedule  # the LR schedule's own keys (decay style, WSD, ...)
+
+    try:
+        check_schedule(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     o = cfg.optim
     if not o.lr > 0:
         raise ConfigError(f"optim.lr={o.lr} must be > 0")
