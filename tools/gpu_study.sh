@@ -45,6 +45,17 @@ mkdir -p "$OUT" "$STUDY"
 source tools/gpu_setup.sh || exit 1
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 
+# Preflight (~20 s): a 4-step GPU run that saves two checkpoints. Without working GPU
+# checkpoints (issue 10) every study run would die at its first save; stop here instead.
+if ! python3 -m ufp4_megatron.train model=tiny precision=ufp4 train.steps=4 checkpoint.interval=2 \
+    train.seq_len=64 train.global_batch=2 hydra.run.dir=/tmp/preflight \
+    data.cache_dir=/tmp/preflight/data logging.wandb.mode=disabled > /tmp/preflight.log 2>&1; then
+  tail -5 /tmp/preflight.log
+  echo "gpu_study: preflight failed: a 4-step GPU run with checkpoints did not complete; not starting"
+  exit 1
+fi
+echo "preflight: GPU run with checkpoints ok ($(( $(date +%s) - T0 )) s)"
+
 shopt -s nullglob
 while IFS= read -r a; do
   tar -xzf "$a" -C "$STUDY" && echo "unpacked $a"
