@@ -42,6 +42,15 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def cpu_list(text: str) -> set[int]:
+    """/proc's Cpus_allowed_list ('0-2,5') as a set."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def proc_view(pid: int) -> dict | None:
     """The CPU affinity, OMP_NUM_THREADS and command line of a live process."""
     try:

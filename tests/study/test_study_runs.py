@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from study_helpers import FAST, ROOT, children, env, proc_view, study_cmd
+from study_helpers import FAST, ROOT, children, cpu_list, env, proc_view, study_cmd
 from ufp4_megatron.study.packing import available_cpus
 
 
@@ -52,19 +52,24 @@ def test_packed_runs_are_concurrent_and_pinned(tmp_path):
                     *FAST, "train.steps=20")
     runner = subprocess.Popen(cmd, cwd=ROOT, env=env(tmp_path), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
-    seen = []  # (cpus, omp) of the trainers alive at the same moment
+    seen = []  # (CPU set, OMP_NUM_THREADS) of the trainers alive at the same moment
     while runner.poll() is None:
-        views = [v for v in map(proc_view, trainer_children(runner.pid)) if v]
+        views = [v for v in map(proc_view, trainer_children(runner.pid)) if v and v["omp"]]
         if len(views) == 2:
-            seen = [(v["cpus"], v["omp"]) for v in views]
+            seen = [(cpu_list(v["cpus"]), int(v["omp"])) for v in views]
             break
         time.sleep(0.05)
     log = runner.communicate(timeout=300)[0]
     assert runner.returncode == 0, log[-3000:]
-    assert sorted(seen) == [("0", "1"), ("1", "1")], (seen, log[-2000:])
+    assert len(seen) == 2, log[-2000:]  # both trainers ran at once
+    (a, na), (b, nb) = seen
+    assert a and b and not a & b, seen  # each pinned to its own CPUs
+    assert (na, nb) == (len(a), len(b)), seen  # as many OpenMP threads as CPUs
     m = manifest(out)
-    assert sorted(tuple(r["slot"]["cpus"]) for r in m["runs"]) == [(0,), (1,)]
-    assert all(r["status"] == "done" and r["slot"]["threads"] == 1 for r in m["runs"])
+    shares = [set(r["slot"]["cpus"]) for r in m["runs"]]
+    assert sorted(map(sorted, shares)) == sorted(map(sorted, (a, b)))
+    assert all(r["status"] == "done" and r["slot"]["threads"] == len(r["slot"]["cpus"])
+               for r in m["runs"])
     assert (out / "compare" / "loss_gap.md").exists()
     assert "| tiny | 1 | e2m1 |" in (out / "compare" / "loss_gap.md").read_text()
 

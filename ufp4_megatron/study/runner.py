@@ -338,6 +338,8 @@ class Runner:
             for r in queue:
                 if r["status"] == "running":  # a runner was killed holding it
                     r["status"] = "stopped"
+                if r["status"] == "failed":
+                    self._say(f"{r['name']} failed before (exit {r['returncode']}): trying again")
             self._save()
             prepare_data(self.study, queue, self.infos)
             if self.opt.progress == "bar" or (self.opt.progress == "auto" and sys.stderr.isatty()):
