@@ -45,8 +45,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help=f"concurrent runs per GPU, or in total on CPU (default: "
                         f"{DEFAULT_PER_GPU} per GPU, 1 on CPU)")
     p.add_argument("--gpus", default="auto", help="auto | none | device ids 0,1,...")
-    p.add_argument("--threads", type=int, default=None,
-                   help="OMP threads per run (default: the size of its CPU share)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="OpenMP threads per run (default 1; see study/packing.py for why)")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="start no run that would end after this; stop the rest at it")
     p.add_argument("--stop-grace", type=float, default=90.0, metavar="SECONDS",

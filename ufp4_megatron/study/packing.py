@@ -2,10 +2,11 @@
 
 A ~11M-parameter model cannot fill an H200; several trainer processes on one GPU can (9 at
 once gave ~1.8x the aggregate steps/s of running them one after another). Each process is
-pinned to its own share of the CPUs (os.sched_setaffinity) with OMP_NUM_THREADS equal to that
-share: 12 processes with default thread counts on 16 cores ran 100x slower (threads
-oversubscribing the cores). Slots alternate over the GPUs (CUDA_VISIBLE_DEVICES round-robin),
-so the first runs spread over every GPU.
+pinned to its own share of the CPUs (os.sched_setaffinity) and runs one OpenMP thread by
+default: 12 processes with default thread counts on 16 cores ran 100x slower (threads
+oversubscribing the cores), and on a shared 2-core machine a tiny-model ufp4 run with 2
+threads took 139 s where the same run with 1 thread took 11-14 s. Slots alternate over the
+GPUs (CUDA_VISIBLE_DEVICES round-robin), so the first runs spread over every GPU.
 
 A trainer dies with its runner: PR_SET_PDEATHSIG delivers SIGTERM, on which the trainer saves
 a checkpoint and exits, so a runner killed with SIGKILL leaves no orphan training into a run

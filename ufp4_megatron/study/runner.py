@@ -41,7 +41,7 @@ TRAIN_MODULE = "ufp4_megatron.train"
 class Options:
     time_limit: float | None = None  # seconds from the runner's start
     stop_grace: float = 90.0  # seconds a stopped trainer has to save before SIGKILL
-    threads: int | None = None  # OMP threads per run; None: the size of its CPU share
+    threads: int = 1  # OpenMP threads per run (packing.py says why 1)
     hide_gpus: bool = False  # CUDA_VISIBLE_DEVICES="" for CPU slots on a GPU machine
     wandb_mode: str | None = None  # logging.wandb.mode of the runs; None: the trainer's
     progress: str = "auto"  # auto (bar on a terminal) | bar | plain
@@ -238,7 +238,7 @@ class Runner:
                   f"{start_step}: {' '.join(argv)}\n")
         log.write(header.encode())
         log.flush()
-        threads = self.opt.threads or len(slot.cpus)
+        threads = self.opt.threads
         proc = spawn(argv, slot, child_env(os.environ, slot, threads, self.opt.hide_gpus), log,
                      keep_fds=(lock_fd,))
         r.update(status="running", attempts=r["attempts"] + 1, returncode=None,
