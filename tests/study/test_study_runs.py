@@ -9,6 +9,8 @@
         checkpoint (its lines up to that step are unchanged)
     test_time_limit_leaves_runs_for_the_next_round   exit 3: the run in progress at the
         limit is stopped, the one that would not fit is left pending
+    test_time_limit_sheds_the_least_advanced_runs   the shedding decision on real processes
+    test_sigterm_stops_cleanly_and_resume_finishes   the trainer saves where it is; --resume
 """
 from __future__ import annotations
 
@@ -157,3 +159,31 @@ def test_time_limit_sheds_the_least_advanced_runs(tmp_path):
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_sigterm_stops_cleanly_and_resume_finishes(tmp_path):
+    """SIGTERM to the runner: its trainer saves a checkpoint at the step it reached and exits,
+    the runner records it as stopped (exit 3, no compare); --resume finishes it."""
+    out = tmp_path / "study"
+    steps = 400
+    cmd = study_cmd(out, "--arms", "bf16", "--seeds", "1", "--no-compare", "--", *FAST,
+                    f"train.steps={steps}", "logging.print_interval=50")
+    runner = subprocess.Popen(cmd, cwd=ROOT, env=env(tmp_path), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    metrics = out / "runs" / "bf16-s1" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while len(lines(metrics)) < 5:
+        assert runner.poll() is None and time.monotonic() < deadline, "no steps to stop at"
+        time.sleep(0.05)
+    runner.send_signal(signal.SIGTERM)
+    log = runner.communicate(timeout=300)[0]
+    assert runner.returncode == 3, log[-3000:]
+    assert "stopping (SIGTERM)" in log
+    assert status(out) == {"bf16-s1": "stopped"}
+    stopped = int((out / "runs" / "bf16-s1" / "checkpoints" / "latest").read_text())
+    assert 5 <= stopped < steps and len(lines(metrics)) == stopped
+
+    done = subprocess.run(study_cmd(out, "--resume", "--no-compare"), cwd=ROOT,
+                          env=env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert status(out) == {"bf16-s1": "done"} and len(lines(metrics)) == steps

@@ -292,10 +292,9 @@ class Runner:
             if not a.stop_sent and a.proc.poll() is None:
                 a.proc.send_signal(signal.SIGTERM)
                 a.stop_sent = True
-        if self.stop_reason is None:
-            self.stop_reason = reason
-            self._say(f"stopping ({reason}): each trainer saves a checkpoint and exits")
-        if self._stop_deadline is None:
+        if self._stop_deadline is None:  # the first call
+            self.stop_reason = self.stop_reason or reason
+            self._say(f"stopping ({self.stop_reason}): each trainer saves a checkpoint and exits")
             self._stop_deadline = time.monotonic() + self.opt.stop_grace
 
     # -- progress ------------------------------------------------------------------------
