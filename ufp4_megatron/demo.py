@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .study import manifest as mf
 from .study.cli import main as study_main
+from .study.packing import available_cpus
 
 CPU_GRID, GPU_GRID = "demo", "main"
 GPU_ARMS, GPU_SEEDS = "bf16,e2m1,ufp4", "1-4"
@@ -47,6 +48,7 @@ How to read this
   tensors behave so; the plot shows alpha per layer and its product through the network.
 """
 
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,11 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     study = ["--out", str(args.out), "--wandb-mode", args.wandb_mode, "--progress", "plain"]
     if cuda:
         study += ["--grid", GPU_GRID, "--arms", GPU_ARMS, "--seeds", args.seeds or GPU_SEEDS]
-    else:
-        import os
-
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-        study += ["--grid", CPU_GRID, "--gpus", "none", "--per-device", str(cores),
+    else:  # one run per core, one thread each (study/packing.py says why)
+        study += ["--grid", CPU_GRID, "--gpus", "none",
+                  "--per-device", str(len(available_cpus())),
                   *(["--seeds", args.seeds] if args.seeds else [])]
     t0 = time.perf_counter()
     print(f"== 1. loss gap: ufp4-launch study {' '.join(study)}", flush=True)
