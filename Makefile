@@ -42,8 +42,10 @@ PY ?= 3.12
 wheelhouse:
 	PY=$(PY) PYTHON=$(PYTHON) bash tools/wheelhouse.sh
 
+# Megatron-LM patches and routes; MEGATRON_LM_DIR=/path/to/Megatron-LM (core_r0.19.0) adds
+# the checkout's own tests (pretrain_gpt.py, its 0.19.1 megatron/core).
 patch-check: install
-	$(PYTEST) -q tests/patches -p no:cacheprovider
+	$(PYTEST) -q tests/patches tests/megatron_lm -p no:cacheprovider
 
 clean:
 	rm -rf $(VENV) wheelhouse .pytest_cache build *.egg-info

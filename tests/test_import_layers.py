@@ -10,6 +10,7 @@ import sys
 
 PKG = pathlib.Path(__file__).resolve().parents[1] / "ufp4_megatron"
 LAYER = {"numerics": 0, "recipe": 0, "configs": 0, "kernels": 1, "fake_quant": 2, "ops": 2,
+         "grouped_ops": 2,
          "diagnostics": 2, "megatron": 3, "data": 4, "train": 5, "report": 6}
 # everything else is a command-line entry point (describe, demo, compare, launch, bench, ...)
 

@@ -4,8 +4,8 @@
     python3 tools/gpu_train_matrix.py --suite multi,scaling --out $OUT       # two GPUs or more
 
 smoke    tiny and moe_small, bf16/e2m1/ufp4, a few steps on one GPU (the GPU code path runs).
-step     `small` on one GPU with bf16/e2m1/ufp4: median step time, tokens/s, MFU against the
-         BF16 GEMM rate measured in the same run, peak memory (docs/performance.md, Step).
+step     the step table of `python -m ufp4_megatron.bench --suite step` (bench/step.py): every
+         recipe x shape on one GPU, ratios to BF16 side by side (docs/performance.md, Step).
 multi    each parallel layout (TP=2+SP, PP=2, DP=2 with the distributed optimizer, EP=2 for
          MoE) against the one-GPU run of the same model, seed and data: max relative loss
          difference per step (docs/multi-gpu.md).
@@ -19,58 +19,22 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from ufp4_megatron.bench import step as step_suite
+from ufp4_megatron.bench.step import run_trainer
+
 RUNS = Path(os.environ.get("RUNS_DIR", "/tmp/ufp4-runs"))
-ENV = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1",
-       "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-       "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def train(name: str, overrides: list[str], *, nproc: int = 1, timeout: int = 240,
           log: Path) -> dict:
-    run_dir = RUNS / name
-    cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}"] if nproc > 1 else [sys.executable])
-    cmd += ["-m", "ufp4_megatron.train", f"hydra.run.dir={run_dir}", "experiment=gpu",
-            "logging.wandb.mode=disabled", "checkpoint.save_at_end=false",
-            "checkpoint.resume=false", "logging.print_interval=5", *overrides]
-    t0 = time.time()
-    try:
-        p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
-        rc, out = p.returncode, p.stdout + p.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, out = 124, (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
-    with open(log, "a") as f:
-        f.write(f"\n===== {name} (rc={rc}, {time.time() - t0:.0f}s): {' '.join(cmd)}\n{out[-6000:]}\n")
-    rows = []
-    mpath = run_dir / "metrics.jsonl"
-    if mpath.exists():
-        rows = [json.loads(line) for line in mpath.read_text().splitlines() if line.strip()]
-    print(f"[{name}] rc={rc} steps={len(rows)} wall={time.time() - t0:.0f}s", flush=True)
-    with open(log.with_suffix(".jsonl"), "a") as f:  # survives a suite killed by its timeout
-        f.write(json.dumps({"name": name, "rc": rc, "losses": [m["loss"] for m in rows],
-                            "step_time": [m.get("step_time") for m in rows],
-                            "mem_gib": [m.get("mem_gib") for m in rows]}) + "\n")
-    return {"name": name, "rc": rc, "metrics": rows, "wall_s": time.time() - t0}
-
-
-def gemm_tflops(n: int = 8192) -> float:
-    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-    times = []
-    for _ in range(10):
-        ev[0].record(); a @ b; ev[1].record(); torch.cuda.synchronize()
-        times.append(ev[0].elapsed_time(ev[1]))
-    return 2 * n ** 3 / (statistics.median(times) * 1e-3) / 1e12
+    # these suites validate layouts, not checkpoints (the step suite saves at every run's end)
+    return run_trainer(name, ["checkpoint.save_at_end=false", "checkpoint.resume=false",
+                              *overrides], runs=RUNS, log=log, nproc=nproc, timeout=timeout)
 
 
 def _steady(rows, key, skip):
@@ -92,32 +56,12 @@ def suite_smoke(out: Path, log: Path):
     return res, lines
 
 
-def suite_step(out: Path, log: Path, steps: int = 40, seq: int = 2048, mbs: int = 8):
-    peak = gemm_tflops()
-    cfg = ["model=small", f"train.steps={steps}", f"train.seq_len={seq}",
-           f"train.micro_batch={mbs}", f"train.global_batch={mbs}", "optim.warmup_steps=5"]
-    res = []
-    for rec in ("bf16", "e2m1", "ufp4"):
-        r = train(f"step-small-{rec}", cfg + [f"precision={rec}"], log=log, timeout=300)
-        rows = r["metrics"]
-        st = _steady(rows, "step_time", 10)
-        n_params = 123_587_328  # describe model=small (tied embeddings)
-        layers, hidden = 12, 768
-        flops_per_token = 6 * n_params + 12 * layers * hidden * seq  # Kaplan/PaLM convention
-        tok = seq * mbs
-        mem = max((m.get("mem_gib", float("nan")) for m in rows), default=float("nan"))
-        res.append({"recipe": rec, "rc": r["rc"], "step_ms": st * 1e3, "tokens_per_s": tok / st,
-                    "mfu": flops_per_token * tok / st / (peak * 1e12), "peak_mem_gib": mem,
-                    "final_loss": rows[-1]["loss"] if rows else None})
-    base = next((r for r in res if r["recipe"] == "bf16"), None)
-    lines = [f"BF16 GEMM roofline measured in the same run: {peak:.0f} TFLOP/s (8192^3, median of 10)", "",
-             "| recipe | step (ms) | x BF16 | tokens/s | MFU | peak mem (GiB) | x BF16 | loss @ last |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+def suite_step(out: Path, log: Path):
+    """The step table of ufp4_megatron.bench (every recipe x shape, checkpoint at the end)."""
+    res = step_suite.run_suite(out, deadline_s=float(os.environ.get("STEP_DEADLINE", 330)))
     for r in res:
-        lines.append(f"| {r['recipe']} | {r['step_ms']:.1f} | {r['step_ms'] / base['step_ms']:.3f} | "
-                     f"{r['tokens_per_s']:.0f} | {r['mfu']:.1%} | {r['peak_mem_gib']:.2f} | "
-                     f"{r['peak_mem_gib'] / base['peak_mem_gib']:.3f} | {r['final_loss']} |")
-    return res, lines
+        r["rc"] = 0 if r.get("status") == "ok" else 1
+    return res, [step_suite.table(res)]
 
 
 def _max_rel_diff(a, b):

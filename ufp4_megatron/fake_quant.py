@@ -1,62 +1,106 @@
 """`quantize`: the public fake-quantization entry point, and the backend dispatch.
 
-CUDA tensors go to the fused Triton kernels (bit-identical to the reference in numerics/);
-CPU tensors, or backend="torch", run the reference.
+CUDA tensors go to the fused Triton kernels (bit-identical to the reference in numerics/)
+where they cover the arguments, the reference otherwise; CPU tensors, or backend="torch", run
+the reference; backend="triton" runs the kernels or says why it cannot.
 """
 from __future__ import annotations
 
 import torch
 
+from .numerics.checks import check_bool, check_dim, check_float_tensor, check_int, check_seed
 from .numerics.hadamard import as_rht
+from .numerics.quantize import output_dtype
 from .numerics.quantize import quantize_view as _reference_view
 from .recipe import check_operand_fields
 
 BACKENDS = ("auto", "torch", "triton")
 
 
+def _kernels():
+    from . import kernels  # lazy: triton is only needed on the kernel path
+
+    return kernels
+
+
 def quantize_view(x: torch.Tensor, grid, *, backend: str = "auto", **kw) -> torch.Tensor:
     """Dispatching twin of numerics.quantize.quantize_view (same arguments)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
-    if backend == "triton" or (backend == "auto" and x.is_cuda):
-        from . import kernels  # lazy: triton is only needed on the kernel path
+    if backend == "auto":
+        if x.is_cuda:  # the kernels where they cover the arguments (None: they do not)
+            q = _kernels().quantize_view(x, grid, strict=False, **kw)
+            if q is not None:
+                return q
+        return _reference_view(x, grid, **kw)
+    if backend == "torch":
+        return _reference_view(x, grid, **kw)
+    if backend == "triton":  # the kernels, or a one-line error saying what they lack
+        if x.numel() == 0:  # nothing to launch: the reference's empty result is exact
+            return _reference_view(x, grid, **kw)
+        return _kernels().quantize_view(x, grid, **kw)
+    raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
 
-        if backend == "triton" or kernels.supports(x, grid, **kw):
-            return kernels.quantize_view(x, grid, **kw)
-    return _reference_view(x, grid, **kw)
+
+def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *,
+                  backend: str = "auto"):
+    """(quantize_view(a, **a_kw), quantize_view(b, **b_kw)), grid in the kw dicts: the two
+    operands of one GEMM, in one kernel launch where the kernels cover both."""
+    if a.numel() and b.numel() and (backend == "triton" or (backend == "auto" and a.is_cuda
+                                                            and b.is_cuda)):
+        pair = _kernels().quantize_pair(a, a_kw, b, b_kw, strict=backend == "triton")
+        if pair is not None:
+            return pair
+    return quantize_view(a, backend=backend, **a_kw), quantize_view(b, backend=backend, **b_kw)
 
 
 def quantize(x: torch.Tensor, fmt, *, block: int = 16, scale: str = "fp32",
              rounding: str = "rtne", dim: int = -1, rht=None, seed: int = 0,
              block_2d: bool = False, origin: tuple[int, int] = (0, 0),
              backend: str = "auto") -> torch.Tensor:
-    """Fake-quantize `x` along `dim` in 1 x `block` blocks; same shape and dtype as x.
+    """Fake-quantize `x` along `dim` in 1 x `block` blocks; same shape as x, same dtype
+    except that rotated float16 comes back in float32 (a rotated block can exceed fp16's
+    range: 16 values of 16400 rotate to 65600).
 
     fmt:      grid name ("e2m1", "e1m2", "int4", "int4_asym") or a codebook tuple.
     scale:    "fp32" | "e4m3" | "e8m0".   rounding: "rtne" | "sr".
     rht:      None, a size (16, 32, 64, 128) or an RHT: values are returned in the rotated
               domain (apply `RHT.inverse` to compare with x).
-    seed, origin: stochastic-rounding key; origin = (row, column) of x's first element in a
-              larger tensor's 2D view (rows: all other dims flattened; columns: `dim`), so a
-              shard reproduces the full tensor's bits.
+    seed, origin: stochastic-rounding key; seed an int in [0, 2^63); origin = (row, column)
+              of x's first element in a larger tensor's 2D view (rows: all other dims
+              flattened; columns: `dim`), so a shard reproduces the full tensor's bits.
     block_2d: block x block tiles over (rows, dim) instead of 1 x block.
-    Sizes along dim that are not a multiple of the block are zero-padded internally.
+    backend:  "auto" (kernels for CUDA tensors where they apply), "torch", "triton".
+    Sizes along dim that are not a multiple of the block are zero-padded internally. NaN or
+    Inf makes its own block NaN, in every scale mode (e4m3's tensor scale ignores it).
     """
+    check_float_tensor(x, "x", "quantize")
     check_operand_fields(fmt, block, scale, rounding)
-    if not (x.is_floating_point()):
-        raise TypeError(f"quantize takes a floating-point tensor, got {x.dtype}")
+    check_bool(block_2d, "block_2d")
+    seed = check_seed(seed)
+    origin = _check_origin(origin, rounding)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    dim = check_dim(dim, x.dim())
     r = as_rht(rht)
-    if x.dim() == 0:
-        raise ValueError("quantize needs at least one dimension to block along")
-    dim = dim % x.dim()
     if r is not None and x.shape[dim] % r.size:
         raise ValueError(f"with rht={r.size} the size along dim {dim} ({x.shape[dim]}) must be "
                          f"a multiple of {r.size}: the result lives in the rotated domain and "
                          "cannot be unpadded; pad x or pass rht=None")
     if x.numel() == 0:
-        return x.clone()
-    moved = x.movedim(dim, -1)
-    view = moved.reshape(-1, moved.shape[-1])
-    q = quantize_view(view, fmt, block=block, block_2d=block_2d, scale=scale,
-                      rounding=rounding, rht=r, seed=seed, origin=origin, backend=backend)
-    return q.reshape(moved.shape).movedim(-1, dim)
+        return x.to(output_dtype(x.dtype, r), copy=True)
+    moved = x if dim == x.dim() - 1 else x.movedim(dim, -1)
+    q = quantize_view(moved.reshape(-1, moved.shape[-1]), fmt, block=block, block_2d=block_2d,
+                      scale=scale, rounding=rounding, rht=r, seed=seed, origin=origin,
+                      backend=backend)
+    q = q.reshape(moved.shape)
+    return q if moved is x else q.movedim(-1, dim)
+
+
+def _check_origin(origin, rounding: str) -> tuple[int, int]:
+    if not isinstance(origin, (tuple, list)) or len(origin) != 2:
+        raise ValueError(f"origin must be a (row, column) pair of ints >= 0, got {origin!r}")
+    r0 = check_int(origin[0], "origin row", 0)
+    c0 = check_int(origin[1], "origin column", 0)
+    if rounding == "sr" and c0 % 4:
+        raise ValueError(f"with rounding='sr' the origin column must be a multiple of 4 (one "
+                         f"Philox call serves 4 neighbours), got {c0}")
+    return r0, c0

@@ -6,9 +6,11 @@
 
 Each operand is fake-quantized from the high-precision tensor along the GEMM's reduction
 dim (rotated first when the GEMM has an RHT; the same rotation on both operands cancels in
-the product), then the product runs in the operands' dtype with fp32 accumulation. Both
-operands are zero-padded along the reduction dim to a common multiple of block and RHT
-size; zeros add nothing to the product. Backward quantizes from the tensors BF16 saves
+the product), then the product runs in the operands' dtype with fp32 accumulation (float16
+with an RHT: operands in float32, a rotated block can exceed fp16's range, and the product
+cast to float16 once). Both operands are zero-padded along the reduction dim to a common
+multiple of block and RHT size; zeros add nothing to the product. Both are quantized in one
+kernel launch where the kernels cover them (fake_quant.quantize_pair). Backward quantizes from the tensors BF16 saves
 anyway (x, w): no extra copies are kept for backward.
 
 Origins are each operand's (row, column) offset in the full tensor, natural layout (dy:
@@ -21,58 +23,73 @@ import functools
 
 import torch
 
-from .fake_quant import quantize_view
-from .numerics.hadamard import RHT
+from .fake_quant import BACKENDS, quantize_pair, quantize_view
+from .numerics.checks import check_float_tensor, check_seed
+from .numerics.hadamard import RHT, get_rht, rotated_dtype
 from .numerics.philox import mix_seed
 from .numerics.quantize import padded_length
-from .recipe import GEMMS, GemmSpec, OperandSpec, Recipe
+from .recipe import GEMMS, GemmSpec, Recipe
 
 _GEMM_ID = {g: i for i, g in enumerate(GEMMS)}
 
 
-@functools.lru_cache(maxsize=32)
-def _rht(size: int, seed: int) -> RHT:
-    # An RHT is a pure function of (size, seed); building one costs ~20 us of host time
-    # per GEMM, which shows in host-bound layers (docs/performance.md).
-    return RHT(size, seed)
+@functools.lru_cache(maxsize=256)
+def _gemm_plan(spec: GemmSpec, rht_seed: int, reduction: int, dtype: torch.dtype):
+    """What one GEMM's operand preparation needs that depends only on the recipe, the
+    reduction length and the dtype, built once (host time shows in small layers): the RHT,
+    the common padded length, the operands' dtype (fp32 for rotated fp16: a rotated block
+    can exceed fp16's range) and the fixed keyword arguments of each operand's quantization."""
+    rht = get_rht(spec.rht, rht_seed) if spec.rht else None
+    length = max(padded_length(reduction, op.block if op else 1, rht) for op in (spec.a, spec.b))
+    op_dtype = rotated_dtype(dtype) if rht is not None else dtype
+    kws = tuple(None if op is None else dict(
+        grid=op.grid, block=op.block, block_2d=op.block_2d, scale=op.scale,
+        rounding=op.rounding, rht=rht, keep_padding=True, out_dtype=op_dtype)
+        for op in (spec.a, spec.b))
+    return rht, length, op_dtype, kws
 
 
-def _prepare(t: torch.Tensor, spec: OperandSpec | None, *, along_rows: bool, length: int,
-             rht: RHT | None, seed: int, origin: tuple[int, int], dtype: torch.dtype,
-             backend: str) -> torch.Tensor:
-    """Operand t quantized along its columns (along_rows=False) or rows, padded to `length`
-    along that dim, returned in t's natural orientation and `dtype`."""
-    view = t.t() if along_rows else t
-    view_origin = (origin[1], origin[0]) if along_rows else origin
-    if spec is None:  # high precision, but still rotated so the RHT cancels
-        out = view.to(torch.float32)
-        if length != view.shape[1]:
-            out = torch.nn.functional.pad(out, (0, length - view.shape[1]))
-        if rht is not None:
-            out = rht.rotate_fp32_lastdim(out)
-        out = out.to(dtype)
-    else:
-        out = quantize_view(view, spec.grid, block=spec.block, block_2d=spec.block_2d,
-                            scale=spec.scale, rounding=spec.rounding, rht=rht, seed=seed,
-                            origin=view_origin, keep_padding=True, out_dtype=dtype,
-                            backend=backend)
-        if out.shape[1] != length:  # the other operand needed a longer padding unit
-            out = torch.nn.functional.pad(out, (0, length - out.shape[1]))
-    return out.t() if along_rows else out
+def _rotated(view: torch.Tensor, length: int, rht: RHT | None, dtype) -> torch.Tensor:
+    """An operand left in high precision, padded to `length` and still rotated (so the RHT
+    cancels in the product), in `dtype`."""
+    out = view.to(torch.float32)
+    if length != view.shape[1]:
+        out = torch.nn.functional.pad(out, (0, length - view.shape[1]))
+    if rht is not None:
+        out = rht.rotate_fp32_lastdim(out)
+    return out.to(dtype)
+
+
+def _pad(q: torch.Tensor, length: int) -> torch.Tensor:
+    if q.shape[1] != length:  # the other operand needed a longer padding unit
+        q = torch.nn.functional.pad(q, (0, length - q.shape[1]))
+    return q
 
 
 def _gemm_operands(gemm: str, spec: GemmSpec, a, b, *, a_rows: bool, b_rows: bool,
                    reduction: int, recipe: Recipe, seed: int, a_origin, b_origin, backend):
-    rht = _rht(spec.rht, recipe.rht_seed) if spec.rht else None
-    length = max(padded_length(reduction, op.block, rht) if op else
-                 padded_length(reduction, 1, rht) for op in (spec.a, spec.b))
+    """Both operands quantized along their columns (rows when *_rows: the view is t.t(), its
+    origin swapped), padded to a common length, in natural orientation; the two
+    quantizations run in one kernel launch where the kernels cover both."""
+    rht, length, dtype, (kw_a, kw_b) = _gemm_plan(spec, recipe.rht_seed, reduction, a.dtype)
     gid = _GEMM_ID[gemm]
-    dtype = a.dtype
-    qa = _prepare(a, spec.a, along_rows=a_rows, length=length, rht=rht,
-                  seed=mix_seed(seed, gid, 0), origin=a_origin, dtype=dtype, backend=backend)
-    qb = _prepare(b, spec.b, along_rows=b_rows, length=length, rht=rht,
-                  seed=mix_seed(seed, gid, 1), origin=b_origin, dtype=dtype, backend=backend)
-    return qa, qb
+    va, oa = (a.t(), (a_origin[1], a_origin[0])) if a_rows else (a, a_origin)
+    vb, ob = (b.t(), (b_origin[1], b_origin[0])) if b_rows else (b, b_origin)
+    if kw_a is not None:  # seeds only matter to SR (RTNE results do not depend on them)
+        kw_a = dict(kw_a, origin=oa, seed=mix_seed(seed, gid, 0) if spec.a.rounding == "sr"
+                    else 0)
+    if kw_b is not None:
+        kw_b = dict(kw_b, origin=ob, seed=mix_seed(seed, gid, 1) if spec.b.rounding == "sr"
+                    else 0)
+    if kw_a is not None and kw_b is not None:
+        qa, qb = quantize_pair(va, kw_a, vb, kw_b, backend=backend)
+    else:
+        qa = (quantize_view(va, backend=backend, **kw_a) if kw_a is not None
+              else _rotated(va, length, rht, dtype))
+        qb = (quantize_view(vb, backend=backend, **kw_b) if kw_b is not None
+              else _rotated(vb, length, rht, dtype))
+    qa, qb = _pad(qa, length), _pad(qb, length)
+    return (qa.t() if a_rows else qa), (qb.t() if b_rows else qb)
 
 
 def fprop(x: torch.Tensor, w: torch.Tensor, recipe: Recipe, *, seed: int = 0,
@@ -84,7 +101,7 @@ def fprop(x: torch.Tensor, w: torch.Tensor, recipe: Recipe, *, seed: int = 0,
     qx, qw = _gemm_operands("fprop", recipe.fprop, x, w, a_rows=False, b_rows=False,
                             reduction=x.shape[1], recipe=recipe, seed=seed,
                             a_origin=x_origin, b_origin=w_origin, backend=backend)
-    return qx @ qw.t()
+    return (qx @ qw.t()).to(x.dtype)
 
 
 def dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: Recipe, *, seed: int = 0,
@@ -96,7 +113,7 @@ def dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: Recipe, *, seed: int = 0,
     qdy, qw = _gemm_operands("dgrad", recipe.dgrad, dy, w, a_rows=False, b_rows=True,
                              reduction=dy.shape[1], recipe=recipe, seed=seed,
                              a_origin=dy_origin, b_origin=w_origin, backend=backend)
-    return qdy @ qw
+    return (qdy @ qw).to(dy.dtype)
 
 
 def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: Recipe, *, seed: int = 0,
@@ -108,7 +125,7 @@ def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: Recipe, *, seed: int = 0,
     qdy, qx = _gemm_operands("wgrad", recipe.wgrad, dy, x, a_rows=True, b_rows=True,
                              reduction=dy.shape[0], recipe=recipe, seed=seed,
                              a_origin=dy_origin, b_origin=x_origin, backend=backend)
-    return qdy.t() @ qx
+    return (qdy.t() @ qx).to(dy.dtype)
 
 
 class _QuantizedLinear(torch.autograd.Function):
@@ -145,18 +162,39 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
                      backend: str = "auto") -> torch.Tensor:
     """y = x W^T + b with the recipe's fake-quantized GEMMs in forward and backward.
 
-    x: [..., K]; weight: [N, K]; bias: [N] or None. seed keys stochastic rounding; None
-    draws one from torch's default generator when (and only when) the recipe uses SR, so
-    runs without SR consume no random numbers.
+    x: [..., K]; weight: [N, K]; bias: [N] or None; floating-point tensors (weight and bias
+    are cast to x's dtype). seed keys stochastic rounding (an int in [0, 2^63)); None draws
+    one from torch's default generator when (and only when) the recipe uses SR, so runs
+    without SR consume no random numbers.
     """
     if not isinstance(recipe, Recipe):
         raise TypeError(f"recipe must be a Recipe (see get_recipe), got {type(recipe).__name__}")
+    _check_linear_args(x, weight, bias)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, ()).item()) if uses_sr(recipe) else 0
+    else:
+        seed = check_seed(seed)
+    return _QuantizedLinear.apply(x, weight, bias, recipe, seed, backend)
+
+
+def _check_linear_args(x, weight, bias) -> None:
+    """Refuse what torch would silently accept and we would get wrong: integer tensors
+    (truncated products), or a bias that broadcasts in forward and fails only in backward."""
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if t is not None or name != "bias":
+            check_float_tensor(t, name, "quantized_linear")
+    if weight.dim() != 2 or x.dim() < 1:
+        raise ValueError(f"quantized_linear takes x [..., in_features] and weight "
+                         f"[out_features, in_features], got x {tuple(x.shape)} and weight "
+                         f"{tuple(weight.shape)}")
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"x has {x.shape[-1]} features but weight is {tuple(weight.shape)} "
                          "([out_features, in_features])")
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, ()).item()) if uses_sr(recipe) else 0
-    return _QuantizedLinear.apply(x, weight, bias, recipe, seed, backend)
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must have shape ({weight.shape[0]},) (out_features), got "
+                         f"{tuple(bias.shape)}")
 
 
 def uses_sr(recipe: Recipe) -> bool:

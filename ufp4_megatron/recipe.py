@@ -16,7 +16,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from .numerics.grids import GRIDS, get_grid
+from .numerics.checks import check_bool, check_seed
+from .numerics.grids import GRIDS, Grid, codebook_levels, get_grid
+from .numerics.hadamard import SIZES as RHT_SIZES
 from .numerics.scaling import SCALE_MODES
 
 GEMMS = ("fprop", "dgrad", "wgrad")
@@ -46,6 +48,9 @@ class OperandSpec:
 
     def __post_init__(self) -> None:
         check_operand_fields(self.grid, self.block, self.scale, self.rounding)
+        check_bool(self.block_2d, "block_2d")
+        if not isinstance(self.grid, (str, Grid)):  # a list (e.g. from YAML) -> hashable tuple
+            object.__setattr__(self, "grid", codebook_levels(self.grid))
 
 
 def check_operand_fields(grid, block, scale: str, rounding: str) -> None:
@@ -72,8 +77,14 @@ class GemmSpec:
     rht: int | None = None
 
     def __post_init__(self) -> None:
-        if self.rht is not None and self.rht not in (16, 32, 64, 128):
-            raise ValueError(f"rht size must be one of 16, 32, 64, 128 or None, got {self.rht}")
+        for slot in ("a", "b"):
+            op = getattr(self, slot)
+            if op is not None and not isinstance(op, OperandSpec):
+                raise ValueError(f"GemmSpec.{slot} must be an OperandSpec or None (high "
+                                 f"precision), got {op!r}")
+        if self.rht is not None and (isinstance(self.rht, bool) or not isinstance(self.rht, int)
+                                     or self.rht not in RHT_SIZES):
+            raise ValueError(f"rht size must be one of 16, 32, 64, 128 or None, got {self.rht!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +99,16 @@ class Recipe:
     dgrad: GemmSpec | None = None
     wgrad: GemmSpec | None = None
     rht_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ValueError(f"recipe name must be a string, got {self.name!r}")
+        for g in GEMMS:
+            spec = getattr(self, g)
+            if spec is not None and not isinstance(spec, GemmSpec):
+                raise ValueError(f"Recipe.{g} must be a GemmSpec or None (high precision), "
+                                 f"got {spec!r}")
+        check_seed(self.rht_seed, "rht_seed")
 
     @property
     def quantized(self) -> bool:
@@ -245,9 +266,10 @@ def apply_overrides(recipe: Recipe, overrides: Mapping[str, Any]) -> Recipe:
 def _names(value: Iterable[str] | str | bool) -> set[str]:
     if value is True:
         return {"x", "w", "dy"}
-    if value in (False, None):
+    if value is False or value is None:
         return set()
-    names = {value} if isinstance(value, str) else set(value)
+    names = {value} if isinstance(value, str) else _as_set(
+        value, "sr", "True, False or a tuple of operand names (x, w, dy)")
     bad = names - {"x", "w", "dy"}
     if bad:
         raise ValueError(f"unknown operand(s) {sorted(bad)}; valid: x, w, dy")
@@ -261,11 +283,22 @@ def _rht_for(gemm: str, value, size: int) -> int | None:
         return size
     if isinstance(value, int):
         return value
-    names = {value} if isinstance(value, str) else set(value)
+    names = {value} if isinstance(value, str) else _as_set(
+        value, "rht", "True, False, a size (16, 32, 64, 128) or a tuple of GEMM names")
     bad = names - set(GEMMS)
     if bad:
         raise ValueError(f"unknown GEMM(s) {sorted(bad)} in rht; valid: {', '.join(GEMMS)}")
     return size if gemm in names else None
+
+
+def _as_set(value, key: str, what: str) -> set:
+    try:
+        names = set(value)
+    except TypeError:
+        raise ValueError(f"override {key}={value!r}: expected {what}") from None
+    if not all(isinstance(n, str) for n in names):
+        raise ValueError(f"override {key}={value!r}: expected {what}")
+    return names
 
 
 def _bad(key, value):

@@ -14,9 +14,14 @@ Coverage matrix (each row one test; x: every value of the axis is crossed with t
 | dtypes_match                           | e2m1       | fp32   | rtne     | 16       | 16         | row; in x out dtype |
 | special_values_match                   | e2m1, e1m2, int4_asym, 16-level x | all x | both | 16, 32 2D | none/16 | row, col x |
 | dual_matches_two_single_layouts        | e1m2,int4  | fp32/e8m0 | sr    | 16       | none/16    | dual          |
+| pair_matches_two_single_launches       | e1m2,e2m1,int4_asym,codebook | fp32/e4m3/e8m0 | both | 16 (+32, 2D: two launches) | none/16 | row+row, row+col, col+col |
+| e4m3_nan_stays_in_its_block            | e2m1       | e4m3   | both     | 16, 16 2D | none/16   | row, col      |
+| fp16_rht_is_float32_and_finite         | e1m2       | fp32   | rtne     | 16       | 16         | row, col, pair |
+| non_contiguous_inputs_match            | e1m2       | fp32   | both     | 16, 32 2D | none/16   | slices, offsets, expanded, permuted |
 | sr_shard_reproduces_full_tensor_bits   | e1m2       | fp32   | sr       | 16       | 16         | row, col      |
 | supports_refuses_what_is_not_built     | -
-| quantized_linear_triton_matches_torch  | ufp4, nvfp4, mxfp4 recipes, forward and backward
+| quantized_linear_triton_matches_torch  | ufp4, nvfp4, mxfp4, e2m1 recipes, bf16 and fp16, forward and backward
+| triton_backend_refuses_what_it_lacks   | backend="triton" says what the kernels do not implement
 """
 import pytest
 import torch
@@ -81,8 +86,8 @@ def test_dtypes_match(dtype, out_dtype):
 
 def _special(rows=12, cols=64):
     """Rows: NaN block, Inf block, all-zero row, subnormals (scale underflow), huge values,
-    exact RTNE ties for e1m2/int4 (amax 7 -> s = 1 for int4) and for e2m1 (amax 6). e4m3
-    tests take rows 5.. only: a non-finite tensor amax makes every block NaN."""
+    exact RTNE ties for e1m2/int4 (amax 7 -> s = 1 for int4) and for e2m1 (amax 6). With
+    e4m3 scales the NaN and Inf blocks stay NaN in themselves (the tensor amax skips them)."""
     x = _data(rows, cols, seed=11, dtype=torch.float32).cpu()
     x[0, 3] = float("nan")
     x[1, 20] = float("inf")
@@ -102,7 +107,7 @@ def test_special_values_match(grid, scale, layout):
     x = _special()
     for kw in (dict(rht=None), dict(rht=RHT(16, 0), rounding="sr", seed=5),
                dict(block=32, block_2d=True, rounding="sr", seed=8)):
-        ran = _check(x if scale != "e4m3" else x[5:], grid, layout, scale=scale, **kw)
+        ran = _check(x, grid, layout, scale=scale, **kw)
         assert ran == (not (scale == "e4m3" and grid == "int4_asym"))
 
 
@@ -115,6 +120,92 @@ def test_dual_matches_two_single_layouts(rht):
     got_row, got_col = kernels.quantize_dual(x, row, col)
     assert_bitwise(got_row, reference(x, **row), "dual row")
     assert_bitwise(got_col, reference(x.t(), **col), "dual col")
+
+
+PAIRS = {  # (a spec, b spec, a layout, b layout): the GEMMs of the presets and some harder
+    "fprop ufp4": (dict(grid="e1m2", rht=RHT(16, 0)), dict(grid="e1m2", rht=RHT(16, 0)),
+                   "row", "row"),
+    "dgrad ufp4": (dict(grid="e1m2", rht=RHT(16, 0), rounding="sr", seed=2**40 + 3),
+                   dict(grid="e1m2", rht=RHT(16, 0)), "row", "col"),
+    "wgrad ufp4": (dict(grid="e1m2", rht=RHT(16, 0), rounding="sr", seed=5, origin=(8, 16)),
+                   dict(grid="e1m2", rht=RHT(16, 0), origin=(0, 32)), "col", "col"),
+    "mixed grids and scales": (dict(grid="e2m1", scale="e4m3", rounding="sr", seed=1),
+                               dict(grid="int4_asym", scale="e8m0", keep_padding=True,
+                                    out_dtype=torch.float32), "col", "row"),
+    "codebook": (dict(grid=(0.0, 0.5, 1.0, 3.0), rht=RHT(16, 9)),
+                 dict(grid="e1m2", rounding="sr", seed=7), "row", "col"),
+    "generic kernel (two launches)": (dict(grid="e1m2", block=32),
+                                      dict(grid="e2m1", block_2d=True), "row", "col"),
+}
+
+
+@pytest.mark.parametrize("name", list(PAIRS))
+def test_pair_matches_two_single_launches(name):
+    a_kw, b_kw, a_layout, b_layout = PAIRS[name]
+    a, b = _special(38, 64), _data(45, 96, seed=6)
+    views = [x if lay == "row" else x.t().contiguous().t() for x, lay in ((a, a_layout),
+                                                                        (b, b_layout))]
+    qa, qb = kernels.quantize_pair(views[0], dict(a_kw), views[1], dict(b_kw))
+    assert_bitwise(qa, reference(views[0], **a_kw), f"{name} a")
+    assert_bitwise(qb, reference(views[1], **b_kw), f"{name} b")
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("block_2d", [False, True])
+def test_e4m3_nan_stays_in_its_block(layout, block_2d):
+    x = _data(32, 64, seed=12, dtype=torch.float32)
+    x[0, 3] = float("nan")
+    x[20, 40] = float("inf")
+    for kw in (dict(rht=RHT(16, 2) if not block_2d else None), dict(rounding="sr", seed=4)):
+        view = x if layout == "row" else x.t().contiguous().t()
+        got = kernels.quantize_view(view, "e2m1", scale="e4m3", block_2d=block_2d, **kw)
+        assert_bitwise(got, reference(view, "e2m1", scale="e4m3", block_2d=block_2d, **kw),
+                       f"{layout} {kw}")
+        nan = torch.isnan(got.cpu())  # only the two blocks (tiles) holding NaN / Inf
+        assert int(nan.sum()) == 2 * (256 if block_2d else 16) and nan[0, 0] and nan[20, 40]
+
+
+def test_fp16_rht_is_float32_and_finite():
+    x = _data(16, 64, seed=13, dtype=torch.float32).cpu() * 100
+    x[0, :16] = 16400.0 * RHT(16, 0).signs  # rotates to 65600 > fp16's max
+    x = x.half().to(DEVICE)
+    for view in (x, x.t().contiguous().t()):
+        got = kernels.quantize_view(view, "e1m2", rht=RHT(16, 0))
+        assert got.dtype == torch.float32 and torch.isfinite(got).all()
+        assert_bitwise(got, reference(view, "e1m2", rht=RHT(16, 0)), "fp16 rht")
+        assert_bitwise(got, reference(view.float(), "e1m2", rht=RHT(16, 0)), "fp32 ref")
+    qa, qb = kernels.quantize_pair(x, dict(grid="e1m2", rht=RHT(16, 0)),
+                                   x.t(), dict(grid="e1m2", rht=RHT(16, 0)))
+    assert qa.dtype == qb.dtype == torch.float32 and torch.isfinite(qa).all()
+
+
+def test_non_contiguous_inputs_match():
+    base = _data(20, 64, seed=14)
+    views = {"column slice": base[:, ::2], "row slice": base[::3], "offset": base[1:, 16:],
+             "transposed slice": base.t()[:48], "expanded rows": base[:1].expand(8, 64),
+             "expanded cols": base[:, :1].expand(20, 32),
+             "expanded, stride (1, 0)": base[:, 0].clone()[:, None].expand(20, 32),
+             "permuted 3d": base.reshape(4, 5, 64).permute(1, 0, 2)}
+    kws = (dict(rht=16, rounding="sr", seed=3), dict(dim=0, block=32, block_2d=True))
+    for i, (name, x) in enumerate(views.items()):  # the 16-tensor and generic kernels in turn
+        kw = kws[i % 2]
+        assert_bitwise(quantize(x, "e1m2", backend="triton", **kw),
+                       quantize(x, "e1m2", backend="torch", **kw), f"{name} {kw}")
+
+
+def test_triton_backend_refuses_what_it_lacks():
+    x = _data(4, 32, seed=0)
+    with pytest.raises(ValueError, match="Triton kernels do not implement e4m3 scales on the "
+                                         "two's-complement grid"):
+        quantize(x, "int4_asym", scale="e4m3", backend="triton")
+    with pytest.raises(ValueError, match="do not implement dtype torch.float64"):
+        quantize(x.double(), "e1m2", backend="triton")
+    with pytest.raises(ValueError, match="do not implement block=64"):
+        quantize(x.reshape(2, 64), "e1m2", block=64, backend="triton")
+    assert quantize(x[:0], "e1m2", backend="triton").shape == (0, 32)  # nothing to launch
+    # backend="auto" takes the reference for what the kernels lack, so the two agree
+    assert_bitwise(quantize(x, "int4_asym", scale="e4m3"),
+                   quantize(x, "int4_asym", scale="e4m3", backend="torch"), "auto")
 
 
 @pytest.mark.parametrize("layout", ["row", "col"])
@@ -147,12 +238,14 @@ def test_quantize_dispatch_backends_agree():
                        quantize(x, "e1m2", backend="torch", **kw), f"dim {dim}")
 
 
-@pytest.mark.parametrize("name", ["ufp4", "nvfp4", "mxfp4"])
-def test_quantized_linear_triton_matches_torch(name):
+@pytest.mark.parametrize("name,dtype", [("ufp4", torch.bfloat16), ("nvfp4", torch.bfloat16),
+                                        ("mxfp4", torch.bfloat16), ("e2m1", torch.bfloat16),
+                                        ("ufp4", torch.float16)])
+def test_quantized_linear_triton_matches_torch(name, dtype):
     recipe = get_recipe(name)
-    x = _data(24, 64, seed=3)
-    w = _data(48, 64, seed=4)
-    dy = _data(24, 48, seed=5)
+    x = _data(24, 64, seed=3, dtype=dtype)
+    w = _data(48, 64, seed=4, dtype=dtype)
+    dy = _data(24, 48, seed=5, dtype=dtype)
     outs = []
     for backend in ("torch", "triton"):
         xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()

@@ -5,6 +5,8 @@ GPU (and, for the UFP4 operand specs, on the CPU too). Run with `make test-gpu`.
 | gpu_ufp4_operands_match_reference           | e1m2 rht16 rtne/sr, row/col/dual, 4096x6144 and odd 3000x2000, vs GPU and CPU reference |
 | gpu_all_grids_and_scales_match              | 5 grids x 3 scales, SR + rht16 (the longest path), row, 1024x1536 |
 | gpu_block_options_and_special_values_match  | blocks 16/32, 2D tiles, keep_padding, NaN/Inf/zero/subnormal rows, row fp32 and col e8m0+rht32 |
+| gpu_pair_matches_reference                  | the pair kernel (both operands of fprop/dgrad/wgrad in one launch), UFP4 specs, 4096x6144 and odd shapes, vs GPU reference |
+| gpu_e4m3_nan_and_fp16_rht                   | e4m3 (1x16 and 16x16) with NaN/Inf blocks staying local; fp16 + RHT16 near fp16's max -> finite fp32 |
 
 Few kernel variants on purpose: each compiles for seconds (run with -n 8 to compile in parallel).
 """
@@ -65,3 +67,38 @@ def test_gpu_block_options_and_special_values_match(block, block_2d):
                   rounding="sr", seed=1)
         assert_bitwise(kernels.quantize_view(view, "e1m2", **kw),
                        reference(view, "e1m2", **kw), f"{kw}")
+
+
+@needs_cuda
+@pytest.mark.parametrize("shape", [(4096, 6144), (3000, 2000)])
+def test_gpu_pair_matches_reference(shape):
+    x = _data(*shape, seed=7)
+    w = _data(shape[1] // 2, shape[1], seed=8)
+    dy = _data(shape[0], shape[1] // 2, seed=9)
+    rtne = dict(grid="e1m2", rht=RHT(16, 0), keep_padding=True)
+    sr = dict(rtne, rounding="sr", seed=2**50 + 5, origin=(0, 64))
+    for name, a, a_kw, b, b_kw in (("fprop", x, rtne, w, rtne), ("dgrad", dy, sr, w.t(), rtne),
+                                   ("wgrad", dy.t(), sr, x.t(), rtne)):
+        qa, qb = kernels.quantize_pair(a, a_kw, b, b_kw)
+        assert_bitwise(qa, reference(a, **a_kw), f"{name} a")
+        assert_bitwise(qb, reference(b, **b_kw), f"{name} b")
+
+
+@needs_cuda
+def test_gpu_e4m3_nan_and_fp16_rht():
+    x = _data(1000, 1024, seed=10).float()
+    x[0, 5], x[500, 700] = float("nan"), float("inf")
+    for block_2d in (False, True):
+        for view in (x, x.t()):
+            kw = dict(scale="e4m3", block_2d=block_2d, rounding="sr", seed=3)
+            got = kernels.quantize_view(view, "e2m1", **kw)
+            assert_bitwise(got, reference(view, "e2m1", **kw), f"e4m3 2d={block_2d}")
+            assert int(torch.isnan(got).sum()) == 2 * (256 if block_2d else 16)
+    h = (x.nan_to_num(0.0, 0.0, 0.0) * 100).clamp(-60000, 60000)
+    big = 16400.0 * RHT(16, 0).signs.cuda()  # rotates to 65600 > fp16's max
+    h[0, :16], h[:16, 20] = big, big  # one block for each layout
+    h = h.half()
+    for view in (h, h.t()):
+        got = kernels.quantize_view(view, "e1m2", rht=RHT(16, 0))
+        assert got.dtype == torch.float32 and torch.isfinite(got).all()
+        assert_bitwise(got, reference(view, "e1m2", rht=RHT(16, 0)), "fp16 rht")

@@ -23,13 +23,15 @@ MOE_LAYOUTS = {"tp1": {}, "tp2sp": {"tp": 2, "sp": True}, "ep2": {"ep": 2}}
 
 
 def _run(moe: bool, recipe: str, layout: dict, state, *, sr_seed: int = 7, grouped=False,
-         glu=False):
+         glu=False, attention="megatron"):
     setup_parallel(tp=layout.get("tp", 1), ep=layout.get("ep", 1))
     config = tiny_config(moe=moe, grouped=grouped, glu=glu, **layout)
-    model = build_gpt(config, UFP4Policy(recipe, sr_seed=sr_seed))
+    model = build_gpt(config, UFP4Policy(recipe, sr_seed=sr_seed), attention)
     local_experts = 4 // layout.get("ep", 1) if moe else 0
     load_full_state(model, state, local_experts)
-    loss = loss_and_backward(model, batch(ps.get_data_parallel_rank()))
+    # the fused attention is causal by construction: no mask tensor, as the trainer runs it
+    loss = loss_and_backward(model, batch(ps.get_data_parallel_rank()),
+                             masked=attention == "megatron")
     out = {"loss": loss}
     if layout.get("ep", 1) == 1:  # rank 0's own gradients (TP layouts share rank 0's data)
         out["grads"] = full_grads(model, local_experts)
@@ -62,10 +64,14 @@ def models(recipes=("bf16", "e2m1", "ufp4")) -> dict:
                                                                           state)
         if not moe:  # the same model with another SR seed: how far apart SR noise alone puts it
             results[("dense", "ufp4", "tp1_seed8")] = _run(False, "ufp4", {}, state, sr_seed=8)
+            for name, layout in layouts.items():  # fused attention (SDPA), no mask tensor
+                results[("dense", "bf16", f"{name}_sdpa")] = _run(False, "bf16", layout, state,
+                                                                  attention="sdpa")
         else:  # grouped experts (TEGroupedMLP + UFP4 grouped linears) on the same weights
             for name, layout in (("tp1", {}), ("tp2sp", MOE_LAYOUTS["tp2sp"]), ("ep2", {"ep": 2})):
-                results[("moe", "ufp4", f"{name}_grouped")] = _run(True, "ufp4", layout, state,
-                                                                   grouped=True)
+                for recipe in ("bf16", "ufp4"):
+                    results[("moe", recipe, f"{name}_grouped")] = _run(True, recipe, layout,
+                                                                       state, grouped=True)
     # SwiGLU: fc1 is sharded with stride 2, each rank holding [gate_r; up_r]
     setup_parallel()
     state = full_state(build_gpt(tiny_config(glu=True), UFP4Policy("bf16")))
@@ -255,15 +261,15 @@ def _expert_checks() -> dict:
             linear_fc2=partial(UFP4RowParallelGroupedLinear, ufp4=b2)), pg_collection=pgc)
         with torch.no_grad():
             for i, e in enumerate(seq.local_experts):
-                getattr(grp.linear_fc1, f"weight{i}").copy_(e.linear_fc1.weight)
-                getattr(grp.linear_fc2, f"weight{i}").copy_(e.linear_fc2.weight)
+                grp.linear_fc1.weight[i].copy_(e.linear_fc1.weight)
+                grp.linear_fc2.weight[i].copy_(e.linear_fc2.weight)
         res = {}
         for name, mod in (("seq", seq), ("grp", grp)):
             xi = x.clone().requires_grad_()
             y, _ = mod(xi, counts, probs)
             y.backward(dy)
             res[name] = (y.detach(), xi.grad)
-        wgrads = [(e.linear_fc1.weight.grad, getattr(grp.linear_fc1, "weight0").grad)
+        wgrads = [(e.linear_fc1.weight.grad, grp.linear_fc1.weight.grad[0])
                   for e in seq.local_experts[:1]]
         out[label] = {
             "grouped_vs_sequential_maxabs": max((res["seq"][0] - res["grp"][0]).abs().max().item(),
@@ -281,18 +287,90 @@ def layers() -> dict:
             "experts": _expert_checks()}
 
 
-def expert_checkpoint_layouts() -> dict[str, list]:
-    """Sharded-checkpoint weight entries (key, global shape, global offset) of the routed
-    experts of an EP=2 MoE GPT, SequentialMLP vs grouped, on this rank. (SequentialMLP also
-    saves `_extra_state` placeholders, which the grouped linears do not.)"""
+def _boxes(sharded: dict, label_filter=".mlp.experts.") -> list:
+    """Per expert weight: (key, global shape, the global box this rank holds), factories
+    (SwiGLU halves) built into their tensors."""
+    boxes = []
+    for name, t in sharded.items():
+        if label_filter not in name or "_extra_state" in name:
+            continue
+        for st in (t.build() if hasattr(t, "build") else [t]):
+            local = [1] * (len(st.global_shape) - st.data.dim()) + list(st.data.shape)
+            box = [(o, o + n) for o, n in zip(st.global_offset, local)]
+            e_axis = len(st.global_shape) - 3  # [..., experts, N, K]
+            for e in range(*box[e_axis]):  # one box per expert
+                boxes.append((st.key, tuple(st.global_shape),
+                              tuple(box[:e_axis] + [(e, e + 1)] + box[e_axis + 1:])))
+    return sorted(boxes)
+
+
+def expert_checkpoint_layouts() -> dict:
+    """What the routed experts of MoE GPTs write to a sharded checkpoint on this rank,
+    SequentialMLP vs grouped (EP=2; EP=2 with SwiGLU; expert-TP=2 with SwiGLU, whose fc1
+    halves are saved apart), and whether the tensor a grouped weight saves is the parameter
+    itself (the distributed optimizer's model-space formats match them by identity).
+    (SequentialMLP also saves `_extra_state` placeholders, which the grouped linears do not.)"""
     out = {}
-    for label, grouped in (("sequential", False), ("grouped", True)):
-        setup_parallel(ep=2)
-        model = build_gpt(tiny_config(moe=True, ep=2, grouped=grouped), UFP4Policy("ufp4"))
-        out[label] = sorted((t.key, tuple(t.global_shape), tuple(t.global_offset))
-                            for name, t in model.sharded_state_dict().items()
-                            if ".mlp.experts." in name and "_extra_state" not in name)
+    for layout, kw in (("ep2", dict(ep=2)), ("ep2_glu", dict(ep=2, glu=True)),
+                       ("tp2sp_glu", dict(tp=2, sp=True, glu=True))):
+        for label, grouped in (("sequential", False), ("grouped", True)):
+            setup_parallel(tp=kw.get("tp", 1), ep=kw.get("ep", 1))
+            model = build_gpt(tiny_config(moe=True, grouped=grouped, **kw), UFP4Policy("ufp4"))
+            sharded = model.sharded_state_dict()
+            out[(layout, label)] = _boxes(sharded)
+            if grouped:
+                params = {id(p) for p in model.parameters()}
+                out[(layout, "grouped_data_is_param")] = [
+                    id(t.data) in params for name, t in sharded.items()
+                    if ".mlp.experts." in name]
     return out
+
+
+def expert_checkpoint_roundtrip() -> dict:
+    """A dist_checkpointing checkpoint of a grouped-expert MoE GPT (EP=2, SwiGLU) loads into
+    a SequentialMLP one and back: max |difference| of every parameter after each load."""
+    import tempfile
+
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+
+    setup_parallel(ep=2)
+    holder = [tempfile.mkdtemp(prefix="ufp4-ckpt-") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(holder, src=0)
+    root = holder[0]
+    out = {}
+    models = {g: build_gpt(tiny_config(moe=True, ep=2, glu=True, grouped=g), UFP4Policy("ufp4"))
+              for g in (True, False)}
+    with torch.no_grad():
+        for m in models.values():
+            for p in m.parameters():
+                p.normal_()
+    for src, dst in ((True, False), (False, True)):
+        path = f"{root}/{'grouped' if src else 'sequential'}"
+        if dist.get_rank() == 0:
+            import os
+
+            os.makedirs(path)
+        dist.barrier()
+        dist_checkpointing.save(models[src].sharded_state_dict(), path)
+        template = {k: v for k, v in models[dst].sharded_state_dict().items()
+                    if "_extra_state" not in k}
+        loaded = dist_checkpointing.load(template, path, strict=StrictHandling.LOG_ALL)
+        models[dst].load_state_dict(loaded, strict=False)
+        a = _canonical_params(models[src], 2)
+        b = _canonical_params(models[dst], 2)
+        out[f"{'grouped' if src else 'sequential'}_to_{'sequential' if src else 'grouped'}"] = \
+            max((a[k] - b[k]).abs().max().item() for k in a)
+        out.setdefault("same_names", []).append(a.keys() == b.keys())
+    return out
+
+
+def _canonical_params(model, num_local_experts: int) -> dict:
+    """This rank's parameters under canonical (TP=1, EP=1, SequentialMLP) names."""
+    from mcore_tiny import _per_expert
+
+    return {k: t.detach().clone() for name, p in model.named_parameters()
+            for k, t in _per_expert(name, p, num_local_experts)}
 
 
 def seed_stream() -> dict:
@@ -339,22 +417,74 @@ def entry_point() -> dict:
     import os
 
     from megatron.core.models.gpt import GPTModel
-    from ufp4_megatron.megatron.spec import ENTRY_POLICIES, ufp4_gpt_spec
+    from ufp4_megatron.megatron.spec import ufp4_gpt_spec
 
     setup_parallel()
     os.environ["UFP4_RECIPE"] = "e2m1"
-    out = {}
+    out, recipes = {}, set()
     for label, config in (("dense", tiny_config()), ("moe", tiny_config(moe=True))):
         model = GPTModel(config=config, transformer_layer_spec=ufp4_gpt_spec(config),
                          vocab_size=128, max_sequence_length=32)
         out[label] = {n: f"{type(m).__name__} {m.extra_repr()}" for n, m in model.named_modules()
                       if type(m).__name__.startswith("UFP4")}
-    out["policy"] = ENTRY_POLICIES[None].default.name
+        recipes |= {m.ufp4.recipe.name for m in model.modules() if hasattr(m, "ufp4")}
+    out["policy"] = "/".join(sorted(recipes))  # the recipes the UFP4 linears run
     return out
+
+
+def attention() -> dict:
+    """SDPAttention against Megatron's DotProductAttention on the same q, k, v and output
+    gradient: (rel. error of the output, of dq, dk, dv) per dtype, head grouping and mask."""
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from ufp4_megatron.megatron.attention import SDPAttention
+
+    setup_parallel()
+    s, b, heads, dim = 48, 2, 4, 16
+    causal = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)[None, None].expand(b, 1, s, s)
+    padded = causal.clone()
+    padded[1, :, :, 40:] = True  # sample 1: the last 8 keys are padding
+    padded[1, :, 40:, 40:] = causal[1, :, 40:, 40:]  # (padding rows still see themselves)
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        for groups in (4, 2, 1):  # MHA, GQA, MQA
+            config = TransformerConfig(num_layers=1, hidden_size=heads * dim,
+                                       num_attention_heads=heads, num_query_groups=groups,
+                                       params_dtype=dtype, bf16=dtype == torch.bfloat16,
+                                       use_cpu_initialization=True, attention_dropout=0.0,
+                                       masked_softmax_fusion=False)  # (needs apex kernels)
+            g = torch.Generator().manual_seed(groups)
+            q, k, v = (torch.randn(s, b, n, dim, generator=g).to(dtype)
+                       for n in (heads, groups, groups))
+            dy = torch.randn(s, b, heads * dim, generator=g).to(dtype)
+            for label, mask_type, ref_mask, our_mask in (
+                    ("causal", AttnMaskType.causal, causal, None),
+                    ("causal_mask_given", AttnMaskType.causal, causal, causal),
+                    ("padding", AttnMaskType.padding, padded, padded)):
+                res = []
+                for module, mask in ((DotProductAttention(config, 1, mask_type, "self"), ref_mask),
+                                     (SDPAttention(config, 1, mask_type, "self"), our_mask)):
+                    qkv = [t.clone().requires_grad_() for t in (q, k, v)]
+                    y = module(*qkv, mask)
+                    y.backward(dy)
+                    res.append([y.detach()] + [t.grad for t in qkv])
+                key = (str(dtype).split(".")[-1], groups, label)
+                out[key] = [_rel(ours, ref) for ours, ref in zip(res[1], res[0])]
+    return out
+
+
+def _optional(fn, module: str):
+    """fn(), or None when `module` (an optional dependency of what fn exercises) is missing."""
+    import importlib.util
+
+    return fn() if importlib.util.find_spec(module) else None
 
 
 def suite() -> dict:
     """Everything the pytest suite needs, in one launch (Megatron imports once per rank)."""
     return {"layers": layers(), "models": models(), "bf16_layers": bf16_layers_model(),
             "checkpoint": expert_checkpoint_layouts(), "seeds": seed_stream(),
-            "entry_point": entry_point()}
+            "checkpoint_roundtrip": _optional(expert_checkpoint_roundtrip, "psutil"),
+            "entry_point": entry_point(), "attention": attention()}

@@ -12,7 +12,10 @@
 - test_grouped_experts_match_sequential_experts_bitwise_without_sr, test_empty_expert_...,
   test_sequential_experts_know_their_global_index: the two expert hosts;
   test_grouped_experts_checkpoint_weights_layout_equals_sequential: their distributed checkpoints hold
-  the same expert weights (sharded keys, global shapes and offsets under EP=2).
+  the same expert weights (sharded keys, global shapes, the global box of every expert under
+  EP=2, EP=2 with SwiGLU, expert-TP=2 with SwiGLU); the grouped linears save their stacked
+  parameter itself; test_grouped_checkpoint_loads_into_sequential_experts_and_back: a real
+  dist_checkpointing save/load between the two hosts restores every parameter exactly.
 """
 import pytest
 
@@ -63,10 +66,22 @@ def test_sequential_experts_know_their_global_index(mcore_results):
     assert mcore_results["layers"]["experts"]["sr"]["expert_indices"] == [0, 1, 2, 3]
 
 
-def test_grouped_experts_checkpoint_weights_layout_equals_sequential(mcore_results):
-    layouts = mcore_results["checkpoint"]  # EP=2, rank 0: 2 layers x 2 local experts x fc1/fc2
-    assert len(layouts["sequential"]) == 8
-    assert layouts["grouped"] == layouts["sequential"]
+@pytest.mark.parametrize("layout", ("ep2", "ep2_glu", "tp2sp_glu"))
+def test_grouped_experts_checkpoint_weights_layout_equals_sequential(mcore_results, layout):
+    layouts = mcore_results["checkpoint"]  # rank 0: 2 layers x 2 or 4 local experts x fc1/fc2
+    seq, grp = layouts[(layout, "sequential")], layouts[(layout, "grouped")]
+    assert len(seq) == {"ep2": 8, "ep2_glu": 12, "tp2sp_glu": 24}[layout]  # glu: fc1 halves
+    assert grp == seq
+    assert all(layouts[(layout, "grouped_data_is_param")])  # one stacked parameter per linear
+    assert len(layouts[(layout, "grouped_data_is_param")]) == 4
+
+
+def test_grouped_checkpoint_loads_into_sequential_experts_and_back(mcore_results):
+    trip = mcore_results["checkpoint_roundtrip"]
+    if trip is None:
+        pytest.skip("dist_checkpointing needs psutil")
+    assert trip["grouped_to_sequential"] == 0.0 and trip["sequential_to_grouped"] == 0.0
+    assert all(trip["same_names"])
 
 
 def test_sr_seeds_drawn_only_by_forwards_that_will_backward_with_sr(mcore_results):

@@ -122,10 +122,22 @@ def test_shard_unit_is_block_and_rht_lcm(name, unit):
     assert shard_unit(get_recipe(name)) == unit
 
 
-def test_version_guard_refuses_other_megatron_core(monkeypatch):
-    monkeypatch.setattr(_version.importlib.metadata, "version", lambda _: "0.16.1")
-    with pytest.raises(ImportError, match="pinned to megatron-core==0.19.2"):
-        _version.check_megatron_core()
+@pytest.mark.parametrize("found", ["0.19.1", "0.19.2", "0.19.1+f8837c04", "0.19.2+8e83c0d"])
+def test_version_guard_accepts_core_r0_19_checkout_and_wheel(found):
+    _version.check_version(found)
+
+
+@pytest.mark.parametrize("found", ["0.16.1", "0.19.0", "0.19.3", "0.20.0rc1"])
+def test_version_guard_refuses_other_megatron_core(found):
+    with pytest.raises(ImportError, match=f"supports megatron-core 0.19.1 and 0.19.2.*{found}"):
+        _version.check_version(found, where="x")
+
+
+def test_version_guard_reads_the_imported_megatron_core():
+    from megatron.core import package_info
+
+    _version.check_megatron_core()  # the installed wheel
+    assert package_info.__version__.split("+")[0] in _version.SUPPORTED_MEGATRON_CORE
 
 
 def test_policy_from_env_reads_name_or_json_file(monkeypatch, tmp_path):

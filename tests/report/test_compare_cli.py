@@ -1,46 +1,175 @@
-"""`python -m ufp4_megatron.compare` on run dirs: table, PNG, and the gaps in an offline W&B
-run that reads back.
+"""`python -m ufp4_megatron.compare` as a user runs it (subprocess, W&B offline, no key).
 
-    test_compare_writes_table_and_plot_and_logs_offline_wandb
-    test_unknown_source_is_a_clear_error
+    test_compare_writes_outputs_and_an_offline_wandb_run   md, json, png, workspace file; the
+        compare run in the runs' group with per-seed and band keys against tokens, the table
+    test_common_steps_are_said                 different lengths: the steps used, in the output
+    test_same_label_is_disambiguated_in_the_table
+    test_help_names_the_program                `ufp4-compare` / `python -m ufp4_megatron.compare`
+    test_bad_input_exits_2_with_one_line       each case below: exit 2, one line, no traceback
 """
+from __future__ import annotations
+
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from ufp4_megatron.report.compare import run
+from _runs import offline_env, write_run
 from ufp4_megatron.report.wandb_offline import find_run_file, read_run
 
-
-def write_run(path, recipe, losses):
-    path.mkdir(parents=True)
-    (path / "config.yaml").write_text(
-        f"model:\n  name: tiny\nprecision:\n  name: {recipe}\ntrain:\n  seed: 3\n")
-    (path / "metrics.jsonl").write_text("".join(
-        json.dumps({"step": i + 1, "loss": v, "tokens": 64 * (i + 1)}) + "\n"
-        for i, v in enumerate(losses)))
-    return str(path)
+ROOT = Path(__file__).resolve().parents[2]
+BF16 = [3.0, 2.5, 2.2, 2.0]
+GAPS = {"e2m1": [0.02, 0.03, 0.04], "ufp4": [0.01, 0.02, 0.03]}
 
 
-def test_compare_writes_table_and_plot_and_logs_offline_wandb(tmp_path, monkeypatch):
-    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
-        monkeypatch.setenv(var, str(tmp_path / var))
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    runs = [write_run(tmp_path / "b", "bf16", [4.0, 2.0, 2.0]),
-            write_run(tmp_path / "e", "e2m1", [4.4, 2.1, 2.06]),
-            write_run(tmp_path / "u", "ufp4", [4.2, 2.04, 2.02])]
+def compare(tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ufp4_megatron.compare", *args], cwd=tmp,
+                          env=offline_env(tmp), capture_output=True, text=True, timeout=300)
+
+
+def study(tmp: Path, experiment: str = "exp1") -> list[str]:
+    runs = []
+    for seed in (1, 2, 3):
+        runs.append(write_run(tmp / f"bf16-s{seed}", "bf16", seed, BF16, experiment=experiment))
+        for recipe, gaps in GAPS.items():
+            runs.append(write_run(tmp / f"{recipe}-s{seed}", recipe, seed,
+                                  [v * (1 + gaps[seed - 1]) for v in BF16],
+                                  experiment=experiment, val_every=2))
+    return runs
+
+
+def test_compare_writes_outputs_and_an_offline_wandb_run(tmp_path):
+    r = compare(tmp_path, *study(tmp_path), "--last", "2", "--out", "out")
+    assert r.returncode == 0, r.stderr
     out = tmp_path / "out"
-    rows = run([*runs, "--last", "2", "--out", str(out), "--wandb-mode", "offline", "--group", "t"])
-    gaps = {r.recipe: r.loss_gap for r in rows}
-    assert gaps == pytest.approx({"e2m1": 0.04, "ufp4": 0.015})
-    assert "| tiny | 3 | ufp4 |" in (out / "loss_gap.md").read_text()
+    data = json.loads((out / "loss_gap.json").read_text())
+    ufp4 = next(x for x in data["recipes"] if x["recipe"] == "ufp4")
+    assert ufp4["train_gap"]["mean"] == pytest.approx(0.02)
+    assert ufp4["vs_baseline"]["reduction"] == pytest.approx(1 / 3)
+    md = (out / "loss_gap.md").read_text()
+    assert "| tiny | ufp4 | 3 | not resolved at this size: +2.000%" in md
+    assert "| tiny | ufp4 | 3 |" in r.stdout
     assert (out / "loss_gap.png").read_bytes()[:4] == b"\x89PNG"
-    logged = read_run(find_run_file(out))
-    assert logged["group"] == "t"
-    series = [h["gap/tiny/ufp4"] for h in logged["history"] if "gap/tiny/ufp4" in h]
-    assert series == pytest.approx([0.05, 0.02, 0.01])
+
+    wb = read_run(find_run_file(out))
+    assert (wb["group"], wb["job_type"], wb["name"]) == ("exp1", "compare", "compare-exp1")
+    assert wb["metrics"]["gap/*"] == "tokens"
+    curve = [h for h in wb["history"] if "gap/tiny/ufp4/mean" in h]
+    assert [h["tokens"] for h in curve] == [64, 128, 192, 256]
+    assert [h["gap/tiny/ufp4/s3"] for h in curve] == pytest.approx([0.03] * 4)
+    assert [h["gap/tiny/ufp4/mean"] for h in curve] == pytest.approx([0.02] * 4)
+    assert all(h["gap/tiny/ufp4/lo"] < 0.02 < h["gap/tiny/ufp4/hi"] for h in curve)
+    assert any(h.get("loss_gap_table._type") == "table-file" for h in wb["history"])
+    assert wb["summary"]["loss_gap/tiny/ufp4/mean"] == pytest.approx(0.02)
+    assert wb["summary"]["reduction/tiny/ufp4/value"] == pytest.approx(1 / 3)
+    assert wb["config"]["last"] == 2 and len(wb["config"]["runs"]) == 9
+
+    ws = json.loads((out / "wandb_workspace.json").read_text())
+    assert ws["args"]["group"] == "exp1" and ws["args"]["project"] == "ufp4-test"
+    text = json.dumps(ws["view"])
+    for key in ("gap/tiny/ufp4/mean", "gap/tiny/e2m1/hi", "gap_vs_bf16_at_tokens", "val_loss",
+                "diag/layer0\\\\..*/sqnr_db"):
+        assert key in text, key
 
 
-def test_unknown_source_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="not a run dir"):
-        run([str(tmp_path / "nope.txt"), "--wandb-mode", "disabled"])
+def test_common_steps_are_said(tmp_path):
+    runs = [write_run(tmp_path / "b", "bf16", 1, [2.0] * 100),
+            write_run(tmp_path / "e", "e2m1", 1, [2.04] * 10),
+            write_run(tmp_path / "u", "ufp4", 1, [2.02] * 10 + [9.0] * 90)]
+    r = compare(tmp_path, *runs, "--out", "out", "--wandb-mode", "disabled")
+    assert r.returncode == 0, r.stderr
+    said = "tiny: compared over the common steps 1-10 only; logged further: "
+    assert said in r.stdout and said in (tmp_path / "out" / "loss_gap.md").read_text()
+    ufp4 = json.loads((tmp_path / "out" / "loss_gap.json").read_text())["recipes"][1]
+    assert ufp4["train_gap"]["mean"] == pytest.approx(0.01)
+
+
+def test_same_label_is_disambiguated_in_the_table(tmp_path):
+    runs = [write_run(tmp_path / "b", "bf16", 1, BF16),
+            write_run(tmp_path / "u", "ufp4", 1, [v * 1.01 for v in BF16]),
+            write_run(tmp_path / "u_nofprop", "ufp4", 1, [v * 1.02 for v in BF16],
+                      precision={"rht": {"fprop": False}})]
+    r = compare(tmp_path, *runs, "--out", "out", "--wandb-mode", "disabled")
+    assert r.returncode == 0, r.stderr
+    assert "2 different settings are labelled 'ufp4' (they differ in precision.rht)" in r.stdout
+    assert r.stdout.count("| tiny | ufp4#") == 4  # two rows in each table
+
+
+def test_help_names_the_program(tmp_path):
+    r = compare(tmp_path, "--help")
+    assert r.returncode == 0 and r.stdout.startswith("usage: python -m ufp4_megatron.compare ")
+    script = Path(sys.executable).parent / "ufp4-compare"
+    if script.exists():  # the console script of the editable install
+        r = subprocess.run([str(script), "--help"], capture_output=True, text=True,
+                           env=offline_env(tmp_path), timeout=120)
+        assert r.returncode == 0 and r.stdout.startswith("usage: ufp4-compare ")
+
+
+def _typo(tmp):
+    run = write_run(tmp / "runs" / "default" / "tiny-bf16-s1234", "bf16", 1234, BF16)
+    return [run, "runs/default/tiny-ufp4-s123"]
+
+
+def _twice(tmp):
+    return [write_run(tmp / "b", "bf16", 1, BF16), write_run(tmp / "u", "ufp4", 1, BF16),
+            str(tmp / "u")]
+
+
+def _copy(tmp):
+    return [write_run(tmp / "b", "bf16", 1, BF16), write_run(tmp / "u", "ufp4", 1, BF16),
+            write_run(tmp / "u2", "ufp4", 1, BF16)]
+
+
+def _no_sibling(tmp):
+    return [write_run(tmp / "b", "bf16", 1, BF16), write_run(tmp / "u", "ufp4", 2, BF16)]
+
+
+def _pair(tmp):
+    return [write_run(tmp / "b", "bf16", 1, BF16), write_run(tmp / "u", "ufp4", 1, BF16)]
+
+
+def _empty_dir(tmp):
+    (tmp / "empty").mkdir()
+    return [*_pair(tmp), str(tmp / "empty")]
+
+
+def _partial_metrics(tmp):
+    runs = _pair(tmp)
+    path = Path(runs[1]) / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], lines[1][:10], *lines[2:]]) + "\n")
+    return runs
+
+
+BAD = {
+    "mistyped run path": (_typo, [], "no such run dir: runs/default/tiny-ufp4-s123 (in "
+                                     "runs/default: did you mean tiny-bf16-s1234?)"),
+    "W&B run path, offline, no key": (
+        lambda tmp: [*_pair(tmp), "myteam/myproject/abc123"], [],
+        "myteam/myproject/abc123: no such local run dir, and reading it as the W&B run "
+        "entity/project/run_id needs an API key"),
+    "not a run dir": (_empty_dir, [], "a directory without metrics.jsonl"),
+    "--last 0": (_pair, ["--last", "0"], "--last 0: the mean needs at least 1 step"),
+    "--last-fraction 1.5": (_pair, ["--last-fraction", "1.5"], "must be in (0, 1]"),
+    "--confidence 95": (_pair, ["--confidence", "95"], "--confidence 95.0: must be in (0, 1)"),
+    "--smooth 0": (_pair, ["--smooth", "0"], "--smooth 0: must be >= 1"),
+    "one run given twice": (_twice, [], "the same run was given twice"),
+    "two dirs of one identical run": (_copy, [], "the same run was given twice"),
+    "no bf16 run of that seed": (_no_sibling, [], "has no 'bf16' run of the same model"),
+    "no bf16 run at all": (lambda tmp: _pair(tmp)[1:], [], "no 'bf16' run among the 1 given"),
+    "corrupt metrics line": (_partial_metrics, [], "metrics.jsonl:2: not a JSON line"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_exits_2_with_one_line(tmp_path, case):
+    setup, args, message = BAD[case]
+    r = compare(tmp_path, *setup(tmp_path), *args, "--out", "out")
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2, r.stderr
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].startswith("python -m ufp4_megatron.compare: error: ")
+    assert message in lines[0], lines[0]
+    assert not (tmp_path / "out" / "loss_gap.json").exists()  # nothing half-written

@@ -127,7 +127,7 @@ def test_runs_confused_in_reports_are_refused():
 
 def _info(steps=8):
     return RunInfo(steps=steps, model="tiny", recipe="bf16", seed=1, tokens_per_step=64,
-                   embedded_corpus_bytes=None)
+                   embedded_data=None)
 
 
 def test_merge_adds_runs_and_keeps_status():

@@ -71,8 +71,8 @@ def test_packed_runs_are_concurrent_and_pinned(tmp_path):
     shares = [set(r["slot"]["cpus"]) for r in m["runs"]]
     assert sorted(map(sorted, shares)) == sorted(map(sorted, (a, b)))
     assert all(r["status"] == "done" and r["slot"]["threads"] == 1 for r in m["runs"])
-    assert (out / "compare" / "loss_gap.md").exists()
-    assert "| tiny | 1 | e2m1 |" in (out / "compare" / "loss_gap.md").read_text()
+    gaps = json.loads((out / "compare" / "loss_gap.json").read_text())  # compare over the seeds
+    assert [(r["recipe"], r["seeds"]) for r in gaps["recipes"]] == [("e2m1", [1])]
 
 
 def test_killed_study_resumes_and_skips_complete_runs(tmp_path):

@@ -1,66 +1,120 @@
-"""python -m ufp4_megatron.bench [--out docs/performance.md] [--only kernels,layer]"""
+"""python -m ufp4_megatron.bench [--suite kernels,layer | step | profile] [--out FILE.md]
+
+    --suite kernels,layer   QDQ kernels vs the copy roofline; one linear layer vs BF16
+    --suite step            full trainer steps: every recipe x shape, side by side (step.py)
+    --suite profile         one profiled trainer step of --model/--recipe (profile.py)
+"""
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
 import sys
+from pathlib import Path
 
 import torch
-
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
-def write_between_markers(path: str, body: str) -> None:
-    """Replace the text between the bench markers (the notes around them stay)."""
+def write_between_markers(path: str, body: str, tag: str = "bench") -> None:
+    """Replace the text between the `tag` markers (the notes around them stay)."""
+    begin, end = f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
     try:
         old = open(path).read()
     except FileNotFoundError:
-        old = f"# Performance\n\n{BEGIN}\n{END}\n"
-    if BEGIN not in old or END not in old:
-        old = old.rstrip() + f"\n\n{BEGIN}\n{END}\n"
-    head, rest = old.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
+        old = "# Performance\n"
+    if begin not in old or end not in old:
+        old = old.rstrip() + f"\n\n{begin}\n{end}\n"
+    head, rest = old.split(begin, 1)
+    tail = rest.split(end, 1)[1]
     with open(path, "w") as f:
-        f.write(f"{head}{BEGIN}\n{body}\n{END}{tail}")
+        f.write(f"{head}{begin}\n{body}\n{end}{tail}")
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(s for s in text.split(",") if s)
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m ufp4_megatron.bench")
-    p.add_argument("--out", help="markdown file to write the tables to")
+    p.add_argument("--out", help="markdown file to write the tables to (between markers)")
     p.add_argument("--json", help="also dump the raw rows as JSON here")
-    p.add_argument("--only", default="kernels,layer", help="comma list: kernels, layer")
+    p.add_argument("--suite", "--only", dest="suite", default="kernels,layer",
+                   help="comma list: kernels, layer, step, profile")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile rows")
+    step = p.add_argument_group("step")
+    step.add_argument("--models", default="small,dense_1p5b,moe_7p9b,moe_124b")
+    step.add_argument("--recipes", default="bf16,ufp4,e2m1,ufp4_int4,nvfp4")
+    step.add_argument("--steps", type=int, default=12, help="trainer steps per run")
+    step.add_argument("--skip", type=int, default=4, help="first steps left out of the median")
+    step.add_argument("--checkpoint", choices=("end", "off"), default="end",
+                      help="end: every run saves a checkpoint after its last step")
+    step.add_argument("--deadline", type=float, help="seconds for the whole step suite")
+    step.add_argument("--timeout", type=int, default=240, help="seconds per trainer run")
+    step.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="extra trainer override for every run (repeatable)")
+    prof = p.add_argument_group("profile")
+    prof.add_argument("--model", default="moe_7p9b")
+    prof.add_argument("--recipe", default="ufp4")
     args = p.parse_args(argv)
+    parts = _csv(args.suite)
+    unknown = set(parts) - {"kernels", "layer", "step", "profile"}
+    if unknown:
+        sys.exit(f"unknown suite(s) {sorted(unknown)}; valid: kernels, layer, step, profile")
+    from . import step as step_suite
+    from ..recipe import list_recipes
+
+    for what, names, valid in (("model", _csv(args.models) + (args.model,), step_suite.SHAPES),
+                               ("recipe", _csv(args.recipes) + (args.recipe,), list_recipes())):
+        bad = [n for n in names if n not in valid]
+        if bad:
+            sys.exit(f"unknown {what}(s) {bad}; valid: {', '.join(valid)}")
     if not torch.cuda.is_available():
         sys.exit("the benchmarks need a CUDA device")
-    from . import kernels, layer  # imports triton
-
-    parts = args.only.split(",")
     log = lambda row: print({k: (round(v, 4) if isinstance(v, float) else v)  # noqa: E731
                              for k, v in row.items()}, flush=True)
-    raw = {}
-    if "kernels" in parts:
-        raw["kernels"] = kernels.kernel_rows(compile_shapes=() if args.no_compile else
-                                             ((8192, 8192),), log=log)
-    if "layer" in parts:
-        raw["layer"] = layer.layer_rows(log=log)
     dev = torch.cuda.get_device_name()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cmd = "python -m ufp4_megatron.bench " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = [f"Device: {dev}; torch {torch.__version__}; {stamp}; command: `{cmd}`", ""]
-    if "kernels" in raw:
-        text += ["### Kernels (bf16 in and out, grid e1m2, 1x16 fp32 scales)", "",
-                 kernels.kernel_table(raw["kernels"]), ""]
-    if "layer" in raw:
-        text += [f"### Layer ({layer.TOKENS} tokens, forward + backward, dense_1p5b shapes)",
-                 "", layer.layer_table(raw["layer"]), ""]
-    text += ["### Step", "", "A full training step runs through the trainer, in its own device "
-             "call: `python3 tools/gpu_train_matrix.py --suite step` (section Step below).", ""]
-    print("\n".join(text))
+    header = f"Device: {dev}; torch {torch.__version__}; {stamp}; command: `{cmd}`"
+    raw, text = {}, [header, ""]
+    if "kernels" in parts or "layer" in parts:
+        from . import kernels, layer  # imports triton
+
+        if "kernels" in parts:
+            raw["kernels"] = kernels.kernel_rows(compile_shapes=() if args.no_compile else
+                                                 ((8192, 8192),), log=log)
+            text += ["### Kernels (bf16 in and out, grid e1m2, 1x16 fp32 scales)", "",
+                     kernels.kernel_table(raw["kernels"]), ""]
+        if "layer" in parts:
+            raw["layer"] = layer.layer_rows(log=log)
+            text += [f"### Layer ({layer.TOKENS} tokens, forward + backward, dense_1p5b "
+                     "shapes)", "", layer.layer_table(raw["layer"]), ""]
+    if "step" in parts:
+        out = Path(args.json).parent if args.json else Path(".")
+        raw["step"] = step_suite.run_suite(
+            out, models=_csv(args.models), recipes=_csv(args.recipes), steps=args.steps,
+            skip=args.skip, checkpoint=args.checkpoint, deadline_s=args.deadline,
+            timeout=args.timeout, extra=tuple(args.set), log=print)
+        peak = raw["step"][0]["tflops_peak"] if raw["step"] else float("nan")
+        text += [f"### Step (trainer, one GPU; BF16 GEMM rate measured in the same run: "
+                 f"{peak:.0f} TFLOP/s; median of steps {args.skip + 1}-{args.steps}; "
+                 f"checkpoint: {args.checkpoint})", "", step_suite.table(raw["step"]), ""]
+    if "profile" in parts:
+        from . import profile
+
+        shape = step_suite.SHAPES[args.model]
+        overrides = [*shape.overrides, f"precision={args.recipe}",
+                     f"train.seq_len={shape.seq_len}", f"train.micro_batch={shape.micro_batch}",
+                     f"train.global_batch={shape.micro_batch}", "logging.wandb.mode=disabled",
+                     "data.cache_dir=/tmp/ufp4-bench-runs/data", *args.set]
+        raw["profile"] = profile.profile_step(overrides)
+        text += [f"### Profile: {args.model} {args.recipe}", "", raw["profile"], ""]
+    print("\n".join(text), flush=True)
     if args.out:
-        write_between_markers(args.out, "\n".join(text))
+        tag = "bench" if "kernels" in parts or "layer" in parts else f"bench-{parts[0]}"
+        write_between_markers(args.out, "\n".join(text), tag)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(raw, f, indent=1, default=str)

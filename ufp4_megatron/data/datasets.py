@@ -7,19 +7,24 @@ the same for every recipe, and restored exactly on resume.
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
 
-from .indexed import embedded_corpus
-from .tokenizers import ByteTokenizer
+from . import checks
+from .corpus import embedded_corpus, embedded_bpe_path, train_embedded_bpe
+from .tokenizers import build_tokenizer, describe
 
 
 def build_datasets(data, *, seed: int, seq_len: int, vocab_size: int, n_train: int,
-                   n_valid: int):
+                   n_valid: int, create_attention_mask: bool = True):
     """(train, valid) GPTDatasets through Megatron's BlendedMegatronDatasetBuilder.
 
-    data: the `data` config group (prefixes, split, cache_dir, corpus_max_bytes).
+    data: the `data` config group (prefixes, split, cache_dir, tokenizer, corpus_*).
+    vocab_size: model.vocab_size, checked against the tokenizer and the data's ids first.
+    create_attention_mask: False lets a fused-attention path skip the (seq, seq) mask;
+    Megatron's mask-free path allocates on "cuda", so CPU runs keep True.
     """
     from megatron.core.datasets.blended_megatron_dataset_builder import (
         BlendedMegatronDatasetBuilder,
@@ -27,21 +32,27 @@ def build_datasets(data, *, seed: int, seq_len: int, vocab_size: int, n_train: i
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     from megatron.core.datasets.utils import get_blend_from_list
 
-    prefixes = list(data.prefixes) or [_embedded(data)]
+    tok_cfg = tokenizer_config(data)
+    if data.corpus_bpe_vocab:  # refuse before training a BPE the model cannot hold
+        checks.check_tokenizer_fits_model(data.corpus_bpe_vocab, vocab_size, describe(tok_cfg))
+    if data.prefixes:
+        prefixes = list(data.prefixes)
+    else:
+        prefixes = [_rank0_first(lambda: _embedded(data, tok_cfg))]
+    tok = build_tokenizer(tok_cfg)
+    desc = describe(tok_cfg)
+    checks.check_tokenizer_fits_model(tok.vocab_size, vocab_size, desc)
+    index_dir = Path(data.cache_dir) / "index"
     for p in _paths(prefixes):
-        if not Path(f"{p}.idx").exists():
-            raise FileNotFoundError(f"data.prefixes: {p}.idx not found; write it with "
-                                    f"`python -m ufp4_megatron.prepare_data --out {p} <files>`")
-    tok = ByteTokenizer()
-    if vocab_size < tok.vocab_size:
-        raise ValueError(f"model.vocab_size={vocab_size} is below the tokenizer's "
-                         f"{tok.vocab_size}")
+        lo, hi = _rank0_first(lambda: checks.token_range(p, index_dir))
+        checks.check_data_fits(p, lo, hi, tok.vocab_size, desc)
     config = GPTDatasetConfig(
         random_seed=seed, sequence_length=seq_len,
         blend=get_blend_from_list(prefixes), split=data.split,
-        path_to_cache=str(Path(data.cache_dir) / "index"), tokenizer=tok,
+        # keyed by the files' size and mtime: data rewritten in place gets a new index
+        path_to_cache=str(index_dir / checks.cache_key(_paths(prefixes))), tokenizer=tok,
         reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-        create_attention_mask=True,  # Megatron's mask-free path allocates on "cuda"
+        create_attention_mask=create_attention_mask,
         mid_level_dataset_surplus=0.005,
     )
     for p in _paths(prefixes):
@@ -51,6 +62,25 @@ def build_datasets(data, *, seed: int, seq_len: int, vocab_size: int, n_train: i
     return train, valid
 
 
+def tokenizer_config(data):
+    """data.tokenizer, with the embedded corpus's trained BPE filled in (corpus_bpe_vocab)."""
+    cfg = data.tokenizer
+    if not data.corpus_bpe_vocab:
+        return cfg
+    if data.prefixes:
+        raise ValueError(f"data.corpus_bpe_vocab={data.corpus_bpe_vocab} trains a BPE on the "
+                         f"embedded corpus, but data.prefixes is set: set "
+                         f"data.corpus_bpe_vocab=0 and data.tokenizer to your data's tokenizer")
+    if cfg.type != "huggingface" or cfg.path:
+        raise ValueError(f"data.corpus_bpe_vocab={data.corpus_bpe_vocab} brings its own "
+                         f"tokenizer: leave data.tokenizer.type=huggingface and "
+                         f"data.tokenizer.path=null (as data=embedded_bpe does)")
+    cfg = copy.copy(cfg)
+    cfg.path = str(embedded_bpe_path(data.cache_dir, data.corpus_max_bytes,
+                                     data.corpus_bpe_vocab))
+    return cfg
+
+
 def _paths(prefixes: list[str]) -> list[str]:
     """The file prefixes of a blend: ["a"] or ["0.7", "a", "0.3", "b"]."""
     return prefixes[1::2] if len(prefixes) > 1 and _is_number(prefixes[0]) else prefixes
@@ -58,24 +88,44 @@ def _paths(prefixes: list[str]) -> list[str]:
 
 def _check_split_sizes(prefix: str, split_matrix, split: str) -> None:
     """Megatron loops forever on a split with no documents: fail first, saying why."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-
-    n = len(IndexedDataset(prefix))
+    n = checks.inspect(prefix).sequences
     for name, bounds in zip(("train", "valid", "test"), split_matrix):
         if bounds is not None and round(bounds[1] * n) - round(bounds[0] * n) == 0:
             raise ValueError(f"data.split={split!r} leaves the {name} split of {prefix} "
                              f"({n} documents) empty; use more data or change data.split")
 
 
-def _embedded(data) -> str:
+def _embedded(data, tok_cfg) -> str:
+    """The embedded corpus's prefix under cache_dir, tokenized (and its BPE trained) once."""
+    if data.corpus_bpe_vocab:
+        train_embedded_bpe(data.cache_dir, data.corpus_max_bytes, data.corpus_bpe_vocab)
+        name = f"bpe{data.corpus_bpe_vocab}"
+    elif tok_cfg.type == "byte-level":
+        name = "byte"
+    else:
+        raise ValueError(f"data.prefixes is empty (the embedded corpus) with "
+                         f"data.tokenizer.type={tok_cfg.type}: the corpus is tokenized with "
+                         f"bytes or its own BPE (data=embedded_bpe); for another tokenizer run "
+                         f"prepare_data --tokenizer ... and set data.prefixes")
+    return embedded_corpus(data.cache_dir, data.corpus_max_bytes, build_tokenizer(tok_cfg), name)
+
+
+def _rank0_first(fn):
+    """fn() on rank 0, then on the other ranks (which then find rank 0's files)."""
     import torch.distributed as dist
 
-    # rank 0 writes the corpus once; the others wait and read it
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        embedded_corpus(data.cache_dir, data.corpus_max_bytes)
-    if dist.is_initialized():
-        dist.barrier()
-    return embedded_corpus(data.cache_dir, data.corpus_max_bytes)
+    if not dist.is_initialized():
+        return fn()
+    out = error = None
+    if dist.get_rank() == 0:
+        try:
+            out = fn()
+        except Exception as e:  # the others must pass the barrier too, then fail the same way
+            error = e
+    dist.barrier()
+    if error is not None:
+        raise error
+    return out if dist.get_rank() == 0 else fn()
 
 
 def _is_number(s: str) -> bool:
@@ -94,7 +144,8 @@ def micro_batches(dataset, step: int, *, global_batch: int, micro_batch: int, dp
         start = step * global_batch + (m * dp + dp_rank) * micro_batch
         samples = [dataset[(start + j) % len(dataset)] for j in range(micro_batch)]
         yield {k: torch.stack([s[k] for s in samples]).to(device)
-               for k in ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")}
+               for k in ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
+               if k in samples[0]}  # no attention_mask with create_attention_mask=False
 
 
 def num_micro_batches(global_batch: int, micro_batch: int, dp: int) -> int:

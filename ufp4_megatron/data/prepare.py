@@ -1,38 +1,140 @@
-"""Text files -> Megatron indexed data (.bin/.idx) with the offline byte tokenizer.
+"""Text or JSONL files -> Megatron indexed data (.bin/.idx), with any offline tokenizer.
 
-    python -m ufp4_megatron.prepare_data --out data/mytext file1.txt dir2/ ...
+    python -m ufp4_megatron.prepare_data --out data/mytext file1.txt dir2/ ...   # bytes
+    python -m ufp4_megatron.prepare_data --out data/web --json-keys text web.jsonl \\
+        --tokenizer huggingface --tokenizer-path tok/tokenizer.json
+    python -m ufp4_megatron.prepare_data --out data/web --train-tokenizer 8192 web.jsonl
     python -m ufp4_megatron.prepare_data --out data/stdlib           # the embedded corpus
 
-Each file is one document followed by EOD. Directories are walked for *.txt, *.md, *.rst and
-*.py, in sorted order. Train with `data.prefixes=[data/mytext]`.
+A text file is one document; a .jsonl/.json file one document per line (the string under
+--json-keys, as Megatron-LM's tools/preprocess_data.py --append-eod reads it); EOD ends each
+document. Directories are walked for *.txt, *.md, *.rst, *.py, *.jsonl, *.json in sorted
+order. --train-tokenizer N first trains a byte-level BPE of N tokens on the inputs and saves
+it as <out>.tokenizer.json. The last line printed is the trainer's overrides for this data.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 from pathlib import Path
-from typing import Iterable
 
 from .corpus import stdlib_documents
-from .indexed import write_indexed
+from .indexed import IndexedWriter
+from .sources import collect, read_documents
+from .tokenizers import TOKENIZER_TYPES, TokenizerConfig, build_tokenizer
 
-_TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
-
-
-def _read_inputs(paths: list[str]) -> Iterable[str]:
-    for p in map(Path, paths):
-        files = sorted(f for f in p.rglob("*") if f.suffix in _TEXT_SUFFIXES) if p.is_dir() else [p]
-        for f in files:
-            yield f.read_text(encoding="utf-8", errors="replace")
+PROGRESS_MIN_BYTES = 16 << 20  # --progress auto: a bar from this much input on
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m ufp4_megatron.prepare_data",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("inputs", nargs="*", help="text files or dirs; none: the embedded corpus")
+    ap.add_argument("inputs", nargs="*",
+                    help="text/JSONL files or directories; none: the embedded corpus")
     ap.add_argument("--out", required=True, help="output prefix (writes <out>.bin and <out>.idx)")
+    ap.add_argument("--json-keys", default="text", metavar="KEY[,KEY...]",
+                    help="JSONL key(s) holding the text (default: text); several keys, comma-"
+                         "separated, write <out>_<key>.bin/.idx each")
+    tok = ap.add_argument_group("tokenizer (the same choices as the trainer's data.tokenizer)")
+    tok.add_argument("--tokenizer", choices=TOKENIZER_TYPES, default="byte-level")
+    tok.add_argument("--tokenizer-path", help="tokenizer.json (or its dir), tiktoken ranks "
+                                              ".json, or sentencepiece .model")
+    tok.add_argument("--vocab-size", type=int,
+                     help="null-text: the ids' range; tiktoken: its size")
+    tok.add_argument("--eod-id", type=int, help="null-text / huggingface: the EOD id")
+    tok.add_argument("--tiktoken-pattern", default="v2", choices=("v1", "v2"))
+    tok.add_argument("--tiktoken-num-special-tokens", type=int, default=1000)
+    tok.add_argument("--train-tokenizer", type=int, metavar="N",
+                     help="train a byte-level BPE of N tokens on the inputs first, save it as "
+                          "<out>.tokenizer.json and tokenize with it")
     ap.add_argument("--max-bytes", type=int, default=8_000_000, help="embedded corpus size")
-    args = ap.parse_args(argv)
-    docs = _read_inputs(args.inputs) if args.inputs else stdlib_documents(args.max_bytes)
-    n_docs, n_tokens = write_indexed(docs, args.out)
-    print(f"wrote {args.out}.bin/.idx: {n_docs} documents, {n_tokens} tokens")
+    ap.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
+                    help=f"a tqdm bar (auto: from {PROGRESS_MIN_BYTES >> 20} MiB of input)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    import warnings
+
+    args = _parser().parse_args(argv)
+    # megatron.core warns at import about apex/TE/absl, which tokenizing never uses
+    warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine|apex|absl).*")
+    try:
+        _prepare(args)
+    except (ValueError, OSError) as e:  # bad input: one line naming what to change
+        raise SystemExit(f"prepare_data: {e}") from None
+
+
+def _prepare(args) -> None:
+    from tqdm import tqdm
+
+    files = collect(args.inputs) if args.inputs else None
+    cfg = TokenizerConfig(type=args.tokenizer, path=args.tokenizer_path,
+                          vocab_size=args.vocab_size, eod_id=args.eod_id,
+                          tiktoken_pattern=args.tiktoken_pattern,
+                          tiktoken_num_special_tokens=args.tiktoken_num_special_tokens)
+    keys = [k for k in args.json_keys.split(",") if k]
+    if not keys or (files is None and len(keys) > 1):
+        raise ValueError(f"--json-keys {args.json_keys!r}: give one key, or several for JSONL "
+                         f"inputs")
+    if args.train_tokenizer is not None:
+        cfg = _train_tokenizer(args, files, keys)
+    tokenizer = build_tokenizer(cfg, key="--tokenizer")
+    total = sum(f.stat().st_size for f in files) if files else args.max_bytes
+    show = args.progress == "on" or (args.progress == "auto" and total >= PROGRESS_MIN_BYTES)
+    outs = {k: Path(args.out if len(keys) == 1 else f"{args.out}_{k}") for k in keys}
+    with contextlib.ExitStack() as stack, tqdm(total=total, unit="B", unit_scale=True,
+                                               desc="tokenizing", disable=not show,
+                                               file=sys.stderr) as bar:
+        writers = {k: stack.enter_context(IndexedWriter(p, tokenizer)) for k, p in outs.items()}
+        if files is None:
+            docs = (("embedded corpus", {keys[0]: [t]})
+                    for t in _counted(stdlib_documents(args.max_bytes), bar))
+        else:
+            docs = read_documents(files, keys, bar.update)
+        for where, doc in docs:
+            for k, sentences in doc.items():
+                try:
+                    writers[k].add(sentences)
+                except ValueError as e:
+                    raise ValueError(f"{where}: {e}") from e
+    for k, w in writers.items():
+        print(f"wrote {w.prefix}.bin/.idx: {w.documents} documents, {w.tokens} tokens")
+    prefixes = ",".join(str(p) for p in outs.values())
+    print(f"train with: data.prefixes=[{prefixes}] {_overrides(cfg, tokenizer.vocab_size)}")
+
+
+def _train_tokenizer(args, files, keys) -> TokenizerConfig:
+    from .bpe import train_bpe
+
+    if args.tokenizer != "byte-level" or args.tokenizer_path:
+        raise ValueError("--train-tokenizer makes its own tokenizer: drop --tokenizer and "
+                         "--tokenizer-path")
+    if files is None:
+        texts = stdlib_documents(args.max_bytes)
+    else:
+        texts = (s for _, doc in read_documents(files, keys) for ss in doc.values() for s in ss)
+    path = train_bpe(texts, args.train_tokenizer, f"{args.out}.tokenizer.json",
+                     progress=args.progress == "on")
+    print(f"trained a byte-level BPE of {args.train_tokenizer} tokens: {path}")
+    return TokenizerConfig(type="huggingface", path=str(path))
+
+
+def _counted(texts, bar):
+    for text in texts:
+        bar.update(len(text.encode("utf-8")))
+        yield text
+
+
+def _overrides(cfg: TokenizerConfig, vocab_size: int) -> str:
+    out = [f"data.tokenizer.type={cfg.type}"]
+    default = TokenizerConfig()
+    for field in ("path", "vocab_size", "eod_id", "tiktoken_pattern",
+                  "tiktoken_num_special_tokens"):
+        if getattr(cfg, field) != getattr(default, field):
+            out.append(f"data.tokenizer.{field}={getattr(cfg, field)}")
+    padded = -(-vocab_size // 128) * 128
+    out.append(f"model.vocab_size={padded}")
+    return " ".join(out)

@@ -6,7 +6,8 @@ tensor with every tensor in the same layout, so the butterfly, the block amax an
 rounding are elementwise across the 16 tensors and every load and store is coalesced along
 B. Same operations, same order as numerics/ (the view is t.t(): view row = b, column = a).
 Row-wise (along B), each block is loaded as two 16-byte halves and split in registers into
-the same 16-tensor form.
+the same 16-tensor form. `_pair16_kernel` runs two such jobs (row or column each) in one
+launch: the two operands of one GEMM.
 """
 import triton
 import triton.language as tl
@@ -117,15 +118,15 @@ def _qdq16(xs, c4, r, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg,
 
 
 @triton.jit
-def _col16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr, sign_ptr,
-                  norm, gmax, gneg, seed, org0, org1,
-                  BG: tl.constexpr, BB: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
-                  RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
-                  D: tl.constexpr, INV_D: tl.constexpr, EXACT_DIV: tl.constexpr,
-                  INTERP: tl.constexpr):
-    """out [out_len, B] row-major: rows 16 g .. 16 g + 15 of x quantized as one block."""
-    g = tl.program_id(0) * BG + tl.arange(0, BG)[:, None]
-    b = tl.program_id(1) * BB + tl.arange(0, BB)[None, :]
+def _col16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr,
+               sign_ptr, norm, gmax, gneg, seed, org0, org1,
+               BG: tl.constexpr, BB: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
+               RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr, D: tl.constexpr,
+               INV_D: tl.constexpr, EXACT_DIV: tl.constexpr, INTERP: tl.constexpr):
+    """Program (p0, p1) of a column job: out [out_len, B] row-major, rows 16 g .. 16 g + 15
+    of x quantized as one block."""
+    g = p0 * BG + tl.arange(0, BG)[:, None]
+    b = p1 * BB + tl.arange(0, BB)[None, :]
     xs = ()
     for j in tl.static_range(16):
         a = g * 16 + j
@@ -137,6 +138,19 @@ def _col16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_p
         a = g * 16 + j
         tl.store(out_ptr + a.to(tl.int64) * B + b, _cast_out(ys[j], out_ptr, INTERP),
                  mask=(a < out_len) & (b < B))
+
+
+@triton.jit
+def _col16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr, sign_ptr,
+                  norm, gmax, gneg, seed, org0, org1,
+                  BG: tl.constexpr, BB: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
+                  RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
+                  D: tl.constexpr, INV_D: tl.constexpr, EXACT_DIV: tl.constexpr,
+                  INTERP: tl.constexpr):
+    """One column job on a 2D grid of programs."""
+    _col16_job(tl.program_id(0), tl.program_id(1), x_ptr, stride_a, A, B, out_ptr, out_len,
+               lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg, seed, org0, org1,
+               BG, BB, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV, INTERP)
 
 
 @triton.jit
@@ -166,16 +180,16 @@ def _join8(ys, o: tl.constexpr, BR: tl.constexpr, BG: tl.constexpr):
 
 
 @triton.jit
-def _row16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr, sign_ptr,
-                  norm, gmax, gneg, seed, org0, org1,
-                  BR: tl.constexpr, BG: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
-                  RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
-                  D: tl.constexpr, INV_D: tl.constexpr, EXACT_DIV: tl.constexpr,
-                  INTERP: tl.constexpr):
-    """out [A, out_len] row-major, quantized along B in blocks of 16. Each block is loaded as
-    two 16-byte halves and split in registers into 16 tensors, then as in _col16_kernel."""
-    r = tl.program_id(0) * BR + tl.arange(0, BR)[:, None, None]
-    g = tl.program_id(1) * BG + tl.arange(0, BG)[None, :, None]
+def _row16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr,
+               sign_ptr, norm, gmax, gneg, seed, org0, org1,
+               BR: tl.constexpr, BG: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
+               RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr, D: tl.constexpr,
+               INV_D: tl.constexpr, EXACT_DIV: tl.constexpr, INTERP: tl.constexpr):
+    """Program (p0, p1) of a row job: out [A, out_len] row-major, quantized along B in blocks
+    of 16. Each block is loaded as two 16-byte halves and split in registers into 16
+    tensors, then as in _col16_job."""
+    r = p0 * BR + tl.arange(0, BR)[:, None, None]
+    g = p1 * BG + tl.arange(0, BG)[None, :, None]
     j8 = tl.arange(0, 8)[None, None, :]
     c_lo = g * 16 + j8
     row = x_ptr + r.to(tl.int64) * stride_a
@@ -191,3 +205,63 @@ def _row16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_p
              mask=(r < A) & (c_lo < out_len))
     tl.store(out + c_lo + 8, _cast_out(_join8(ys, 8, BR, BG), out_ptr, INTERP),
              mask=(r < A) & (c_lo + 8 < out_len))
+
+
+@triton.jit
+def _row16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr, sign_ptr,
+                  norm, gmax, gneg, seed, org0, org1,
+                  BR: tl.constexpr, BG: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
+                  RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
+                  D: tl.constexpr, INV_D: tl.constexpr, EXACT_DIV: tl.constexpr,
+                  INTERP: tl.constexpr):
+    """One row job on a 2D grid of programs."""
+    _row16_job(tl.program_id(0), tl.program_id(1), x_ptr, stride_a, A, B, out_ptr, out_len,
+               lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg, seed, org0, org1,
+               BR, BG, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV, INTERP)
+
+
+@triton.jit(noinline=True)
+def _job(p, n1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr, sign_ptr,
+         norm, gmax, gneg, seed, org0, org1,
+         COL: tl.constexpr, T0: tl.constexpr, T1: tl.constexpr, SCALE: tl.constexpr,
+         SR: tl.constexpr, RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
+         D: tl.constexpr, INV_D: tl.constexpr, EXACT_DIV: tl.constexpr, INTERP: tl.constexpr):
+    """Program p of a job whose 2D program grid has n1 columns, on a 1D launch. Not inlined:
+    inlined, both jobs of a pair share one register allocation that exceeds either's (sm_90,
+    ptxas: fprop pair 96 registers vs 63 for one row job; noinline: 64)."""
+    if COL:
+        _col16_job(p // n1, p % n1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
+                   st_ptr, sign_ptr, norm, gmax, gneg, seed, org0, org1,
+                   T0, T1, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV, INTERP)
+    else:
+        _row16_job(p // n1, p % n1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
+                   st_ptr, sign_ptr, norm, gmax, gneg, seed, org0, org1,
+                   T0, T1, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV, INTERP)
+
+
+@triton.jit
+def _pair16_kernel(a_x, a_stride, a_A, a_B, a_out, a_out_len, a_lv, a_mid, a_st, a_sign,
+                   a_norm, a_gmax, a_gneg, a_seed, a_org0, a_org1, a_n1, a_programs,
+                   b_x, b_stride, b_A, b_B, b_out, b_out_len, b_lv, b_mid, b_st, b_sign,
+                   b_norm, b_gmax, b_gneg, b_seed, b_org0, b_org1, b_n1,
+                   A_COL: tl.constexpr, A_T0: tl.constexpr, A_T1: tl.constexpr,
+                   A_SCALE: tl.constexpr, A_SR: tl.constexpr, A_RHT: tl.constexpr,
+                   A_NLEV: tl.constexpr, A_ASYM: tl.constexpr, A_D: tl.constexpr,
+                   A_INV_D: tl.constexpr, A_EXACT_DIV: tl.constexpr,
+                   B_COL: tl.constexpr, B_T0: tl.constexpr, B_T1: tl.constexpr,
+                   B_SCALE: tl.constexpr, B_SR: tl.constexpr, B_RHT: tl.constexpr,
+                   B_NLEV: tl.constexpr, B_ASYM: tl.constexpr, B_D: tl.constexpr,
+                   B_INV_D: tl.constexpr, B_EXACT_DIV: tl.constexpr, INTERP: tl.constexpr):
+    """Two jobs (the two operands of one GEMM) in one launch: programs [0, a_programs) run
+    job a, the rest job b. Each program runs exactly the code of its single-job kernel, so
+    the outputs are those of two launches, bit for bit; one launch saves one launch's host
+    cost (docs/kernel-notes.md)."""
+    pid = tl.program_id(0)
+    if pid < a_programs:
+        _job(pid, a_n1, a_x, a_stride, a_A, a_B, a_out, a_out_len, a_lv, a_mid, a_st, a_sign,
+             a_norm, a_gmax, a_gneg, a_seed, a_org0, a_org1, A_COL, A_T0, A_T1, A_SCALE, A_SR,
+             A_RHT, A_NLEV, A_ASYM, A_D, A_INV_D, A_EXACT_DIV, INTERP)
+    else:
+        _job(pid - a_programs, b_n1, b_x, b_stride, b_A, b_B, b_out, b_out_len, b_lv, b_mid,
+             b_st, b_sign, b_norm, b_gmax, b_gneg, b_seed, b_org0, b_org1, B_COL, B_T0, B_T1,
+             B_SCALE, B_SR, B_RHT, B_NLEV, B_ASYM, B_D, B_INV_D, B_EXACT_DIV, INTERP)

@@ -1,8 +1,9 @@
 """Triton twin of numerics/quantize.py: fused (RHT ->) amax -> scale -> round -> dequantize.
 
-Entry points: supports, quantize_view, quantize_dual. 1x16 blocks with RHT16 or none (the
-UFP4 and E2M1 operands) run the 16-tensor kernels of quantize16_triton.py; everything else
-(blocks of 32, 2D tiles, RHT 32-128, both layouts at once) runs the generic kernel here.
+The generic tile kernel (device code; its host side, shared with the 16-tensor kernels of
+quantize16_triton.py, is launch.py). 1x16 blocks with RHT16 or none (the UFP4 and E2M1
+operands) run the 16-tensor kernels; everything else (blocks of 32, 2D tiles, RHT 32-128,
+both layouts at once) runs the generic kernel here.
 The generic kernel reads a tile of a row-major [A, B] tensor once and writes one or both layouts:
   row  quantized along B (the last dim): output [A, B or Bp], row-major;
   col  quantized along A (dim 0; the wgrad operands): output stored [A or Ap, B] row-major
@@ -12,29 +13,12 @@ own view coordinates (r, c) every step is the reference's (docs/architecture.md)
 layout runs the same tile code on the transposed tile. Tiles align with blocks, 2D tiles and
 RHT groups, so every reduction stays inside one program; padding is loaded as zeros.
 """
-from __future__ import annotations
-
-import math
-from dataclasses import dataclass
-
-import torch
 import triton
 import triton.language as tl
 
-from ..numerics.grids import get_grid
-from ..numerics.hadamard import RHT
-from ..numerics.quantize import padded_length
-from ..numerics.rounding import midpoints
-from ..numerics.scaling import E4M3_MAX
 from .hadamard_triton import rht_rows
 from .rounding_triton import round_rtne, round_sr, round_uniform_rtne, round_uniform_sr
 from .scaling_triton import block_amax, block_negative_extreme, block_scale, expand
-
-SCALES = {"fp32": 0, "e4m3": 1, "e8m0": 2}
-BLOCKS = (16, 32)
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# (rows, cols, warps) of a tile of the [A, B] input per mode; widened to the spec's unit.
-TILES = {"row": (16, 128, 4), "col": (128, 16, 4), "dual": (64, 32, 4)}  # H200 sweep
 
 
 @triton.jit
@@ -166,204 +150,3 @@ def _qdq_kernel(x_ptr, stride_a, A, B,
                       C_ASYM, C_D, C_INV_D, C_EXACT_DIV)
         tl.store(col_ptr + at.to(tl.int64) * B + bt, _cast_out(y, col_ptr, INTERP),
                  mask=(bt < B) & (at < col_len))
-
-
-# ------------------------------------------------------------------------------ host side
-
-
-@dataclass
-class _Layout:
-    """One layout's kernel arguments. length: padded length along the quantized dim; other:
-    padded length along the other dim (2D tiles); out_len: quantized-dim length written."""
-
-    args: tuple
-    consts: dict
-    length: int
-    other: int
-    out_len: int
-    unit: int
-    dtype: torch.dtype
-
-
-_TABLES: dict = {}
-
-
-def _tables(g, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(levels + g_max repeated, midpoints) as device fp32 tables, cached per grid/device."""
-    key = (g, str(device))
-    if key not in _TABLES:
-        lv = g.levels_tensor()
-        if g.neg_extra is not None:
-            lv = torch.cat([lv, lv.new_tensor([g.neg_extra])])
-        _TABLES[key] = (torch.cat([lv, lv[-1:]]).to(device), midpoints(lv).to(device))
-    return _TABLES[key]
-
-
-def _uniform_step(g) -> float:
-    """d when the levels are i * d (and the two's-complement extra is n * d) with d a power
-    of two, so that v / d is exact; 0.0 otherwise."""
-    d = g.levels[1]
-    levels = g.levels + ((g.neg_extra,) if g.neg_extra is not None else ())
-    ok = math.frexp(d)[0] == 0.5 and all(l == i * d for i, l in enumerate(levels))
-    return d if ok and len(levels) < 2**20 else 0.0
-
-
-def _signs(rht: RHT, device) -> torch.Tensor:
-    key = (rht, str(device))
-    if key not in _TABLES:
-        _TABLES[key] = rht.signs.to(device)
-    return _TABLES[key]
-
-
-def supports(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool = False,
-             scale: str = "fp32", rounding: str = "rtne", rht: RHT | None = None,
-             seed: int = 0, origin: tuple[int, int] = (0, 0), tensor_amax=None,
-             keep_padding: bool = False, out_dtype: torch.dtype | None = None) -> bool:
-    """True when the kernel reproduces the reference for these arguments; False sends the
-    call to the reference. Not implemented: blocks other than 16/32, dtypes other than
-    fp32/bf16/fp16, e4m3 scales on the two's-complement grid (its tensor scale depends on
-    every block's sign), empty tensors, and arguments the reference itself rejects."""
-    try:
-        g = get_grid(grid)
-    except ValueError:
-        return False
-    return (x.dim() == 2 and x.numel() > 0 and x.dtype in DTYPES
-            and (out_dtype is None or out_dtype in DTYPES) and block in BLOCKS
-            and scale in SCALES and rounding in ("rtne", "sr")
-            and not (scale == "e4m3" and g.neg_extra is not None)
-            and (rht is None or isinstance(rht, RHT))
-            and 0 <= seed < 2**63 and origin[0] >= 0 and origin[1] >= 0
-            and (rounding != "sr" or origin[1] % 4 == 0))
-
-
-def _layout(view: torch.Tensor, grid, *, block=16, block_2d=False, scale="fp32",
-            rounding="rtne", rht=None, seed=0, origin=(0, 0), tensor_amax=None,
-            keep_padding=False, out_dtype=None) -> _Layout:
-    g = get_grid(grid)
-    R, C = view.shape
-    dev = view.device
-    Cp = padded_length(C, block, rht)
-    lv, mid = _tables(g, dev)
-    st = lv
-    if scale == "e4m3":  # the tensor-level scale, by the reference's own torch ops
-        if tensor_amax is None:
-            xf = torch.nn.functional.pad(view.to(torch.float32), (0, Cp - C))
-            tensor_amax = (rht.rotate_fp32_lastdim(xf) if rht is not None else xf).abs().amax()
-        g_top = torch.tensor(g.g_max, dtype=torch.float32, device=dev)
-        st = (tensor_amax.to(torch.float32) / (E4M3_MAX * g_top)).reshape(1)
-    sign = _signs(rht, dev) if rht is not None else lv
-    norm = rht.norm if rht is not None else 1.0
-    gneg = g.neg_extra if g.neg_extra is not None else g.g_max
-    args = (lv, mid, st, sign, norm, g.g_max, gneg, seed, origin[0], origin[1])
-    nlev = len(g.levels) + (g.neg_extra is not None)
-    d = _uniform_step(g)
-    consts = dict(B=block, _2D=block_2d, SCALE=SCALES[scale], SR=rounding == "sr",
-                  LOGH=int(math.log2(rht.size)) if rht is not None else 0, NLEV=nlev,
-                  ASYM=g.neg_extra is not None, D=d, INV_D=1.0 / d if d else 0.0,
-                  EXACT_DIV=triton.knobs.runtime.interpret or g.levels[1] < 2.0**-30)
-    other = -(-R // block) * block if block_2d else R
-    return _Layout(args, consts, Cp, other, Cp if keep_padding else C,
-                   padded_length(1, block, rht), out_dtype or view.dtype)
-
-
-def _launch(t: torch.Tensor, row: _Layout | None, col: _Layout | None, tiles=None):
-    """Run the kernel on row-major t [A, B]; returns (row output, column output view)."""
-    A, B = t.shape
-    mode = "dual" if row and col else ("row" if row else "col")
-    ba, bb, warps = {**TILES, **(tiles or {})}[mode]
-    if row:
-        bb = max(bb, row.unit)
-        ba = max(ba, row.consts["B"] if row.consts["_2D"] else 1)
-    if col:
-        ba = max(ba, col.unit)
-        bb = max(bb, col.consts["B"] if col.consts["_2D"] else 1)
-    a_len = max(row.other if row else A, col.length if col else A)
-    b_len = max(row.length if row else B, col.other if col else B)
-    dummy = t
-    row_out = (torch.empty(A, row.out_len, dtype=row.dtype, device=t.device) if row else dummy)
-    col_out = (torch.empty(col.out_len, B, dtype=col.dtype, device=t.device) if col else dummy)
-    filler = (dummy, dummy, dummy, dummy, 1.0, 1.0, 1.0, 0, 0, 0)
-    off = dict(B=16, _2D=False, SCALE=0, SR=False, LOGH=0, NLEV=2, ASYM=False, D=0.0,
-               INV_D=0.0, EXACT_DIV=True)
-    rc = row.consts if row else off
-    cc = col.consts if col else off
-    grid = (triton.cdiv(a_len, ba), triton.cdiv(b_len, bb))
-    _qdq_kernel[grid](
-        t, t.stride(0), A, B,
-        row_out, row.out_len if row else 0, *(row.args if row else filler),
-        col_out, col.out_len if col else 0, *(col.args if col else filler),
-        BA=ba, BB=bb, ROW=row is not None, COL=col is not None,
-        INTERP=triton.knobs.runtime.interpret,
-        **{"R_" + k.lstrip("_"): v for k, v in rc.items()},
-        **{"C_" + k.lstrip("_"): v for k, v in cc.items()},
-        num_warps=warps)
-    return (row_out if row else None), (col_out.t() if col else None)
-
-
-# per program: col16 (groups of 16 rows, columns, warps), row16 (rows, blocks, warps)
-TILES16 = {"col16": (2, 128, 4), "row16": (8, 16, 4)}
-
-
-def _launch16(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> torch.Tensor:
-    """One layout of row-major t [A, B] through the 16-tensor kernels (quantize16_triton):
-    along_rows=False quantizes along B ([A, B'] out), True along A ([B, A'] view out)."""
-    from . import quantize16_triton as k16  # imports this module
-
-    A, B = t.shape
-    c = lay.consts
-    consts = dict(SCALE=c["SCALE"], SR=c["SR"], RHT=c["LOGH"] == 4, NLEV=c["NLEV"],
-                  ASYM=c["ASYM"], D=c["D"], INV_D=c["INV_D"], EXACT_DIV=c["EXACT_DIV"],
-                  INTERP=triton.knobs.runtime.interpret)
-    if along_rows:
-        bg, bb, warps = tile or TILES16["col16"]
-        out = torch.empty(lay.out_len, B, dtype=lay.dtype, device=t.device)
-        grid = (triton.cdiv(lay.length // 16, bg), triton.cdiv(B, bb))
-        k16._col16_kernel[grid](t, t.stride(0), A, B, out, lay.out_len, *lay.args, BG=bg,
-                                BB=bb, num_warps=warps, **consts)
-        return out.t()
-    br, bg, warps = tile or TILES16["row16"]
-    out = torch.empty(A, lay.out_len, dtype=lay.dtype, device=t.device)
-    grid = (triton.cdiv(A, br), triton.cdiv(lay.length // 16, bg))
-    k16._row16_kernel[grid](t, t.stride(0), A, B, out, lay.out_len, *lay.args, BR=br, BG=bg,
-                            num_warps=warps, **consts)
-    return out
-
-
-def _blocks16(layout: _Layout) -> bool:
-    """1x16 blocks with RHT16 or none: the 16-tensor kernels apply."""
-    c = layout.consts
-    return c["B"] == 16 and not c["_2D"] and c["LOGH"] in (0, 4)
-
-
-def quantize_view(x: torch.Tensor, grid, *, tiles=None, **kw) -> torch.Tensor:
-    """Kernel twin of numerics.quantize.quantize_view: same arguments, same values.
-
-    A transposed view of a row-major tensor (x.t() with stride (1, n)) runs the column
-    layout on the tensor itself, so column-wise quantization reads and writes coalesced; the
-    result is then a transposed view too. 1x16 blocks with RHT16 (or none) take the
-    16-tensor kernels; `tiles` overrides tile shapes per mode ("row", "col", "dual" force
-    the generic kernel, "row16", "col16" shape the others).
-    """
-    tiles = tiles or {}
-    if x.stride(0) == 1 and x.stride(1) != 1 and x.shape[0] > 1:
-        col = _layout(x, grid, **kw)
-        if _blocks16(col) and "col" not in tiles:
-            return _launch16(x.t(), col, True, tiles.get("col16"))
-        return _launch(x.t(), None, col, tiles)[1]
-    t = x if x.stride(1) == 1 or x.shape[1] == 1 else x.contiguous()
-    row = _layout(t, grid, **kw)
-    if _blocks16(row) and "row" not in tiles:
-        return _launch16(t, row, False, tiles.get("row16"))
-    return _launch(t, row, None, tiles)[0]
-
-
-def quantize_dual(t: torch.Tensor, row: dict, col: dict, *, tiles=None):
-    """Both layouts of a row-major t [A, B] from one read.
-
-    row, col: keyword arguments of quantize_view (grid included) for the quantization along
-    B (view t) and along A (view t.t()). Returns (row [A, B'], col [B, A'] view) equal to
-    quantize_view(t, **row) and quantize_view(t.t(), **col).
-    """
-    if t.stride(1) != 1:
-        t = t.contiguous()
-    return _launch(t, _layout(t, **row), _layout(t.t(), **col), tiles)

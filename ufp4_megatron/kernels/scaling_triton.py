@@ -77,15 +77,16 @@ def _floor_log2(a):
 
 @triton.jit
 def block_scale(amax, g_max, s_t, SCALE: tl.constexpr):
-    """Dequantization scale per block (fp32). g_max: per block or scalar; s_t: the e4m3
-    tensor-level scale (ignored otherwise)."""
+    """Dequantization scale per block (fp32), non-finite for a non-finite amax in every mode.
+    g_max: per block or scalar; s_t: the e4m3 tensor-level scale (ignored otherwise)."""
     if SCALE == 0:
         return tl.math.div_rn(amax, g_max + tl.zeros_like(amax))
     elif SCALE == 1:
         ratio = tl.math.div_rn(tl.math.div_rn(amax, g_max + tl.zeros_like(amax)),
                                s_t + tl.zeros_like(amax))
         ratio = tl.where(s_t > 0, ratio, 0.0)
-        return e4m3_rtne(ratio) * s_t
+        # an Inf amax saturates at 448 in e4m3_rtne: keep its scale non-finite (NaN block)
+        return tl.where(tl.abs(amax) < float("inf"), e4m3_rtne(ratio) * s_t, amax)
     else:
         finite = tl.abs(amax) < float("inf")
         safe = tl.where(finite & (amax > 0), amax, 1.0)

@@ -1,24 +1,29 @@
 """MoE experts with UFP4 GEMMs, in Megatron's two expert containers.
 
-- `UFP4SequentialMLP`: Megatron's SequentialMLP (one MLP per local expert, works without
-  TransformerEngine) whose MLPs are built from UFP4 linears; it only tells each linear its
-  global expert index, so experts draw distinct SR seeds.
+- `UFP4SequentialMLP`: Megatron's SequentialMLP (one MLP per local expert) whose MLPs are
+  built from UFP4 linears; it only tells each linear its global expert index, so experts
+  draw distinct SR seeds. Used with moe_grouped_gemm=False.
 - `UFP4ColumnParallelGroupedLinear` / `UFP4RowParallelGroupedLinear`: the fc1/fc2 builders
   of the grouped-linear protocol that Megatron's `TEGroupedMLP` calls
   (`linear(x, tokens_per_expert) -> (y, bias)`), so `TEGroupedMLP` hosts them unchanged.
-  Weights are `weight0..weight{E-1}` as in TE's GroupedLinear. Each expert is its own GEMM
-  (own blocks along tokens, own scales): the call loops over experts on CPU and GPU alike,
-  because ops has no grouped entry point yet (a grouped fake-quant GEMM belongs in ops).
+  All local experts' weights are one parameter `weight` [E, N, K] (and `bias` [E, N]), and
+  every GEMM runs for all experts at once through `ufp4_megatron.grouped_ops`, on the token
+  matrix padded per expert to a multiple of 16 (or the recipe's block): one quantization
+  launch per operand, one `torch._grouped_mm` per GEMM, for every recipe (BF16 experts
+  included), with no host sync per expert.
 
 Experts need no TP communication here (Megatron's token dispatcher does it: explicit expert
-comm); shard origins still follow the expert-TP rank. Experts with zero tokens, and token
-counts that are not a multiple of the block, go through ops like any other GEMM (ops pads).
+comm); shard origins still follow the expert-TP rank. Checkpoints: the stacked weight is saved
+as the same global tensor SequentialMLP saves (key `...experts.linear_fc1.weight`, shape
+[experts, N, K], SwiGLU halves placed as MLP places them), so the two hosts' checkpoints are
+interchangeable, and its ShardedTensor's data is the parameter itself, which the distributed
+optimizer's model-space formats need.
 """
 from __future__ import annotations
 
 import torch
 from megatron.core import parallel_state
-from megatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
+from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 from megatron.core.tensor_parallel.layers import (
     _initialize_affine_weight_cpu,
     _initialize_affine_weight_gpu,
@@ -26,12 +31,13 @@ from megatron.core.tensor_parallel.layers import (
 )
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.moe.experts import SequentialMLP
-from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 from megatron.core.utils import divide, get_pg_rank, get_pg_size
 
+from .. import grouped_ops
 from ..ops import uses_sr
+from ..recipe import Recipe
 from .linear import _UFP4Mixin, draw_seed, shard_unit
-from .parallel_gemm import Comm, Shard, UFP4ParallelLinearFn
+from .parallel_gemm import Shard, _accumulate, _chunks
 from .policy import UFP4Binding
 
 
@@ -49,9 +55,9 @@ class UFP4SequentialMLP(SequentialMLP):
 
 
 class _UFP4GroupedLinear(MegatronModule):
-    """num_local_experts independent [N_local, K_local] weights, one UFP4 GEMM per expert."""
+    """num_local_experts [N_local, K_local] weights stacked in one parameter, all GEMMs grouped."""
 
-    partition_dim: int  # 0: column-parallel (N split), 1: row-parallel (K split)
+    partition_dim: int  # 0: column-parallel (N split), 1: row-parallel (K split), per expert
 
     def __init__(self, num_local_experts, input_size, output_size, *, config, init_method, bias,
                  skip_bias_add, is_expert, tp_comm_buffer_name=None, pg_collection=None,
@@ -70,86 +76,76 @@ class _UFP4GroupedLinear(MegatronModule):
         dims = [output_size, input_size]
         full = dims[self.partition_dim]
         dims[self.partition_dim] = local = divide(full, tp)
-        # A gated fc1 is sharded like MLP's (stride 2: [gate_r; up_r]), as TEGroupedMLP's
-        # checkpoint mapping (apply_swiglu_sharded_factory) expects.
-        stride = 2 if self.partition_dim == 0 and config.gated_linear_unit else 1
-        unit = shard_unit(ufp4.recipe)
-        if tp > 1 and (local // stride) % unit:
-            raise ValueError(
-                f"{type(self).__name__} {ufp4.path}: {full}/TP/stride = {local // stride} is "
-                f"not a multiple of {unit} (block and RHT sizes of recipe {ufp4.recipe.name!r});"
-                f" choose expert sizes divisible by expert-TP*{stride * unit}.")
-        self._shard = (Shard.column(rank, tp, local, stride) if self.partition_dim == 0 else
-                       Shard.row(rank, local))
+        # A gated fc1 is sharded like MLP's (stride 2: [gate_r; up_r]) and saved as MLP saves it.
+        self._stride = 2 if self.partition_dim == 0 and config.gated_linear_unit else 1
+        _check_grouped(ufp4, dims, self.partition_dim, self._stride, tp, full)
+        self._shard = (Shard.column(rank, tp, local, self._stride) if self.partition_dim == 0
+                       else Shard.row(rank, local))
         self._dp_rank = parallel_state.get_expert_data_parallel_rank()
         self._first_expert = get_pg_rank(self.ep_group) * num_local_experts
         self._sr = uses_sr(ufp4.recipe)
+        self._align = grouped_ops.token_alignment(ufp4.recipe)
 
         # As Megatron's linears: expert weights reduce over the expert-DP group, not DP.
         use_expert_pgs = (config.expert_model_parallel_size > 1 or
                           config.expert_tensor_parallel_size != config.tensor_model_parallel_size)
-        for i in range(num_local_experts):
-            w = torch.nn.Parameter(torch.empty(dims, dtype=config.params_dtype,
-                                               device=_device(config)))
-            if config.perform_initialization:
+        device = _device(config)
+        self.weight = torch.nn.Parameter(torch.empty(num_local_experts, *dims,
+                                                     dtype=config.params_dtype, device=device))
+        if config.perform_initialization:
+            for e in range(num_local_experts):  # one expert at a time: the RNG order of
+                w = self.weight.data[e]         # separate per-expert weights
                 if config.use_cpu_initialization:
-                    _initialize_affine_weight_cpu(w, output_size, input_size, local,
-                                                  self.partition_dim, init_method, stride=stride,
-                                                  rank=rank, world_size=tp)
+                    _initialize_affine_weight_cpu(
+                        w, output_size, input_size, local, self.partition_dim, init_method,
+                        stride=self._stride, rank=rank, world_size=tp,
+                        skip_set_tensor_parallel_attributes=True)
                 else:
                     _initialize_affine_weight_gpu(w, init_method, self.partition_dim,
-                                                  stride=stride, is_expert=True)
-            else:
-                set_tensor_model_parallel_attributes(w, True, self.partition_dim, stride)
-            w.allreduce = not use_expert_pgs
-            self.register_parameter(f"weight{i}", w)
-            if bias:
-                b = torch.nn.Parameter(torch.zeros(output_size if self.partition_dim else local,
-                                                   dtype=config.params_dtype,
-                                                   device=_device(config)))
-                b.allreduce = not use_expert_pgs
-                self.register_parameter(f"bias{i}", b)
-            else:
-                self.register_parameter(f"bias{i}", None)
+                                                  stride=self._stride, is_expert=True)
+        set_tensor_model_parallel_attributes(self.weight, True, self.partition_dim + 1,
+                                             self._stride)
+        self.weight.allreduce = not use_expert_pgs
+        if bias:
+            n = output_size if self.partition_dim else local
+            self.bias = torch.nn.Parameter(torch.zeros(num_local_experts, n,
+                                                       dtype=config.params_dtype, device=device))
+            if self.partition_dim == 0:
+                set_tensor_model_parallel_attributes(self.bias, True, 1, self._stride)
+            self.bias.allreduce = not use_expert_pgs
+        else:
+            self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor, tokens_per_expert):
-        counts = [int(c) for c in tokens_per_expert]
-        comm = Comm(sequence_parallel=False, allreduce_dgrad=False,
-                    grad_accumulation_fusion=self.config.gradient_accumulation_fusion,
-                    tp_group=self.tp_group)
-        outs, biases = [], []
-        for i, xe in enumerate(torch.split(x, counts)):
-            w, b = getattr(self, f"weight{i}"), getattr(self, f"bias{i}")
-            seed = draw_seed(self.ufp4, self._sr, xe, w, self._first_expert + i, self._dp_rank)
-            outs.append(UFP4ParallelLinearFn.apply(xe, w, None if self.skip_bias_add else b,
-                                                   self.ufp4.recipe, seed, self._shard, comm))
-            biases.append(b)
-        has_bias = biases[0] is not None
-        return torch.cat(outs), (biases if self.skip_bias_add and has_bias else None)
+        counts = tuple(tokens_per_expert.tolist() if torch.is_tensor(tokens_per_expert)
+                       else tokens_per_expert)
+        groups = grouped_ops.expert_groups(counts, self._align)
+        seed = draw_seed(self.ufp4, self._sr, x, self.weight, self._first_expert, self._dp_rank)
+        bias = None if self.skip_bias_add else self.bias
+        fuse = self.config.gradient_accumulation_fusion
+        y = _GroupedExpertsFn.apply(x.reshape(-1, x.shape[-1]), self.weight, bias,
+                                    self.ufp4.recipe, seed, groups, self._shard, fuse)
+        y = y.view(*x.shape[:-1], y.shape[-1])
+        return y, (self.bias if self.skip_bias_add else None)
 
     def backward_dw(self) -> None:
         """Deferred wgrad is not supported: wgrad runs inside backward."""
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
-        """Per-expert tensors with a global expert axis, keyed like TE's GroupedLinear so
-        TEGroupedMLP maps them onto SequentialMLP's checkpoint keys."""
-        num_global = get_pg_size(self.ep_group) * self.num_gemms
-        ep_axis = len(sharded_offsets)
+        """The stacked tensors as slices [E_local, ...] of the global [experts, N, K] tensor
+        SequentialMLP saves under the same key (TEGroupedMLP maps the prefix)."""
+        replica = (0, 0, self._dp_rank)  # replicated over expert-DP only
+        ep = (get_pg_rank(self.ep_group), get_pg_size(self.ep_group))
         out = {}
-        for i in range(self.num_gemms):
-            sd = {f"{i}.weight": getattr(self, f"weight{i}")}
-            if getattr(self, f"bias{i}") is not None:
-                sd[f"{i}.bias"] = getattr(self, f"bias{i}")
-            tp_axis = {f"{i}.weight": self.partition_dim}
-            if self.partition_dim == 0:
-                tp_axis[f"{i}.bias"] = 0
-            sub = make_sharded_tensors_for_checkpoint(
-                sd, "", tp_axis, (*sharded_offsets, (ep_axis, self._first_expert + i, num_global)),
-                tp_group=self.tp_group, dp_cp_group=metadata["dp_cp_group"])
-            replace_prefix_for_sharding(sub, f"{i}.", prefix)
-            out[f"{prefix}weight{i}"] = sub[f"{i}.weight"]
-            if f"{i}.bias" in sub:
-                out[f"{prefix}bias{i}"] = sub[f"{i}.bias"]
+        for name, tp_axis in (("weight", self.partition_dim), ("bias", 0)):
+            t = getattr(self, name)
+            if t is None:
+                continue
+            tp_sharded = name == "weight" or self.partition_dim == 0
+            out[f"{prefix}{name}"] = _stacked_sharded_tensor(
+                f"{prefix}{name}", t, sharded_offsets, ep, tp_axis if tp_sharded else None,
+                self.tp_group, self._stride if tp_sharded else 1,
+                replica if tp_sharded else (0, get_pg_rank(self.tp_group), self._dp_rank))
         return out
 
     def extra_repr(self) -> str:
@@ -166,6 +162,98 @@ class UFP4RowParallelGroupedLinear(_UFP4GroupedLinear):
     """Grouped fc2 (weights split along K over expert-TP)."""
 
     partition_dim = 1
+
+
+class _GroupedExpertsFn(torch.autograd.Function):
+    """All local experts' fc1 or fc2: grouped GEMMs on the padded token layout, per N chunk of
+    this rank's shard (as UFP4ParallelLinearFn, without communication), wgrad into
+    main_grad when fused."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, recipe: Recipe, seed: int, groups, shard: Shard,
+                fuse_wgrad: bool):
+        xp = groups.pad(x)
+        ys = [grouped_ops.fprop(xp, w, groups, recipe, seed=seed, x_origin=(0, shard.k),
+                                w_origin=(n0, shard.k)) for w, n0 in _chunks(shard, weight, 1)]
+        y = groups.unpad(ys[0] if len(ys) == 1 else torch.cat(ys, dim=1))
+        if bias is not None:
+            y = y + bias.index_select(0, groups.token_experts(y.device)).to(y.dtype)
+        ctx.save_for_backward(xp, weight)
+        ctx.main_grad = getattr(weight, "main_grad", None) if fuse_wgrad else None
+        ctx.recipe, ctx.seed, ctx.groups, ctx.shard = recipe, seed, groups, shard
+        ctx.use_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        xp, weight = ctx.saved_tensors
+        recipe, seed, groups, shard = ctx.recipe, ctx.seed, ctx.groups, ctx.shard
+        dy = dy.contiguous().to(xp.dtype)
+        dyp = groups.pad(dy)
+        dxs = [grouped_ops.dgrad(d, w, groups, recipe, seed=seed, dy_origin=(0, n0),
+                                 w_origin=(n0, shard.k))
+               for (d, n0), (w, _) in zip(_chunks(shard, dyp, 1), _chunks(shard, weight, 1))]
+        dx = groups.unpad(dxs[0] if len(dxs) == 1 else torch.stack(dxs).sum(0))
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            dws = [grouped_ops.wgrad(d, xp, groups, recipe, seed=seed, dy_origin=(0, n0),
+                                     x_origin=(0, shard.k)) for d, n0 in _chunks(shard, dyp, 1)]
+            dw = dws[0] if len(dws) == 1 else torch.cat(dws, dim=1)
+            grad_weight = _accumulate(weight, dw, ctx.main_grad)
+        grad_bias = grouped_ops.per_expert_sum(dy, groups) if ctx.use_bias else None
+        return dx, grad_weight, grad_bias, None, None, None, None, None
+
+
+def _check_grouped(binding: UFP4Binding, dims, partition_dim: int, stride: int, tp: int,
+                   full: int) -> None:
+    """One launch quantizes all experts' weights: blocks must not straddle experts or shards,
+    and weights take RTNE (a stacked launch has no per-expert SR keys)."""
+    recipe = binding.recipe
+    unit = shard_unit(recipe)
+    for axis, size in enumerate(dims):
+        per_chunk = size // stride if axis == partition_dim else size
+        if per_chunk % unit:
+            what = f"{full}/TP/stride = {per_chunk}" if axis == partition_dim else str(size)
+            raise ValueError(
+                f"grouped experts {binding.path}: {what} is not a multiple of {unit} (block and "
+                f"RHT sizes of recipe {recipe.name!r}); choose expert sizes divisible by "
+                f"expert-TP*{stride * unit}, or moe_grouped_gemm=false.")
+    for g in ("fprop", "dgrad"):  # the GEMMs with a weight operand
+        op = recipe.operand(g, "w")
+        if op is not None and op.rounding == "sr":
+            raise ValueError(f"grouped experts {binding.path}: recipe {recipe.name!r} rounds "
+                             "weights stochastically, which one launch over all experts cannot "
+                             "key per expert; use RTNE weights or moe_grouped_gemm=false")
+
+
+def _stacked_sharded_tensor(key, t, outer, ep, tp_axis, tp_group, stride, replica):
+    """ShardedTensor of a stacked [E_local, ...] tensor: axis 0 is this EP rank's slice of the
+    experts axis (ep = (rank, size)), tp_axis (per expert) is split over expert-TP; a stride-2
+    (SwiGLU) shard holds two chunks of the full axis, saved as a factory of two tensors."""
+    prepend = len(outer)
+    offsets = [*outer, (prepend, *ep)]
+    tp, rank = get_pg_size(tp_group), get_pg_rank(tp_group)
+    if tp_axis is None:
+        return ShardedTensor.from_rank_offsets(key, t, *offsets, replica_id=replica,
+                                               prepend_axis_num=prepend)
+    axis = prepend + 1 + tp_axis
+    if stride == 1:
+        return ShardedTensor.from_rank_offsets(key, t, *offsets, (axis, rank, tp),
+                                               replica_id=replica, prepend_axis_num=prepend)
+
+    @torch.no_grad()
+    def build(key, data, replica_id, flattened_range):
+        chunks = torch.chunk(data, stride, dim=1 + tp_axis)
+        return [ShardedTensor.from_rank_offsets(key, c, *offsets,
+                                                (axis, rank + i * tp, stride * tp),
+                                                replica_id=replica_id, prepend_axis_num=prepend)
+                for i, c in enumerate(chunks)]
+
+    @torch.no_grad()
+    def merge(parts):
+        return torch.cat(parts, dim=1 + tp_axis)
+
+    return ShardedTensorFactory(key, t, build, merge, replica)
 
 
 def _device(config):

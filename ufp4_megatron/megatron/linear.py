@@ -86,6 +86,19 @@ class _UFP4Mixin:
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.ufp4.recipe.name}"
 
+    # Megatron's linears keep an `_extra_state` slot for TE's FP8 metadata (None for the local
+    # ones), which every Megatron checkpoint stores as a ShardedObject. The SR stream rides in
+    # it, so Megatron-LM's own --save/--load resumes the SR bits exactly. All UFP4 linears of
+    # a model chunk share one stream, so each carries the same state; the value is plain
+    # (ints + a uint8 tensor) for torch.load(weights_only=True). States that are not ours
+    # (None from a BF16 checkpoint, TE's FP8 metadata) leave the stream as it is.
+    def get_extra_state(self) -> dict:
+        return {"ufp4_sr_seeds": self.ufp4.seeds.state_dict()}
+
+    def set_extra_state(self, state) -> None:
+        if isinstance(state, dict) and "ufp4_sr_seeds" in state:
+            self.ufp4.seeds.load_state_dict(state["ufp4_sr_seeds"])
+
 
     def _ufp4_forward(self, input, weight, bias, *, shard: Shard, gradient_accumulation_fusion,
                       allreduce_dgrad, sequence_parallel, tp_group, grad_output_buffer=None,

@@ -8,6 +8,8 @@ same grid up to scale. `int4_asym` is two's-complement INT4 (-8..7): its magnitu
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -56,11 +58,27 @@ def get_grid(grid: str | Grid | tuple | list) -> Grid:
             raise ValueError(f"unknown grid {grid!r}; valid: {', '.join(GRIDS)}, or a "
                              "codebook tuple of non-negative sorted levels such as (0, 1, 2, 4)")
         return GRIDS[grid]
-    return _codebook(tuple(float(v) for v in grid))
+    return _codebook(codebook_levels(grid))
+
+
+def codebook_levels(grid) -> tuple[float, ...]:
+    """A codebook given as any sequence of numbers -> a tuple of floats (hashable, so a
+    recipe holding it stays a hashable value)."""
+    try:
+        values = tuple(grid)
+    except TypeError:
+        raise ValueError(f"grid must be a grid name ({', '.join(GRIDS)}) or a codebook tuple "
+                         f"of levels such as (0, 1, 2, 4), got {grid!r}") from None
+    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"codebook levels must be numbers, got {grid!r}")
+    return tuple(float(v) for v in values)
 
 
 @lru_cache(maxsize=64)
 def _codebook(levels: tuple[float, ...]) -> Grid:
+    if not all(math.isfinite(v) for v in levels):
+        raise ValueError(f"codebook levels must be finite numbers, got {levels}: an inf or nan "
+                         "level would turn every block into zeros or NaN")
     if len(levels) < 2 or len(levels) > 16:
         raise ValueError(f"a codebook needs 2 to 16 magnitudes, got {len(levels)}")
     if levels[0] != 0.0:

@@ -10,23 +10,35 @@ step is one IEEE operation, so a kernel doing the same butterfly matches bit for
 """
 from __future__ import annotations
 
+import functools
 import math
+import numbers
 
 import torch
 
+from .checks import check_dim, check_float_tensor, check_seed
+
 SIZES = (16, 32, 64, 128)
+
+
+def rotated_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype rotated values are returned in: float16 becomes float32 (a rotation grows a
+    block's values by up to sqrt(n): |x| >= 16400 in fp16 would overflow to inf), others stay."""
+    return torch.float32 if dtype == torch.float16 else dtype
 
 
 class RHT:
     """A random Hadamard transform of `size` (16, 32, 64, 128) with signs drawn from `seed`.
 
     The sign vector is a pure function of (size, seed): every rank builds the same one.
+    `get_rht(size, seed)` returns a cached one (construction costs ~20 us of host time).
     """
 
     def __init__(self, size: int = 16, seed: int = 0):
-        if size not in SIZES:
-            raise ValueError(f"RHT size must be one of {SIZES}, got {size}")
-        self.size = size
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size not in SIZES:
+            raise ValueError(f"RHT size must be one of {SIZES}, got {size!r}")
+        seed = check_seed(seed, "RHT seed")
+        self.size = int(size)
         self.seed = seed
         gen = torch.Generator().manual_seed(seed)
         self.signs = torch.randint(0, 2, (size,), generator=gen).to(torch.float32) * 2 - 1
@@ -49,11 +61,12 @@ class RHT:
         return self.signs.to(dtype)[:, None] * h / math.sqrt(self.size)
 
     def rotate(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        """x . D H / sqrt(n) on each block of `size` along `dim`; same dtype as x."""
+        """x . D H / sqrt(n) on each block of `size` along `dim`, computed in fp32; returned
+        in x's dtype, except float16 -> float32 (`rotated_dtype`: rotated fp16 overflows)."""
         return self._apply(x, dim, inverse=False)
 
     def inverse(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        """Undo rotate: x . H D / sqrt(n) (H is symmetric)."""
+        """Undo rotate: x . H D / sqrt(n) (H is symmetric); dtype as rotate."""
         return self._apply(x, dim, inverse=True)
 
     def rotate_fp32_lastdim(self, x: torch.Tensor) -> torch.Tensor:
@@ -63,7 +76,9 @@ class RHT:
         return (_butterfly(y) * self.norm).flatten(-2)
 
     def _apply(self, x: torch.Tensor, dim: int, inverse: bool) -> torch.Tensor:
-        n = x.shape[dim] if x.dim() else 0
+        check_float_tensor(x, "x", "RHT.rotate/inverse")
+        dim = check_dim(dim, x.dim())
+        n = x.shape[dim]
         if n % self.size:
             raise ValueError(f"RHT{self.size} needs the size along dim {dim} to be a multiple "
                              f"of {self.size}, got {n}: pad the tensor or choose rht=None")
@@ -73,7 +88,7 @@ class RHT:
             y = (y * self.signs.to(x.device)).flatten(-2)
         else:
             y = self.rotate_fp32_lastdim(moved)
-        return y.to(x.dtype).movedim(-1, dim)
+        return y.to(rotated_dtype(x.dtype)).movedim(-1, dim)
 
 
 def _butterfly(y: torch.Tensor) -> torch.Tensor:
@@ -88,6 +103,12 @@ def _butterfly(y: torch.Tensor) -> torch.Tensor:
     return y
 
 
+@functools.lru_cache(maxsize=64, typed=True)  # typed: seed 1.0 must not hit seed 1
+def get_rht(size: int, seed: int) -> RHT:
+    """The RHT of (size, seed), built once: it is a pure function of them."""
+    return RHT(size, seed)
+
+
 def as_rht(rht, seed: int = 0) -> RHT | None:
     """None, a size, or an RHT -> RHT | None."""
     if rht is None or rht is False:
@@ -95,7 +116,7 @@ def as_rht(rht, seed: int = 0) -> RHT | None:
     if isinstance(rht, RHT):
         return rht
     if rht is True:
-        return RHT(16, seed)
-    if isinstance(rht, bool) or not isinstance(rht, int):
+        return get_rht(16, seed)
+    if isinstance(rht, bool) or not isinstance(rht, int) or rht not in SIZES:
         raise ValueError(f"rht must be None, a size in {SIZES} or an RHT, got {rht!r}")
-    return RHT(rht, seed)
+    return get_rht(rht, seed)

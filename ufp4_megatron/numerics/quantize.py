@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import torch
 
 from .grids import Grid, get_grid
-from .hadamard import RHT
+from .hadamard import RHT, rotated_dtype
 from .philox import position_bits, uniform24
 from .rounding import round_rtne, round_stochastic
-from .scaling import block_amax, block_scale, lcm_length
+from .scaling import block_amax, block_scale, finite_tensor_amax, lcm_length
 
 
 @dataclass
@@ -32,17 +32,47 @@ def padded_length(n: int, block: int, rht: RHT | None) -> int:
     return -(-n // unit) * unit
 
 
+def output_dtype(dtype: torch.dtype, rht: RHT | None, out_dtype: torch.dtype | None = None):
+    """The dtype of the dequantized values: out_dtype if given, else the input's, except that
+    rotated float16 is returned in float32 (a rotated block can exceed fp16's range)."""
+    if out_dtype is not None:
+        return out_dtype
+    return rotated_dtype(dtype) if rht is not None else dtype
+
+
+def source(x: torch.Tensor, *, block: int, block_2d: bool, rht: RHT | None) -> torch.Tensor:
+    """x in fp32, zero-padded to whole blocks (rows too for 2D tiles), then rotated."""
+    R, C = x.shape
+    Cp = padded_length(C, block, rht)
+    Rp = -(-R // block) * block if block_2d else R
+    xf = x.to(torch.float32)
+    if (Rp, Cp) != (R, C):
+        xf = torch.nn.functional.pad(xf, (0, Cp - C, 0, Rp - R))
+    if rht is not None:
+        xf = rht.rotate_fp32_lastdim(xf)
+    return xf
+
+
+def e4m3_tensor_amax(x: torch.Tensor, *, block: int, block_2d: bool,
+                     rht: RHT | None) -> torch.Tensor:
+    """The per-tensor amax the e4m3 scale mode uses: the largest finite block amax of the
+    padded, rotated source (kernels call this too, so both sides agree by construction)."""
+    return finite_tensor_amax(block_amax(source(x, block=block, block_2d=block_2d, rht=rht),
+                                         block, block_2d))
+
+
 def quantize_view(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool = False,
                   scale: str = "fp32", rounding: str = "rtne", rht: RHT | None = None,
                   seed: int = 0, origin: tuple[int, int] = (0, 0),
                   tensor_amax: torch.Tensor | None = None, keep_padding: bool = False,
                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Dequantized [R, C] (or [R, Cp] with keep_padding), in out_dtype (default x.dtype)."""
+    """Dequantized [R, C] (or [R, Cp] with keep_padding), in `output_dtype(x.dtype, rht,
+    out_dtype)`: out_dtype, else x.dtype (float32 for rotated float16)."""
     q = quantize_view_full(x, grid, block=block, block_2d=block_2d, scale=scale,
                            rounding=rounding, rht=rht, seed=seed, origin=origin,
                            tensor_amax=tensor_amax)
     out = q.values if keep_padding else q.values[:, : x.shape[1]]
-    return out.to(out_dtype or x.dtype)
+    return out.to(output_dtype(x.dtype, rht, out_dtype))
 
 
 def quantize_view_full(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool = False,
@@ -52,14 +82,9 @@ def quantize_view_full(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool
     if x.dim() != 2:
         raise ValueError(f"quantize_view takes a 2D [rows, cols] view, got shape {tuple(x.shape)}")
     g = get_grid(grid)
-    R, C = x.shape
-    Cp = padded_length(C, block, rht)
-    Rp = -(-R // block) * block if block_2d else R
-    xf = x.to(torch.float32)
-    if (Rp, Cp) != (R, C):
-        xf = torch.nn.functional.pad(xf, (0, Cp - C, 0, Rp - R))
-    if rht is not None:
-        xf = rht.rotate_fp32_lastdim(xf)
+    R = x.shape[0]
+    xf = source(x, block=block, block_2d=block_2d, rht=rht)
+    Rp, Cp = xf.shape
 
     amax = block_amax(xf, block, block_2d)  # [Rp, Cp // B]
     levels = g.levels_tensor(x.device)
@@ -69,8 +94,6 @@ def quantize_view_full(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool
         levels = torch.cat([levels, levels.new_tensor([g.neg_extra])])
     else:
         g_scale = torch.tensor(g.g_max, dtype=torch.float32, device=x.device)
-    if tensor_amax is None and scale == "e4m3":
-        tensor_amax = amax.amax() if amax.numel() else None
     s = block_scale(amax, g_scale, scale, tensor_amax)  # [Rp, Cp // B]
 
     s_el = s.repeat_interleave(block, dim=1)

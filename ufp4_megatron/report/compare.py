@@ -1,74 +1,164 @@
-"""`python -m ufp4_megatron.compare RUN...` (`ufp4-compare`): BF16-relative loss gaps.
+"""`ufp4-compare RUN...` (`python -m ufp4_megatron.compare`): BF16-relative loss gaps over runs
+and seeds, with confidence intervals.
 
-RUN is a training run dir (with metrics.jsonl), an offline W&B run (dir or .wandb file) or an
-online W&B run path entity/project/run_id. For every non-BF16 run, against the BF16 run of the
-same model and seed: the gap (L - L_bf16) / L_bf16 on identical steps, its mean over the
-latest --last steps (1000, as in the paper), and the validation-loss gap. Writes
-<out>/loss_gap.md and <out>/loss_gap.png and logs both (plus the gap curves) to W&B.
+RUN is a training run dir (with metrics.jsonl), an offline W&B run (dir or .wandb file), or
+an online W&B run `entity/project/run_id` (`wandb:entity/project/run_id` to be explicit).
+Every non-BF16 run is paired with the BF16 run of the same seed, model, data and batch; all runs
+of a model are compared over the steps they all logged. Per recipe: the mean over seeds of
+the gap (L - L_bf16) / L_bf16 averaged over the latest --last steps (1000, as in the paper),
+with a Student-t interval over seeds; the validation gap likewise; the ratio to E2M1's gap,
+paired by seed, with Fieller's interval ("reduction" = 1 - ratio). An interval that contains
+zero is reported as "not resolved at this size".
+
+Writes <out>/loss_gap.md, <out>/loss_gap.json (keys: docs/training.md), <out>/loss_gap.png,
+<out>/wandb_workspace.json, and a W&B run (job_type compare) in the training runs' group.
+Bad input (a missing run, --last 0, a run given twice, no BF16 sibling) ends with one line
+and exit status 2.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from .gap import GapRow, compare, markdown_table
+from .errors import BadInput
+from .gap import Comparison, check_window, compare
 from .plot import plot_gaps
-from .runs import load_run
+from .runs import Run, config_value, load_run
+from .summary import RecipeSummary, summarize, to_json
+from .table import markdown
 
 
-def log_to_wandb(rows: list[GapRow], table_md: str, png: Path, args) -> None:
-    import wandb
-
-    from ..train.wandb_run import resolve_mode
-
-    mode = resolve_mode(args.wandb_mode)
-    if mode == "disabled":
-        return
-    run = wandb.init(project=args.project, group=args.group, name=f"compare-{args.group}",
-                     job_type="compare", mode=mode, dir=str(args.out),
-                     settings=wandb.Settings(quiet=True))
-    table = wandb.Table(columns=["model", "seed", "recipe", "steps", "loss_gap", "val_gap"])
-    for r in rows:
-        table.add_data(r.model, r.seed, r.recipe, r.steps, r.loss_gap, r.val_gap)
-        run.summary[f"loss_gap/{r.model}/{r.recipe}"] = r.loss_gap
-    steps = sorted({s for r in rows for s in r.series})
-    for s in steps:  # one chart per recipe, x = training step
-        run.log({f"gap/{r.model}/{r.recipe}": r.series[s] for r in rows if s in r.series}, step=s)
-    run.log({"loss_gap_table": table, "loss_gap_plot": wandb.Image(str(png)),
-             "loss_gap_markdown": wandb.Html(f"<pre>{table_md}</pre>")})
-    run.finish()
+def _prog() -> str:
+    return "ufp4-compare" if Path(sys.argv[0]).name == "ufp4-compare" else \
+        "python -m ufp4_megatron.compare"
 
 
-def run(argv: list[str] | None = None) -> list[GapRow]:
-    ap = argparse.ArgumentParser(description=__doc__,
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=_prog(), description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="+", help="run dirs, offline W&B runs, or entity/project/run_id")
+    ap.add_argument("runs", nargs="+", metavar="RUN",
+                    help="run dirs, offline W&B runs, or entity/project/run_id")
     ap.add_argument("--reference", default="bf16", help="precision name of the reference runs")
-    ap.add_argument("--baseline", default="e2m1", help="recipe whose gap others are measured by")
-    ap.add_argument("--last", type=int, default=1000, help="steps in the mean (latest N)")
-    ap.add_argument("--smooth", type=int, default=1, help="moving-average window of the plot")
+    ap.add_argument("--baseline", default="e2m1",
+                    help="recipe whose gap the others are divided by (the paper's reduction)")
+    window = ap.add_mutually_exclusive_group()
+    window.add_argument("--last", type=int, default=None,
+                        help="mean over the latest N common steps (default 1000)")
+    window.add_argument("--last-fraction", type=float, default=None, metavar="F",
+                        help="mean over the latest fraction F of the common steps, e.g. 0.2")
+    ap.add_argument("--confidence", type=float, default=0.95, help="interval level (0.95)")
+    ap.add_argument("--smooth", type=int, default=1,
+                    help="moving-average window (steps) of the plot and the W&B curves")
     ap.add_argument("--out", type=Path, default=Path("runs/compare"))
     ap.add_argument("--wandb-mode", default="auto", help="auto | offline | online | disabled")
-    ap.add_argument("--project", default="ufp4-megatron")
-    ap.add_argument("--group", default="compare", help="W&B group (the experiment)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--project", default=None,
+                    help="W&B project (default: the runs' logging.wandb.project)")
+    ap.add_argument("--entity", default=None, help="W&B entity (default: the runs')")
+    ap.add_argument("--group", default=None,
+                    help="W&B group (default: the runs' experiment, when they share one)")
+    return ap
 
+
+def _check(args) -> None:
+    if args.last is None and args.last_fraction is None:
+        args.last = 1000
+    check_window(args.last, args.last_fraction)
+    if not 0 < args.confidence < 1:
+        raise BadInput(f"--confidence {args.confidence}: must be in (0, 1), e.g. 0.95")
+    if args.smooth < 1:
+        raise BadInput(f"--smooth {args.smooth}: must be >= 1 (1: no smoothing)")
+
+
+def _shared(runs: list[Run], *keys, default=None):
+    """The value all runs' configs agree on, else the default."""
+    values = {config_value(r.config, *keys) for r in runs} - {None}
+    return values.pop() if len(values) == 1 else default
+
+
+@dataclass
+class CompareResult:
+    comparison: Comparison
+    summaries: list[RecipeSummary]
+    data: dict  # what loss_gap.json holds
+    out: Path
+
+
+def run(argv: list[str] | None = None) -> CompareResult:
+    """The whole comparison; raises BadInput on bad input (main() turns it into exit 2)."""
+    args = parser().parse_args(argv)
+    _check(args)
     runs = [load_run(src) for src in args.runs]
-    rows = compare(runs, reference=args.reference, last=args.last)
-    table = markdown_table(rows, args.last, baseline=args.baseline)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "loss_gap.md").write_text(table + "\n")
-    png = plot_gaps(rows, runs, args.out / "loss_gap.png", smooth=args.smooth)
+    cmp = compare(runs, reference=args.reference, last=args.last,
+                  last_fraction=args.last_fraction)
+    summaries, more = summarize(cmp, baseline=args.baseline, confidence=args.confidence)
+    notes = cmp.notes + more
+    window = (f"the latest {args.last} steps" if args.last is not None
+              else f"the latest {args.last_fraction:.0%}")
+    kw = dict(reference=args.reference, baseline=args.baseline, confidence=args.confidence)
+    table = markdown(cmp, summaries, window_text=window, notes=notes, **kw)
+    data = to_json(cmp, summaries, last=args.last, last_fraction=args.last_fraction,
+                   notes=notes, **kw)
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "loss_gap.md").write_text(table + "\n")
+    (out / "loss_gap.json").write_text(json.dumps(data, indent=1) + "\n")
+    png = plot_gaps(cmp, summaries, out / "loss_gap.png", smooth=args.smooth,
+                    confidence=args.confidence)
     print(table)
-    print(f"wrote {args.out / 'loss_gap.md'} and {png}")
-    log_to_wandb(rows, table, png, args)
-    return rows
+    print(f"wrote {out / 'loss_gap.md'}, {out / 'loss_gap.json'} and {png}")
+    _to_wandb(args, runs, cmp, summaries, table, png)
+    return CompareResult(cmp, summaries, data, out)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console-script entry (`ufp4-compare`): returns None, so the exit status is 0."""
-    run(argv)
+def _to_wandb(args, runs, cmp, summaries, table, png) -> None:
+    from ..train.wandb_run import resolve_mode
+    from . import workspace
+    from .wandb_log import log_compare
+
+    group = args.group or _shared(runs, "experiment", default="compare")
+    project = args.project or _shared(runs, "logging", "wandb", "project",
+                                      default="ufp4-megatron")
+    entity = args.entity or _shared(runs, "logging", "wandb", "entity")
+    mode = resolve_mode(args.wandb_mode)
+    if mode != "disabled":
+        config = {"reference": args.reference, "baseline": args.baseline,
+                  "confidence": args.confidence, "last": args.last,
+                  "last_fraction": args.last_fraction, "smooth": args.smooth,
+                  "runs": [r.source for r in runs]}
+        wb = log_compare(cmp, summaries, table_md=table, png=png, out=args.out, mode=mode,
+                         project=project, entity=entity, group=group, config=config,
+                         smooth=args.smooth, confidence=args.confidence)
+        entity = entity or (wb.entity if mode == "online" else None)
+        print(f"W&B ({mode}): run compare-{group} in project {project}, group {group}")
+    layers = sorted({i for r in runs for i in (config_value(r.config, "logging", "wandb",
+                                                    "diagnostics_layers") or [0])})
+    recipes: dict[str, list[str]] = {}
+    for s in summaries:
+        recipes.setdefault(s.model, []).append(s.recipe)
+    try:
+        path = workspace.write(args.out / "wandb_workspace.json", entity=entity,
+                               project=project, group=group, recipes=recipes, layers=layers,
+                               reference=args.reference, baseline=args.baseline)
+    except ImportError:
+        print("note: wandb-workspaces is not installed: no dashboard definition written")
+        return
+    print(f"wrote the W&B dashboard definition {path}")
+    if mode == "online":
+        print(f"W&B workspace: {workspace.save(path, entity)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry: exit status 0, or 2 with one line on bad input."""
+    try:
+        run(argv)
+    except BadInput as e:
+        print(f"{_prog()}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

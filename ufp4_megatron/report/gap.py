@@ -1,8 +1,18 @@
-"""The paper's BF16-relative loss gap: (L - L_bf16) / L_bf16 on identical steps."""
+"""The paper's BF16-relative loss gap, (L - L_bf16) / L_bf16, per run and seed.
+
+Each quantized run is paired with the reference run of the same seed, model, data and schedule
+(equal `train.identity.sibling_key`: same data order and initial weights). All runs of one
+model are compared over the same steps: those every run logged (a longer run is cut to the
+common steps, and the output says so), and the mean is over the latest `last` of those steps.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
 
+from ..train import identity
+from .errors import BadInput
 from .runs import Run
 
 
@@ -11,62 +21,141 @@ def gap_series(run: dict[int, float], ref: dict[int, float]) -> dict[int, float]
     return {s: (run[s] - ref[s]) / ref[s] for s in sorted(run.keys() & ref.keys())}
 
 
-def latest_steps(series: dict[int, float], last: int) -> list[int]:
-    """The logged steps within the latest `last` training steps (logging may skip steps)."""
-    if not series:
-        raise ValueError("no common steps between the run and its reference")
-    end = max(series)
-    return [s for s in sorted(series) if s > end - last]
+@dataclass
+class Window:
+    """The steps one model's runs are compared over."""
 
+    model: str
+    common: list[int]  # the steps every run of the model logged
+    last_common: int  # the last of them
+    first: int  # window = common logged steps in [first, last_common]
+    steps: list[int]  # common logged steps in the window
+    val_steps: list[int]  # common eval steps used for the validation gap
+    beyond: list[tuple[str, int]] = field(default_factory=list)  # runs cut: (source, last step)
 
-def mean_latest(series: dict[int, float], last: int) -> float:
-    """Mean gap over the latest `last` training steps (the paper: last=1000)."""
-    steps = latest_steps(series, last)
-    return sum(series[s] for s in steps) / len(steps)
+    def note(self) -> str | None:
+        if not self.beyond:
+            return None
+        cut = ", ".join(f"{src} (to step {last})" for src, last in self.beyond)
+        return (f"{self.model}: compared over the common steps 1-{self.last_common} only; "
+                f"logged further: {cut}")
 
 
 @dataclass
-class GapRow:
+class SeedGap:
+    """One quantized run against its reference."""
+
     model: str
+    recipe: str  # the run's label
     seed: int
-    recipe: str
-    steps: int  # logged steps in the mean
-    last_step: int
-    loss_gap: float  # mean relative training-loss gap over the latest steps
-    val_gap: float | None  # relative validation-loss gap at the last common eval step
-    series: dict[int, float]  # step -> gap, for plots
+    run: Run
+    reference: Run
+    train_gap: float  # mean relative training-loss gap over the window
+    val_gap: float | None  # mean relative validation-loss gap over the window's eval steps
+    series: dict[int, float]  # step -> gap on the model's common steps (plots, W&B)
 
 
-def compare(runs: list[Run], reference: str = "bf16", last: int = 1000) -> list[GapRow]:
-    """One row per non-reference run, against the reference run of the same model and seed."""
-    refs = {(r.model, r.seed): r for r in runs if r.recipe == reference}
-    rows = []
+@dataclass
+class Comparison:
+    windows: dict[str, Window]
+    gaps: list[SeedGap]
+    notes: list[str]
+
+
+def assign_labels(runs: list[Run]) -> list[str]:
+    """Label = precision.name, unless several settings share it (e.g. an ablation by
+    command-line overrides that kept precision.name=ufp4): then recipe#<setting hash> for each,
+    so seeds still group by setting. Refuses one run given twice. Returns notes."""
+    by_id: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
-        if r.recipe == reference:
+        by_id[r.run_id].append(r)
+    for same in by_id.values():
+        if len(same) > 1:
+            r = same[0]
+            raise BadInput(f"the same run was given twice: {' and '.join(x.source for x in same)} "
+                           f"(run id {r.run_id}: {r.model} {r.recipe} seed {r.seed}); pass it once")
+    notes = []
+    by_name: dict[tuple[str, str], dict[str, list[Run]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        by_name[r.model, r.recipe][r.setting].append(r)
+    for (model, recipe), settings in by_name.items():
+        if len(settings) < 2:
             continue
-        ref = refs.get((r.model, r.seed))
-        if ref is None:
-            raise ValueError(f"{r.source} ({r.model}, seed {r.seed}) has no {reference!r} run "
-                             f"of the same model and seed to compare against")
-        series = gap_series(r.loss, ref.loss)
+        groups = list(settings.values())
+        for group in groups:
+            for r in group:
+                r.label = f"{recipe}#{r.setting}"
+        differ = sorted({k for g in groups[1:] for k in
+                         identity.differences(groups[0][0].config, g[0].config)} - {"train.seed"})
+        shown = "; ".join(f"{g[0].label}: {', '.join(r.source for r in g)}" for g in groups)
+        notes.append(f"{model}: {len(groups)} different settings are labelled {recipe!r} "
+                     f"(they differ in {', '.join(differ)}); shown as {shown}. Give each its "
+                     f"own precision.name to name them")
+    return notes
+
+
+def select(runs: list[Run], name: str) -> list[Run]:
+    """Runs named `name`: by precision.name, or by label (recipe#setting) to pick one setting."""
+    return [r for r in runs if name in (r.label, r.recipe)]
+
+
+def _window(model: str, runs: list[Run], last: int | None, last_fraction: float | None) -> Window:
+    common = set.intersection(*(set(r.loss) for r in runs))
+    if not common:
+        raise BadInput(f"the runs of model {model} share no logged step: "
+                       f"{', '.join(r.source for r in runs)}")
+    end = max(common)
+    n = last if last is not None else max(1, math.ceil(last_fraction * end))
+    first = max(end - n + 1, 1)
+    val_common = set.intersection(*(set(r.val_loss) for r in runs))
+    val = sorted(s for s in val_common if first <= s <= end) or sorted(
+        s for s in val_common if s <= end)[-1:]
+    beyond = [(r.source, max(r.loss)) for r in runs if max(r.loss) > end]
+    return Window(model=model, common=sorted(common), last_common=end, first=first,
+                  steps=sorted(s for s in common if s >= first), val_steps=val, beyond=beyond)
+
+
+def check_window(last: int | None, last_fraction: float | None) -> None:
+    if (last is None) == (last_fraction is None):
+        raise BadInput("give one of --last N (steps) or --last-fraction F")
+    if last is not None and last < 1:
+        raise BadInput(f"--last {last}: the mean needs at least 1 step (e.g. --last 1000)")
+    if last_fraction is not None and not 0 < last_fraction <= 1:
+        raise BadInput(f"--last-fraction {last_fraction}: must be in (0, 1], e.g. 0.2")
+
+
+def compare(runs: list[Run], reference: str = "bf16", last: int | None = 1000,
+            last_fraction: float | None = None) -> Comparison:
+    """Every non-reference run against its sibling reference run, over common steps."""
+    check_window(last, last_fraction)
+    notes = assign_labels(runs)
+    refs = select(runs, reference)
+    if not refs:
+        raise BadInput(f"no {reference!r} run among the {len(runs)} given: the gap is relative "
+                       f"to it (pass its run dir, or --reference NAME)")
+    by_model: dict[str, list[Run]] = defaultdict(list)
+    for r in runs:
+        by_model[r.model].append(r)
+    windows = {m: _window(m, rs, last, last_fraction) for m, rs in by_model.items()}
+    notes += [w.note() for w in windows.values() if w.note()]
+    gaps = []
+    for r in runs:
+        if r in refs:
+            continue
+        mine = [x for x in refs if x.sibling == r.sibling]
+        if not mine:
+            raise BadInput(f"{r.source} ({r.model} {r.label} seed {r.seed}) has no {reference!r} "
+                           f"run of the same model, data, seed and batch to compare against "
+                           f"(sibling key {r.sibling}): pass it, or leave this run out")
+        if len(mine) > 1:
+            raise BadInput(f"{r.source} has {len(mine)} {reference!r} runs of the same model, "
+                           f"data and seed: {', '.join(x.source for x in mine)}; pass one")
+        ref, w = mine[0], windows[r.model]
+        series = {s: (r.loss[s] - ref.loss[s]) / ref.loss[s] for s in w.common}
         val = gap_series(r.val_loss, ref.val_loss)
-        rows.append(GapRow(model=r.model, seed=r.seed, recipe=r.recipe,
-                           steps=len(latest_steps(series, last)), last_step=max(series),
-                           loss_gap=mean_latest(series, last),
-                           val_gap=val[max(val)] if val else None, series=series))
-    return rows
-
-
-def markdown_table(rows: list[GapRow], last: int, baseline: str = "e2m1") -> str:
-    """The paper's table: gap in %, and each recipe's reduction of the baseline's gap."""
-    base = {(r.model, r.seed): r.loss_gap for r in rows if r.recipe == baseline}
-    lines = [f"| model | seed | recipe | logged steps in the mean (latest {last}) | loss gap vs bf16 "
-             f"| val-loss gap | gap reduction vs {baseline} |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        b = base.get((r.model, r.seed))
-        red = f"{(b - r.loss_gap) / b:+.1%}" if b and r.recipe != baseline else "-"
-        val = f"{r.val_gap:+.4%}" if r.val_gap is not None else "-"
-        lines.append(f"| {r.model} | {r.seed} | {r.recipe} | {r.steps} (to step {r.last_step}) "
-                     f"| {r.loss_gap:+.4%} | {val} | {red} |")
-    return "\n".join(lines)
+        gaps.append(SeedGap(
+            model=r.model, recipe=r.label, seed=r.seed, run=r, reference=ref,
+            train_gap=sum(series[s] for s in w.steps) / len(w.steps),
+            val_gap=(sum(val[s] for s in w.val_steps) / len(w.val_steps)) if w.val_steps else None,
+            series=series))
+    return Comparison(windows=windows, gaps=gaps, notes=notes)

@@ -1,10 +1,12 @@
-"""Loss gap against tokens, one line per recipe (per model and seed)."""
+"""loss_gap.png: the gap against tokens, one panel per model and one line per recipe: the mean
+over seeds with its pointwise confidence band, and the latest-N window of the table shaded."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from .gap import GapRow
-from .runs import Run
+from .gap import Comparison
+from .stats import t_band
+from .summary import RecipeSummary
 
 
 def _smooth(values: list[float], window: int) -> list[float]:
@@ -18,26 +20,45 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def plot_gaps(rows: list[GapRow], runs: list[Run], path: Path, smooth: int = 1) -> Path:
+def seed_curves(cmp: Comparison, s: RecipeSummary, smooth: int = 1):
+    """x (tokens, or steps where tokens were not logged) and one smoothed gap row per seed,
+    on the model's common steps."""
+    steps = cmp.windows[s.model].common
+    tokens = s.seeds[0].run.tokens
+    x = [tokens.get(st, st) for st in steps]
+    return x, [_smooth([g.series[st] for st in steps], smooth) for g in s.seeds]
+
+
+def plot_gaps(cmp: Comparison, summaries: list[RecipeSummary], path: Path, smooth: int = 1,
+              confidence: float = 0.95) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never needs a display
     import matplotlib.pyplot as plt
 
-    tokens = {(r.model, r.seed, r.recipe): r.tokens for r in runs}
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for row in rows:
-        steps = sorted(row.series)
-        tok = tokens[row.model, row.seed, row.recipe]
-        x = [tok.get(s, s) for s in steps]
-        y = [100 * v for v in _smooth([row.series[s] for s in steps], smooth)]
-        ax.plot(x, y, label=f"{row.recipe} ({row.model}, seed {row.seed})")
-    ax.axhline(0.0, color="gray", lw=0.8)
-    ax.set_xlabel("tokens")
-    smoothed = f", mean of {smooth} steps" if smooth > 1 else ""
-    ax.set_ylabel("(L - L_bf16) / L_bf16  [%]" + smoothed)
-    ax.set_title("BF16-relative training-loss gap")
-    ax.legend()
+    models = list(cmp.windows)
+    fig, axes = plt.subplots(len(models), 1, figsize=(7.5, 3.8 * len(models)), squeeze=False)
+    for ax, model in zip(axes[:, 0], models):
+        w = cmp.windows[model]
+        x_of = {}
+        for s in (s for s in summaries if s.model == model):
+            x, rows = seed_curves(cmp, s, smooth)
+            mean, lo, hi = t_band(rows, confidence)
+            x_of = dict(zip(w.common, x))
+            n = len(s.seeds)
+            line, = ax.plot(x, 100 * mean, label=f"{s.recipe} ({n} seed{'s' * (n > 1)})")
+            if n > 1:
+                ax.fill_between(x, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.2, lw=0)
+        if x_of:
+            ax.axvspan(x_of[w.steps[0]], x_of[w.steps[-1]], color="gray", alpha=0.12,
+                       label=f"mean window: steps {w.first}-{w.last_common}")
+        ax.axhline(0.0, color="gray", lw=0.8)
+        ax.set_xlabel("tokens")
+        smoothed = f", {smooth}-step mean" if smooth > 1 else ""
+        ax.set_ylabel(f"gap vs BF16 [%]{smoothed}")
+        ax.set_title(f"{model}: (L - L_bf16) / L_bf16, mean over seeds, "
+                     f"{confidence:.0%} band")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -56,12 +56,15 @@ def find_run_file(run_dir: str | Path) -> Path:
 
 
 def read_run(path: str | Path) -> dict:
-    """{'name', 'group', 'config', 'history': [ {key: value, ...} per logged step ]}."""
-    out = {"name": None, "group": None, "config": {}, "history": []}
+    """{'name', 'group', 'job_type', 'config', 'history': [ {key: value, ...} per logged step ],
+    'summary': {key: value}, 'metrics': {name or glob: step metric} (from define_metric)}."""
+    out = {"name": None, "group": None, "job_type": None, "config": {}, "history": [],
+           "summary": {}, "metrics": {}}
     for rec in records(path):
         kind = rec.WhichOneof("record_type")
         if kind == "run":
             out["name"], out["group"] = rec.run.display_name, rec.run.run_group
+            out["job_type"] = rec.run.job_type
             for item in rec.run.config.update:
                 out["config"][item.key] = json.loads(item.value_json)
         elif kind == "config":
@@ -73,4 +76,9 @@ def read_run(path: str | Path) -> dict:
                 key = item.key or ".".join(item.nested_key)
                 row[key] = json.loads(item.value_json)
             out["history"].append(row)
+        elif kind == "summary":
+            for item in rec.summary.update:
+                out["summary"][item.key or ".".join(item.nested_key)] = json.loads(item.value_json)
+        elif kind == "metric" and (rec.metric.name or rec.metric.glob_name):
+            out["metrics"][rec.metric.name or rec.metric.glob_name] = rec.metric.step_metric
     return out

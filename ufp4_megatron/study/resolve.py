@@ -7,6 +7,7 @@ the labels compare pairs runs by (model name, recipe name, seed) and the data it
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .grid import RunSpec
 
@@ -18,7 +19,7 @@ class RunInfo:
     recipe: str  # precision.name
     seed: int
     tokens_per_step: int
-    embedded_corpus_bytes: int | None  # data.corpus_max_bytes when the embedded corpus is used
+    embedded_data: Any  # the `data` config when it is the embedded corpus (prefixes empty)
 
 
 def resolve(runs: list[RunSpec]) -> dict[str, RunInfo]:
@@ -43,7 +44,7 @@ def resolve(runs: list[RunSpec]) -> dict[str, RunInfo]:
             out[run.name] = RunInfo(
                 steps=t.steps, model=cfg.model.name, recipe=cfg.precision.name, seed=t.seed,
                 tokens_per_step=t.global_batch * t.seq_len,
-                embedded_corpus_bytes=None if cfg.data.prefixes else cfg.data.corpus_max_bytes)
+                embedded_data=None if cfg.data.prefixes else cfg.data)
     check_distinct_labels(out)
     return out
 

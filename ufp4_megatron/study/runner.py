@@ -20,6 +20,7 @@ same run twice.
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import shutil
@@ -92,23 +93,27 @@ class StudyLock:
 
 
 def prepare_data(study: Path, records: list[dict], infos: dict[str, RunInfo]) -> None:
-    """Tokenizes the embedded corpus once into <study>/data and links it into each run's own
-    data cache: Megatron writes its dataset index files there without locking, so runs of the
-    same seed started at once must not share that directory."""
-    from ..data.indexed import embedded_corpus
+    """Tokenizes the embedded corpus (and trains its BPE) once into <study>/data, then links
+    those files into each run's own data.cache_dir: Megatron writes its dataset index files
+    there without locking, so runs of the same seed started at once must not share it."""
+    from ..data.datasets import _embedded, tokenizer_config  # the trainer's own preparation
 
-    shared: dict[int, Path] = {}
+    shared = Path(study) / "data"
+    done: set[str] = set()
     for r in records:
-        nbytes = infos[r["name"]].embedded_corpus_bytes
-        if nbytes is None:
+        data = infos[r["name"]].embedded_data
+        if data is None:
             continue
-        if nbytes not in shared:
-            shared[nbytes] = Path(embedded_corpus(Path(study) / "data", nbytes))
+        here = dataclasses.replace(data, cache_dir=str(shared))
+        key = repr(here)
+        if key not in done:
+            _embedded(here, tokenizer_config(here))
+            done.add(key)
         own = mf.run_dir(study, r["name"]) / "data"
         own.mkdir(parents=True, exist_ok=True)
-        for ext in (".bin", ".idx"):
-            src, dst = Path(f"{shared[nbytes]}{ext}"), own / f"{shared[nbytes].name}{ext}"
-            if not dst.exists():
+        for src in shared.iterdir():  # the corpus files and BPE files (not Megatron's index/)
+            dst = own / src.name
+            if src.is_file() and not dst.exists():
                 try:
                     os.link(src, dst)
                 except OSError:  # another file system: a copy

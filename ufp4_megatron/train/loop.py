@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from ..data import datasets as data
 from . import checkpoint, distributed, model as model_lib, optim, schedule, wandb_run
+from .live_gap import LiveGap
 from .metrics import MetricsFile, Progress
 from .precision import check_bf16_layers, recipe_from_config
 from .probes import LayerProbes
@@ -69,9 +70,11 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
     n_micro = data.num_micro_batches(t.global_batch, t.micro_batch, env.dp)
     n_evals = t.steps // t.eval_interval + 1 if t.eval_interval else 0
     n_valid = max(1, n_evals * t.eval_iters * t.global_batch)
+    masks = model_lib.needs_attention_mask(cfg)  # only the unfused attention reads one
     train_ds, valid_ds = data.build_datasets(cfg.data, seed=t.seed, seq_len=t.seq_len,
                                              vocab_size=cfg.model.vocab_size,
-                                             n_train=t.steps * t.global_batch, n_valid=n_valid)
+                                             n_train=t.steps * t.global_batch, n_valid=n_valid,
+                                             create_attention_mask=masks)
     extra = {"policy": policy}  # its SR-seed stream
 
     ckpt_dir = Path(cfg.checkpoint.dir or run_dir / "checkpoints")
@@ -81,6 +84,7 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
     is_main = env.rank == 0
     metrics = MetricsFile(run_dir / "metrics.jsonl", start) if is_main else None
     wb = wandb_run.start(cfg, run_dir) if is_main else None
+    live = LiveGap(cfg, run_dir, wb) if wb is not None else None  # gap_vs_bf16, ...
     progress = (Progress(cfg.logging.progress, t.steps, start, cfg.logging.print_interval)
                 if is_main else None)
     probes = None
@@ -121,6 +125,7 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
                 metrics.write(record)
                 if wb is not None:
                     wb.log(record | (probes.stats() if diag_step else {}), step=step)
+                    live.log(record)
             progress.update(record)
         stopping = stop.requested()
         if stopping or (cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or (

@@ -22,6 +22,8 @@ def transformer_config(cfg: Config, dtype: torch.dtype, device: torch.device):
                    moe_shared_expert_intermediate_size=m.moe_shared_expert_size,
                    moe_layer_freq=pattern, moe_aux_loss_coeff=m.moe_aux_loss_coeff,
                    moe_router_load_balancing_type="aux_loss",
+                   # all experts' GEMMs at once (grouped_ops), for every recipe
+                   moe_grouped_gemm=m.moe_grouped_gemm,
                    # alltoall's split sizes stay tensors on gloo; allgather runs everywhere
                    moe_token_dispatcher_type="alltoall" if on_gpu else "allgather")
     return TransformerConfig(
@@ -46,22 +48,35 @@ def transformer_config(cfg: Config, dtype: torch.dtype, device: torch.device):
     )
 
 
-def block_spec(config, policy: UFP4Policy):
-    """Megatron's local GPT spec (dense, or per-layer dense/MoE) rewritten by the plugin: UFP4
-    linears where the policy quantizes, Megatron's own classes elsewhere (all of them in bf16)."""
+def block_spec(config, policy: UFP4Policy, *, attention_backend: str = "sdpa",
+               sdpa_kernels=None, pp_rank: int | None = None):
+    """Megatron's local GPT spec (dense, or per-layer dense/MoE) with the core attention of
+    `attention_backend` (megatron/attention.py; the same for every recipe), rewritten by the
+    plugin: UFP4 linears where the policy quantizes, Megatron's own classes elsewhere.
+    pp_rank: None for this rank's pipeline stage (needs Megatron's parallel state)."""
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_decoder_block_spec,
         get_gpt_layer_local_spec,
     )
 
+    from ..megatron.attention import core_attention_spec, with_core_attention
     from ..megatron.spec import ufp4_block_spec
 
     if config.num_moe_experts:
         base = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
-                                          normalization="RMSNorm")
+                                          normalization="RMSNorm", pp_rank=pp_rank)
     else:
         base = get_gpt_layer_local_spec(normalization="RMSNorm")
-    return ufp4_block_spec(base, config, policy)
+    if attention_backend != "megatron":
+        base = with_core_attention(base, core_attention_spec(
+            attention_backend, tuple(sdpa_kernels) if sdpa_kernels else None))
+    return ufp4_block_spec(base, config, policy, pp_rank=pp_rank)
+
+
+def needs_attention_mask(cfg: Config) -> bool:
+    """Only Megatron's unfused attention reads a materialised [b, 1, s, s] mask: the fused
+    backends are causal by construction, so the data path builds none for them."""
+    return cfg.model.attention_backend == "megatron"
 
 
 def build_model(cfg: Config, recipe: Recipe, dtype: torch.dtype, device: torch.device):
@@ -76,7 +91,9 @@ def build_model(cfg: Config, recipe: Recipe, dtype: torch.dtype, device: torch.d
     config = transformer_config(cfg, dtype, device)
     policy = UFP4Policy(recipe, sr_seed=cfg.train.seed)
     model = GPTModel(
-        config=config, transformer_layer_spec=block_spec(config, policy),
+        config=config,
+        transformer_layer_spec=block_spec(config, policy, attention_backend=m.attention_backend,
+                                          sdpa_kernels=m.sdpa_kernels),
         vocab_size=m.vocab_size, max_sequence_length=m.max_seq_len,
         pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
         share_embeddings_and_output_weights=not m.untie_embeddings,

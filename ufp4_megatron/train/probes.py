@@ -37,7 +37,8 @@ class LayerProbes:
         def fwd(m, inputs, output):
             if self.active:
                 self.captured.setdefault(key, {})["x"] = inputs[0].detach().flatten(0, -2)
-                self.captured[key]["w"] = m.weight.detach()
+                # grouped experts stack [E, N, K]: as [E*N, K] every block stays in one expert
+                self.captured[key]["w"] = m.weight.detach().flatten(0, -2)
 
         def bwd(m, grad_input, grad_output):
             if self.active and grad_output[0] is not None:

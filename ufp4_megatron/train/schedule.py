@@ -21,7 +21,7 @@ def _loss_func(loss_mask: torch.Tensor, output: torch.Tensor):
 
 def forward_step(data_iterator, model):
     b = next(data_iterator)
-    out = model(b["tokens"], b["position_ids"], b["attention_mask"], labels=b["labels"])
+    out = model(b["tokens"], b["position_ids"], b.get("attention_mask"), labels=b["labels"])
     return out, partial(_loss_func, b["loss_mask"])
 
 

@@ -12,6 +12,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from ..data.tokenizers import TokenizerConfig  # `data.tokenizer`; prepare_data builds the same
+
 
 @dataclass(kw_only=True)
 class ModelConfig:
@@ -30,6 +32,10 @@ class ModelConfig:
     untie_embeddings: bool = True  # separate output head (Megatron's default for GPT-3 style)
     init_std: float = 0.02
     cpu_init: Optional[bool] = None  # None: on CPU only; true: TP-layout-invariant weights
+    # core attention, the same for every recipe: sdpa (PyTorch's fused kernels, no mask
+    # tensor), te (TransformerEngine, when installed), megatron (unfused, materialised mask)
+    attention_backend: str = "sdpa"
+    sdpa_kernels: Optional[list[str]] = None  # e.g. [cudnn, flash]; None: PyTorch's choice
     # MoE (num_experts None: dense). Routed experts use moe_ffn_hidden_size, one shared expert
     # of moe_shared_expert_size runs on every token, the first moe_first_dense layers are dense.
     num_experts: Optional[int] = None
@@ -38,6 +44,7 @@ class ModelConfig:
     moe_shared_expert_size: Optional[int] = None
     moe_first_dense: int = 0
     moe_aux_loss_coeff: float = 1e-3
+    moe_grouped_gemm: bool = True  # all experts' GEMMs at once; false: one MLP per expert
 
 
 @dataclass(kw_only=True)
@@ -111,8 +118,14 @@ class DataConfig:
     # tokenized on first use into cache_dir.
     prefixes: list[str] = field(default_factory=list)
     split: str = "98,2,0"
-    cache_dir: str = "data/cache"
+    cache_dir: str = "data/cache"  # the embedded corpus, its BPE, Megatron's index cache
     corpus_max_bytes: int = 8_000_000  # size of the embedded corpus when prefixes is empty
+    # Embedded corpus only: 0 tokenizes it to bytes; N trains a byte-level BPE of N tokens on
+    # it once into cache_dir (data=embedded_bpe; tokenizer: huggingface with path null).
+    corpus_bpe_vocab: int = 0
+    # The tokenizer the data was made with: its EOD/pad ids and vocabulary are checked
+    # against model.vocab_size and the data at start (data/tokenizers.py).
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
 
 
 @dataclass(kw_only=True)

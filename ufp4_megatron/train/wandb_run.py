@@ -41,8 +41,14 @@ def start(cfg: Config, run_dir: Path):
     run_id = (run_dir / "wandb_id.txt")
     if not run_id.exists():
         run_id.write_text(uuid.uuid4().hex[:8])
-    return wandb.init(
+    run = wandb.init(
         project=w.project, entity=w.entity, group=cfg.experiment, name=run_name(cfg),
         id=run_id.read_text().strip(), resume="allow", mode=mode, dir=str(wdir),
         config=dataclasses.asdict(cfg), settings=wandb.Settings(quiet=True),
     )
+    # tokens as the charts' x-axis, so runs of different batch sizes line up (live gaps:
+    # train/live_gap.py defines their own x)
+    run.define_metric("tokens")
+    for key in ("loss", "val_loss", "lr", "grad_norm", "diag/*"):
+        run.define_metric(key, step_metric="tokens")
+    return run

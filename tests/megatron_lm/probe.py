@@ -1,0 +1,284 @@
+"""What Megatron-LM's pretrain_gpt.py does up to its model, on CPU, in one process per call.
+
+    python probe.py routes CASES.json    (cwd / PYTHONPATH: a Megatron-LM root, see conftest)
+    python probe.py validate CASES.json  argument parsing and validation only
+    python probe.py te                   TE-shaped spec rewrite, built into a model
+    python probe.py sr_state             the SR stream in Megatron's checkpoint extra state
+
+`routes` runs, for each case {name, argv, env}, the steps of pretrain_gpt.py's __main__ and of
+pretrain()'s model setup: parse_and_validate_args (with pretrain_gpt.py's args_defaults),
+gpt_config_from_args, pretrain_cfg_container_from_args, then the builder class of the model
+config (GPTModelBuilder) and its build_model, which is what build_distributed_models calls
+per pipeline stage. It reports the stage that failed with its message, or every parallel
+linear of the built model with its class and recipe. Prints one line `PROBE_JSON {...}`.
+
+Test harness only. Two shims, both outside Megatron's code: megatron/training uses
+`typing.override` (Python 3.12), so on 3.11 typing gets typing_extensions' (the same
+function); and the plugin's cpu_compat stands in for CUDA (a no-op on a GPU machine).
+"""
+import contextlib
+import io
+import json
+import os
+import socket
+import sys
+import typing
+import warnings
+
+if sys.version_info < (3, 12):
+    import typing_extensions
+
+    typing.override = typing_extensions.override
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def _init_world() -> None:
+    from megatron.core import parallel_state as ps
+
+    from ufp4_megatron.megatron import enable_cpu_compat
+
+    enable_cpu_compat()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    ps.initialize_model_parallel()
+
+
+def _linears(model) -> dict:
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)) or hasattr(m, "ufp4"):
+            binding = getattr(m, "ufp4", None)
+            out[name] = [type(m).__name__, None if binding is None else binding.recipe.name,
+                         None if binding is None else binding.recipe.describe()]
+    return out
+
+
+def _step(model, seq: int = 32) -> float:
+    """One forward/backward of a tiny GPT on random tokens (explicit causal mask: Megatron's
+    default one is allocated on CUDA)."""
+    tokens = torch.randint(0, 128, (2, seq))
+    mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1)[None, None]
+    loss = model(tokens, torch.arange(seq).expand(2, seq), mask, labels=tokens).float().mean()
+    loss.backward()
+    return loss.item()
+
+
+# ----------------------------------------------------------------------------- routes
+
+
+def routes(cases: list[dict]) -> dict:
+    import megatron.core
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.training.argument_utils import (
+        gpt_config_from_args,
+        pretrain_cfg_container_from_args,
+    )
+    from megatron.training.global_vars import unset_global_variables
+
+    from ufp4_megatron.megatron import seed_model_parallel
+
+    pretrain_gpt = None
+    if os.path.exists("pretrain_gpt.py"):  # a Megatron-LM checkout, not the wheel
+        sys.path.insert(0, os.getcwd())
+        import pretrain_gpt  # noqa: F401  (its imports must work, as on the H200)
+    _init_world()
+    out = {"_meta": {"megatron_core": megatron.core.__version__,
+                     "megatron_core_file": megatron.core.__file__,
+                     "pretrain_gpt": pretrain_gpt is not None}}
+    for case in cases:
+        out[case["name"]] = _route(case, gpt_config_from_args, pretrain_cfg_container_from_args,
+                                   seed_model_parallel, ProcessGroupCollection)
+        unset_global_variables()
+    return out
+
+
+def _route(case, gpt_config_from_args, container_from_args, seed_model_parallel,
+           ProcessGroupCollection) -> dict:
+    """parse_and_validate_args, step by step (to tell parsing from validation errors)."""
+    saved_env = dict(os.environ)
+    os.environ.update(case.get("env", {}))
+    sys.argv = ["pretrain_gpt.py", *case["argv"]]
+    stage, result = "parse", {}
+    try:
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            try:
+                from megatron.training.arguments import parse_args, validate_args
+
+                args = parse_args()
+            except SystemExit as e:
+                return {"stage": "parse", "error": f"SystemExit({e.code}): "
+                        + err.getvalue().strip().splitlines()[-1]}
+            stage = "validate"
+            validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+            from megatron.training.global_vars import set_global_variables
+
+            set_global_variables(args)  # the rest of parse_and_validate_args
+            stage = "config"
+            if case.get("hybrid"):  # pretrain_hybrid.py's config step instead
+                from megatron.training.argument_utils import hybrid_config_from_args
+
+                hybrid_config_from_args(args)
+                return {"stage": "ok"}
+            model_cfg = gpt_config_from_args(args)
+            full = container_from_args(args, model_cfg)
+        result["args"] = {"fp4": args.fp4, "fp4_recipe": args.fp4_recipe,
+                          "ufp4_format": getattr(args, "ufp4_format", None)}
+        result["config_fp4"] = full.model.transformer.fp4
+        spec = full.model.transformer_layer_spec
+        result["spec"] = None if spec is None else getattr(spec, "__name__", None) or repr(spec)
+        if not case.get("build", True):
+            return {"stage": "ok", **result}
+        stage = "build"
+        seed_model_parallel(args.seed)
+        builder = full.model.get_builder_cls()(full.model)
+        model = builder.build_model(ProcessGroupCollection.use_mpu_process_groups())
+        result["builder"] = type(builder).__name__
+        result["linears"] = _linears(model)
+        result["ufp4"] = sum(1 for v in result["linears"].values() if v[1] is not None)
+        return {"stage": "ok", **result}
+    except (ValueError, AssertionError, TypeError, ImportError) as e:
+        return {"stage": stage, "error": f"{type(e).__name__}: {e}", **result}
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+def validate(cases: list[dict]) -> dict:
+    """parse_args + validate_args only, without importing the plugin first (so a case can
+    run with the plugin shadowed on PYTHONPATH)."""
+    from megatron.training.arguments import parse_args, validate_args
+
+    out = {}
+    for case in cases:
+        sys.argv = ["pretrain_gpt.py", *case["argv"]]
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                validate_args(parse_args(), {"tokenizer_type": "GPT2BPETokenizer"})
+            out[case["name"]] = {"stage": "ok"}
+        except ValueError as e:
+            out[case["name"]] = {"stage": "validate", "error": str(e)}
+    return out
+
+
+# ----------------------------------------------------------------------------- te
+
+
+def te() -> dict:
+    """Megatron's TE layer structure built from stand-in classes (te_standins.py), rewritten,
+    built into a GPT, run forward/backward, and its checkpoint keys listed."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer import TransformerConfig
+    from te_standins import TE_CLASSES, te_layer
+
+    from ufp4_megatron.megatron import UFP4Policy, seed_model_parallel
+    from ufp4_megatron.megatron.spec import ufp4_block_spec
+
+    _init_world()
+    out = {}
+    for label, experts in (("dense", None), ("moe", 4)):
+        kw = dict(num_moe_experts=experts, moe_router_topk=2,
+                  moe_token_dispatcher_type="allgather", add_bias_linear=False) if experts else {}
+        config = TransformerConfig(num_layers=3, hidden_size=64, num_attention_heads=4,
+                                   normalization="RMSNorm", use_cpu_initialization=True,
+                                   hidden_dropout=0.0, attention_dropout=0.0, **kw)
+        models = {}
+        for recipe in ("bf16", "ufp4"):
+            # layer 0 stays BF16 (TE's modules), layers 1-2 run the recipe
+            policy = UFP4Policy(recipe, rules={"decoder.layers.0.*": "bf16"})
+            block = ufp4_block_spec(te_layer(experts), config, policy, te=TE_CLASSES)
+            seed_model_parallel(1)
+            model = GPTModel(config=config, transformer_layer_spec=block, vocab_size=128,
+                             max_sequence_length=32)
+            loss = _step(model)
+            sharded = model.sharded_state_dict()
+            models[recipe] = {
+                "linears": _linears(model),
+                "norms": {n: type(m).__name__ for n, m in model.named_modules()
+                          if n.endswith(("input_layernorm", "pre_mlp_layernorm"))},
+                "keys": sorted((v.key, tuple(v.global_shape), tuple(v.global_offset)) for v in
+                               sharded.values() if not v.key.endswith("_extra_state")),
+                "loss": loss,
+            }
+        out[label] = models
+    return out
+
+
+# ----------------------------------------------------------------------------- sr_state
+
+
+def sr_state() -> dict:
+    """The SR stream through Megatron's checkpoint path: sharded_state_dict's ShardedObjects
+    and load_state_dict (what Megatron-LM's load_checkpoint calls after reading them)."""
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.dist_checkpointing.mapping import is_main_replica
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    from ufp4_megatron.megatron import UFP4Policy, seed_model_parallel
+    from ufp4_megatron.megatron.spec import ufp4_block_spec
+
+    _init_world()
+    config = TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
+                               use_cpu_initialization=True, hidden_dropout=0.0,
+                               attention_dropout=0.0)
+
+    def build(recipe):
+        policy = UFP4Policy(recipe, sr_seed=7)
+        spec = ufp4_block_spec(get_gpt_layer_local_spec(), config, policy)
+        seed_model_parallel(1)
+        return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=128,
+                        max_sequence_length=32), policy
+
+    model, policy = build("ufp4")
+    _step(model)
+    _step(model)
+    objects = {k: v for k, v in model.sharded_state_dict().items() if isinstance(v, ShardedObject)}
+    ufp4_objects = {k: v for k, v in objects.items() if isinstance(v.data, dict)}
+    buf = io.BytesIO()
+    torch.save({k: v.data for k, v in ufp4_objects.items()}, buf)
+    buf.seek(0)
+    reloaded = torch.load(buf, weights_only=True)  # how Megatron reads checkpoint objects
+    state = model.state_dict()
+    draws_at_save = policy.seeds.draws
+    after_save = [policy.seeds.draw(1, 2, 3, 0) for _ in range(3)]
+
+    fresh, fresh_policy = build("ufp4")
+    fresh.load_state_dict(state)
+    resumed = [fresh_policy.seeds.draw(1, 2, 3, 0) for _ in range(3)]
+
+    bf16, _ = build("bf16")
+    other, other_policy = build("ufp4")
+    missing = other.load_state_dict(bf16.state_dict(), strict=True)
+    bf16.load_state_dict(state, strict=True)  # a UFP4 checkpoint into Megatron's own linears
+    return {
+        "objects": sorted(objects),
+        "ufp4_objects": {k: {"key": v.key, "main_replica": is_main_replica(v.replica_id),
+                             "draws": v.data["ufp4_sr_seeds"]["draws"]}
+                         for k, v in ufp4_objects.items()},
+        "reloaded_draws": sorted({v["ufp4_sr_seeds"]["draws"] for v in reloaded.values()}),
+        "draws_at_save": draws_at_save,
+        "fresh_draws": fresh_policy.seeds.draws - 3,
+        "after_save": after_save, "resumed": resumed,
+        "bf16_into_ufp4_draws": other_policy.seeds.draws,
+        "bf16_into_ufp4_missing": [list(missing.missing_keys), list(missing.unexpected_keys)],
+    }
+
+
+if __name__ == "__main__":
+    kind = sys.argv[1]
+    if kind in ("routes", "validate"):
+        with open(sys.argv[2]) as f:
+            result = {"routes": routes, "validate": validate}[kind](json.load(f))
+    else:
+        result = {"te": te, "sr_state": sr_state}[kind]()
+    print("PROBE_JSON " + json.dumps(result))

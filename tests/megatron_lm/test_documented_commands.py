@@ -1,0 +1,71 @@
+"""Every documented Megatron-LM command line parses, validates and builds (probe.py), and is
+the one tools/gpu_megatron_lm.sh runs.
+
+- docs/megatron-lm.md: each bash block that runs pretrain_gpt.py is marked for the GPU script
+  (`<!-- megatron-lm-run: NAME CHECKOUT -->`); bash expands it (a recorder stands in for
+  torchrun), and each command builds, on its checkout, the UFP4 linears the GPU script expects.
+- README.md: its Megatron-LM snippets are parts of those commands.
+- the flags the patch declares are the ones the docs' flag table lists.
+"""
+import re
+
+import pytest
+from conftest import PATCHES, ROOT, documented_commands, gpu_megatron_lm
+
+DOC = ROOT / "docs" / "megatron-lm.md"
+COMMANDS = documented_commands()
+
+
+def test_docs_have_every_route_of_the_gpu_script():
+    assert {c["run"] for c in COMMANDS} == set(gpu_megatron_lm.EXPECTED)
+    assert sum(c["run"] == "resume" for c in COMMANDS) == 2  # stop at 20, then resume
+
+
+def test_every_pretrain_gpt_block_is_marked_for_the_gpu_script():
+    text = DOC.read_text()
+    blocks = re.findall(r"(<!-- megatron-lm-run: [^>]*-->\s*\n)?```bash\n(.*?)```", text, re.S)
+    for marker, body in blocks:
+        if "pretrain_gpt.py" in body or "ARGS=(" in body:
+            assert marker, f"unmarked command block in {DOC.name}:\n{body}"
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=[c["name"] for c in COMMANDS])
+def test_documented_command_builds_its_ufp4_linears(cmd, stock_results, patched_results):
+    assert cmd["torchrun"] == ["--standalone", "--nproc-per-node", "1"]
+    results = stock_results if cmd["checkout"] == "stock" else patched_results
+    r = results[cmd["name"]]
+    assert r["stage"] == "ok", r
+    n_ufp4, recipe = gpu_megatron_lm.EXPECTED[cmd["run"]]
+    assert r["ufp4"] == n_ufp4 and len(r["linears"]) == 17
+    assert {v[1] for v in r["linears"].values()} - {None} == ({recipe} if recipe else set())
+
+
+def test_resume_commands_save_and_load_the_same_directory():
+    first, second = [c["argv"] for c in COMMANDS if c["run"] == "resume"]
+    for argv in (first, second):
+        assert argv[argv.index("--save") + 1] == argv[argv.index("--load") + 1]
+    assert first[first.index("--exit-interval") + 1] == "20" and "--exit-interval" not in second
+
+
+def test_readme_snippets_are_parts_of_documented_commands():
+    readme = (ROOT / "README.md").read_text()
+    paragraph = readme[readme.index("Megatron-LM users"):].split("\n\n")[0]
+    snippets = [" ".join(s.split()) for s in re.findall(r"`([^`]+)`", paragraph)]
+    commands = [" ".join([*c["torchrun"], "pretrain_gpt.py", *c["argv"]]) for c in COMMANDS]
+    envs = [" ".join(f"{k}={v}" for k, v in c["env"].items()) for c in COMMANDS]
+    flagged = [s for s in snippets if s.startswith("--") or "=" in s]
+    assert flagged, "the README's Megatron-LM paragraph shows no flags"
+    for s in flagged:
+        assert any(s in c for c in commands + envs), f"README snippet {s!r} is in no command"
+
+
+def test_docs_flag_table_lists_the_patch_flags():
+    declared = set()
+    for patch in PATCHES:
+        declared |= set(re.findall(r"^\+.*add_argument\('(--[a-z0-9-]+)'", patch.read_text(),
+                                   re.M))
+    assert declared == {"--fp4-format", "--fp4-recipe", "--fp4-block", "--fp4-rht",
+                        "--no-fp4-sr-dy"}
+    table = DOC.read_text().split("## Route 2")[1]
+    for flag in declared:
+        assert f"`{flag}" in table

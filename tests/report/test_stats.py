@@ -1,0 +1,114 @@
+"""report/stats.py against hand-computed cases.
+
+    test_t_interval_four_seeds_by_hand     the 95% t-interval of 4 values, worked out below
+    test_t_interval_three_seeds_contains_zero   unresolved: the interval straddles zero
+    test_one_seed_has_no_interval
+    test_fieller_three_pairs_by_hand       a closed form exists when x and y are linear in i
+    test_fieller_bounds_are_where_the_paired_t_test_rejects   the defining property, on data
+    test_fieller_unbounded_when_denominator_unresolved
+    test_bad_input_is_refused
+    test_t_band_is_t_interval_per_column   the plot's band = the table's interval, per step
+"""
+import math
+
+import pytest
+
+from ufp4_megatron.report.stats import fieller_ratio, t_band, t_interval, t_quantile
+
+T975_DF2 = 4.302652729749462  # Student t, 97.5% quantile, 2 dof (tables: 4.303)
+T975_DF3 = 3.182446305283708  # 3 dof (tables: 3.182)
+
+
+def test_t_quantiles_match_tables():
+    assert t_quantile(0.95, 2) == pytest.approx(T975_DF2, abs=1e-9)
+    assert t_quantile(0.95, 3) == pytest.approx(T975_DF3, abs=1e-9)
+    assert t_quantile(0.95, 10**6) == pytest.approx(1.959964, abs=1e-5)  # the normal's
+
+
+def test_t_interval_four_seeds_by_hand():
+    """gaps 1.0, 1.2, 1.4, 1.6 (%): mean 1.3; deviations -.3 -.1 .1 .3, squares sum 0.2,
+    s^2 = 0.2 / 3, s = 0.258199; s / sqrt(4) = 0.129099; half = 3.182446 * 0.129099 = 0.410852;
+    interval [0.889148, 1.710852]: resolved (excludes zero)."""
+    iv = t_interval([1.0, 1.2, 1.4, 1.6])
+    assert iv.mean == pytest.approx(1.3)
+    assert (iv.lo, iv.hi) == pytest.approx((0.889148, 1.710852), abs=1e-6)
+    assert iv.n == 4 and iv.resolved
+
+
+def test_t_interval_three_seeds_contains_zero():
+    """gaps -1, 1, 3: mean 1, s = 2, s / sqrt(3) = 1.154701, half = 4.302653 * 1.154701
+    = 4.968276: [-3.968276, 5.968276], contains zero: not resolved."""
+    iv = t_interval([-1.0, 1.0, 3.0])
+    assert (iv.mean, iv.lo, iv.hi) == pytest.approx((1.0, -3.968276, 5.968276), abs=1e-6)
+    assert not iv.resolved
+
+
+def test_one_seed_has_no_interval():
+    iv = t_interval([0.5])
+    assert (iv.mean, iv.lo, iv.hi, iv.n, iv.resolved) == (0.5, None, None, 1, False)
+    r = fieller_ratio([1.0], [2.0])
+    assert (r.ratio, r.lo, r.hi, r.bounded) == (0.5, None, None, False)
+
+
+def test_fieller_three_pairs_by_hand():
+    """x = 1, 2, 3 and y = 2, 3, 4 (ratio of means 2/3). d_i = x_i - rho y_i is
+    (1 - 2 rho) + (i - 1)(1 - rho): mean 2 - 3 rho, sd |1 - rho|. The paired t-test
+    |2 - 3 rho| sqrt(3) / |1 - rho| = t (t = 4.302653, 2 dof) has, for rho < 1, the roots
+    rho = (t - 2 sqrt 3) / (t - 3 sqrt 3) = 0.838551 / -0.893500 = -0.938502 and
+    rho = (t + 2 sqrt 3) / (t + 3 sqrt 3) = 7.766755 / 9.498805 = 0.817656."""
+    t, s3 = T975_DF2, math.sqrt(3)
+    r = fieller_ratio([1.0, 2.0, 3.0], [2.0, 3.0, 4.0])
+    assert r.ratio == pytest.approx(2 / 3)
+    assert r.lo == pytest.approx((t - 2 * s3) / (t - 3 * s3), abs=1e-9)
+    assert r.hi == pytest.approx((t + 2 * s3) / (t + 3 * s3), abs=1e-9)
+    assert (r.lo, r.hi) == pytest.approx((-0.938502, 0.817656), abs=1e-6)
+    assert r.bounded and r.excludes(1.0) and not r.excludes(0.0)
+
+
+def _paired_t(x, y, rho):
+    d = [u - rho * v for u, v in zip(x, y)]
+    n, m = len(d), sum(d) / len(d)
+    sd = math.sqrt(sum((v - m) ** 2 for v in d) / (n - 1))
+    return abs(m) / (sd / math.sqrt(n))
+
+
+def test_fieller_bounds_are_where_the_paired_t_test_rejects():
+    x = [0.0101, 0.0093, 0.0112, 0.0088, 0.0097, 0.0105]  # e.g. UFP4's gaps over 6 seeds
+    y = [0.0128, 0.0119, 0.0131, 0.0120, 0.0117, 0.0133]  # E2M1's on the same seeds
+    r = fieller_ratio(x, y)
+    crit = t_quantile(0.95, 5)
+    assert _paired_t(x, y, r.lo) == pytest.approx(crit, rel=1e-9)
+    assert _paired_t(x, y, r.hi) == pytest.approx(crit, rel=1e-9)
+    for inside in (r.ratio, (r.lo + r.ratio) / 2, (r.hi + r.ratio) / 2):
+        assert _paired_t(x, y, inside) < crit
+    for outside in (r.lo - 0.01, r.hi + 0.01):
+        assert _paired_t(x, y, outside) > crit
+
+
+def test_fieller_unbounded_when_denominator_unresolved():
+    y = [-1.0, 1.0, 3.0]  # its t-interval contains zero (see above)
+    assert not t_interval(y).resolved
+    r = fieller_ratio([1.0, 2.0, 3.0], y)
+    assert r.ratio == pytest.approx(2.0) and not r.bounded and not r.excludes(1.0)
+
+
+@pytest.mark.parametrize("args, match", [
+    (([1.0], [1.0, 2.0]), "pairs needed"),
+    (([], []), "no values"),
+    (([1.0, float("nan")], [1.0, 2.0]), "non-finite"),
+])
+def test_bad_input_is_refused(args, match):
+    with pytest.raises(ValueError, match=match):
+        fieller_ratio(*args)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        t_interval([1.0, 2.0], confidence=95)
+
+
+def test_t_band_is_t_interval_per_column():
+    rows = [[1.0, -1.0, 0.5], [1.2, 1.0, 0.5], [1.4, 3.0, 0.5], [1.6, 2.0, 0.5]]
+    mean, lo, hi = t_band(rows)
+    for j in range(3):
+        iv = t_interval([r[j] for r in rows])
+        assert (mean[j], lo[j], hi[j]) == pytest.approx((iv.mean, iv.lo, iv.hi))
+    one = t_band([[0.1, 0.2]])
+    assert list(one[1]) == list(one[2]) == [0.1, 0.2]

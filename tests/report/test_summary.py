@@ -1,0 +1,102 @@
+"""Over seeds: intervals, the ratio to E2M1 paired by seed, the words in the table, the JSON.
+
+Each run's loss is 2 (1 + g) against a BF16 loss of 2, so its gap is exactly g; the per-seed
+gaps below are the hand-computed cases of test_stats.py.
+
+    test_intervals_and_ratio_paired_by_seed   x = 1,2,3 %, y = 2,3,4 %: Fieller [-0.9385, 0.8177]
+    test_unresolved_is_said_in_words           an interval with zero, an unbounded ratio
+    test_one_seed_says_no_interval
+    test_json_is_strict_and_complete           no NaN; per-seed values, n, CI, run ids
+    test_baseline_with_two_settings_gives_no_ratio
+"""
+import json
+
+import pytest
+
+from ufp4_megatron.report.gap import compare
+from ufp4_megatron.report.runs import Run
+from ufp4_megatron.report.summary import summarize, to_json
+from ufp4_megatron.report.table import markdown
+
+
+def mk(recipe, gap, seed, **precision):
+    return Run(source=f"{recipe}-s{seed}", model="tiny", recipe=recipe, seed=seed,
+               loss={1: 2 * (1 + gap), 2: 2 * (1 + gap)}, tokens={1: 64, 2: 128},
+               config={"model": {"name": "tiny"}, "precision": {"name": recipe, **precision},
+                       "train": {"seed": seed}})
+
+
+def study(gaps: dict[str, list[float]]):
+    runs = [mk("bf16", 0.0, s + 1) for s in range(len(next(iter(gaps.values()))))]
+    runs += [mk(recipe, g, s + 1) for recipe, gs in gaps.items() for s, g in enumerate(gs)]
+    cmp = compare(runs, last=2)
+    summaries, notes = summarize(cmp)
+    table = markdown(cmp, summaries, reference="bf16", baseline="e2m1", confidence=0.95,
+                     window_text="the latest 2 steps", notes=cmp.notes + notes)
+    return cmp, summaries, table
+
+
+def row(table, recipe):
+    return next(line for line in table.splitlines() if line.startswith(f"| tiny | {recipe} | "))
+
+
+def test_intervals_and_ratio_paired_by_seed():
+    _, summaries, table = study({"e2m1": [0.02, 0.03, 0.04], "ufp4": [0.01, 0.02, 0.03]})
+    e2m1, ufp4 = summaries
+    assert (e2m1.recipe, ufp4.recipe) == ("e2m1", "ufp4")
+    assert (ufp4.train.mean, ufp4.train.lo, ufp4.train.hi) == pytest.approx(
+        (0.02, 0.02 - 0.024841377, 0.02 + 0.024841377))  # 4.302653 * 0.01 / sqrt(3)
+    r = ufp4.vs_baseline
+    assert (r.ratio, r.lo, r.hi, r.n) == pytest.approx((2 / 3, -0.938502, 0.817656, 3), abs=1e-6)
+    assert ufp4.reduction_resolved and e2m1.vs_baseline is None
+    assert "+33.3% [+18.2%, +193.9%]" in row(table, "ufp4")  # 1 - ratio, resolved
+    assert "not resolved at this size: +2.000% [-0.484%, +4.484%]" in row(table, "ufp4")
+    assert "+3.000% [+0.516%, +5.484%]" in row(table, "e2m1")  # resolved: no words
+    assert "(baseline)" in row(table, "e2m1")
+
+
+def test_unresolved_is_said_in_words():
+    _, summaries, table = study({"e2m1": [-0.01, 0.01, 0.03], "ufp4": [0.01, 0.02, 0.03]})
+    ufp4 = summaries[1]
+    assert not ufp4.vs_baseline.bounded and not ufp4.reduction_resolved
+    assert ("not resolved at this size: -100.0% [unbounded: e2m1's own gap is not resolved]"
+            in row(table, "ufp4"))
+    _, _, table = study({"e2m1": [0.02, 0.03, 0.04], "ufp4": [0.03, 0.02, 0.045]})
+    assert "not resolved at this size: " in row(table, "ufp4").split("|")[6]
+
+
+def test_one_seed_says_no_interval():
+    _, summaries, table = study({"e2m1": [0.02], "ufp4": [0.01]})
+    assert "+1.000% (1 seed: no interval)" in row(table, "ufp4")
+    assert ("not resolved at this size (1 seed: no interval; point value +50.0%)"
+            in row(table, "ufp4"))
+    assert summaries[1].train.lo is None and not summaries[1].reduction_resolved
+
+
+def test_json_is_strict_and_complete():
+    cmp, summaries, _ = study({"e2m1": [0.02, 0.03, 0.04], "ufp4": [0.01, 0.02, 0.03]})
+    data = to_json(cmp, summaries, reference="bf16", baseline="e2m1", confidence=0.95,
+                   last=2, last_fraction=None, notes=[])
+    data = json.loads(json.dumps(data, allow_nan=False))
+    assert data["schema_version"] == 1 and data["window"] == {"last": 2, "last_fraction": None}
+    assert data["models"] == [{"model": "tiny", "last_common_step": 2, "window_first_step": 1,
+                               "window_logged_steps": 2, "val_steps": [], "cut_runs": []}]
+    ufp4 = next(r for r in data["recipes"] if r["recipe"] == "ufp4")
+    assert ufp4["n_seeds"] == 3 and ufp4["seeds"] == [1, 2, 3]
+    assert [p["train_gap"] for p in ufp4["per_seed"]] == pytest.approx([0.01, 0.02, 0.03])
+    assert [p["baseline_train_gap"] for p in ufp4["per_seed"]] == pytest.approx([0.02, 0.03, 0.04])
+    assert ufp4["per_seed"][0]["reference_source"] == "bf16-s1"
+    assert ufp4["train_gap"]["resolved"] is False and ufp4["val_gap"] is None
+    v = ufp4["vs_baseline"]
+    assert v["reduction"] == pytest.approx(1 / 3)
+    assert (v["reduction_lo"], v["reduction_hi"]) == pytest.approx((1 - 0.817656, 1 + 0.938502),
+                                                                   abs=1e-6)
+    assert v["resolved"] is True and v["n_pairs"] == 3 and v["baseline"] == "e2m1"
+
+
+def test_baseline_with_two_settings_gives_no_ratio():
+    runs = [mk("bf16", 0.0, 1), mk("ufp4", 0.01, 1), mk("e2m1", 0.02, 1, rht=True),
+            mk("e2m1", 0.03, 1, rht=False)]
+    summaries, notes = summarize(compare(runs, last=2))
+    assert all(s.vs_baseline is None for s in summaries)
+    assert any("baseline 'e2m1' names 2 settings" in n for n in notes)

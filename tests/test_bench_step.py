@@ -1,0 +1,87 @@
+"""The step benchmark's bookkeeping (ufp4_megatron/bench/step.py), on CPU.
+
+- model FLOPs per token follow PaLM's 6 N + 12 L d s, with N the multiplied parameters (the
+  input embedding lookup and norms left out, top-k experts only);
+- a real trainer subprocess (tiny, 3 steps, checkpoint at the end): its metrics, median step
+  time and checkpoint come back as a row; a run that fails comes back as a row that says so;
+- out-of-memory output is reported as OOM; rows that did not run still render in the table;
+  ratios are taken to the BF16 row of the same shape.
+"""
+import sys
+
+from ufp4_megatron.bench import step
+
+
+def test_model_flops_small_by_hand():
+    flops, total = step.model_flops(step.SHAPES["small"])
+    h, L, f, v, s = 768, 12, 2048, 50304, 2048
+    n = L * (h * 3 * h + h * h + 3 * h * f) + v * h  # qkv, proj, SwiGLU MLP, tied LM head
+    assert flops == 6 * n + 12 * L * h * s
+    assert total == 123_587_328  # describe model=small
+
+
+def test_model_flops_moe_counts_only_routed_top_k():
+    flops, total = step.model_flops(step.SHAPES["moe_7p9b"])
+    h, L, d, v, s = 2048, 4, 128, 128256, 4096
+    attn = h * d * (16 + 2 * 4) + 16 * d * h
+    moe = 4 * 3 * h * 896 + 3 * h * 1024 + h * 64  # top-4 routed, shared expert, router
+    assert flops == 6 * (L * (attn + moe) + v * h) + 12 * L * 16 * d * s
+    assert total > 6 * (L * (attn + moe) + v * h) / 6  # all 64 experts are in the total
+
+
+def test_trainer_run_becomes_a_row(tmp_path):
+    overrides = ["model=tiny", "precision=ufp4", "train.steps=3", "train.seq_len=64",
+                 "train.global_batch=2", "train.micro_batch=2", "checkpoint.save_at_end=true",
+                 f"data.cache_dir={tmp_path / 'data'}", "train.device=cpu"]
+    run = step.run_trainer("tiny", overrides, runs=tmp_path, log=tmp_path / "step.log",
+                           timeout=600)
+    assert step._status(run) == "ok", run["tail"]
+    assert [m["step"] for m in run["metrics"]] == [1, 2, 3]
+    assert step._steady(run["metrics"], "step_time", 1) > 0
+    assert step._checkpoint(run["run_dir"], "end").startswith("end: saved")
+    failed = step.run_trainer("bad", ["model=tiny", "precision=fp3"], runs=tmp_path,
+                              log=tmp_path / "step.log", timeout=120)
+    assert failed["rc"] != 0 and failed["metrics"] == []
+    assert step._status(failed).startswith("failed")
+    assert "===== bad" in (tmp_path / "step.log").read_text()
+
+
+def test_oom_and_missing_rows_render():
+    oom = {"rc": 1, "tail": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate",
+           "metrics": []}
+    assert step._status(oom) == "OOM"
+    assert step._status({"rc": 124, "tail": "", "metrics": []}) == "timeout"
+    done = {"rc": 1, "tail": "CheckpointingException", "metrics": [{}] * 12}
+    assert step._status(done, 12) == "steps ok, then failed (rc=1)"
+    rows = [dict(model="small", recipe="bf16", status="ok", steps=12, step_ms=100.0, tokens_per_s=1.0,
+                 mfu=0.3, peak_mem_gib=10.0, checkpoint="end: saved 1.0 GiB", final_loss=5.0),
+            dict(model="small", recipe="ufp4", status="ok", steps=12, step_ms=110.0, tokens_per_s=1.0,
+                 mfu=0.27, peak_mem_gib=10.5, checkpoint="end: saved 1.0 GiB", final_loss=5.1),
+            dict(model="small", recipe="nvfp4", status="OOM", steps=0, step_ms=float("nan"),
+                 tokens_per_s=float("nan"), mfu=float("nan"), peak_mem_gib=float("nan"),
+                 checkpoint="end: not written", final_loss=None),
+            dict(model="moe_124b", recipe="bf16", status="not run (time budget)")]
+    step._add_ratios(rows)
+    assert abs(rows[1]["x_bf16"] - 1.1) < 1e-12 and abs(rows[1]["mem_x_bf16"] - 1.05) < 1e-12
+    text = step.table(rows)
+    assert text.count("\n") == len(rows) + 1
+    assert "| small | ufp4 | ok | 110.0 | 1.100 |" in text
+    assert "| small | nvfp4 | OOM |" in text and "not run (time budget)" in text
+
+
+def test_bench_cli_names_what_is_wrong():
+    import subprocess
+
+    import torch
+
+    def run(*args):
+        res = subprocess.run([sys.executable, "-m", "ufp4_megatron.bench", *args],
+                             capture_output=True, text=True)
+        assert res.returncode != 0
+        return res.stderr.strip().splitlines()[-1]
+
+    assert run("--suite", "steps").startswith("unknown suite(s) ['steps']; valid:")
+    assert "unknown model(s) ['moe_1t']; valid: small, dense_1p5b" in run("--models", "moe_1t")
+    assert "unknown recipe(s) ['fp3']" in run("--suite", "step", "--recipes", "bf16,fp3")
+    if not torch.cuda.is_available():
+        assert run("--suite", "step") == "the benchmarks need a CUDA device"

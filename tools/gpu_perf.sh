@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One device call on one H200, about 8 minutes: GPU tests of the grouped experts and the fused
+# attention, the step table (bf16 / ufp4 / e2m1 / ufp4_int4 / nvfp4 at small, dense_1p5b,
+# moe_7p9b x4 layers, moe_124b x1 layer), and profiles of one ufp4 moe_7p9b and one ufp4
+# dense_1p5b step. Writes under $OUT (at most 8 files) and prints the step table last.
+#   source tools/gpu_setup.sh && bash tools/gpu_perf.sh          (needs wheelhouse/ carried)
+#   PERF_BUDGET=480 PERF_MODELS=small,moe_7p9b PERF_RECIPES=bf16,ufp4 bash tools/gpu_perf.sh
+# A failing or out-of-memory run costs its own row only; rows the budget leaves out are listed
+# as "not run (time budget)"; rerun with PERF_MODELS / PERF_RECIPES for them.
+set -uo pipefail
+export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache} OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+budget=${PERF_BUDGET:-470}
+t0=$(date +%s)
+left() { echo $(( budget - ($(date +%s) - t0) )); }
+
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,memory.total --format=csv \
+  > "$OUT/gpu.txt" 2>&1
+df -h /tmp >> "$OUT/gpu.txt" 2>&1
+
+# 1. exactness on the GPU (~1-2 min with kernel compiles): grouped QDQ launches vs the
+#    per-expert twin bitwise, torch._grouped_mm vs cuBLAS, SDPA kernels vs Megatron attention
+timeout 150 python3 -m pytest -q -p no:cacheprovider -s \
+  tests/kernels/test_grouped_ops_triton.py tests/megatron/test_attention_gpu.py \
+  > "$OUT/tests.log" 2>&1
+grep -A8 "attention fwd+bwd" "$OUT/tests.log"; tail -3 "$OUT/tests.log"
+
+# 2. the step table (leaves ~80 s for the profiles)
+step_budget=$(( $(left) - 80 ))
+timeout $(( step_budget + 30 )) python3 -m ufp4_megatron.bench --suite step \
+  --models "${PERF_MODELS:-small,dense_1p5b,moe_7p9b,moe_124b}" \
+  --recipes "${PERF_RECIPES:-bf16,ufp4,e2m1,ufp4_int4,nvfp4}" \
+  --deadline "$step_budget" --json "$OUT/step.json" --out "$OUT/step.md" \
+  >> "$OUT/step.log" 2>&1
+echo "step suite rc=$? ($(( $(date +%s) - t0 )) s elapsed)"
+
+# 3. where a step's time goes (one process per profile; each ~30-40 s)
+for mr in moe_7p9b:ufp4 dense_1p5b:ufp4; do
+  rem=$(left)
+  if (( rem < 25 )); then echo "profile $mr: skipped (time budget)" >> "$OUT/profile.md"; continue; fi
+  out=$(timeout "$rem" python3 -m ufp4_megatron.bench --suite profile --model "${mr%%:*}" \
+    --recipe "${mr##*:}" 2>&1); rc=$?
+  fence='```'
+  if (( rc == 0 )); then sed -n '/^### Profile/,$p' <<< "$out" >> "$OUT/profile.md"
+  else printf '### Profile %s: failed (rc=%s)\n%s\n%s\n%s\n' "$mr" "$rc" "$fence" \
+         "$(tail -20 <<< "$out")" "$fence" >> "$OUT/profile.md"; fi
+done
+head -c 20000 "$OUT/profile.md"
+
+echo "total $(( $(date +%s) - t0 )) s"
+cat "$OUT/step.md" 2>/dev/null || tail -30 "$OUT/step.log"

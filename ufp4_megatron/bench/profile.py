@@ -1,0 +1,102 @@
+"""Where a training step's GPU time goes: torch.profiler over one steady step.
+
+    python -m ufp4_megatron.bench --suite profile --model moe_7p9b --recipe ufp4
+
+Builds the trainer's own model, optimizer and data (train.model, train.optim, data.datasets,
+train.schedule: the step the trainer runs), runs `warmup` steps, profiles one step, and
+prints GPU time per kernel family (GEMM, grouped GEMM, QDQ, attention, optimizer, other)
+and the top kernels. GPU time is kernel time: idle gaps (host-bound stretches) show as the
+difference between the step's wall time and the sum.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+
+# kernel name fragments -> family (first match wins)
+FAMILIES = (
+    ("grouped GEMM (CUTLASS)", ("cutlass", "grouped")),
+    ("GEMM (cuBLAS)", ("gemm", "nvjet", "xmma", "cublas")),
+    ("QDQ (Triton)", ("_row16_kernel", "_col16_kernel", "_qdq_kernel")),
+    ("attention", ("flash", "fmha", "sdpa", "attention", "cudnn")),
+    ("optimizer", ("multi_tensor", "adam")),
+    ("copies and casts", ("copy", "cast", "fill", "memcpy", "memset", "cat", "index")),
+)
+
+
+def _family(name: str) -> str:
+    low = name.lower()
+    for fam, keys in FAMILIES:
+        if any(k in low for k in keys):
+            return fam
+    return "other (elementwise, norms, softmax, routing)"
+
+
+def _device_us(evt) -> float:
+    for attr in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(evt, attr):
+            return float(getattr(evt, attr))
+    return 0.0
+
+
+def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 15) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..data import datasets as data
+    from ..describe import load_config
+    from ..train import distributed, optim, schedule
+    from ..train import model as model_lib
+    from ..train.precision import recipe_from_config
+
+    cfg = load_config(overrides)
+    t = cfg.train
+    device = torch.device("cuda")
+    env = distributed.init(cfg.parallel, device, t.seed)
+    model, _ = model_lib.build_model(cfg, recipe_from_config(cfg.precision), torch.bfloat16,
+                                     device)
+    opt = optim.build_optimizer(model, cfg, device)
+    train_model = getattr(opt, "model", model)
+    train_ds, _ = data.build_datasets(
+        cfg.data, seed=t.seed, seq_len=t.seq_len, vocab_size=cfg.model.vocab_size,
+        n_train=(warmup + 1) * t.global_batch, n_valid=1,
+        create_attention_mask=model_lib.needs_attention_mask(cfg))
+    n_micro = data.num_micro_batches(t.global_batch, t.micro_batch, env.dp)
+
+    def step(i: int) -> None:
+        opt.zero_grad()
+        batches = data.micro_batches(train_ds, i, global_batch=t.global_batch,
+                                     micro_batch=t.micro_batch, dp=env.dp, dp_rank=env.dp_rank,
+                                     device=device)
+        schedule.forward_backward(train_model, batches, n_micro=n_micro, seq_len=t.seq_len,
+                                  micro_batch=t.micro_batch, forward_only=False)
+        opt.step()
+
+    for i in range(warmup):
+        step(i)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        step(warmup)
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    kernels = [(e.key, _device_us(e), e.count) for e in prof.key_averages()
+               if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
+               and _device_us(e) > 0]
+    total_ms = sum(us for _, us, _ in kernels) / 1e3
+    families = defaultdict(float)
+    for name, us, _ in kernels:
+        families[_family(name)] += us / 1e3
+    lines = [f"profile {' '.join(overrides)}: step wall {wall_ms:.1f} ms, GPU kernel time "
+             f"{total_ms:.1f} ms ({100 * total_ms / wall_ms:.0f}% of wall; the rest is the GPU "
+             f"waiting for the host), peak memory {torch.cuda.max_memory_allocated() / 2**30:.2f} "
+             "GiB", "", "| kernel family | ms | % of kernel time |", "| --- | ---: | ---: |"]
+    for fam, ms in sorted(families.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {fam} | {ms:.2f} | {100 * ms / total_ms:.1f}% |")
+    lines += ["", f"| top {top} kernels | calls | ms | % |", "| --- | ---: | ---: | ---: |"]
+    for name, us, count in sorted(kernels, key=lambda k: -k[1])[:top]:
+        short = name if len(name) < 90 else name[:87] + "..."
+        lines.append(f"| `{short}` | {count} | {us / 1e3:.2f} | {100 * us / 1e3 / total_ms:.1f}% |")
+    distributed.shutdown()
+    return "\n".join(lines)

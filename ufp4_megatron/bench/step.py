@@ -1,0 +1,232 @@
+"""Step table: full training steps through the real trainer, every recipe side by side.
+
+    python -m ufp4_megatron.bench --suite step [--models small,dense_1p5b] [--recipes bf16,ufp4]
+
+Each (shape, recipe) is one `python -m ufp4_megatron.train` subprocess with a timeout, so a
+failing or out-of-memory configuration costs its own row only. Per row: the median step time
+of the steady steps (metrics.jsonl, steps after `skip`), its ratio to the BF16 row of the same
+shape (same run), tokens/s, MFU against the BF16 GEMM rate measured in this process at the
+start, peak allocated memory and its ratio to BF16, the checkpoint written at the end of the
+run (outside the timed steps) and the last loss.
+
+Model FLOPs per token (PaLM's convention, Chowdhery et al. 2022, App. B): 6 N + 12 L d s, with
+N the parameters a token multiplies with (attention and MLP linears, the routed experts it is
+sent to, shared experts, router, LM head; not the embedding lookup or norms), L layers,
+d = heads x head dim and s the sequence length (attention counted over the full s x s square,
+as PaLM does; a causal kernel does half of that work).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1",
+       "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+       "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    overrides: tuple[str, ...]  # model selection (and a reduced layer count)
+    seq_len: int
+    micro_batch: int
+
+
+SHAPES = {
+    "small": Shape(("model=small",), 2048, 8),
+    "dense_1p5b": Shape(("model=dense_1p5b",), 4096, 1),
+    "moe_7p9b": Shape(("model=moe_7p9b", "model.num_layers=4"), 4096, 1),
+    # 1 of 40 layers (3.0B routed-expert parameters) + embeddings: 4.1B parameters, ~75 GiB
+    # of weights, grads and Adam state on one H200
+    "moe_124b": Shape(("model=moe_124b", "model.num_layers=1"), 4096, 1),
+}
+RECIPES = ("bf16", "ufp4", "e2m1", "ufp4_int4", "nvfp4")  # bf16 and ufp4 first: the targets
+CKPT_BYTES_PER_PARAM = 14  # bf16 weights + fp32 master weights + two Adam moments
+
+
+def run_trainer(name: str, overrides: list[str], *, runs: Path, log: Path, nproc: int = 1,
+                timeout: int = 240) -> dict:
+    """One trainer run in a subprocess; its metrics rows, return code and output tail."""
+    run_dir = runs / name
+    cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}"] if nproc > 1 else [sys.executable])
+    cmd += ["-m", "ufp4_megatron.train", f"hydra.run.dir={run_dir}", "experiment=gpu",
+            "logging.wandb.mode=disabled", "logging.print_interval=5", *overrides]
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
+        rc, out = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc = 124
+        out = "".join(s.decode(errors="replace") if isinstance(s, bytes) else (s or "")
+                      for s in (e.stdout, e.stderr))
+    wall = time.time() - t0
+    with open(log, "a") as f:
+        f.write(f"\n===== {name} (rc={rc}, {wall:.0f}s): {' '.join(cmd)}\n{out[-6000:]}\n")
+    rows = []
+    mpath = run_dir / "metrics.jsonl"
+    if mpath.exists():
+        rows = [json.loads(line) for line in mpath.read_text().splitlines() if line.strip()]
+    print(f"[{name}] rc={rc} steps={len(rows)} wall={wall:.0f}s", flush=True)
+    with open(log.with_suffix(".jsonl"), "a") as f:  # survives a suite killed by its timeout
+        f.write(json.dumps({"name": name, "rc": rc, "losses": [m["loss"] for m in rows],
+                            "step_time": [m.get("step_time") for m in rows],
+                            "mem_gib": [m.get("mem_gib") for m in rows]}) + "\n")
+    return {"name": name, "rc": rc, "metrics": rows, "wall_s": wall, "run_dir": run_dir,
+            "tail": out[-3000:]}
+
+
+def gemm_tflops(n: int = 8192) -> float:
+    """BF16 GEMM rate of this GPU now: median of 10 timed n^3 products."""
+    import torch
+
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    times = []
+    for _ in range(10):
+        ev[0].record()
+        a @ b
+        ev[1].record()
+        torch.cuda.synchronize()
+        times.append(ev[0].elapsed_time(ev[1]))
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * n ** 3 / (statistics.median(times) * 1e-3) / 1e12
+
+
+def model_flops(shape: Shape) -> tuple[float, int]:
+    """(training FLOPs per token, total parameters) from the composed config alone."""
+    from ..describe import count_params, load_config
+
+    m = load_config(list(shape.overrides)).model
+    c = count_params(m)
+    h, d = m.hidden_size, (m.kv_channels or m.hidden_size // m.num_attention_heads)
+    lookup = m.vocab_size * h if m.untie_embeddings else 0  # the input embedding is a gather
+    norms = h * (2 * m.num_layers + 1)
+    n_matmul = c.active - lookup - norms
+    attention = 12 * m.num_layers * m.num_attention_heads * d * shape.seq_len
+    return 6 * n_matmul + attention, c.total
+
+
+def _status(run: dict, steps: int | None = None) -> str:
+    if run["rc"] == 0:
+        return "ok"
+    if "out of memory" in run["tail"].lower() or "OutOfMemoryError" in run["tail"]:
+        return "OOM"
+    if steps is not None and len(run["metrics"]) == steps:  # e.g. the final checkpoint failed
+        return f"steps ok, then failed (rc={run['rc']})"
+    return "timeout" if run["rc"] == 124 else f"failed (rc={run['rc']})"
+
+
+def _steady(rows: list[dict], key: str, skip: int) -> float:
+    vals = [r[key] for r in rows if r["step"] > skip and r.get(key) is not None]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def _checkpoint(run_dir: Path, planned: str) -> str:
+    if planned != "end":
+        return planned
+    ckpt = run_dir / "checkpoints"
+    if not (ckpt / "latest").exists():
+        return "end: not written"
+    size = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
+    return f"end: saved {size / 2**30:.1f} GiB"
+
+
+def run_suite(out: Path, *, models=tuple(SHAPES), recipes=RECIPES, steps: int = 12,
+              skip: int = 4, checkpoint: str = "end", deadline_s: float | None = None,
+              timeout: int = 240, extra: tuple[str, ...] = (), log=print) -> list[dict]:
+    """Rows of the step table; a row for every (shape, recipe), run or not."""
+    runs = Path(os.environ.get("RUNS_DIR", "/tmp/ufp4-bench-runs"))
+    runs.mkdir(parents=True, exist_ok=True)
+    logfile = out / "step.log"
+    t_end = time.time() + deadline_s if deadline_s else None
+    peak = gemm_tflops()
+    log(f"BF16 GEMM rate measured now: {peak:.0f} TFLOP/s (8192^3, median of 10)")
+    rows = []
+    flops = {m: model_flops(SHAPES[m]) for m in models}
+    # BF16 and UFP4 of every shape first (the targets), then the other recipes: a deadline
+    # cuts the least important rows
+    first = [r for r in recipes if r in ("bf16", "ufp4")]
+    order = [(m, r) for tier in (first, [r for r in recipes if r not in first])
+             for m in models for r in tier]
+    for model, recipe in order:
+        shape = SHAPES[model]
+        model_flops_per_token, n_params = flops[model]
+        tokens = shape.seq_len * shape.micro_batch
+        row = dict(model=model, recipe=recipe, seq_len=shape.seq_len,
+                   micro_batch=shape.micro_batch, params=n_params, tflops_peak=peak)
+        left = t_end - time.time() if t_end else timeout
+        if left < 30:
+            rows.append(row | dict(status="not run (time budget)"))
+            continue
+        plan = checkpoint
+        if checkpoint == "end":
+            need = CKPT_BYTES_PER_PARAM * n_params
+            free = shutil.disk_usage(runs).free
+            if need > 0.8 * free:
+                plan = f"off: needs ~{need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"
+        overrides = [*shape.overrides, f"precision={recipe}", f"train.steps={steps}",
+                     f"train.seq_len={shape.seq_len}",
+                     f"train.micro_batch={shape.micro_batch}",
+                     f"train.global_batch={shape.micro_batch}", "optim.warmup_steps=2",
+                     f"checkpoint.save_at_end={'true' if plan == 'end' else 'false'}",
+                     "checkpoint.resume=false", "checkpoint.keep=1",
+                     f"data.cache_dir={runs / 'data'}", *extra]
+        name = f"step-{model}-{recipe}"
+        shutil.rmtree(runs / name, ignore_errors=True)
+        run = run_trainer(name, overrides, runs=runs, log=logfile,
+                          timeout=int(min(timeout, left)))
+        metrics = run["metrics"]
+        st = _steady(metrics, "step_time", skip)
+        row |= dict(status=_status(run, steps), steps=len(metrics), step_ms=st * 1e3,
+                    tokens_per_s=tokens / st,
+                    mfu=model_flops_per_token * tokens / st / (peak * 1e12),
+                    peak_mem_gib=max((m.get("mem_gib", float("nan")) for m in metrics),
+                                     default=float("nan")),
+                    checkpoint=_checkpoint(run["run_dir"], plan), wall_s=run["wall_s"],
+                    final_loss=metrics[-1]["loss"] if metrics else None)
+        if run["rc"] != 0:
+            row["error"] = run["tail"].strip().splitlines()[-1][:300] if run["tail"] else ""
+        shutil.rmtree(runs / name, ignore_errors=True)  # checkpoints are large
+        rows.append(row)
+        log(json.dumps({k: v for k, v in row.items() if k != "error"}, default=str))
+    _add_ratios(rows)
+    rows.sort(key=lambda r: (list(models).index(r["model"]), list(recipes).index(r["recipe"])))
+    return rows
+
+
+def _add_ratios(rows: list[dict]) -> None:
+    base = {r["model"]: r for r in rows
+            if r["recipe"] == "bf16" and r.get("steps", 0) > 0 and "step_ms" in r}
+    for r in rows:
+        b = base.get(r["model"])
+        if b is not None and "step_ms" in r:
+            r["x_bf16"] = r["step_ms"] / b["step_ms"]
+            r["mem_x_bf16"] = r["peak_mem_gib"] / b["peak_mem_gib"]
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| shape | recipe | status | step (ms) | x BF16 | tokens/s | MFU | peak mem (GiB) "
+           "| x BF16 | checkpoint | loss @ last |",
+           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+    for r in rows:
+        if "step_ms" not in r:
+            out.append(f"| {r['model']} | {r['recipe']} | {r['status']} | | | | | | | | |")
+            continue
+        f = lambda k, fmt: format(r[k], fmt) if r.get(k) is not None else "-"  # noqa: E731
+        out.append(f"| {r['model']} | {r['recipe']} | {r['status']} | {f('step_ms', '.1f')} | "
+                   f"{f('x_bf16', '.3f')} | {f('tokens_per_s', ',.0f')} | {f('mfu', '.1%')} | "
+                   f"{f('peak_mem_gib', '.2f')} | {f('mem_x_bf16', '.3f')} | "
+                   f"{r.get('checkpoint', '-')} | {f('final_loss', '.4f')} |")
+    return "\n".join(out)

@@ -1,0 +1,454 @@
+"""The three GEMMs of E experts' linear layers at once (MoE), and their per-expert twin.
+
+Expert e owns a segment of the token matrix (Megatron's dispatcher sorts tokens by local
+expert) and the weight w[e] of a stacked w [E, N, K]. All three GEMMs run on one padded
+layout (`ExpertGroups`): each expert's tokens are zero-padded to a multiple of `align` (16,
+or the recipe's block/RHT unit if larger), so every segment starts at a multiple of it:
+
+    fprop  Y_e  = Q(X_e) Q(W_e)^T    x [Mp,K] row-wise, w [E*N,K] row-wise       one launch each
+    dgrad  dX_e = Q(dY_e) Q(W_e)     dy [Mp,N] row-wise, w [E*N,K] column-wise   one launch each
+    wgrad  dW_e = Q(dY_e)^T Q(X_e)   dy, x column-wise (blocks along tokens)     one launch each
+
+Blocks along K (fprop) and N (dgrad) never cross an expert (N and K are multiples of the
+recipe's block/RHT unit), and blocks along tokens (wgrad) start at each expert's first token,
+exactly as a per-expert GEMM pads its tokens; so one quantization launch covers all experts.
+Products go through `torch._grouped_mm` (one kernel for all experts; bf16 on sm90+, and its
+CPU implementation), or a loop of matmuls where it is unavailable; no host sync per expert.
+The padding also gives every group the 16-row alignment the grouped CUTLASS kernels expect
+(Megatron-Core's own bf16 grouped MoE path aligns to 16 too); padded rows are zeros, their
+outputs are dropped (`grouped_linear` pads and unpads).
+
+Stochastic-rounding keys are positions, as in ops: expert e's token rows are keyed by their
+row in the padded token matrix (weights are never SR-quantized here), with one seed per call
+mixed per GEMM and operand as ops does. `reference_fprop/dgrad/wgrad` run the same GEMMs one
+expert at a time through `ops`, on each expert's padded segment with its position as origin:
+the twin every grouped result equals bit for bit on CPU. Two deliberate limits: E4M3 (NVFP4)
+operands keep a per-expert tensor scale, so they are quantized one expert at a time (correct,
+slower); SR on weights is refused.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from . import ops
+from .fake_quant import quantize_view
+from .numerics.hadamard import RHT
+from .numerics.philox import mix_seed
+from .numerics.quantize import padded_length
+from .recipe import GEMMS, GemmSpec, OperandSpec, Recipe
+
+_GEMM_ID = {g: i for i, g in enumerate(GEMMS)}
+GEMM_BACKENDS = ("auto", "grouped", "loop")
+GROUP_ALIGN = 16  # rows per expert group of the grouped GEMM kernels (bf16: 32 bytes)
+
+
+# ----------------------------------------------------------------------------- token layout
+
+
+@dataclass(frozen=True)
+class ExpertGroups:
+    """Token counts per local expert, and the padded layout all grouped GEMMs run on.
+
+    align: every expert's padded segment is a multiple of it, so segments start at multiples
+    of `align`: quantization blocks along tokens never cross experts, and zero-token experts
+    own no rows at all.
+    """
+
+    counts: tuple[int, ...]
+    align: int = GROUP_ALIGN
+    _device: dict = field(default_factory=dict, compare=False, repr=False)  # tensors per device
+
+    def __post_init__(self):
+        if any(c < 0 for c in self.counts) or self.align < 1:
+            raise ValueError(f"token counts must be >= 0 and align >= 1, got {self.counts}, "
+                             f"{self.align}")
+
+    @functools.cached_property
+    def ends(self) -> tuple[int, ...]:
+        return tuple(itertools.accumulate(self.counts))
+
+    @functools.cached_property
+    def starts(self) -> tuple[int, ...]:
+        return (0, *self.ends[:-1])
+
+    @functools.cached_property
+    def padded_counts(self) -> tuple[int, ...]:
+        return tuple(-(-c // self.align) * self.align for c in self.counts)
+
+    @functools.cached_property
+    def padded_ends(self) -> tuple[int, ...]:
+        return tuple(itertools.accumulate(self.padded_counts))
+
+    @functools.cached_property
+    def padded_starts(self) -> tuple[int, ...]:
+        return (0, *self.padded_ends[:-1])
+
+    @property
+    def total(self) -> int:
+        return self.ends[-1] if self.counts else 0
+
+    @property
+    def padded_total(self) -> int:
+        return self.padded_ends[-1] if self.counts else 0
+
+    @property
+    def needs_padding(self) -> bool:
+        return self.padded_counts != self.counts
+
+    def offsets(self, device) -> torch.Tensor:
+        """int32 cumulative ends of the padded segments, `torch._grouped_mm`'s `offs`, on
+        `device` (copied without a host sync)."""
+        return self._cached("offs", device, lambda: torch.tensor(self.padded_ends,
+                                                                 dtype=torch.int32))
+
+    def token_experts(self, device) -> torch.Tensor:
+        """int64 [M]: the local expert of each (unpadded) token row."""
+        return self._cached("experts", device, lambda: torch.repeat_interleave(
+            torch.arange(len(self.counts)), torch.tensor(self.counts, dtype=torch.int64),
+            output_size=self.total))
+
+    def pad(self, t: torch.Tensor) -> torch.Tensor:
+        """[M, C] token matrix -> [padded_total, C]: each expert's rows at its padded
+        segment, zeros elsewhere."""
+        if not self.needs_padding:
+            return t
+        return t.new_zeros(self.padded_total, t.shape[1]).index_copy_(0, self._rows(t.device), t)
+
+    def unpad(self, t: torch.Tensor) -> torch.Tensor:
+        """[padded_total, C] -> [M, C]: the tokens' rows, in the original order."""
+        return t if not self.needs_padding else t.index_select(0, self._rows(t.device))
+
+    def _rows(self, device) -> torch.Tensor:
+        """int64 [M]: the padded row of each token."""
+        return self._cached("rows", device, lambda: torch.arange(self.total) + torch.tensor(
+            [p - s for p, s in zip(self.padded_starts, self.starts)]).repeat_interleave(
+                torch.tensor(self.counts, dtype=torch.int64), output_size=self.total))
+
+    def _cached(self, name: str, device, make) -> torch.Tensor:
+        key = (name, str(device))
+        if key not in self._device:
+            self._device[key] = _to_device(make(), device)
+        return self._device[key]
+
+
+@functools.lru_cache(maxsize=8)
+def expert_groups(counts: tuple[int, ...], align: int = GROUP_ALIGN) -> ExpertGroups:
+    """A shared ExpertGroups per (counts, align): fc1 and fc2 of one MoE layer reuse it."""
+    return ExpertGroups(tuple(int(c) for c in counts), align)
+
+
+def token_alignment(recipe: Recipe) -> int:
+    """The padding unit of each expert's tokens: GROUP_ALIGN, and the unit ops would pad a
+    single expert's token dim to in wgrad (block and RHT size of both wgrad operands, 4 for
+    Philox words under SR)."""
+    spec = recipe.wgrad
+    if spec is None:
+        return GROUP_ALIGN
+    rht = _rht(spec.rht, recipe.rht_seed) if spec.rht else None
+    unit = GROUP_ALIGN
+    for op in (spec.a, spec.b):
+        unit = math.lcm(unit, padded_length(1, op.block if op else 1, rht),
+                        4 if op is not None and op.rounding == "sr" else 1)
+    return unit
+
+
+def _to_device(t: torch.Tensor, device) -> torch.Tensor:
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    # pinned + non_blocking: a pageable copy would synchronise the stream with the host
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+# ----------------------------------------------------------------------------- the product
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, groups: ExpertGroups, *,
+               backend: str = "auto") -> torch.Tensor:
+    """Per-expert products in one call, over the padded token layout (Mp rows).
+
+    a [Mp, K], b [E, K, N] -> [Mp, N]: rows of expert e times b[e] (fprop, dgrad);
+    a [N, Mp], b [Mp, K]   -> [E, N, K]: columns/rows of expert e contracted (wgrad).
+    backend "grouped" is torch._grouped_mm, "loop" a loop of matmuls (the reference, bitwise
+    equal on CPU), "auto" the first where torch supports it (bf16 on sm90+, or CPU), else
+    the loop.
+    """
+    if backend not in GEMM_BACKENDS:
+        raise ValueError(f"unknown grouped GEMM backend {backend!r}; valid: {GEMM_BACKENDS}")
+    weights_3d = b.dim() == 3
+    if groups.total == 0:  # no tokens at all: nothing to launch
+        return (a.new_zeros(0, b.shape[2]) if weights_3d else
+                a.new_zeros(len(groups.counts), a.shape[0], b.shape[1]))
+    starts, ends = groups.padded_starts, groups.padded_ends
+    if backend == "grouped" or (backend == "auto" and _grouped_mm_supported(a, b)):
+        out = torch._grouped_mm(a, b, offs=groups.offsets(a.device))
+        if not weights_3d:  # an expert without tokens contracts nothing: exact zeros
+            for e, c in enumerate(groups.counts):
+                if c == 0:
+                    out[e].zero_()
+        return out
+    if weights_3d:
+        out = a.new_empty(a.shape[0], b.shape[2])
+        for e, (s, t) in enumerate(zip(starts, ends)):
+            torch.matmul(a[s:t], b[e], out=out[s:t])
+        return out
+    return torch.stack([a[:, s:t] @ b[s:t] for s, t in zip(starts, ends)])
+
+
+def _grouped_mm_supported(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if not hasattr(torch, "_grouped_mm") or a.dtype != b.dtype:
+        return False
+    if not a.is_cuda:
+        return True  # torch's CPU implementation: any float dtype
+    return (a.dtype == torch.bfloat16 and _capability(a.device) >= (9, 0)
+            and all(_aligned(t) for t in (a, b)))
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """CUTLASS needs 16-byte aligned leading strides and base pointers."""
+    per = 16 // t.element_size()
+    return (t.stride(-1) == 1 and t.stride(-2) % per == 0 or
+            t.stride(-2) == 1 and t.stride(-1) % per == 0) and t.data_ptr() % 16 == 0
+
+
+# ----------------------------------------------------------------------------- operands
+
+
+@functools.lru_cache(maxsize=32)
+def _rht(size: int, seed: int) -> RHT:
+    return RHT(size, seed)
+
+
+def _check_shapes(name: str, reduction: int, spec: GemmSpec, rht: RHT | None) -> None:
+    for op in (spec.a, spec.b):
+        unit = padded_length(1, op.block if op else 1, rht)
+        if reduction % unit:
+            raise ValueError(f"grouped {name}: reduction size {reduction} is not a multiple of "
+                             f"{unit} (block/RHT unit): stacked experts' blocks would straddle "
+                             "experts; choose expert sizes divisible by it")
+
+
+def _operand(view: torch.Tensor, spec: OperandSpec | None, *, rht: RHT | None, seed: int,
+             origin: tuple[int, int], segments, along_columns: bool, dtype: torch.dtype,
+             backend: str) -> torch.Tensor:
+    """A [R, C] view quantized along C (blocks never crossing `segments`, the experts' row
+    ranges, or column ranges with along_columns), in the view's orientation and `dtype`.
+
+    E4M3 scales carry a tensor-level amax: that tensor is one expert's operand (as in a
+    per-expert GEMM), so each segment is quantized on its own."""
+    if spec is None:  # high precision, still rotated so the RHT cancels
+        out = view.to(torch.float32)
+        return (rht.rotate_fp32_lastdim(out) if rht is not None else out).to(dtype)
+    if spec.rounding == "sr" and view.shape[1] > 0 and origin[1] % 4:
+        raise ValueError(f"SR keys need a column origin that is a multiple of 4, got {origin}")
+    kw = dict(block=spec.block, block_2d=spec.block_2d, scale=spec.scale,
+              rounding=spec.rounding, rht=rht, seed=seed, keep_padding=True, out_dtype=dtype,
+              backend=backend)
+    if spec.scale != "e4m3":
+        return quantize_view(view, spec.grid, origin=origin, **kw)
+    parts = []
+    for s, t in segments:
+        part = view[:, s:t] if along_columns else view[s:t]
+        o = (origin[0], origin[1] + s) if along_columns else (origin[0] + s, origin[1])
+        parts.append(quantize_view(part, spec.grid, origin=o, **kw) if part.numel() else
+                     part.to(dtype))
+    return torch.cat(parts, dim=1 if along_columns else 0) if parts else view.to(dtype)
+
+
+def _gemm_setup(gemm: str, recipe: Recipe, seed: int, reduction: int | None = None):
+    spec: GemmSpec = getattr(recipe, gemm)
+    rht = _rht(spec.rht, recipe.rht_seed) if spec.rht else None
+    if reduction is not None:
+        _check_shapes(gemm, reduction, spec, rht)
+    gid = _GEMM_ID[gemm]
+    return spec, rht, mix_seed(seed, gid, 0), mix_seed(seed, gid, 1)
+
+
+def _check_weight_rounding(spec: OperandSpec | None) -> None:
+    if spec is not None and spec.rounding == "sr":
+        raise ValueError("grouped experts quantize all experts' weights in one launch, which "
+                         "has no per-expert SR keys: use RTNE for weights (the presets do) or "
+                         "per-expert linears (moe_grouped_gemm=false)")
+
+
+def _weight_rows(E: int, N: int):
+    return [(e * N, (e + 1) * N) for e in range(E)]
+
+
+def _token_rows(groups: ExpertGroups):
+    return list(zip(groups.padded_starts, groups.padded_ends))
+
+
+def _check_layout(name: str, t: torch.Tensor, groups: ExpertGroups, recipe: Recipe) -> None:
+    if t.shape[0] != groups.padded_total:
+        raise ValueError(f"grouped {name}: expected the padded token layout of "
+                         f"{groups.padded_total} rows (ExpertGroups.pad), got {t.shape[0]}")
+    if groups.align % token_alignment(recipe):
+        raise ValueError(f"grouped {name}: experts' tokens are padded to {groups.align}, the "
+                         f"recipe needs a multiple of {token_alignment(recipe)}; build the "
+                         "groups with token_alignment(recipe)")
+
+
+# ----------------------------------------------------------------------------- the GEMMs
+
+
+def fprop(x: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recipe, *,
+          seed: int = 0, x_origin=(0, 0), w_origin=(0, 0), backend: str = "auto",
+          gemm_backend: str = "auto") -> torch.Tensor:
+    """Y_e = Q(X_e) Q(W_e)^T: x [Mp, K] (padded layout), w [E, N, K] -> [Mp, N]."""
+    E, N, K = w.shape
+    w = w.to(x.dtype)
+    _check_layout("fprop", x, groups, recipe)
+    if recipe.fprop is None:
+        return grouped_mm(x, w.transpose(1, 2), groups, backend=gemm_backend)
+    spec, rht, seed_x, seed_w = _gemm_setup("fprop", recipe, seed, K)
+    _check_weight_rounding(spec.b)
+    qx = _operand(x, spec.a, rht=rht, seed=seed_x, origin=x_origin, segments=_token_rows(groups),
+                  along_columns=False, dtype=x.dtype, backend=backend)
+    qw = _operand(w.reshape(E * N, K), spec.b, rht=rht, seed=seed_w, origin=w_origin,
+                  segments=_weight_rows(E, N), along_columns=False, dtype=x.dtype,
+                  backend=backend)
+    return grouped_mm(qx, qw.view(E, N, K).transpose(1, 2), groups, backend=gemm_backend)
+
+
+def dgrad(dy: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recipe, *,
+          seed: int = 0, dy_origin=(0, 0), w_origin=(0, 0), backend: str = "auto",
+          gemm_backend: str = "auto") -> torch.Tensor:
+    """dX_e = Q(dY_e) Q(W_e): dy [Mp, N] (padded layout), w [E, N, K] -> [Mp, K]; W
+    quantized along N."""
+    E, N, K = w.shape
+    w = w.to(dy.dtype)
+    _check_layout("dgrad", dy, groups, recipe)
+    if recipe.dgrad is None:
+        return grouped_mm(dy, w, groups, backend=gemm_backend)
+    spec, rht, seed_dy, seed_w = _gemm_setup("dgrad", recipe, seed, N)
+    _check_weight_rounding(spec.b)
+    qdy = _operand(dy, spec.a, rht=rht, seed=seed_dy, origin=dy_origin,
+                   segments=_token_rows(groups), along_columns=False, dtype=dy.dtype,
+                   backend=backend)
+    # W^T [K, E*N] quantized along its columns: the kernel's column layout of the stack
+    qw_t = _operand(w.reshape(E * N, K).t(), spec.b, rht=rht, seed=seed_w,
+                    origin=(w_origin[1], w_origin[0]), segments=_weight_rows(E, N),
+                    along_columns=True, dtype=dy.dtype, backend=backend)
+    return grouped_mm(qdy, qw_t.t().reshape(E, N, K), groups, backend=gemm_backend)
+
+
+def wgrad(dy: torch.Tensor, x: torch.Tensor, groups: ExpertGroups, recipe: Recipe, *,
+          seed: int = 0, dy_origin=(0, 0), x_origin=(0, 0), backend: str = "auto",
+          gemm_backend: str = "auto") -> torch.Tensor:
+    """dW_e = Q(dY_e)^T Q(X_e): dy [Mp, N], x [Mp, K] (padded layout) -> [E, N, K]; both
+    quantized along tokens, in blocks that start at each expert's first token."""
+    x = x.to(dy.dtype)
+    _check_layout("wgrad", dy, groups, recipe)
+    if recipe.wgrad is None:
+        return grouped_mm(dy.t(), x, groups, backend=gemm_backend)
+    spec, rht, seed_dy, seed_x = _gemm_setup("wgrad", recipe, seed)
+    segments = _token_rows(groups)
+    qdy_t = _operand(dy.t(), spec.a, rht=rht, seed=seed_dy, origin=(dy_origin[1], dy_origin[0]),
+                     segments=segments, along_columns=True, dtype=dy.dtype, backend=backend)
+    qx_t = _operand(x.t(), spec.b, rht=rht, seed=seed_x, origin=(x_origin[1], x_origin[0]),
+                    segments=segments, along_columns=True, dtype=dy.dtype, backend=backend)
+    return grouped_mm(qdy_t, qx_t.t(), groups, backend=gemm_backend)
+
+
+# ----------------------------------------------------------------------------- the twin
+# One expert at a time through ops, on each expert's padded segment (origin: its first row).
+
+
+def reference_fprop(x, w, groups: ExpertGroups, recipe: Recipe, *, seed: int = 0,
+                    x_origin=(0, 0), w_origin=(0, 0), backend: str = "auto") -> torch.Tensor:
+    return _cat([ops.fprop(x[s:t], w[e], recipe, seed=seed, backend=backend,
+                           x_origin=(x_origin[0] + s, x_origin[1]), w_origin=w_origin)
+                 for e, (s, t) in enumerate(_token_rows(groups))], x, w.shape[1])
+
+
+def reference_dgrad(dy, w, groups: ExpertGroups, recipe: Recipe, *, seed: int = 0,
+                    dy_origin=(0, 0), w_origin=(0, 0), backend: str = "auto") -> torch.Tensor:
+    return _cat([ops.dgrad(dy[s:t], w[e], recipe, seed=seed, backend=backend,
+                           dy_origin=(dy_origin[0] + s, dy_origin[1]), w_origin=w_origin)
+                 for e, (s, t) in enumerate(_token_rows(groups))], dy, w.shape[2])
+
+
+def reference_wgrad(dy, x, groups: ExpertGroups, recipe: Recipe, *, seed: int = 0,
+                    dy_origin=(0, 0), x_origin=(0, 0), backend: str = "auto") -> torch.Tensor:
+    return torch.stack([ops.wgrad(dy[s:t], x[s:t], recipe, seed=seed, backend=backend,
+                                  dy_origin=(dy_origin[0] + s, dy_origin[1]),
+                                  x_origin=(x_origin[0] + s, x_origin[1]))
+                        for s, t in _token_rows(groups)])
+
+
+def _cat(parts: list, like: torch.Tensor, cols: int) -> torch.Tensor:
+    return torch.cat(parts) if parts else like.new_zeros(0, cols)
+
+
+# ----------------------------------------------------------------------------- autograd
+
+
+class _GroupedLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, groups: ExpertGroups, recipe: Recipe, seed: int,
+                backend: str):
+        xp = groups.pad(x)
+        y = groups.unpad(fprop(xp, weight, groups, recipe, seed=seed, backend=backend))
+        if bias is not None:
+            y = y + bias.index_select(0, groups.token_experts(x.device)).to(y.dtype)
+        ctx.save_for_backward(xp, weight)
+        ctx.groups, ctx.recipe, ctx.seed, ctx.backend = groups, recipe, seed, backend
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        xp, weight = ctx.saved_tensors
+        groups = ctx.groups
+        dy = dy.contiguous().to(xp.dtype)
+        dyp = groups.pad(dy)
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = groups.unpad(dgrad(dyp, weight, groups, ctx.recipe, seed=ctx.seed,
+                                    backend=ctx.backend))
+        if ctx.needs_input_grad[1]:
+            dw = wgrad(dyp, xp, groups, ctx.recipe, seed=ctx.seed,
+                       backend=ctx.backend).to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = per_expert_sum(dy, groups)
+        return dx, dw, db, None, None, None, None
+
+
+def per_expert_sum(t: torch.Tensor, groups: ExpertGroups) -> torch.Tensor:
+    """[M, N] (unpadded) -> [E, N]: the sum of each expert's rows (bias gradients)."""
+    return t.new_zeros(len(groups.counts), t.shape[1], dtype=torch.float32).index_add_(
+        0, groups.token_experts(t.device), t.float()).to(t.dtype)
+
+
+def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   tokens_per_expert, recipe: Recipe, *, seed: int | None = None,
+                   backend: str = "auto") -> torch.Tensor:
+    """y = x_e W_e^T (+ b_e) for the tokens of each expert, all GEMMs grouped.
+
+    x: [M, K], rows sorted by expert; weight: [E, N, K]; bias: [E, N] or None;
+    tokens_per_expert: E ints summing to M. seed as in ops.quantized_linear.
+    """
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe must be a Recipe (see get_recipe), got {type(recipe).__name__}")
+    counts = tuple(int(c) for c in tokens_per_expert)
+    if weight.dim() != 3 or len(counts) != weight.shape[0]:
+        raise ValueError(f"weight must be [experts, out, in] with one token count per expert, "
+                         f"got weight {tuple(weight.shape)} and {len(counts)} counts")
+    if x.dim() != 2 or x.shape[1] != weight.shape[2] or sum(counts) != x.shape[0]:
+        raise ValueError(f"x must be [tokens, {weight.shape[2]}] with tokens = sum of the "
+                         f"counts ({sum(counts)}), got {tuple(x.shape)}")
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, ()).item()) if ops.uses_sr(recipe) else 0
+    groups = expert_groups(counts, token_alignment(recipe))
+    return _GroupedLinear.apply(x, weight, bias, groups, recipe, seed, backend)

@@ -1,0 +1,388 @@
+"""Host side of the QDQ kernels: what they cover, cached launch plans, and the launches.
+
+Entry points (re-exported by kernels/__init__.py):
+  unsupported / supports   why (or whether) the kernels can reproduce the reference here;
+  quantize_view            twin of numerics.quantize.quantize_view;
+  quantize_pair            two views (the two operands of one GEMM): one launch when both
+                           take the 16-tensor kernels, else two;
+  quantize_dual            one tensor, both layouts, one read (generic kernel).
+
+Host time is what small and medium layers pay per QDQ (docs/kernel-notes.md). Everything that
+depends only on the settings, the input dtype and the device (level tables, signs, constexpr
+arguments) is built once into a cached `_Plan`; a call computes only the shapes, the output
+and its scalars (seed, origin, the e4m3 tensor scale).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import triton
+from triton.runtime.interpreter import InterpretedFunction
+
+from ..numerics.checks import SEED_LIMIT
+from ..numerics.grids import Grid, codebook_levels, get_grid
+from ..numerics.hadamard import RHT
+from ..numerics.quantize import e4m3_tensor_amax, output_dtype, padded_length
+from ..numerics.rounding import midpoints
+from ..numerics.scaling import E4M3_MAX
+from . import quantize16_triton as k16
+from .quantize_triton import _qdq_kernel
+
+SCALES = {"fp32": 0, "e4m3": 1, "e8m0": 2}
+BLOCKS = (16, 32)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# (rows, cols, warps) of a tile of the [A, B] input per mode; widened to the spec's unit.
+TILES = {"row": (16, 128, 4), "col": (128, 16, 4), "dual": (64, 32, 4)}  # H200 sweep
+# per program: col16 (groups of 16 rows, columns, warps), row16 (rows, blocks, warps)
+TILES16 = {"col16": (2, 128, 4), "row16": (8, 16, 4)}
+# Kernels decorated under TRITON_INTERPRET=1 run in Triton's CPU interpreter (the CPU tests).
+INTERPRETED = isinstance(_qdq_kernel, InterpretedFunction)
+
+
+@dataclass(frozen=True, eq=False)
+class _Plan:
+    """What one quantization setting needs at launch, for one input dtype and device."""
+
+    grid: Grid
+    block: int
+    block_2d: bool
+    rht: RHT | None
+    unit: int  # padding unit along the quantized dim
+    keep_padding: bool
+    out_dtype: torch.dtype
+    lv: torch.Tensor  # levels (+ g_max repeated), device fp32
+    mid: torch.Tensor  # midpoints, device fp32
+    sign: torch.Tensor  # RHT signs (or a dummy), device fp32
+    g_top: torch.Tensor | None  # e4m3 only: g_max as a device fp32 scalar
+    scalars: tuple  # (norm, gmax, gneg)
+    consts: dict  # constexprs of the generic kernel (one layout)
+    consts16: dict | None  # constexprs of the 16-tensor kernels; None: generic kernel only
+    prefixed: dict  # the same, named for either slot of the two-slot kernels: "R_", "C_"
+    #                 (generic kernel's row/column layout), "A_", "B_" (pair kernel's jobs)
+
+
+class _Layout(NamedTuple):
+    """One call's layout: its plan, runtime arguments and lengths. length: padded length
+    along the quantized dim; other: padded length along the other dim (2D tiles); out_len:
+    quantized-dim length written."""
+
+    plan: _Plan
+    args: tuple  # lv, mid, st, sign, norm, gmax, gneg, seed, origin0, origin1
+    length: int
+    other: int
+    out_len: int
+
+
+_PLANS: dict = {}
+
+
+def _plan(dtype, device, grid, block, block_2d, scale, rounding, rht, keep_padding,
+          out_dtype) -> _Plan | str:
+    """The cached plan of a setting, or the reason the kernels do not cover it."""
+    try:
+        key = (dtype, device, grid, block, block_2d, scale, rounding, rht, keep_padding,
+               out_dtype)
+        hit = _PLANS.get(key)
+    except TypeError:  # an unhashable codebook (a list): key it by its levels
+        try:
+            grid = codebook_levels(grid)
+        except ValueError as e:
+            return str(e)
+        return _plan(dtype, device, grid, block, block_2d, scale, rounding, rht,
+                     keep_padding, out_dtype)
+    if hit is None:
+        if len(_PLANS) > 1024:  # settings are few; never grow without bound
+            _PLANS.clear()
+        hit = _PLANS[key] = _build_plan(dtype, device, grid, block, block_2d, scale, rounding,
+                                        rht, keep_padding, out_dtype)
+    return hit
+
+
+def _build_plan(dtype, device, grid, block, block_2d, scale, rounding, rht, keep_padding,
+                out_dtype) -> _Plan | str:
+    try:
+        g = get_grid(grid)
+    except ValueError as e:
+        return str(e)
+    if dtype not in DTYPES:
+        return f"dtype {dtype} (kernels cover float32, bfloat16, float16)"
+    if out_dtype is not None and out_dtype not in DTYPES:
+        return f"out_dtype {out_dtype} (kernels cover float32, bfloat16, float16)"
+    if isinstance(block, bool) or block not in BLOCKS:
+        return f"block={block!r} (kernels cover blocks {', '.join(map(str, BLOCKS))})"
+    if not isinstance(block_2d, bool) or not isinstance(keep_padding, bool):
+        return "block_2d/keep_padding that are not bools"
+    if scale not in SCALES:
+        return f"scale={scale!r}"
+    if rounding not in ("rtne", "sr"):
+        return f"rounding={rounding!r}"
+    if scale == "e4m3" and g.neg_extra is not None:
+        return ("e4m3 scales on the two's-complement grid (its tensor scale depends on every "
+                "block's sign)")
+    if rht is not None and not isinstance(rht, RHT):
+        return f"rht={rht!r} (pass an RHT)"
+    lv = g.levels_tensor()
+    if g.neg_extra is not None:
+        lv = torch.cat([lv, lv.new_tensor([g.neg_extra])])
+    mid = midpoints(lv).to(device)
+    lv = torch.cat([lv, lv[-1:]]).to(device)
+    sign = rht.signs.to(device) if rht is not None else lv
+    d = _uniform_step(g)
+    logh = int(math.log2(rht.size)) if rht is not None else 0
+    consts = dict(B=block, _2D=block_2d, SCALE=SCALES[scale], SR=rounding == "sr", LOGH=logh,
+                  NLEV=len(g.levels) + (g.neg_extra is not None), ASYM=g.neg_extra is not None,
+                  D=d, INV_D=1.0 / d if d else 0.0,
+                  EXACT_DIV=INTERPRETED or g.levels[1] < 2.0**-30)
+    consts16 = None
+    if block == 16 and not block_2d and logh in (0, 4):  # the 16-tensor kernels apply
+        consts16 = dict(SCALE=consts["SCALE"], SR=consts["SR"], RHT=logh == 4,
+                        NLEV=consts["NLEV"], ASYM=consts["ASYM"], D=d, INV_D=consts["INV_D"],
+                        EXACT_DIV=consts["EXACT_DIV"])
+    prefixed = {p: {p + k.lstrip("_"): v for k, v in consts.items()} for p in ("R_", "C_")}
+    if consts16 is not None:
+        prefixed |= {p: {p + k: v for k, v in consts16.items()} for p in ("A_", "B_")}
+    return _Plan(grid=g, block=block, block_2d=block_2d, rht=rht,
+                 unit=padded_length(1, block, rht), keep_padding=keep_padding,
+                 out_dtype=output_dtype(dtype, rht, out_dtype), lv=lv, mid=mid, sign=sign,
+                 g_top=(torch.tensor(g.g_max, dtype=torch.float32, device=device)
+                        if scale == "e4m3" else None),
+                 scalars=(rht.norm if rht is not None else 1.0, g.g_max,
+                          g.neg_extra if g.neg_extra is not None else g.g_max),
+                 consts=consts, consts16=consts16, prefixed=prefixed)
+
+
+def _uniform_step(g) -> float:
+    """d when the levels are i * d (and the two's-complement extra is n * d) with d a power
+    of two, so that v / d is exact; 0.0 otherwise."""
+    d = g.levels[1]
+    levels = g.levels + ((g.neg_extra,) if g.neg_extra is not None else ())
+    ok = math.frexp(d)[0] == 0.5 and all(l == i * d for i, l in enumerate(levels))
+    return d if ok and len(levels) < 2**20 else 0.0
+
+
+def _is_int(v) -> bool:
+    return type(v) is int or (isinstance(v, numbers.Integral) and not isinstance(v, bool))
+
+
+def _call_reason(x, rounding, seed, origin) -> str | None:
+    """What the kernels refuse in a call's own arguments (shape, seed, origin)."""
+    if x.dim() != 2:
+        return f"a {x.dim()}-D view (kernels take 2D views)"
+    if x.numel() == 0:
+        return "an empty tensor"
+    if not (_is_int(seed) and 0 <= seed < SEED_LIMIT):
+        return f"seed={seed!r} (an int in [0, 2^63))"
+    if len(origin) != 2 or not (_is_int(origin[0]) and _is_int(origin[1])
+                                and origin[0] >= 0 and origin[1] >= 0):
+        return f"origin={origin!r} (two non-negative ints)"
+    if rounding == "sr" and origin[1] % 4:
+        return f"an SR column origin of {origin[1]} (a multiple of 4)"
+    return None
+
+
+def unsupported(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool = False,
+                scale: str = "fp32", rounding: str = "rtne", rht: RHT | None = None,
+                seed: int = 0, origin: tuple[int, int] = (0, 0), tensor_amax=None,
+                keep_padding: bool = False, out_dtype: torch.dtype | None = None) -> str | None:
+    """None when the kernels reproduce the reference for these arguments, else what they do
+    not implement (the caller then runs the reference, or, for backend="triton", says so).
+    Not implemented: blocks other than 16/32, dtypes other than fp32/bf16/fp16, e4m3 scales
+    on the two's-complement grid (its tensor scale depends on every block's sign), empty
+    tensors, and arguments the reference itself rejects."""
+    plan = _plan(x.dtype, x.device, grid, block, block_2d, scale, rounding, rht, keep_padding,
+                 out_dtype)
+    if isinstance(plan, str):
+        return plan
+    return _call_reason(x, rounding, seed, origin)
+
+
+def supports(x: torch.Tensor, grid, **kw) -> bool:
+    """True when the kernel path reproduces the reference for these arguments."""
+    return unsupported(x, grid, **kw) is None
+
+
+def check_device(x: torch.Tensor) -> None:
+    if not x.is_cuda and not INTERPRETED:
+        raise ValueError(f"backend='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 for the "
+                         f"CPU interpreter), got a tensor on {x.device}: move it to the GPU or "
+                         "use backend='auto'")
+
+
+def _layout(view: torch.Tensor, grid, block=16, block_2d=False, scale="fp32", rounding="rtne",
+            rht=None, seed=0, origin=(0, 0), tensor_amax=None, keep_padding=False,
+            out_dtype=None, strict=True) -> _Layout | None:
+    """The call's layout; for arguments the kernels do not implement a ValueError naming
+    them (strict) or None (the caller runs the reference)."""
+    plan = _plan(view.dtype, view.device, grid, block, block_2d, scale, rounding, rht,
+                 keep_padding, out_dtype)
+    reason = plan if isinstance(plan, str) else _call_reason(view, rounding, seed, origin)
+    if reason is not None:
+        if not strict:
+            return None
+        raise ValueError(f"the Triton kernels do not implement {reason}: use backend='auto' "
+                         "(it runs the reference for such arguments) or backend='torch'")
+    check_device(view)
+    R, C = view.shape
+    length = -(-C // plan.unit) * plan.unit
+    st = plan.lv
+    if plan.g_top is not None:  # the e4m3 tensor scale, by the reference's own torch ops
+        if tensor_amax is None:
+            tensor_amax = e4m3_tensor_amax(view, block=block, block_2d=block_2d, rht=rht)
+        st = (tensor_amax.to(torch.float32) / (E4M3_MAX * plan.g_top)).reshape(1)
+    args = (plan.lv, plan.mid, st, plan.sign, *plan.scalars, int(seed), int(origin[0]),
+            int(origin[1]))
+    other = -(-R // block) * block if block_2d else R
+    return _Layout(plan, args, length, other, length if keep_padding else C)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _orient(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(row-major tensor t, along_rows): a transposed view of a row-major tensor (x.t() with
+    stride (1, n)) is quantized along t's rows, so loads and stores stay coalesced."""
+    if x.stride(0) == 1 and x.stride(1) != 1 and x.shape[0] > 1:
+        return x.t(), True
+    return (x if x.stride(1) == 1 or x.shape[1] == 1 else x.contiguous()), False
+
+
+def _job16(t: torch.Tensor, lay: _Layout, along_rows: bool, tile):
+    """(output, its returned view, program grid (n0, n1), warps, runtime args, tile) of one
+    16-tensor job on row-major t [A, B]: along_rows=False quantizes along B ([A, B'] out),
+    True along A ([B, A'] view out)."""
+    A, B = t.shape
+    if along_rows:
+        t0, t1, warps = tile or TILES16["col16"]
+        out = torch.empty(lay.out_len, B, dtype=lay.plan.out_dtype, device=t.device)
+        n = (_cdiv(lay.length // 16, t0), _cdiv(B, t1))
+        view = out.t()
+    else:
+        t0, t1, warps = tile or TILES16["row16"]
+        out = torch.empty(A, lay.out_len, dtype=lay.plan.out_dtype, device=t.device)
+        n = (_cdiv(A, t0), _cdiv(lay.length // 16, t1))
+        view = out
+    return out, view, n, warps, (t, t.stride(0), A, B, out, lay.out_len, *lay.args), (t0, t1)
+
+
+def _launch16(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> torch.Tensor:
+    """One layout of row-major t [A, B] through the 16-tensor kernels (quantize16_triton)."""
+    _, view, n, warps, args, (t0, t1) = _job16(t, lay, along_rows, tile)
+    if along_rows:
+        k16._col16_kernel[n](*args, BG=t0, BB=t1, num_warps=warps, INTERP=INTERPRETED,
+                             **lay.plan.consts16)
+    else:
+        k16._row16_kernel[n](*args, BR=t0, BG=t1, num_warps=warps, INTERP=INTERPRETED,
+                             **lay.plan.consts16)
+    return view
+
+
+# constexprs of an unused slot of the generic kernel
+_OFF = {p: {p + k: v for k, v in {"B": 16, "2D": False, "SCALE": 0, "SR": False, "LOGH": 0,
+                                   "NLEV": 2, "ASYM": False, "D": 0.0, "INV_D": 0.0,
+                                   "EXACT_DIV": True}.items()}
+        for p in ("R_", "C_")}
+
+
+def _launch(t: torch.Tensor, row: _Layout | None, col: _Layout | None, tiles=None):
+    """Run the generic kernel on row-major t [A, B]; returns (row output, column output view)."""
+    A, B = t.shape
+    mode = "dual" if row and col else ("row" if row else "col")
+    ba, bb, warps = {**TILES, **(tiles or {})}[mode]
+    if row:
+        bb = max(bb, row.plan.unit)
+        ba = max(ba, row.plan.block if row.plan.block_2d else 1)
+    if col:
+        ba = max(ba, col.plan.unit)
+        bb = max(bb, col.plan.block if col.plan.block_2d else 1)
+    a_len = max(row.other if row else A, col.length if col else A)
+    b_len = max(row.length if row else B, col.other if col else B)
+    dummy = t
+    row_out = (torch.empty(A, row.out_len, dtype=row.plan.out_dtype, device=t.device)
+               if row else dummy)
+    col_out = (torch.empty(col.out_len, B, dtype=col.plan.out_dtype, device=t.device)
+               if col else dummy)
+    filler = (dummy, dummy, dummy, dummy, 1.0, 1.0, 1.0, 0, 0, 0)
+    rc = row.plan.prefixed["R_"] if row else _OFF["R_"]
+    cc = col.plan.prefixed["C_"] if col else _OFF["C_"]
+    grid = (_cdiv(a_len, ba), _cdiv(b_len, bb))
+    _qdq_kernel[grid](
+        t, t.stride(0), A, B,
+        row_out, row.out_len if row else 0, *(row.args if row else filler),
+        col_out, col.out_len if col else 0, *(col.args if col else filler),
+        BA=ba, BB=bb, ROW=row is not None, COL=col is not None, INTERP=INTERPRETED,
+        **rc, **cc, num_warps=warps)
+    return (row_out if row else None), (col_out.t() if col else None)
+
+
+def quantize_view(x: torch.Tensor, grid, *, tiles=None, strict: bool = True,
+                  **kw) -> torch.Tensor | None:
+    """Kernel twin of numerics.quantize.quantize_view: same arguments, same values.
+
+    A transposed view of a row-major tensor (x.t() with stride (1, n)) runs the column
+    layout on the tensor itself, so column-wise quantization reads and writes coalesced; the
+    result is then a transposed view too. 1x16 blocks with RHT16 (or none) take the
+    16-tensor kernels; `tiles` overrides tile shapes per mode ("row", "col", "dual" force
+    the generic kernel, "row16", "col16" shape the others). Arguments the kernels do not
+    implement (`unsupported` says which) raise ValueError, or return None with strict=False.
+    """
+    lay = _layout(x, grid, strict=strict, **kw)
+    if lay is None:
+        return None
+    t, along_rows = _orient(x)
+    tiles = tiles or {}
+    if along_rows:
+        if lay.plan.consts16 is not None and "col" not in tiles:
+            return _launch16(t, lay, True, tiles.get("col16"))
+        return _launch(t, None, lay, tiles)[1]
+    if lay.plan.consts16 is not None and "row" not in tiles:
+        return _launch16(t, lay, False, tiles.get("row16"))
+    return _launch(t, lay, None, tiles)[0]
+
+
+def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *, tiles=None,
+                  strict: bool = True):
+    """(quantize_view(a, **a_kw), quantize_view(b, **b_kw)), grid included in the kw dicts.
+
+    When both take the 16-tensor kernels (UFP4's and E2M1's operands: 1x16 blocks, RHT16 or
+    none) the two jobs run in one launch (`_pair16_kernel`), bit for bit what two launches
+    give; otherwise two launches. With strict=False, None when the kernels do not implement
+    either operand's arguments (nothing was launched)."""
+    la, lb = _layout(a, strict=strict, **a_kw), _layout(b, strict=strict, **b_kw)
+    if la is None or lb is None:
+        return None
+    ta, a_rows = _orient(a)
+    tb, b_rows = _orient(b)
+    tiles = tiles or {}
+    forced = "row" in tiles or "col" in tiles
+    if la.plan.consts16 is None or lb.plan.consts16 is None or forced:
+        return quantize_view(a, tiles=tiles, **a_kw), quantize_view(b, tiles=tiles, **b_kw)
+    _, va, na, wa, args_a, (a0, a1) = _job16(ta, la, a_rows,
+                                             tiles.get("col16" if a_rows else "row16"))
+    _, vb, nb, wb, args_b, (b0, b1) = _job16(tb, lb, b_rows,
+                                             tiles.get("col16" if b_rows else "row16"))
+    if wa != wb:  # one launch has one warp count
+        return quantize_view(a, tiles=tiles, **a_kw), quantize_view(b, tiles=tiles, **b_kw)
+    programs_a = na[0] * na[1]
+    k16._pair16_kernel[(programs_a + nb[0] * nb[1],)](
+        *args_a, na[1], programs_a, *args_b, nb[1],
+        A_COL=a_rows, A_T0=a0, A_T1=a1, **la.plan.prefixed["A_"],
+        B_COL=b_rows, B_T0=b0, B_T1=b1, **lb.plan.prefixed["B_"],
+        INTERP=INTERPRETED, num_warps=wa)
+    return va, vb
+
+
+def quantize_dual(t: torch.Tensor, row: dict, col: dict, *, tiles=None):
+    """Both layouts of a row-major t [A, B] from one read.
+
+    row, col: keyword arguments of quantize_view (grid included) for the quantization along
+    B (view t) and along A (view t.t()). Returns (row [A, B'], col [B, A'] view) equal to
+    quantize_view(t, **row) and quantize_view(t.t(), **col).
+    """
+    if t.stride(1) != 1:
+        t = t.contiguous()
+    return _launch(t, _layout(t, **row), _layout(t.t(), **col), tiles)

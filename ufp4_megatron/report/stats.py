@@ -1,0 +1,128 @@
+"""Confidence intervals over seeds: a mean (Student t) and a ratio of paired means (Fieller).
+
+Each seed gives one number per recipe (its mean BF16-relative gap over the latest steps), and
+the seeds are independent draws of the same experiment: the t-interval is the textbook answer
+for their mean at the 3-10 seeds a study affords, exact when the per-seed values are normal.
+
+The paper's "gap reduction" is 1 - gap_x / gap_e2m1, a ratio of two means measured on the same
+seeds (same data order, same initial weights), so the two are correlated. Fieller's interval
+for rho = E[x] / E[y] inverts the paired t-test of x_i - rho * y_i = 0: it uses that
+correlation, is exact under normality like the t-interval beside it, is deterministic (no
+resampling seed), and, unlike the delta method, says when no finite interval exists: when
+E2M1's own gap is not resolved (its t-interval contains zero) the set of plausible ratios is
+unbounded. A bootstrap over 3-8 seeds would be neither exact nor honest about that case (its
+percentile intervals are too narrow at small n), which is why it is not used here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def t_quantile(confidence: float, df: int) -> float:
+    """Two-sided Student-t critical value: P(|T_df| <= t) = confidence."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + confidence / 2, df))
+
+
+def _check(values, confidence: float) -> list[float]:
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence}; must be between 0 and 1")
+    vals = [float(v) for v in values]
+    if not vals:
+        raise ValueError("no values")
+    if not all(math.isfinite(v) for v in vals):
+        raise ValueError(f"non-finite value among {vals}")
+    return vals
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean of n values and its two-sided confidence interval (lo, hi None when n = 1)."""
+
+    mean: float
+    lo: float | None
+    hi: float | None
+    n: int
+
+    @property
+    def resolved(self) -> bool:
+        """The interval excludes zero (a single value never resolves anything)."""
+        return self.lo is not None and (self.lo > 0 or self.hi < 0)
+
+
+def t_interval(values, confidence: float = 0.95) -> Interval:
+    """mean +- t_{(1+c)/2, n-1} * s / sqrt(n), s the sample standard deviation (ddof 1)."""
+    vals = _check(values, confidence)
+    n = len(vals)
+    mean = sum(vals) / n
+    if n == 1:
+        return Interval(mean, None, None, 1)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
+    half = t_quantile(confidence, n - 1) * sd / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n)
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """rho = mean(x) / mean(y) over paired values, with Fieller's interval.
+
+    bounded False: the confidence set is not a finite interval (lo, hi None), which happens
+    exactly when mean(y) is not distinguishable from zero at this confidence.
+    """
+
+    ratio: float | None  # None when mean(y) == 0
+    lo: float | None
+    hi: float | None
+    n: int
+
+    @property
+    def bounded(self) -> bool:
+        return self.lo is not None
+
+    def excludes(self, value: float) -> bool:
+        return self.bounded and (self.lo > value or self.hi < value)
+
+
+def fieller_ratio(x, y, confidence: float = 0.95) -> Ratio:
+    """Fieller's interval for mean(x) / mean(y) from n pairs (x_i, y_i).
+
+    The set {rho : |mean(d)| <= t * sd(d) / sqrt(n)} with d_i = x_i - rho * y_i, t the
+    Student-t quantile with n - 1 degrees of freedom. Squared, with q = t^2 / n and the sample
+    (co)variances s_xx, s_xy, s_yy (ddof 1), it is a * rho^2 - 2 b * rho + c <= 0 with
+        a = ybar^2 - q s_yy,   b = xbar ybar - q s_xy,   c = xbar^2 - q s_xx,
+    an interval [(b - sqrt(b^2 - ac)) / a, (b + sqrt(b^2 - ac)) / a] when a > 0, i.e. when
+    |ybar| / (s_y / sqrt(n)) > t; otherwise unbounded.
+    """
+    xs, ys = _check(x, confidence), _check(y, confidence)
+    if len(xs) != len(ys):
+        raise ValueError(f"{len(xs)} x values but {len(ys)} y values: pairs needed")
+    n = len(xs)
+    xbar, ybar = sum(xs) / n, sum(ys) / n
+    ratio = xbar / ybar if ybar != 0 else None
+    if n == 1:
+        return Ratio(ratio, None, None, 1)
+    sxx = sum((v - xbar) ** 2 for v in xs) / (n - 1)
+    syy = sum((v - ybar) ** 2 for v in ys) / (n - 1)
+    sxy = sum((u - xbar) * (v - ybar) for u, v in zip(xs, ys)) / (n - 1)
+    q = t_quantile(confidence, n - 1) ** 2 / n
+    a, b, c = ybar ** 2 - q * syy, xbar * ybar - q * sxy, xbar ** 2 - q * sxx
+    if a <= 0:
+        return Ratio(ratio, None, None, n)
+    root = math.sqrt(max(b * b - a * c, 0.0))  # >= 0 when a > 0 (rho = xbar/ybar is inside)
+    return Ratio(ratio, (b - root) / a, (b + root) / a, n)
+
+
+def t_band(rows, confidence: float = 0.95):
+    """Pointwise t-interval over seeds: rows is (n_seeds, n_points); returns mean, lo, hi
+    arrays (lo = hi = mean for one seed). The same formula as t_interval, per column."""
+    import numpy as np
+
+    a = np.asarray(rows, dtype=float)
+    mean = a.mean(axis=0)
+    n = a.shape[0]
+    if n == 1:
+        return mean, mean.copy(), mean.copy()
+    half = t_quantile(confidence, n - 1) * a.std(axis=0, ddof=1) / math.sqrt(n)
+    return mean, mean - half, mean + half

@@ -1,0 +1,71 @@
+"""loss_gap.md: the recipe table with intervals in words, the per-seed table, and the notes.
+
+No "gap reduction" is quoted from noise: where an interval contains zero (or there is one
+seed, or the baseline's own gap is unresolved) the cell says "not resolved at this size" and
+shows the point value only beside its interval.
+"""
+from __future__ import annotations
+
+from .gap import Comparison
+from .stats import Interval
+from .summary import RecipeSummary
+
+UNRESOLVED = "not resolved at this size"
+ONE_SEED = "1 seed: no interval"
+
+
+def gap_cell(iv: Interval | None) -> str:
+    if iv is None:
+        return "-"
+    if iv.lo is None:
+        return f"{iv.mean:+.3%} ({ONE_SEED})"
+    text = f"{iv.mean:+.3%} [{iv.lo:+.3%}, {iv.hi:+.3%}]"
+    return text if iv.resolved else f"{UNRESOLVED}: {text}"
+
+
+def reduction_cell(s: RecipeSummary) -> str:
+    r = s.vs_baseline
+    if s.recipe == s.baseline:
+        return "(baseline)"
+    if r is None:
+        return "-"
+    if r.ratio is None:
+        return f"n/a ({s.baseline}'s mean gap is 0)"
+    point = f"{1 - r.ratio:+.1%}"
+    if r.n == 1:
+        return f"{UNRESOLVED} ({ONE_SEED}; point value {point})"
+    if not r.bounded:
+        return f"{UNRESOLVED}: {point} [unbounded: {s.baseline}'s own gap is not resolved]"
+    text = f"{point} [{1 - r.hi:+.1%}, {1 - r.lo:+.1%}]"
+    return text if s.reduction_resolved else f"{UNRESOLVED}: {text}"
+
+
+def markdown(cmp: Comparison, summaries: list[RecipeSummary], *, reference: str, baseline: str,
+             confidence: float, window_text: str, notes: list[str]) -> str:
+    pct = f"{confidence:.0%}"
+    lines = [f"BF16-relative loss gap (L - L_{reference}) / L_{reference}, mean over {window_text} "
+             f"of the steps every run of the model logged; {pct} intervals over seeds "
+             f"(Student t); reduction = 1 - gap / gap_{baseline}, paired by seed (Fieller).", ""]
+    for w in cmp.windows.values():
+        lines.append(f"- {w.model}: mean over steps {w.first}-{w.last_common} "
+                     f"({len(w.steps)} logged steps), validation at steps "
+                     f"{', '.join(map(str, w.val_steps)) or 'none'}")
+    lines += ["", f"| model | recipe | seeds | train gap vs {reference} [{pct} CI] | val gap vs "
+              f"{reference} [{pct} CI] | gap reduction vs {baseline} [{pct} CI] |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for s in summaries:
+        lines.append(f"| {s.model} | {s.recipe} | {len(s.seeds)} | {gap_cell(s.train)} | "
+                     f"{gap_cell(s.val)} | {reduction_cell(s)} |")
+    lines += ["", "Per seed:", "", f"| model | recipe | seed | train gap | val gap | "
+              f"{baseline} train gap (same seed) | run | reference |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for s in summaries:
+        for g in s.seeds:
+            val = f"{g.val_gap:+.3%}" if g.val_gap is not None else "-"
+            base = s.baseline_gaps.get(g.seed)
+            lines.append(f"| {s.model} | {s.recipe} | {g.seed} | {g.train_gap:+.3%} | {val} | "
+                         f"{'-' if base is None else f'{base:+.3%}'} | {g.run.source} | "
+                         f"{g.reference.source} |")
+    if notes:
+        lines += ["", "Notes:", ""] + [f"- {n}" for n in notes]
+    return "\n".join(lines)
