@@ -162,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--module", default=TRAIN_MODULE)
     t.set_defaults(func=task)
 
+    from .study.cli import add_parser as add_study_parser  # here: study imports ABLATIONS
+    add_study_parser(sub)
+
     args = parser.parse_args(argv)
     if getattr(args, "overrides", None) and args.overrides[0] == "--":
         args.overrides = args.overrides[1:]

@@ -42,7 +42,8 @@ def load(*overrides: str) -> Config:
 
 
 def test_config_groups_cover_the_issue():
-    assert MODELS == sorted(["tiny", "small", "moe_small", "dense_1p5b", "moe_7p9b", "moe_124b"])
+    assert MODELS == sorted(["tiny", "small", "moe_small", "dense_1p5b", "moe_7p9b", "moe_124b",
+                             "study11m"])
     assert PRECISIONS == sorted(list_recipes())
 
 

@@ -1,0 +1,189 @@
+"""The study runner with real trainers on CPU (`python -m ufp4_megatron.study` in a subprocess).
+
+    test_packed_runs_are_concurrent_and_pinned   2 slots: two trainers alive at once, each
+        pinned to its own CPUs with OMP_NUM_THREADS=1 (read from /proc), recorded in
+        study.json; then compare over the seeds
+    test_killed_study_resumes_and_skips_complete_runs   SIGKILL on the runner and its
+        trainers mid-way; the rerun completes every run, the complete one is not retrained
+        (its metrics.jsonl is byte-identical) and the one in progress resumes from its
+        checkpoint (its lines up to that step are unchanged)
+    test_time_limit_leaves_runs_for_the_next_round   exit 3: the run in progress at the
+        limit is stopped, the one that would not fit is left pending
+    test_time_limit_sheds_the_least_advanced_runs   the shedding decision on real processes
+    test_sigterm_stops_cleanly_and_resume_finishes   the trainer saves where it is; --resume
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from study_helpers import FAST, ROOT, children, cpu_list, env, proc_view, study_cmd
+from ufp4_megatron.study.packing import available_cpus
+
+
+def manifest(out):
+    try:
+        return json.loads((out / "study.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def status(out) -> dict:
+    m = manifest(out)
+    return {r["name"]: r["status"] for r in m["runs"]} if m else {}
+
+
+def lines(path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def trainer_children(pid: int) -> list[int]:
+    return [c for c in children(pid)
+            if "ufp4_megatron.train" in ((proc_view(c) or {}).get("cmd") or [])]
+
+
+@pytest.mark.skipif(len(available_cpus()) < 2, reason="packing needs 2 CPUs")
+def test_packed_runs_are_concurrent_and_pinned(tmp_path):
+    out = tmp_path / "study"
+    cmd = study_cmd(out, "--arms", "bf16,e2m1", "--seeds", "1", "--per-device", "2", "--",
+                    *FAST, "train.steps=20")
+    runner = subprocess.Popen(cmd, cwd=ROOT, env=env(tmp_path), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    seen = []  # (CPU set, OMP_NUM_THREADS) of the trainers alive at the same moment
+    while runner.poll() is None:
+        views = [v for v in map(proc_view, trainer_children(runner.pid)) if v and v["omp"]]
+        if len(views) == 2:
+            seen = [(cpu_list(v["cpus"]), int(v["omp"])) for v in views]
+            break
+        time.sleep(0.05)
+    log = runner.communicate(timeout=300)[0]
+    assert runner.returncode == 0, log[-3000:]
+    assert len(seen) == 2, log[-2000:]  # both trainers ran at once
+    (a, na), (b, nb) = seen
+    assert a and b and not a & b, seen  # each pinned to its own CPUs
+    assert (na, nb) == (1, 1), seen  # one OpenMP thread each
+    m = manifest(out)
+    shares = [set(r["slot"]["cpus"]) for r in m["runs"]]
+    assert sorted(map(sorted, shares)) == sorted(map(sorted, (a, b)))
+    assert all(r["status"] == "done" and r["slot"]["threads"] == 1 for r in m["runs"])
+    gaps = json.loads((out / "compare" / "loss_gap.json").read_text())  # compare over the seeds
+    assert [(r["recipe"], r["seeds"]) for r in gaps["recipes"]] == [("e2m1", [1])]
+
+
+def test_killed_study_resumes_and_skips_complete_runs(tmp_path):
+    out = tmp_path / "study"
+    steps = 60
+    cmd = study_cmd(out, "--arms", "bf16,e2m1", "--seeds", "1", "--per-device", "1", "--",
+                    *FAST, f"train.steps={steps}", "checkpoint.interval=5")
+    runner = subprocess.Popen(cmd, cwd=ROOT, env=env(tmp_path), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    bf16, e2m1 = out / "runs" / "bf16-s1", out / "runs" / "e2m1-s1"
+    deadline = time.monotonic() + 300
+    while True:  # kill once bf16 is done and e2m1 has a checkpoint but more steps to go
+        assert runner.poll() is None, "the study ended before it could be killed mid-way"
+        assert time.monotonic() < deadline, status(out)
+        latest = e2m1 / "checkpoints" / "latest"
+        if status(out).get("bf16-s1") == "done" and latest.exists():
+            os.kill(runner.pid, signal.SIGSTOP)  # it cannot react while its trainers die
+            for pid in trainer_children(runner.pid):
+                os.kill(pid, signal.SIGKILL)
+            os.kill(runner.pid, signal.SIGKILL)
+            runner.wait()
+            break
+        time.sleep(0.05)
+    ckpt = int((e2m1 / "checkpoints" / "latest").read_text())
+    assert 5 <= ckpt < steps, "e2m1 finished before the kill; make it longer"
+    done_before = (bf16 / "metrics.jsonl").read_bytes()
+    kept_before = [line for line in lines(e2m1 / "metrics.jsonl")
+                   if json.loads(line)["step"] <= ckpt]
+    assert len(kept_before) == ckpt
+
+    again = subprocess.run(cmd, cwd=ROOT, env=env(tmp_path), capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert status(out) == {"bf16-s1": "done", "e2m1-s1": "done"}
+    assert (bf16 / "metrics.jsonl").read_bytes() == done_before  # not retrained
+    after = lines(e2m1 / "metrics.jsonl")
+    assert [json.loads(line)["step"] for line in after] == list(range(1, steps + 1))
+    assert after[:ckpt] == kept_before  # resumed from its checkpoint, not restarted
+    runs = {r["name"]: r for r in manifest(out)["runs"]}
+    assert runs["bf16-s1"]["attempts"] == 1 and runs["e2m1-s1"]["attempts"] == 2
+    assert f"resuming at step {ckpt}" in again.stdout
+    assert (out / "compare" / "loss_gap.md").exists()
+
+
+def test_time_limit_leaves_runs_for_the_next_round(tmp_path):
+    out = tmp_path / "study"
+    args = ["--arms", "bf16", "--seeds", "1-2", "--per-device", "1", "--no-compare", "--",
+            *FAST, "train.steps=3000", "checkpoint.interval=500"]
+    first = subprocess.run(study_cmd(out, "--time-limit", "20", *args), cwd=ROOT,
+                           env=env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert first.returncode == 3, first.stdout[-3000:] + first.stderr[-3000:]
+    assert status(out) == {"bf16-s1": "stopped", "bf16-s2": "pending"}
+    assert "stopping (time limit)" in first.stdout
+    assert "1 runs not started" in first.stdout
+
+
+def test_time_limit_sheds_the_least_advanced_runs(tmp_path):
+    """The decision alone, on real processes (sleep stands in for three trainers measured at 2
+    steps/s each): 50 s left, 6 steps/s in all; steps left 100, 500, 900 need 250 s, so the
+    two least advanced are stopped and the most advanced one finishes; no new run starts."""
+    from ufp4_megatron.study.packing import Slot
+    from ufp4_megatron.study.runner import Active, Options, Runner
+
+    records = [{"name": f"r{i}", "steps": 1000, "status": "running"} for i in range(4)]
+    runner = Runner(tmp_path, {"name": "t", "runs": records}, {}, [Slot(0, None, (0,))] * 3,
+                    Options(time_limit=100.0))
+    now = time.monotonic()
+    runner.t0 = now - 50
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    try:
+        for i, (proc, step) in enumerate(zip(procs, (900, 500, 100))):
+            runner.active[i] = Active(record=records[i], proc=proc, slot=Slot(i, None, (0,)),
+                                      log=None, launched=now - 40, start_step=0,
+                                      first_seen=now - 20, first_step=step - 40, step=step,
+                                      history=[(now - 20, step - 40), (now, step)])
+        assert runner._aggregate_rate() == pytest.approx(6.0, rel=0.01)
+        assert not runner._fits(records[3])
+        runner._shed()
+        for proc in procs[1:]:
+            proc.wait(timeout=10)
+        assert [p.returncode for p in procs] == [None, -signal.SIGTERM, -signal.SIGTERM]
+        assert [a.stop_sent for a in runner.active.values()] == [False, True, True]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_sigterm_stops_cleanly_and_resume_finishes(tmp_path):
+    """SIGTERM to the runner: its trainer saves a checkpoint at the step it reached and exits,
+    the runner records it as stopped (exit 3, no compare); --resume finishes it."""
+    out = tmp_path / "study"
+    steps = 400
+    cmd = study_cmd(out, "--arms", "bf16", "--seeds", "1", "--no-compare", "--", *FAST,
+                    f"train.steps={steps}", "logging.print_interval=50")
+    runner = subprocess.Popen(cmd, cwd=ROOT, env=env(tmp_path), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    metrics = out / "runs" / "bf16-s1" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while len(lines(metrics)) < 5:
+        assert runner.poll() is None and time.monotonic() < deadline, "no steps to stop at"
+        time.sleep(0.05)
+    runner.send_signal(signal.SIGTERM)
+    log = runner.communicate(timeout=300)[0]
+    assert runner.returncode == 3, log[-3000:]
+    assert "stopping (SIGTERM)" in log
+    assert status(out) == {"bf16-s1": "stopped"}
+    stopped = int((out / "runs" / "bf16-s1" / "checkpoints" / "latest").read_text())
+    assert 5 <= stopped < steps and len(lines(metrics)) == stopped
+
+    done = subprocess.run(study_cmd(out, "--resume", "--no-compare"), cwd=ROOT,
+                          env=env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert status(out) == {"bf16-s1": "done"} and len(lines(metrics)) == steps

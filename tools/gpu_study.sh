@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# One round of the study (docs/results.md, "Plan") on one H200, within 9 minutes of wall time
+# including set-up. From the repo root, with wheelhouse/ carried (tools/gpu_setup.sh):
+#
+#     tools/gpu_study.sh ROUND          ROUND 1-9 (the table below), or a grid name
+#
+#   round  grid      arms             seeds  per GPU  what it adds
+#   1      main      bf16,e2m1,ufp4   1-8    12       the question first: as many seeds as fit
+#   2-3    main      all six          1-8    12       the main table; each round continues
+#   4-5    ablation  all ten          1-4    12       the paper's ablations (bf16/e2m1/ufp4 reused)
+#   6-9    depth     bf16,e2m1,ufp4   1-4    6        the gap against depth (L24: 4x L6's memory)
+#
+# Every round first unpacks the runs of earlier rounds (docs/results/study/round*.tar.gz, as
+# the lead commits them), so runs complete there are skipped and their seeds are not trained
+# twice; the runner then starts, seed by seed, only runs it estimates to end within the
+# budget, and stops the ones that would not (only complete runs come back).
+#
+# $OUT gets (at most 8 files): roundN.tar.gz (study.json, and for each run completed in this
+# round runs/<run>/{metrics.jsonl,config.yaml} and its log), loss_gap.md/.json/.png (compare
+# over every complete run so far), mechanism.md (round 1: bf16, e2m1, ufp4 of seed 1; plots in
+# the archive) and roundN.md (what ran, the measured throughput; printed last).
+# Env: BUDGET seconds from start to the end of training (default 400), PER_DEVICE, SEEDS, ARMS.
+set -uo pipefail
+T0=$(date +%s)
+ROUND=${1:?usage: tools/gpu_study.sh ROUND (1-9, see the header) or a grid name}
+ARMS_DEFAULT=""
+case $ROUND in
+  1) GRID=main; SEEDS_DEFAULT=1-8; PER_DEFAULT=12; ARMS_DEFAULT=bf16,e2m1,ufp4 ;;
+  2|3) GRID=main; SEEDS_DEFAULT=1-8; PER_DEFAULT=12 ;;
+  4|5) GRID=ablation; SEEDS_DEFAULT=1-4; PER_DEFAULT=12 ;;
+  6|7|8|9) GRID=depth; SEEDS_DEFAULT=1-4; PER_DEFAULT=6 ;;
+  main|ablation|depth) GRID=$ROUND; SEEDS_DEFAULT=1-8; PER_DEFAULT=12
+     [[ $GRID == main ]] || SEEDS_DEFAULT=1-4; [[ $GRID == depth ]] && PER_DEFAULT=6 ;;
+  *) echo "gpu_study.sh: unknown round $ROUND; give 1-9 or main|ablation|depth" >&2; exit 2 ;;
+esac
+SEEDS=${SEEDS:-$SEEDS_DEFAULT}
+ARMS=${ARMS:-$ARMS_DEFAULT}
+PER_DEVICE=${PER_DEVICE:-$PER_DEFAULT}
+BUDGET=${BUDGET:-400}
+OUT=${OUT:-/tmp/out}
+STUDY=/tmp/study            # checkpoints stay on the node; only results come back
+mkdir -p "$OUT" "$STUDY"
+
+# shellcheck source=tools/gpu_setup.sh
+source tools/gpu_setup.sh || exit 1
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+
+# Preflight (~20 s): a 4-step GPU run that saves two checkpoints. Without working GPU
+# checkpoints (issue 10) every study run would die at its first save; stop here instead.
+if ! python3 -m ufp4_megatron.train model=tiny precision=ufp4 train.steps=4 checkpoint.interval=2 \
+    train.seq_len=64 train.global_batch=2 hydra.run.dir=/tmp/preflight \
+    data.cache_dir=/tmp/preflight/data logging.wandb.mode=disabled > /tmp/preflight.log 2>&1; then
+  tail -5 /tmp/preflight.log
+  echo "gpu_study: preflight failed: a 4-step GPU run with checkpoints did not complete; not starting"
+  exit 1
+fi
+echo "preflight: GPU run with checkpoints ok ($(( $(date +%s) - T0 )) s)"
+
+shopt -s nullglob
+while IFS= read -r a; do
+  tar -xzf "$a" -C "$STUDY" && echo "unpacked $a"
+done < <(find docs/results/study -name 'round*.tar.gz' 2>/dev/null | sort -V)
+find "$STUDY/runs" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' 2>/dev/null | sort \
+  > /tmp/runs-before.txt
+
+LIMIT=$(( BUDGET - ($(date +%s) - T0) ))
+echo "round $ROUND: grid $GRID arms ${ARMS:-all} seeds $SEEDS, $PER_DEVICE per GPU, training stops in $LIMIT s"
+T_START=$(date +%s)
+python3 -m ufp4_megatron.study --out "$STUDY" --grid "$GRID" --seeds "$SEEDS" ${ARMS:+--arms "$ARMS"} \
+  --per-device "$PER_DEVICE" --time-limit "$LIMIT" --stop-grace 20 --wandb-mode disabled \
+  --progress plain 2>&1 | tee "$STUDY/runner-round$ROUND.log"
+T_TRAIN=$(date +%s)
+[[ -f $STUDY/study.json ]] || { echo "gpu_study: the runner wrote no study.json (see above)"; exit 1; }
+
+# the mechanism on seed 1's trained bf16, e2m1 and ufp4 models, while their checkpoints exist
+mech=()
+for arm in bf16 e2m1 ufp4; do
+  run="$STUDY/runs/$arm-s1"
+  if [[ -f $run/checkpoints/latest && ! -f $STUDY/mechanism/$arm-s1/mechanism.md ]]; then
+    timeout 60 python3 -m ufp4_megatron.report.mechanism "$run" --out "$STUDY/mechanism/$arm-s1" \
+      > "$STUDY/mechanism-$arm.log" 2>&1 &
+    mech+=("$arm")
+  fi
+done
+wait
+for arm in "${mech[@]}"; do
+  md="$STUDY/mechanism/$arm-s1/mechanism.md"
+  { echo "## $arm-s1"; echo
+    if [[ -f $md ]]; then sed '/^## Per layer/,$d' "$md"; else tail -5 "$STUDY/mechanism-$arm.log"; fi
+  } >> "$OUT/mechanism.md"
+done
+
+# what completed in this round goes back; earlier rounds' runs are already in the repo
+new=()
+for d in "$STUDY"/runs/*/; do
+  name=$(basename "$d")
+  grep -qx "$name" /tmp/runs-before.txt && continue
+  [[ -f $d/metrics.jsonl && -f $d/config.yaml ]] || continue
+  python3 - "$STUDY" "$name" <<'EOF' && new+=("$name")
+import sys
+from ufp4_megatron.study import manifest as mf
+m = mf.load(sys.argv[1])
+r = next(r for r in m["runs"] if r["name"] == sys.argv[2])
+sys.exit(0 if mf.is_complete(sys.argv[1], r) else 1)
+EOF
+done
+files=(study.json "runner-round$ROUND.log")
+for n in "${new[@]}"; do files+=("runs/$n/metrics.jsonl" "runs/$n/config.yaml" "logs/$n.log"); done
+for arm in "${mech[@]}"; do [[ -d $STUDY/mechanism/$arm-s1 ]] && files+=("mechanism/$arm-s1"); done
+tar -czf "$OUT/round$ROUND.tar.gz" -C "$STUDY" "${files[@]}"
+for f in loss_gap.md loss_gap.json loss_gap.png; do
+  [[ -f $STUDY/compare/$f ]] && cp "$STUDY/compare/$f" "$OUT/"
+done
+
+python3 - "$STUDY" "$ROUND" "$T_START" "$T_TRAIN" "$PER_DEVICE" "${new[@]}" > "$OUT/round$ROUND.md" <<'EOF'
+import json, statistics, sys, time
+from collections import defaultdict
+from ufp4_megatron.study import manifest as mf
+study, rnd, t0, t_train, per_device = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+new = sys.argv[6:]
+m = mf.load(study)
+runs = {r["name"]: r for r in m["runs"]}
+per = defaultdict(list)
+tokens = 0
+for n in new:
+    rows = [json.loads(l) for l in open(f"{study}/runs/{n}/metrics.jsonl") if l.strip()]
+    per[runs[n]["arm"]].append(statistics.median(r["step_time"] for r in rows[10:] or rows))
+    tokens += rows[-1]["tokens"]
+counts = defaultdict(int)
+for r in m["runs"]:
+    counts[r["status"]] += 1
+print(f"# Study round {rnd} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
+print(f"{len(new)} runs completed this round; study: "
+      + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f" of {len(m['runs'])}.")
+print(f"Runner wall time {t_train - t0} s ({per_device} runs per GPU); completed runs "
+      f"trained {tokens / max(1, t_train - t0):,.0f} tokens/s in all over it.\n")
+print("| arm | runs this round | median step time (s), packed |")
+print("| --- | --- | --- |")
+for arm, times in sorted(per.items()):
+    print(f"| {arm} | {len(times)} | {statistics.median(times):.3f} |")
+done = sorted(r["name"] for r in m["runs"] if r["status"] == "done")
+print(f"\ndone: {' '.join(done)}")
+EOF
+cat "$OUT/round$ROUND.md"
+[[ -f $OUT/loss_gap.md ]] && cat "$OUT/loss_gap.md"
+echo "gpu_study round $ROUND: $(( $(date +%s) - T0 )) s wall; files in $OUT:" "$OUT"/*

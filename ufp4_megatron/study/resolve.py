@@ -1,0 +1,62 @@
+"""Each planned run composed exactly as the trainer will compose it, before anything starts.
+
+A misspelt override fails the study at plan time naming the run, not 48 runs later; and the
+runner learns what it needs from the resolved config: the step count (progress, completion),
+the labels compare pairs runs by (model name, recipe name, seed) and the data it must prepare.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .grid import RunSpec
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    steps: int
+    model: str  # model.name
+    recipe: str  # precision.name
+    seed: int
+    tokens_per_step: int
+    embedded_data: Any  # the `data` config when it is the embedded corpus (prefixes empty)
+
+
+def resolve(runs: list[RunSpec]) -> dict[str, RunInfo]:
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ..configs import CONFIG_DIR
+    from ..train.schema import register_configs
+
+    register_configs()
+    out: dict[str, RunInfo] = {}
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        for run in runs:
+            try:
+                cfg = OmegaConf.to_object(compose("config", overrides=list(run.overrides)))
+            except (HydraException, OmegaConfBaseException) as e:
+                raise SystemExit(f"ufp4-launch study: run {run.name}: "
+                                 f"{str(e).splitlines()[0]}") from None
+            t = cfg.train
+            out[run.name] = RunInfo(
+                steps=t.steps, model=cfg.model.name, recipe=cfg.precision.name, seed=t.seed,
+                tokens_per_step=t.global_batch * t.seq_len,
+                embedded_data=None if cfg.data.prefixes else cfg.data)
+    check_distinct_labels(out)
+    return out
+
+
+def check_distinct_labels(infos: dict[str, RunInfo]) -> None:
+    """compare pairs a run with the reference of the same model name and seed: two runs with
+    the same (model, recipe, seed) would be silently confused."""
+    seen: dict[tuple, str] = {}
+    for name, i in infos.items():
+        key = (i.model, i.recipe, i.seed)
+        if key in seen:
+            raise SystemExit(f"ufp4-launch study: runs {seen[key]} and {name} are both model "
+                             f"{i.model!r}, recipe {i.recipe!r}, seed {i.seed}; compare could "
+                             f"not tell them apart: give each axis value its own model.name")
+        seen[key] = name
