@@ -70,9 +70,9 @@ def capture(run_dir: Path, batch: int | None = None) -> tuple[dict, dict]:
     env = distributed.init(cfg.parallel, device, cfg.train.seed)
     recipe = recipe_from_config(cfg.precision)
     model, policy = model_lib.build_model(cfg, recipe, dtype, device)
-    opt = optim.build_optimizer(model, cfg, device)
-    checkpoint.load(ckpt_dir, model, opt, {"policy": policy})
-    fwd_model = getattr(opt, "model", model) if device.type == "cuda" else model
+    opt = optim.build_optimizer(model, cfg)
+    checkpoint.load(ckpt_dir, model, opt, {"policy": policy, "lr_schedule": opt.scheduler})
+    fwd_model = opt.model  # Megatron's DDP wrapper, as the trainer runs it
 
     t = cfg.train
     mb = batch or t.micro_batch

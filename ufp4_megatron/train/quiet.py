@@ -17,14 +17,22 @@ import sys
 import warnings
 
 SHOW_ENV = "UFP4_SHOW_WARNINGS"
-# "<X> is not installed", "Falling back to ...", "... is deprecated"
-_NOISE = re.compile(r"not installed|falling back|deprecated", re.IGNORECASE)
+# "<X> is not installed", "Falling back to ...", "... is deprecated", "... is experimental",
+# and the distributed optimizer's zero_grad reading .grad of its non-leaf shard views
+_NOISE = re.compile(r"not installed|falling back|deprecated|is experimental|not a leaf Tensor",
+                    re.IGNORECASE)
+# torch's notice that collectives Megatron (and the plugin's TP linears) call were renamed
+_TORCH_RENAMES = re.compile(r"`torch\.distributed\.\w+` is deprecated")
 NOTE = (f"note: Megatron's warnings about missing Apex/TransformerEngine/absl and its "
         f"deprecation notices are hidden; {SHOW_ENV}=1 shows them")
 
 
 def _is_noise(message: str, filename: str) -> bool:
-    return f"{os.sep}megatron{os.sep}" in filename and bool(_NOISE.search(message))
+    # Megatron's own files, and cpu_compat's torch function mode, through which Megatron's
+    # calls pass on CPU (its frame is then the one a warning names)
+    if f"{os.sep}megatron{os.sep}" in filename and _NOISE.search(message):
+        return True
+    return filename.endswith("c10d_logger.py") and bool(_TORCH_RENAMES.search(message))
 
 
 class _Hider(logging.Filter):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from math import gcd
 
+from .optim import check_schedule
 from .schema import Config
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -129,12 +130,6 @@ def _check_train(cfg: Config) -> None:
 
 
 def _check_optim(cfg: Config) -> None:
-    from .optim import check_schedule  # the LR schedule's own keys (decay style, WSD, ...)
-
-    try:
-        check_schedule(cfg)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
     o = cfg.optim
     if not o.lr > 0:
         raise ConfigError(f"optim.lr={o.lr} must be > 0")
@@ -151,6 +146,10 @@ def _check_optim(cfg: Config) -> None:
         raise ConfigError(f"optim.eps={o.eps} must be > 0")
     if o.clip_grad < 0:
         raise ConfigError(f"optim.clip_grad={o.clip_grad} must be >= 0 (0: no clipping)")
+    try:  # the LR schedule's own keys (decay style, WSD, ...)
+        check_schedule(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_logging(cfg: Config) -> None:
