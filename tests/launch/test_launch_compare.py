@@ -106,9 +106,13 @@ def test_compare_sweep_with_requeue_resumes_exactly(slurm, tmp_path):
         os.kill(trainer, signal.SIGSTOP)
         time.sleep(0.05)
     paused_at = max(losses(out / "ufp4"))
-    subprocess.run(["scancel", "--batch", "--signal=USR1", ufp4], env=env, check=True, timeout=30)
+    # scancel delivers USR1 at once, but when the batch script's trap has already requeued the
+    # job, scancel's own retry loop ("Job can not be altered now, try again later") waits until
+    # the old step has ended, i.e. until the trainer has checkpointed and exited: not awaited.
+    warning = subprocess.Popen(["scancel", "--batch", "--signal=USR1", ufp4], env=env)
     wait_for(lambda: scontrol_job(env, ufp4).get("JobState") == "PENDING"
-             and scontrol_job(env, ufp4).get("Restarts") == "1", 90, "the requeue", logs)
+             and scontrol_job(env, ufp4).get("Restarts") == "1", 120, "the requeue", logs)
+    warning.wait(timeout=120)
     assert max(losses(out / "ufp4")) <= paused_at + 1 < STEPS  # stopped mid-run
     # Slurm holds a requeued job ~2 minutes (BeginTime); release it now.
     subprocess.run(["scontrol", "update", f"JobId={ufp4}", "StartTime=now"], env=env,

@@ -60,13 +60,16 @@ def test_offline_wandb_run_is_readable(unbroken):
 
 def test_kill_and_resume_gives_identical_losses(unbroken, tmp_path, cache):
     run_dir = tmp_path / "run"
+    # checkpoint.interval=2: a save before the signal starts the writer's helper process
     cmd = train_cmd(run_dir, cache, "precision=ufp4", f"train.steps={STEPS}",
-                    "logging.wandb.mode=disabled")
+                    "logging.wandb.mode=disabled", "checkpoint.interval=2")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     for line in proc.stdout:  # SIGTERM once step 3 is logged: the run saves and stops
         if line.startswith("step") and int(line.split()[1]) == 3:
-            proc.send_signal(signal.SIGTERM)
+            # to the whole process group, as Slurm and torchrun deliver it: the checkpoint
+            # writer's helper process gets it too and must outlive the save
+            os.killpg(proc.pid, signal.SIGTERM)
             break
     proc.communicate(timeout=240)
     assert proc.returncode == 0

@@ -377,13 +377,40 @@ def load(ckpt_dir: Path, model, optimizer, extra: dict) -> int:
     return int(state[f"{PREFIX}.step"])
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def start_checkpoint_writer_queue() -> None:
+    """Starts dist_checkpointing's result queue now, deaf to the stop signals.
+
+    Megatron's checkpoint writer reports through a multiprocessing Manager, a child process
+    it spawns at the first save. Slurm's pre-emption SIGTERM (and torchrun's) reaches every
+    process of the job step, so a Manager started with the default disposition dies at the
+    moment the trainer writes its pre-emption checkpoint, and that save fails (BrokenPipeError;
+    seen under Slurm). Ignored dispositions survive the spawn's exec, so the Manager started
+    here lives until the trainer ends it. The trainer itself ignores the stop signals only for
+    this start-up (< 1 s, before the first step: nothing is lost if one arrives then).
+    """
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import (
+        get_write_results_queue,
+    )
+
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
+    try:
+        get_write_results_queue()
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
 class StopSignal:
     """Turns SIGTERM/SIGUSR1 (Slurm's pre-emption warnings) into a flag read between steps;
     `requested()` agrees across ranks, so all of them save and stop at the same step."""
 
     def __init__(self):
         self._flag = False
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        start_checkpoint_writer_queue()
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
