@@ -334,7 +334,8 @@ def sass_counts(log):
         regs = re.search(r"REG:(\d+)", res)
         return collections.Counter(o.split(".")[0] for o in ops), int(regs.group(1))
 
-    base = dict(SCALE=0, NLEV=8, ASYM=False, D=0.25, INV_D=4.0, EXACT_DIV=False, RHT=True)
+    base = dict(SCALE=0, NLEV=8, ASYM=False, D=0.25, INV_D=4.0, EXACT_DIV=False, RHT=True,
+                SEG=0)
     rows = []
     for name, kernel, tiles in (("row16", k16._row16_kernel, dict(BR=8, BG=16)),
                                 ("col16", k16._col16_kernel, dict(BG=2, BB=128))):

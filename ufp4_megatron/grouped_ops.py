@@ -18,13 +18,22 @@ The padding also gives every group the 16-row alignment the grouped CUTLASS kern
 (Megatron-Core's own bf16 grouped MoE path aligns to 16 too); padded rows are zeros, their
 outputs are dropped (`grouped_linear` pads and unpads).
 
-Stochastic-rounding keys are positions, as in ops: expert e's token rows are keyed by their
-row in the padded token matrix (weights are never SR-quantized here), with one seed per call
-mixed per GEMM and operand as ops does. `reference_fprop/dgrad/wgrad` run the same GEMMs one
-expert at a time through `ops`, on each expert's padded segment with its position as origin:
-the twin every grouped result equals bit for bit on CPU. Two deliberate limits: E4M3 (NVFP4)
-operands keep a per-expert tensor scale, so they are quantized one expert at a time (correct,
-slower); SR on weights is refused.
+Stochastic-rounding keys are per expert, so an expert's bits never depend on the grouping
+(how many tokens the other experts got, how many experts share the call, the EP layout).
+A call keyed by `seed` (one draw per grouped linear and forward) gives global expert g the
+seed `expert_seed(seed, g) = mix_seed(seed, g)`; from it each GEMM operand takes
+`mix_seed(., gemm, operand)` exactly as ops does for a single linear, and positions count
+from the expert's own first token (row origin 0 there, plus the caller's origin) and its own
+first weight row. So expert g's SR bits are those of `ops` on its tokens alone with seed
+`expert_seed(seed, g)`; one quantization launch per operand keys every expert's segment so
+(numerics/segments.py, kernels/segments_triton.py). Megatron's per-expert host
+(megatron/experts.py, UFP4SequentialMLP) keys its experts' linears the same way, so both
+hosts draw the same bits. `reference_fprop/dgrad/wgrad` run the same GEMMs one expert at a
+time through `ops`, on each expert's padded segment with that seed: the twin every grouped
+result equals bit for bit on CPU. Operand dtypes follow ops: float16 with an RHT quantizes
+into float32 (a rotated block can exceed fp16's range) and the product is cast to float16
+once. E4M3 (NVFP4) operands keep a per-expert tensor scale, so they are quantized one expert
+at a time (correct, slower).
 """
 from __future__ import annotations
 
@@ -37,9 +46,11 @@ import torch
 
 from . import ops
 from .fake_quant import quantize_view
-from .numerics.hadamard import RHT
-from .numerics.philox import mix_seed
+from .numerics.checks import check_int, check_seed
+from .numerics.hadamard import RHT, get_rht, rotated_dtype
+from .numerics.philox import mix_seed, mix_seeds
 from .numerics.quantize import padded_length
+from .numerics.segments import Segments
 from .recipe import GEMMS, GemmSpec, OperandSpec, Recipe
 
 _GEMM_ID = {g: i for i, g in enumerate(GEMMS)}
@@ -149,7 +160,7 @@ def token_alignment(recipe: Recipe) -> int:
     spec = recipe.wgrad
     if spec is None:
         return GROUP_ALIGN
-    rht = _rht(spec.rht, recipe.rht_seed) if spec.rht else None
+    rht = get_rht(spec.rht, recipe.rht_seed) if spec.rht else None
     unit = GROUP_ALIGN
     for op in (spec.a, spec.b):
         unit = math.lcm(unit, padded_length(1, op.block if op else 1, rht),
@@ -221,12 +232,25 @@ def _aligned(t: torch.Tensor) -> bool:
             t.stride(-2) == 1 and t.stride(-1) % per == 0) and t.data_ptr() % 16 == 0
 
 
+# ----------------------------------------------------------------------------- SR keys
+
+
+def expert_seed(seed: int, expert: int) -> int:
+    """The SR seed of global expert `expert` in a call keyed by `seed`; the seed `ops` gets
+    for that expert's GEMMs (it mixes in the GEMM and operand itself)."""
+    return mix_seed(seed, expert)
+
+
+@functools.lru_cache(maxsize=64)
+def _operand_seeds(seed: int, first_expert: int, experts: int, gemm: str,
+                   operand: int) -> tuple[int, ...]:
+    """Per local expert, the seed ops keys this GEMM operand with:
+    mix_seed(expert_seed(seed, g), gemm id, operand), vectorized (mix_seeds)."""
+    per_expert = mix_seeds([seed] * experts, list(range(first_expert, first_expert + experts)))
+    return tuple(mix_seeds(per_expert, _GEMM_ID[gemm], operand))
+
+
 # ----------------------------------------------------------------------------- operands
-
-
-@functools.lru_cache(maxsize=32)
-def _rht(size: int, seed: int) -> RHT:
-    return RHT(size, seed)
 
 
 def _check_shapes(name: str, reduction: int, spec: GemmSpec, rht: RHT | None) -> None:
@@ -238,51 +262,49 @@ def _check_shapes(name: str, reduction: int, spec: GemmSpec, rht: RHT | None) ->
                              "experts; choose expert sizes divisible by it")
 
 
-def _operand(view: torch.Tensor, spec: OperandSpec | None, *, rht: RHT | None, seed: int,
-             origin: tuple[int, int], segments, along_columns: bool, dtype: torch.dtype,
-             backend: str) -> torch.Tensor:
-    """A [R, C] view quantized along C (blocks never crossing `segments`, the experts' row
-    ranges, or column ranges with along_columns), in the view's orientation and `dtype`.
+def _operand(view: torch.Tensor, spec: OperandSpec | None, *, rht: RHT | None,
+             seeds: tuple[int, ...], origin: tuple[int, int], starts: tuple[int, ...],
+             along_columns: bool, dtype: torch.dtype, backend: str) -> torch.Tensor:
+    """A [R, C] view quantized along C, in the view's orientation and `dtype`. The experts'
+    segments start at `starts` along the rows (along the columns with along_columns); blocks
+    never cross them, and under SR expert e's segment is keyed by seeds[e] with `origin` at
+    its first row (column) (numerics/segments.py).
 
     E4M3 scales carry a tensor-level amax: that tensor is one expert's operand (as in a
     per-expert GEMM), so each segment is quantized on its own."""
     if spec is None:  # high precision, still rotated so the RHT cancels
         out = view.to(torch.float32)
         return (rht.rotate_fp32_lastdim(out) if rht is not None else out).to(dtype)
-    if spec.rounding == "sr" and view.shape[1] > 0 and origin[1] % 4:
+    sr = spec.rounding == "sr"
+    if sr and view.shape[1] > 0 and origin[1] % 4:
         raise ValueError(f"SR keys need a column origin that is a multiple of 4, got {origin}")
     kw = dict(block=spec.block, block_2d=spec.block_2d, scale=spec.scale,
-              rounding=spec.rounding, rht=rht, seed=seed, keep_padding=True, out_dtype=dtype,
-              backend=backend)
+              rounding=spec.rounding, rht=rht, origin=origin, keep_padding=True,
+              out_dtype=dtype, backend=backend)
     if spec.scale != "e4m3":
-        return quantize_view(view, spec.grid, origin=origin, **kw)
+        segments = (Segments(1 if along_columns else 0, starts, seeds)
+                    if sr and view.numel() else None)
+        return quantize_view(view, spec.grid, seed=0, segments=segments, **kw)
     parts = []
-    for s, t in segments:
+    ends = (*starts[1:], view.shape[1 if along_columns else 0])
+    for s, t, seed in zip(starts, ends, seeds):
         part = view[:, s:t] if along_columns else view[s:t]
-        o = (origin[0], origin[1] + s) if along_columns else (origin[0] + s, origin[1])
-        parts.append(quantize_view(part, spec.grid, origin=o, **kw) if part.numel() else
-                     part.to(dtype))
+        parts.append(quantize_view(part, spec.grid, seed=seed if sr else 0, **kw)
+                     if part.numel() else part.to(dtype))
     return torch.cat(parts, dim=1 if along_columns else 0) if parts else view.to(dtype)
 
 
-def _gemm_setup(gemm: str, recipe: Recipe, seed: int, reduction: int | None = None):
+def _gemm_setup(gemm: str, recipe: Recipe, x: torch.Tensor, reduction: int | None = None):
+    """(spec, rht, operand dtype): fp32 for fp16 with an RHT, as in ops."""
     spec: GemmSpec = getattr(recipe, gemm)
-    rht = _rht(spec.rht, recipe.rht_seed) if spec.rht else None
+    rht = get_rht(spec.rht, recipe.rht_seed) if spec.rht else None
     if reduction is not None:
         _check_shapes(gemm, reduction, spec, rht)
-    gid = _GEMM_ID[gemm]
-    return spec, rht, mix_seed(seed, gid, 0), mix_seed(seed, gid, 1)
+    return spec, rht, rotated_dtype(x.dtype) if rht is not None else x.dtype
 
 
-def _check_weight_rounding(spec: OperandSpec | None) -> None:
-    if spec is not None and spec.rounding == "sr":
-        raise ValueError("grouped experts quantize all experts' weights in one launch, which "
-                         "has no per-expert SR keys: use RTNE for weights (the presets do) or "
-                         "per-expert linears (moe_grouped_gemm=false)")
-
-
-def _weight_rows(E: int, N: int):
-    return [(e * N, (e + 1) * N) for e in range(E)]
+def _weight_starts(E: int, N: int) -> tuple[int, ...]:
+    return tuple(e * N for e in range(E))
 
 
 def _token_rows(groups: ExpertGroups):
@@ -300,30 +322,34 @@ def _check_layout(name: str, t: torch.Tensor, groups: ExpertGroups, recipe: Reci
 
 
 # ----------------------------------------------------------------------------- the GEMMs
+# seed: the call's SR seed; first_expert: the global index of local expert 0 (EP rank *
+# local experts); origins: each expert's, at its first token (and weight row).
 
 
 def fprop(x: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recipe, *,
-          seed: int = 0, x_origin=(0, 0), w_origin=(0, 0), backend: str = "auto",
-          gemm_backend: str = "auto") -> torch.Tensor:
+          seed: int = 0, first_expert: int = 0, x_origin=(0, 0), w_origin=(0, 0),
+          backend: str = "auto", gemm_backend: str = "auto") -> torch.Tensor:
     """Y_e = Q(X_e) Q(W_e)^T: x [Mp, K] (padded layout), w [E, N, K] -> [Mp, N]."""
     E, N, K = w.shape
     w = w.to(x.dtype)
     _check_layout("fprop", x, groups, recipe)
     if recipe.fprop is None:
         return grouped_mm(x, w.transpose(1, 2), groups, backend=gemm_backend)
-    spec, rht, seed_x, seed_w = _gemm_setup("fprop", recipe, seed, K)
-    _check_weight_rounding(spec.b)
-    qx = _operand(x, spec.a, rht=rht, seed=seed_x, origin=x_origin, segments=_token_rows(groups),
-                  along_columns=False, dtype=x.dtype, backend=backend)
-    qw = _operand(w.reshape(E * N, K), spec.b, rht=rht, seed=seed_w, origin=w_origin,
-                  segments=_weight_rows(E, N), along_columns=False, dtype=x.dtype,
+    spec, rht, dtype = _gemm_setup("fprop", recipe, x, K)
+    qx = _operand(x, spec.a, rht=rht, seeds=_operand_seeds(seed, first_expert, E, "fprop", 0),
+                  origin=x_origin, starts=groups.padded_starts, along_columns=False,
+                  dtype=dtype, backend=backend)
+    qw = _operand(w.reshape(E * N, K), spec.b, rht=rht,
+                  seeds=_operand_seeds(seed, first_expert, E, "fprop", 1), origin=w_origin,
+                  starts=_weight_starts(E, N), along_columns=False, dtype=dtype,
                   backend=backend)
-    return grouped_mm(qx, qw.view(E, N, K).transpose(1, 2), groups, backend=gemm_backend)
+    y = grouped_mm(qx, qw.view(E, N, K).transpose(1, 2), groups, backend=gemm_backend)
+    return y.to(x.dtype)
 
 
 def dgrad(dy: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recipe, *,
-          seed: int = 0, dy_origin=(0, 0), w_origin=(0, 0), backend: str = "auto",
-          gemm_backend: str = "auto") -> torch.Tensor:
+          seed: int = 0, first_expert: int = 0, dy_origin=(0, 0), w_origin=(0, 0),
+          backend: str = "auto", gemm_backend: str = "auto") -> torch.Tensor:
     """dX_e = Q(dY_e) Q(W_e): dy [Mp, N] (padded layout), w [E, N, K] -> [Mp, K]; W
     quantized along N."""
     E, N, K = w.shape
@@ -331,60 +357,70 @@ def dgrad(dy: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recip
     _check_layout("dgrad", dy, groups, recipe)
     if recipe.dgrad is None:
         return grouped_mm(dy, w, groups, backend=gemm_backend)
-    spec, rht, seed_dy, seed_w = _gemm_setup("dgrad", recipe, seed, N)
-    _check_weight_rounding(spec.b)
-    qdy = _operand(dy, spec.a, rht=rht, seed=seed_dy, origin=dy_origin,
-                   segments=_token_rows(groups), along_columns=False, dtype=dy.dtype,
+    spec, rht, dtype = _gemm_setup("dgrad", recipe, dy, N)
+    qdy = _operand(dy, spec.a, rht=rht,
+                   seeds=_operand_seeds(seed, first_expert, E, "dgrad", 0), origin=dy_origin,
+                   starts=groups.padded_starts, along_columns=False, dtype=dtype,
                    backend=backend)
     # W^T [K, E*N] quantized along its columns: the kernel's column layout of the stack
-    qw_t = _operand(w.reshape(E * N, K).t(), spec.b, rht=rht, seed=seed_w,
-                    origin=(w_origin[1], w_origin[0]), segments=_weight_rows(E, N),
-                    along_columns=True, dtype=dy.dtype, backend=backend)
-    return grouped_mm(qdy, qw_t.t().reshape(E, N, K), groups, backend=gemm_backend)
+    qw_t = _operand(w.reshape(E * N, K).t(), spec.b, rht=rht,
+                    seeds=_operand_seeds(seed, first_expert, E, "dgrad", 1),
+                    origin=(w_origin[1], w_origin[0]), starts=_weight_starts(E, N),
+                    along_columns=True, dtype=dtype, backend=backend)
+    dx = grouped_mm(qdy, qw_t.t().reshape(E, N, K), groups, backend=gemm_backend)
+    return dx.to(dy.dtype)
 
 
 def wgrad(dy: torch.Tensor, x: torch.Tensor, groups: ExpertGroups, recipe: Recipe, *,
-          seed: int = 0, dy_origin=(0, 0), x_origin=(0, 0), backend: str = "auto",
-          gemm_backend: str = "auto") -> torch.Tensor:
+          seed: int = 0, first_expert: int = 0, dy_origin=(0, 0), x_origin=(0, 0),
+          backend: str = "auto", gemm_backend: str = "auto") -> torch.Tensor:
     """dW_e = Q(dY_e)^T Q(X_e): dy [Mp, N], x [Mp, K] (padded layout) -> [E, N, K]; both
     quantized along tokens, in blocks that start at each expert's first token."""
     x = x.to(dy.dtype)
     _check_layout("wgrad", dy, groups, recipe)
     if recipe.wgrad is None:
         return grouped_mm(dy.t(), x, groups, backend=gemm_backend)
-    spec, rht, seed_dy, seed_x = _gemm_setup("wgrad", recipe, seed)
-    segments = _token_rows(groups)
-    qdy_t = _operand(dy.t(), spec.a, rht=rht, seed=seed_dy, origin=(dy_origin[1], dy_origin[0]),
-                     segments=segments, along_columns=True, dtype=dy.dtype, backend=backend)
-    qx_t = _operand(x.t(), spec.b, rht=rht, seed=seed_x, origin=(x_origin[1], x_origin[0]),
-                    segments=segments, along_columns=True, dtype=dy.dtype, backend=backend)
-    return grouped_mm(qdy_t, qx_t.t(), groups, backend=gemm_backend)
+    E = len(groups.counts)
+    spec, rht, dtype = _gemm_setup("wgrad", recipe, dy)
+    starts = groups.padded_starts
+    qdy_t = _operand(dy.t(), spec.a, rht=rht,
+                     seeds=_operand_seeds(seed, first_expert, E, "wgrad", 0),
+                     origin=(dy_origin[1], dy_origin[0]), starts=starts, along_columns=True,
+                     dtype=dtype, backend=backend)
+    qx_t = _operand(x.t(), spec.b, rht=rht, seeds=_operand_seeds(seed, first_expert, E, "wgrad", 1),
+                    origin=(x_origin[1], x_origin[0]), starts=starts, along_columns=True,
+                    dtype=dtype, backend=backend)
+    return grouped_mm(qdy_t, qx_t.t(), groups, backend=gemm_backend).to(dy.dtype)
 
 
 # ----------------------------------------------------------------------------- the twin
-# One expert at a time through ops, on each expert's padded segment (origin: its first row).
+# One expert at a time through ops, on each expert's padded segment, with its own seed
+# (expert_seed) and the same origins: the definition the grouped GEMMs implement.
 
 
 def reference_fprop(x, w, groups: ExpertGroups, recipe: Recipe, *, seed: int = 0,
-                    x_origin=(0, 0), w_origin=(0, 0), backend: str = "auto") -> torch.Tensor:
-    return _cat([ops.fprop(x[s:t], w[e], recipe, seed=seed, backend=backend,
-                           x_origin=(x_origin[0] + s, x_origin[1]), w_origin=w_origin)
+                    first_expert: int = 0, x_origin=(0, 0), w_origin=(0, 0),
+                    backend: str = "auto") -> torch.Tensor:
+    return _cat([ops.fprop(x[s:t], w[e], recipe, seed=expert_seed(seed, first_expert + e),
+                           backend=backend, x_origin=x_origin, w_origin=w_origin)
                  for e, (s, t) in enumerate(_token_rows(groups))], x, w.shape[1])
 
 
 def reference_dgrad(dy, w, groups: ExpertGroups, recipe: Recipe, *, seed: int = 0,
-                    dy_origin=(0, 0), w_origin=(0, 0), backend: str = "auto") -> torch.Tensor:
-    return _cat([ops.dgrad(dy[s:t], w[e], recipe, seed=seed, backend=backend,
-                           dy_origin=(dy_origin[0] + s, dy_origin[1]), w_origin=w_origin)
+                    first_expert: int = 0, dy_origin=(0, 0), w_origin=(0, 0),
+                    backend: str = "auto") -> torch.Tensor:
+    return _cat([ops.dgrad(dy[s:t], w[e], recipe, seed=expert_seed(seed, first_expert + e),
+                           backend=backend, dy_origin=dy_origin, w_origin=w_origin)
                  for e, (s, t) in enumerate(_token_rows(groups))], dy, w.shape[2])
 
 
 def reference_wgrad(dy, x, groups: ExpertGroups, recipe: Recipe, *, seed: int = 0,
-                    dy_origin=(0, 0), x_origin=(0, 0), backend: str = "auto") -> torch.Tensor:
-    return torch.stack([ops.wgrad(dy[s:t], x[s:t], recipe, seed=seed, backend=backend,
-                                  dy_origin=(dy_origin[0] + s, dy_origin[1]),
-                                  x_origin=(x_origin[0] + s, x_origin[1]))
-                        for s, t in _token_rows(groups)])
+                    first_expert: int = 0, dy_origin=(0, 0), x_origin=(0, 0),
+                    backend: str = "auto") -> torch.Tensor:
+    return torch.stack([ops.wgrad(dy[s:t], x[s:t], recipe,
+                                  seed=expert_seed(seed, first_expert + e), backend=backend,
+                                  dy_origin=dy_origin, x_origin=x_origin)
+                        for e, (s, t) in enumerate(_token_rows(groups))])
 
 
 def _cat(parts: list, like: torch.Tensor, cols: int) -> torch.Tensor:
@@ -397,13 +433,15 @@ def _cat(parts: list, like: torch.Tensor, cols: int) -> torch.Tensor:
 class _GroupedLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, groups: ExpertGroups, recipe: Recipe, seed: int,
-                backend: str):
+                first_expert: int, backend: str):
         xp = groups.pad(x)
-        y = groups.unpad(fprop(xp, weight, groups, recipe, seed=seed, backend=backend))
+        y = groups.unpad(fprop(xp, weight, groups, recipe, seed=seed,
+                               first_expert=first_expert, backend=backend))
         if bias is not None:
             y = y + bias.index_select(0, groups.token_experts(x.device)).to(y.dtype)
         ctx.save_for_backward(xp, weight)
         ctx.groups, ctx.recipe, ctx.seed, ctx.backend = groups, recipe, seed, backend
+        ctx.first_expert = first_expert
         ctx.has_bias = bias is not None
         return y
 
@@ -414,15 +452,14 @@ class _GroupedLinear(torch.autograd.Function):
         dy = dy.contiguous().to(xp.dtype)
         dyp = groups.pad(dy)
         dx = dw = db = None
+        kw = dict(seed=ctx.seed, first_expert=ctx.first_expert, backend=ctx.backend)
         if ctx.needs_input_grad[0]:
-            dx = groups.unpad(dgrad(dyp, weight, groups, ctx.recipe, seed=ctx.seed,
-                                    backend=ctx.backend))
+            dx = groups.unpad(dgrad(dyp, weight, groups, ctx.recipe, **kw))
         if ctx.needs_input_grad[1]:
-            dw = wgrad(dyp, xp, groups, ctx.recipe, seed=ctx.seed,
-                       backend=ctx.backend).to(weight.dtype)
+            dw = wgrad(dyp, xp, groups, ctx.recipe, **kw).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = per_expert_sum(dy, groups)
-        return dx, dw, db, None, None, None, None
+        return dx, dw, db, None, None, None, None, None
 
 
 def per_expert_sum(t: torch.Tensor, groups: ExpertGroups) -> torch.Tensor:
@@ -433,11 +470,12 @@ def per_expert_sum(t: torch.Tensor, groups: ExpertGroups) -> torch.Tensor:
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    tokens_per_expert, recipe: Recipe, *, seed: int | None = None,
-                   backend: str = "auto") -> torch.Tensor:
+                   first_expert: int = 0, backend: str = "auto") -> torch.Tensor:
     """y = x_e W_e^T (+ b_e) for the tokens of each expert, all GEMMs grouped.
 
     x: [M, K], rows sorted by expert; weight: [E, N, K]; bias: [E, N] or None;
-    tokens_per_expert: E ints summing to M. seed as in ops.quantized_linear.
+    tokens_per_expert: E ints summing to M. seed as in ops.quantized_linear; local expert e
+    is global expert first_expert + e and takes the SR seed expert_seed(seed, that index).
     """
     if not isinstance(recipe, Recipe):
         raise TypeError(f"recipe must be a Recipe (see get_recipe), got {type(recipe).__name__}")
@@ -450,5 +488,6 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
                          f"counts ({sum(counts)}), got {tuple(x.shape)}")
     if seed is None:
         seed = int(torch.randint(0, 2**62, ()).item()) if ops.uses_sr(recipe) else 0
+    seed, first_expert = check_seed(seed), check_int(first_expert, "first_expert", 0)
     groups = expert_groups(counts, token_alignment(recipe))
-    return _GroupedLinear.apply(x, weight, bias, groups, recipe, seed, backend)
+    return _GroupedLinear.apply(x, weight, bias, groups, recipe, seed, first_expert, backend)

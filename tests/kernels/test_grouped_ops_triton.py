@@ -1,48 +1,117 @@
 """Grouped expert GEMMs on the kernel path, bit for bit against the per-expert twin.
 
 The grouped path quantizes each operand of all experts in one kernel launch (the stacked
-weight, the padded token matrix in both layouts); the twin runs `ops` one expert at a time,
-on each padded segment, on the torch reference (`backend="torch"`). Both products go through the same loop
-of matmuls (`gemm_backend="loop"`), so equal operands give equal results bit for bit: a
-block crossing an expert, a wrong SR key or a lost padding row shows as a difference.
-Runs in Triton's CPU interpreter without a GPU (conftest.py), on CUDA where there is one.
+weight, the padded token matrix in both layouts), with SR keyed per expert segment
+(`segments=`: kernels/segments_triton.py); the twin runs `ops` one expert at a time, on each
+padded segment, through per-expert launches with one seed each. Both products go through the
+same loop of matmuls (`gemm_backend="loop"`) on operands of the same memory layout (the
+kernels return column-wise operands as transposed views, the reference contiguous ones, and a
+bf16 matmul's summation order may depend on the layout), so equal operands give equal results
+bit for bit: a block crossing an expert, a wrong SR key or a lost padding row shows as a
+difference. That the segment-keyed launches equal the torch reference is checked on the
+operands themselves (segment_kernels_match_reference, and at full size on the GPU).
+Runs in Triton's CPU interpreter without a GPU (conftest.py), on CUDA where there is one
+(tools/gpu_perf.sh runs this file).
 
-| test                                          | recipes                          | device |
-| grouped_kernel_path_matches_per_expert_twin   | ufp4 (16-tensor kernels, SR), e2m1, nvfp4 (e4m3 per expert, 2D weight tiles), mxfp4 (block 32, generic kernel) | interpreter / CUDA |
+| test                                          | what                             | device |
+| segment_kernels_match_reference               | segment-keyed SR, row and column segments x row16, col16, generic (block 32, RHT32), pair, dual launches vs numerics.quantize_view(segments=) | interpreter / CUDA |
+| kernels_refuse_segments_off_16                | strict names it; auto falls back to the reference | interpreter / CUDA |
+| grouped_kernel_path_matches_per_expert_twin   | ufp4 (16-tensor kernels, SR on dY / on every operand, bf16 and fp16), e2m1, nvfp4 (e4m3 per expert, 2D weight tiles), mxfp4 (block 32, generic kernel) | interpreter / CUDA |
 | gpu_grouped_mm_matches_loop                   | bf16, ufp4: torch._grouped_mm (CUTLASS) vs cuBLAS per expert, fp32 accumulation order only | CUDA, bf16 |
+| gpu_grouped_sr_is_per_expert                  | ufp4 SR (dY, every operand) at 1792x2048 experts: segment-keyed operands == reference, grouped == twin bitwise; an expert's dX rows and dW unchanged (bitwise; within bf16 ulps through torch._grouped_mm) when other experts' token counts change or experts split over two calls | CUDA |
 """
 import pytest
 import torch
 
-from ufp4_megatron import get_recipe
+from ufp4_megatron import get_recipe, kernels
 from ufp4_megatron import grouped_ops as G
+from ufp4_megatron.fake_quant import quantize_view as dispatch
+from ufp4_megatron.numerics.hadamard import RHT
+from ufp4_megatron.numerics.quantize import quantize_view as reference
+from ufp4_megatron.numerics.segments import Segments
+
+from kernel_assertions import assert_bitwise
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
-def _data(counts, e, n, k, seed):
+def _data(counts, e, n, k, seed, dtype=torch.bfloat16):
     g = torch.Generator().manual_seed(seed)
     m = sum(counts)
-    mk = lambda *s: torch.randn(*s, generator=g).bfloat16().to(DEVICE)  # noqa: E731
+    mk = lambda *s: torch.randn(*s, generator=g).to(dtype).to(DEVICE)  # noqa: E731
     return mk(m, k), mk(e, n, k), mk(m, n)
 
 
-@pytest.mark.parametrize("name", ("ufp4", "e2m1", "nvfp4", "mxfp4"))
-def test_grouped_kernel_path_matches_per_expert_twin(name):
+STARTS, SEEDS = (0, 16, 16, 48), (11, 2**62 + 5, 33, 7)  # segment 1 is empty
+# (layout, quantize_view options): which kernel family runs
+FAMILIES = {"row16": ("row", dict(rht=RHT(16, 1))), "col16": ("col", dict(rht=RHT(16, 1))),
+            "row16_plain": ("row", {}), "generic_block32": ("row", dict(block=32)),
+            "generic_rht32_col": ("col", dict(rht=RHT(32, 2)))}
+
+
+@pytest.mark.parametrize("axis", (0, 1))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_segment_kernels_match_reference(family, axis):
+    layout, kw = FAMILIES[family]
+    g = torch.Generator().manual_seed(axis)
+    x = torch.randn(64, 72, generator=g).bfloat16().to(DEVICE)
+    view = x if layout == "row" else x.t().contiguous().t()  # col: a transposed view
+    unit = 32 if kw.get("block") == 32 or kw.get("rht", RHT(16, 0)).size == 32 else 16
+    starts = STARTS if axis == 0 else tuple(s * unit // 16 for s in STARTS)
+    view = view[:, : 4 * unit] if axis == 1 else view
+    args = dict(rounding="sr", origin=(3, 8), segments=Segments(axis, starts, SEEDS), **kw)
+    assert_bitwise(kernels.quantize_view(view, "e1m2", **args), reference(view, "e1m2", **args),
+                   f"{family} axis {axis}")
+
+
+def test_segment_pair_and_dual_launches_match_reference():
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(64, 48, generator=g).bfloat16().to(DEVICE)
+    b = torch.randn(32, 64, generator=g).bfloat16().to(DEVICE)
+    rht = RHT(16, 1)
+    ka = dict(grid="e1m2", rounding="sr", rht=rht, segments=Segments(0, STARTS, SEEDS))
+    kb = dict(grid="int4", rounding="sr", rht=rht, origin=(16, 4),
+              segments=Segments(1, STARTS[:3], SEEDS[:3]))
+    qa, qb = kernels.quantize_pair(a, ka, b.t(), kb)  # row job + column job, one launch
+    assert_bitwise(qa, reference(a, **ka), "pair a")
+    assert_bitwise(qb, reference(b.t(), **kb), "pair b")
+    kc = dict(kb, segments=Segments(1, STARTS, SEEDS))
+    row, col = kernels.quantize_dual(a, dict(ka, rht=RHT(32, 3)), dict(kc, rht=RHT(32, 3),
+                                                                       block=32))
+    assert_bitwise(row, reference(a, **dict(ka, rht=RHT(32, 3))), "dual row")
+    assert_bitwise(col, reference(a.t(), **dict(kc, rht=RHT(32, 3), block=32)), "dual col")
+
+
+def test_kernels_refuse_segments_off_16():
+    x = torch.randn(48, 32).bfloat16().to(DEVICE)
+    kw = dict(rounding="sr", segments=Segments(0, (0, 8), (1, 2)))
+    assert "multiples of 16" in kernels.unsupported(x, "e1m2", **kw)
+    with pytest.raises(ValueError, match="starts must be multiples of 16"):
+        kernels.quantize_view(x, "e1m2", **kw)
+    assert torch.equal(dispatch(x, "e1m2", **kw), reference(x, "e1m2", **kw))  # auto: reference
+    assert kernels.supports(x, "e1m2", **dict(kw, rounding="rtne"))  # RTNE ignores segments
+
+
+@pytest.mark.parametrize("name,overrides,dtype", [
+    ("ufp4", {}, torch.bfloat16), ("ufp4", {"sr": ("dy", "x", "w")}, torch.bfloat16),
+    ("ufp4", {}, torch.float16), ("e2m1", {}, torch.bfloat16), ("nvfp4", {}, torch.bfloat16),
+    ("mxfp4", {"sr": ("dy", "x", "w")}, torch.bfloat16)])
+def test_grouped_kernel_path_matches_per_expert_twin(name, overrides, dtype):
     counts = (0, 7, 33) if DEVICE == "cpu" else (0, 300, 1, 517, 64)
     e, n, k = len(counts), 64, 96
-    r = get_recipe(name)
-    x, w, dy = _data(counts, e, n, k, seed=len(name))
+    r = get_recipe(name, **overrides)
+    x, w, dy = _data(counts, e, n, k, seed=len(name), dtype=dtype)
     g = G.ExpertGroups(counts, G.token_alignment(r))
     x, dy = g.pad(x), g.pad(dy)
     for fn, ref, args, origins in (
             (G.fprop, G.reference_fprop, (x, w), dict(x_origin=(0, 32), w_origin=(64, 32))),
             (G.dgrad, G.reference_dgrad, (dy, w), dict(dy_origin=(0, 64), w_origin=(64, 32))),
             (G.wgrad, G.reference_wgrad, (dy, x), dict(dy_origin=(0, 64), x_origin=(0, 32)))):
-        got = fn(*args, g, r, seed=77, backend="triton", gemm_backend="loop", **origins)
-        want = ref(*args, g, r, seed=77, backend="torch", **origins)
-        assert torch.equal(got, want), f"{name} {fn.__name__}"
+        got = fn(*args, g, r, seed=77, first_expert=3, backend="triton", gemm_backend="loop",
+                 **origins)
+        want = ref(*args, g, r, seed=77, first_expert=3, backend="triton", **origins)
+        assert torch.equal(got, want), f"{name} {overrides} {fn.__name__}"
 
 
 @pytest.mark.gpu
@@ -62,3 +131,62 @@ def test_gpu_grouped_mm_matches_loop(name):
         assert ((fused - loop).abs() <= 2 ** -6 * loop.abs() + 1e-2).all(), fn.__name__
         if fn is G.wgrad:
             assert torch.equal(fused[0], torch.zeros_like(fused[0]))
+
+
+def _expert_backward(recipe, counts, toks, w, dys, *, first_expert=0, gemm_backend):
+    """Per local expert: (dX rows, dW) of grouped dgrad and wgrad on these counts."""
+    g = G.ExpertGroups(counts, G.token_alignment(recipe))
+    x = g.pad(torch.cat([t[:c] for t, c in zip(toks, counts)]))
+    dy = g.pad(torch.cat([d[:c] for d, c in zip(dys, counts)]))
+    kw = dict(seed=2024, first_expert=first_expert, gemm_backend=gemm_backend)
+    dx, dw = G.dgrad(dy, w, g, recipe, **kw), G.wgrad(dy, x, g, recipe, **kw)
+    return [(dx[s:s + c], dw[e]) for e, (s, c) in enumerate(zip(g.padded_starts, counts))]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device")
+@pytest.mark.parametrize("sr", (("dy",), ("dy", "x", "w")))
+def test_gpu_grouped_sr_is_per_expert(sr):
+    """The grouped SR path with the real kernels: equal to the per-expert twin bit for bit,
+    and each expert's results independent of the other experts' token counts and of how the
+    experts are split over calls (EP ranks)."""
+    r = get_recipe("ufp4", sr=sr)
+    counts = (0, 300, 1, 517, 64, 2048)
+    e, n, k = len(counts), 1792, 2048
+    x, w, dy = _data(counts, e, n, k, seed=9)
+    g = G.ExpertGroups(counts, G.token_alignment(r))
+    xp, dyp = g.pad(x), g.pad(dy)
+    for fn, ref, args in ((G.fprop, G.reference_fprop, (xp, w)),
+                          (G.dgrad, G.reference_dgrad, (dyp, w)),
+                          (G.wgrad, G.reference_wgrad, (dyp, xp))):
+        got = fn(*args, g, r, seed=31, first_expert=6, backend="triton", gemm_backend="loop")
+        want = ref(*args, g, r, seed=31, first_expert=6, backend="triton")
+        assert torch.equal(got, want), fn.__name__
+    # the segment-keyed launches themselves, against the torch reference: dY row-wise (dgrad)
+    # and column-wise (wgrad), expert segments at the padded starts
+    seeds = tuple(range(101, 101 + e))
+    for view, axis in ((dyp, 0), (dyp.t(), 1)):
+        kw = dict(rounding="sr", rht=RHT(16, r.rht_seed), origin=(0, 64),
+                  segments=Segments(axis, g.padded_starts, seeds))
+        assert_bitwise(kernels.quantize_view(view, "e1m2", **kw), reference(view, "e1m2", **kw),
+                       f"segments axis {axis}")
+
+    gen = torch.Generator().manual_seed(4)
+    toks = [torch.randn(2048, k, generator=gen).bfloat16().to(DEVICE) for _ in range(e)]
+    dys = [torch.randn(2048, n, generator=gen).bfloat16().to(DEVICE) for _ in range(e)]
+    for backend in ("loop", "auto"):  # per-expert cuBLAS; torch._grouped_mm (CUTLASS)
+        base = _expert_backward(r, counts, toks, w, dys, gemm_backend=backend)
+        others = [_expert_backward(r, (700, 300, 0, 517, 64, 5), toks, w, dys,
+                                   gemm_backend=backend),
+                  _expert_backward(r, counts[:3], toks[:3], w[:3], dys[:3],
+                                   gemm_backend=backend) +
+                  _expert_backward(r, counts[3:], toks[3:], w[3:], dys[3:], first_expert=3,
+                                   gemm_backend=backend)]
+        for other in others:
+            for ex in (1, 3, 4):  # experts whose own tokens are unchanged
+                for got, want in zip(other[ex], base[ex]):
+                    if backend == "loop":
+                        assert torch.equal(got, want), (backend, ex)
+                    else:  # CUTLASS may pick another tile shape for other group sizes
+                        got, want = got.float(), want.float()
+                        assert ((got - want).abs() <= 2 ** -6 * want.abs() + 1e-2).all(), ex

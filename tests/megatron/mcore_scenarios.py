@@ -251,14 +251,17 @@ def _expert_checks() -> dict:
     probs = torch.rand(int(counts.sum()), generator=g)
     dy = torch.randn(int(counts.sum()), 64, generator=g)
     out = {}
-    for label, overrides in (("rtne", {"sr": ()}), ("sr", {})):
-        b1, b2 = _binding("ufp4", **overrides), _binding("ufp4", **overrides)
+    for label, overrides in (("rtne", {"sr": ()}), ("sr", {}),
+                             ("sr_all", {"sr": ("dy", "x", "w")})):
+        # one SR stream per host, equal ones: both hosts must draw the same seeds from them
+        seqb = _binding("ufp4", **overrides), _binding("ufp4", seed=6, **overrides)
+        grpb = _binding("ufp4", **overrides), _binding("ufp4", seed=6, **overrides)
         seq = UFP4SequentialMLP(4, config, MLPSubmodules(
-            linear_fc1=partial(UFP4ColumnParallelLinear, ufp4=b1),
-            linear_fc2=partial(UFP4RowParallelLinear, ufp4=b2)), pg_collection=pgc)
+            linear_fc1=partial(UFP4ColumnParallelLinear, ufp4=seqb[0]),
+            linear_fc2=partial(UFP4RowParallelLinear, ufp4=seqb[1])), pg_collection=pgc)
         grp = TEGroupedMLP(4, config, GroupedMLPSubmodules(
-            linear_fc1=partial(UFP4ColumnParallelGroupedLinear, ufp4=b1),
-            linear_fc2=partial(UFP4RowParallelGroupedLinear, ufp4=b2)), pg_collection=pgc)
+            linear_fc1=partial(UFP4ColumnParallelGroupedLinear, ufp4=grpb[0]),
+            linear_fc2=partial(UFP4RowParallelGroupedLinear, ufp4=grpb[1])), pg_collection=pgc)
         with torch.no_grad():
             for i, e in enumerate(seq.local_experts):
                 grp.linear_fc1.weight[i].copy_(e.linear_fc1.weight)
@@ -271,12 +274,22 @@ def _expert_checks() -> dict:
             res[name] = (y.detach(), xi.grad)
         wgrads = [(e.linear_fc1.weight.grad, grp.linear_fc1.weight.grad[0])
                   for e in seq.local_experts[:1]]
+        dw_seq = [torch.stack([getattr(e, f).weight.grad for e in seq.local_experts])
+                  for f in ("linear_fc1", "linear_fc2")]
+        dw_grp = [grp.linear_fc1.weight.grad, grp.linear_fc2.weight.grad]
         out[label] = {
             "grouped_vs_sequential_maxabs": max((res["seq"][0] - res["grp"][0]).abs().max().item(),
-                                                (res["seq"][1] - res["grp"][1]).abs().max().item()),
+                                                (res["seq"][1] - res["grp"][1]).abs().max().item(),
+                                                *((a - b).abs().max().item()
+                                                  for a, b in zip(dw_seq, dw_grp))),
+            "draws": {"seq": [b.seeds.draws for b in seqb], "grp": [b.seeds.draws for b in grpb]},
             "all_finite": all(bool(t.isfinite().all()) for pair in res.values() for t in pair),
             "empty_expert_wgrad_maxabs": max(w.abs().max().item() for pair in wgrads for w in pair),
             "expert_indices": [e.linear_fc1.expert_index for e in seq.local_experts],
+            # how far SR moves dx from RTNE: the SR comparisons above are not trivially equal
+            "dx_vs_rtne_maxabs": (res["grp"][1] - out["rtne"]["dx"]).abs().max().item()
+            if "rtne" in out else 0.0,
+            "dx": res["grp"][1],
         }
     return out
 
@@ -390,25 +403,28 @@ def seed_stream() -> dict:
         layer(x.requires_grad_())
         out[label] = (eval_draws, binding.seeds.draws)
 
-    # Resume: step 2 after restoring the stream saved after step 1 == step 2 of the original.
-    state = full_state(build_gpt(config, UFP4Policy("bf16")))
-    policy = UFP4Policy("ufp4", sr_seed=3)
-    model = build_gpt(config, policy)
-    load_full_state(model, state)
-    loss_and_backward(model, batch(0))
-    saved = policy.state_dict()
-    model.zero_grad(set_to_none=True)
-    loss_and_backward(model, batch(1))
-    step2 = full_grads(model)
-    for label, restore in (("resumed", True), ("fresh", False)):
+    # Resume: step 2 after restoring the stream saved after step 1 == step 2 of the original;
+    # dense, and MoE with either expert host (their experts draw once per role and forward)
+    for prefix, cfg, experts in (("", config, 0), ("moe_", tiny_config(moe=True), 4),
+                                 ("moe_grouped_", tiny_config(moe=True, grouped=True), 4)):
+        state = full_state(build_gpt(tiny_config(moe=bool(experts)), UFP4Policy("bf16")))
         policy = UFP4Policy("ufp4", sr_seed=3)
-        model = build_gpt(config, policy)
-        load_full_state(model, state)
-        if restore:
-            policy.load_state_dict(saved)
+        model = build_gpt(cfg, policy)
+        load_full_state(model, state, experts)
+        loss_and_backward(model, batch(0))
+        saved = policy.state_dict()
+        model.zero_grad(set_to_none=True)
         loss_and_backward(model, batch(1))
-        grads = full_grads(model)
-        out[label] = max((grads[k] - step2[k]).abs().max().item() for k in step2)
+        step2 = full_grads(model, experts)
+        for label, restore in (("resumed", True), ("fresh", False)):
+            policy = UFP4Policy("ufp4", sr_seed=3)
+            model = build_gpt(cfg, policy)
+            load_full_state(model, state, experts)
+            if restore:
+                policy.load_state_dict(saved)
+            loss_and_backward(model, batch(1))
+            grads = full_grads(model, experts)
+            out[prefix + label] = max((grads[k] - step2[k]).abs().max().item() for k in step2)
     return out
 
 

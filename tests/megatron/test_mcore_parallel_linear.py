@@ -9,8 +9,9 @@
 - test_grad_accumulation_fusion_accumulates_into_main_grad: wgrad added into main_grad,
   weight.grad left None, without apex.
 - test_shard_of_partial_blocks_raises_clear_error: K/TP not a multiple of the block.
-- test_grouped_experts_match_sequential_experts_bitwise_without_sr, test_empty_expert_...,
-  test_sequential_experts_know_their_global_index: the two expert hosts;
+- test_grouped_experts_match_sequential_experts_bitwise (RTNE, SR on dY, SR on every operand:
+  the two hosts key each expert's SR bits alike and draw one seed per role and forward),
+  test_empty_expert_..., test_sequential_experts_know_their_global_index: the two hosts;
   test_grouped_experts_checkpoint_weights_layout_equals_sequential: their distributed checkpoints hold
   the same expert weights (sharded keys, global shapes, the global box of every expert under
   EP=2, EP=2 with SwiGLU, expert-TP=2 with SwiGLU); the grouped linears save their stacked
@@ -51,8 +52,15 @@ def test_shard_of_partial_blocks_raises_clear_error(mcore_results):
     assert "24 is not a multiple of 16" in message and "TP" in message
 
 
-def test_grouped_experts_match_sequential_experts_bitwise_without_sr(mcore_results):
-    assert mcore_results["layers"]["experts"]["rtne"]["grouped_vs_sequential_maxabs"] == 0.0
+@pytest.mark.parametrize("rounding", ("rtne", "sr", "sr_all"))
+def test_grouped_experts_match_sequential_experts_bitwise(mcore_results, rounding):
+    experts = mcore_results["layers"]["experts"][rounding]  # y, dx, dW of fc1 and fc2
+    assert experts["grouped_vs_sequential_maxabs"] == 0.0
+    # one draw per role (fc1, fc2) and forward in both hosts: the same stream position
+    assert experts["draws"]["seq"] == experts["draws"]["grp"] == ([0, 0] if rounding == "rtne"
+                                                                  else [1, 1])
+    if rounding != "rtne":
+        assert experts["dx_vs_rtne_maxabs"] > 0  # SR is on: the equality above is not RTNE's
 
 
 @pytest.mark.parametrize("rounding", ("rtne", "sr"))
@@ -90,7 +98,8 @@ def test_sr_seeds_drawn_only_by_forwards_that_will_backward_with_sr(mcore_result
     assert seeds["no_sr"] == (0, 0)
 
 
-def test_restoring_sr_seed_state_resumes_bit_exactly(mcore_results):
+@pytest.mark.parametrize("model", ("", "moe_", "moe_grouped_"))  # dense; SequentialMLP; grouped
+def test_restoring_sr_seed_state_resumes_bit_exactly(mcore_results, model):
     seeds = mcore_results["seeds"]
-    assert seeds["resumed"] == 0.0
-    assert seeds["fresh"] > 0.0  # without the saved state, step 2 draws other SR bits
+    assert seeds[model + "resumed"] == 0.0
+    assert seeds[model + "fresh"] > 0.0  # without the saved state, step 2 draws other SR bits

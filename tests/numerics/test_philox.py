@@ -7,7 +7,8 @@ tensor's bits; different seeds give different bits.
 import pytest
 import torch
 
-from ufp4_megatron.numerics.philox import mix_seed, philox_rounds, position_bits, uniform24
+from ufp4_megatron.numerics.philox import (mix_seed, mix_seeds, philox_rounds, position_bits,
+                                           uniform24)
 
 
 @pytest.mark.parametrize("ctr,key,expected", [
@@ -45,3 +46,13 @@ def test_seeds_give_independent_uniforms():
     assert abs(float(a.mean()) - 0.5) < 0.0057
     assert abs(float(torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1])) < 0.02
     assert mix_seed(1, 0, 1) != mix_seed(1, 1, 0) and 0 <= mix_seed(2**62, 5) < 2**63
+
+
+@pytest.mark.filterwarnings("error")  # no numpy overflow warning: uint64 wraps by design
+def test_mix_seeds_equals_mix_seed_elementwise():
+    g = torch.Generator().manual_seed(0)
+    seeds = [int(v) for v in torch.randint(0, 2**62, (50,), generator=g)] + [0, 2**63 - 1]
+    per = list(range(len(seeds)))
+    assert mix_seeds(seeds, 7, 2**64 - 1) == [mix_seed(s, 7, 2**64 - 1) for s in seeds]
+    assert mix_seeds(seeds, per, 3) == [mix_seed(s, e, 3) for s, e in zip(seeds, per)]
+    assert mix_seeds([], 1) == []

@@ -11,6 +11,11 @@ Host time is what small and medium layers pay per QDQ (docs/kernel-notes.md). Ev
 depends only on the settings, the input dtype and the device (level tables, signs, constexpr
 arguments) is built once into a cached `_Plan`; a call computes only the shapes, the output
 and its scalars (seed, origin, the e4m3 tensor scale).
+
+Segment-keyed SR (`segments=`, numerics/segments.py: one seed and origin per row or column
+range, the experts of a grouped GEMM) passes three small device tables per layout
+(segments_triton.py); their static parts are cached by segment starts, the seeds are copied
+per call. Without SR the segments change nothing and are not passed.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from ..numerics.hadamard import RHT
 from ..numerics.quantize import e4m3_tensor_amax, output_dtype, padded_length
 from ..numerics.rounding import midpoints
 from ..numerics.scaling import E4M3_MAX
+from ..numerics.segments import Segments
 from . import quantize16_triton as k16
 from .quantize_triton import _qdq_kernel
 
@@ -71,10 +77,11 @@ class _Layout(NamedTuple):
     quantized-dim length written."""
 
     plan: _Plan
-    args: tuple  # lv, mid, st, sign, norm, gmax, gneg, seed, origin0, origin1
+    args: tuple  # lv, mid, st, sign, norm, gmax, gneg, seed, origin0, origin1, + 4 segment args
     length: int
     other: int
     out_len: int
+    seg: int  # SR keys: 0 one seed for the view, 1 per row segment, 2 per column segment
 
 
 _PLANS: dict = {}
@@ -168,8 +175,8 @@ def _is_int(v) -> bool:
     return type(v) is int or (isinstance(v, numbers.Integral) and not isinstance(v, bool))
 
 
-def _call_reason(x, rounding, seed, origin) -> str | None:
-    """What the kernels refuse in a call's own arguments (shape, seed, origin)."""
+def _call_reason(x, rounding, seed, origin, segments=None) -> str | None:
+    """What the kernels refuse in a call's own arguments (shape, seed, origin, segments)."""
     if x.dim() != 2:
         return f"a {x.dim()}-D view (kernels take 2D views)"
     if x.numel() == 0:
@@ -181,23 +188,31 @@ def _call_reason(x, rounding, seed, origin) -> str | None:
         return f"origin={origin!r} (two non-negative ints)"
     if rounding == "sr" and origin[1] % 4:
         return f"an SR column origin of {origin[1]} (a multiple of 4)"
+    if segments is not None:
+        if not isinstance(segments, Segments):
+            return f"segments={segments!r} (pass numerics.segments.Segments)"
+        if rounding == "sr" and any(s % 16 for s in segments.starts):
+            return (f"SR segments starting at {segments.starts} (the kernels' tables hold one "
+                    "entry per 16 positions: starts must be multiples of 16)")
     return None
 
 
 def unsupported(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool = False,
                 scale: str = "fp32", rounding: str = "rtne", rht: RHT | None = None,
                 seed: int = 0, origin: tuple[int, int] = (0, 0), tensor_amax=None,
-                keep_padding: bool = False, out_dtype: torch.dtype | None = None) -> str | None:
+                keep_padding: bool = False, out_dtype: torch.dtype | None = None,
+                segments: Segments | None = None) -> str | None:
     """None when the kernels reproduce the reference for these arguments, else what they do
     not implement (the caller then runs the reference, or, for backend="triton", says so).
     Not implemented: blocks other than 16/32, dtypes other than fp32/bf16/fp16, e4m3 scales
     on the two's-complement grid (its tensor scale depends on every block's sign), empty
-    tensors, and arguments the reference itself rejects."""
+    tensors, SR segments that do not start at multiples of 16, and arguments the reference
+    itself rejects."""
     plan = _plan(x.dtype, x.device, grid, block, block_2d, scale, rounding, rht, keep_padding,
                  out_dtype)
     if isinstance(plan, str):
         return plan
-    return _call_reason(x, rounding, seed, origin)
+    return _call_reason(x, rounding, seed, origin, segments)
 
 
 def supports(x: torch.Tensor, grid, **kw) -> bool:
@@ -214,12 +229,13 @@ def check_device(x: torch.Tensor) -> None:
 
 def _layout(view: torch.Tensor, grid, block=16, block_2d=False, scale="fp32", rounding="rtne",
             rht=None, seed=0, origin=(0, 0), tensor_amax=None, keep_padding=False,
-            out_dtype=None, strict=True) -> _Layout | None:
+            out_dtype=None, segments=None, strict=True) -> _Layout | None:
     """The call's layout; for arguments the kernels do not implement a ValueError naming
     them (strict) or None (the caller runs the reference)."""
     plan = _plan(view.dtype, view.device, grid, block, block_2d, scale, rounding, rht,
                  keep_padding, out_dtype)
-    reason = plan if isinstance(plan, str) else _call_reason(view, rounding, seed, origin)
+    reason = plan if isinstance(plan, str) else _call_reason(view, rounding, seed, origin,
+                                                             segments)
     if reason is not None:
         if not strict:
             return None
@@ -233,10 +249,42 @@ def _layout(view: torch.Tensor, grid, block=16, block_2d=False, scale="fp32", ro
         if tensor_amax is None:
             tensor_amax = e4m3_tensor_amax(view, block=block, block_2d=block_2d, rht=rht)
         st = (tensor_amax.to(torch.float32) / (E4M3_MAX * plan.g_top)).reshape(1)
-    args = (plan.lv, plan.mid, st, plan.sign, *plan.scalars, int(seed), int(origin[0]),
-            int(origin[1]))
     other = -(-R // block) * block if block_2d else R
-    return _Layout(plan, args, length, other, length if keep_padding else C)
+    seg = 0 if segments is None or rounding != "sr" else 1 + segments.axis
+    tables = (_segment_tables(segments, other if seg == 1 else length, view.device) if seg
+              else (plan.lv, 1, plan.lv, plan.lv))  # unused without segments
+    args = (plan.lv, plan.mid, st, plan.sign, *plan.scalars, int(seed), int(origin[0]),
+            int(origin[1]), *tables)
+    return _Layout(plan, args, length, other, length if keep_padding else C, seg)
+
+
+_SEGMENT_TABLES: dict = {}
+
+
+def _segment_tables(segments: Segments, length: int, device) -> tuple:
+    """(idx, n16, seeds, starts) of segments over `length` positions along their axis: the
+    segment of every 16 positions (int32, n16 entries; segments_triton.py clamps positions
+    past it), each segment's seed (int64) and start (int32). The first two and the last
+    depend on the layout only and are cached; the seeds change every call."""
+    n16 = max(1, -(-length // 16))
+    key = (segments.starts, n16, str(device))
+    static = _SEGMENT_TABLES.get(key)
+    if static is None:
+        if len(_SEGMENT_TABLES) > 256:  # layouts change with routing; never grow unbounded
+            _SEGMENT_TABLES.clear()
+        idx = segments.index(torch.arange(n16, dtype=torch.int64) * 16).to(torch.int32)
+        starts = torch.tensor(segments.starts, dtype=torch.int32)
+        static = _SEGMENT_TABLES[key] = (_to_device(idx, device), _to_device(starts, device))
+    seeds = _to_device(torch.tensor(segments.seeds, dtype=torch.int64), device)
+    return static[0], n16, seeds, static[1]
+
+
+def _to_device(t: torch.Tensor, device) -> torch.Tensor:
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    # pinned + non_blocking: a pageable copy would synchronise the stream with the host
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -274,17 +322,17 @@ def _launch16(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> tor
     _, view, n, warps, args, (t0, t1) = _job16(t, lay, along_rows, tile)
     if along_rows:
         k16._col16_kernel[n](*args, BG=t0, BB=t1, num_warps=warps, INTERP=INTERPRETED,
-                             **lay.plan.consts16)
+                             SEG=lay.seg, **lay.plan.consts16)
     else:
         k16._row16_kernel[n](*args, BR=t0, BG=t1, num_warps=warps, INTERP=INTERPRETED,
-                             **lay.plan.consts16)
+                             SEG=lay.seg, **lay.plan.consts16)
     return view
 
 
 # constexprs of an unused slot of the generic kernel
 _OFF = {p: {p + k: v for k, v in {"B": 16, "2D": False, "SCALE": 0, "SR": False, "LOGH": 0,
                                    "NLEV": 2, "ASYM": False, "D": 0.0, "INV_D": 0.0,
-                                   "EXACT_DIV": True}.items()}
+                                   "EXACT_DIV": True, "SEG": 0}.items()}
         for p in ("R_", "C_")}
 
 
@@ -306,9 +354,9 @@ def _launch(t: torch.Tensor, row: _Layout | None, col: _Layout | None, tiles=Non
                if row else dummy)
     col_out = (torch.empty(col.out_len, B, dtype=col.plan.out_dtype, device=t.device)
                if col else dummy)
-    filler = (dummy, dummy, dummy, dummy, 1.0, 1.0, 1.0, 0, 0, 0)
-    rc = row.plan.prefixed["R_"] if row else _OFF["R_"]
-    cc = col.plan.prefixed["C_"] if col else _OFF["C_"]
+    filler = (dummy, dummy, dummy, dummy, 1.0, 1.0, 1.0, 0, 0, 0, dummy, 1, dummy, dummy)
+    rc = {**row.plan.prefixed["R_"], "R_SEG": row.seg} if row else _OFF["R_"]
+    cc = {**col.plan.prefixed["C_"], "C_SEG": col.seg} if col else _OFF["C_"]
     grid = (_cdiv(a_len, ba), _cdiv(b_len, bb))
     _qdq_kernel[grid](
         t, t.stride(0), A, B,
@@ -370,8 +418,8 @@ def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *, t
     programs_a = na[0] * na[1]
     k16._pair16_kernel[(programs_a + nb[0] * nb[1],)](
         *args_a, na[1], programs_a, *args_b, nb[1],
-        A_COL=a_rows, A_T0=a0, A_T1=a1, **la.plan.prefixed["A_"],
-        B_COL=b_rows, B_T0=b0, B_T1=b1, **lb.plan.prefixed["B_"],
+        A_COL=a_rows, A_T0=a0, A_T1=a1, A_SEG=la.seg, **la.plan.prefixed["A_"],
+        B_COL=b_rows, B_T0=b0, B_T1=b1, B_SEG=lb.seg, **lb.plan.prefixed["B_"],
         INTERP=INTERPRETED, num_warps=wa)
     return va, vb
 

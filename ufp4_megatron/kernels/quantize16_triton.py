@@ -15,6 +15,7 @@ import triton.language as tl
 from .quantize_triton import _cast_out, _div_fast
 from .rounding_triton import round_rtne, round_sr, round_uniform_rtne, round_uniform_sr
 from .scaling_triton import block_scale
+from .segments_triton import segment_keys
 
 
 @triton.jit
@@ -119,12 +120,14 @@ def _qdq16(xs, c4, r, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg,
 
 @triton.jit
 def _col16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr,
-               sign_ptr, norm, gmax, gneg, seed, org0, org1,
+               sign_ptr, norm, gmax, gneg, seed, org0, org1, sg_idx, sg_n16, sg_seed, sg_start,
                BG: tl.constexpr, BB: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
                RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr, D: tl.constexpr,
-               INV_D: tl.constexpr, EXACT_DIV: tl.constexpr, INTERP: tl.constexpr):
+               INV_D: tl.constexpr, EXACT_DIV: tl.constexpr, SEG: tl.constexpr,
+               INTERP: tl.constexpr):
     """Program (p0, p1) of a column job: out [out_len, B] row-major, rows 16 g .. 16 g + 15
-    of x quantized as one block."""
+    of x quantized as one block. The view is x.t(): view row b, view column 16 g + j; SEG keys
+    SR per segment (segments_triton.py)."""
     g = p0 * BG + tl.arange(0, BG)[:, None]
     b = p1 * BB + tl.arange(0, BB)[None, :]
     xs = ()
@@ -132,7 +135,8 @@ def _col16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
         a = g * 16 + j
         x = tl.load(x_ptr + a.to(tl.int64) * stride_a + b, mask=(a < A) & (b < B), other=0.0)
         xs = xs + (x.to(tl.float32),)
-    ys = _qdq16(xs, (g * 16 + org1) >> 2, b + org0, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr,
+    sd, vr, vc = segment_keys(seed, b, g * 16, sg_idx, sg_n16, sg_seed, sg_start, SEG)
+    ys = _qdq16(xs, (vc + org1) >> 2, vr + org0, sd, lv_ptr, mid_ptr, st_ptr, sign_ptr,
                 norm, gmax, gneg, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV)
     for j in tl.static_range(16):
         a = g * 16 + j
@@ -142,15 +146,16 @@ def _col16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
 
 @triton.jit
 def _col16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr, sign_ptr,
-                  norm, gmax, gneg, seed, org0, org1,
+                  norm, gmax, gneg, seed, org0, org1, sg_idx, sg_n16, sg_seed, sg_start,
                   BG: tl.constexpr, BB: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
                   RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
                   D: tl.constexpr, INV_D: tl.constexpr, EXACT_DIV: tl.constexpr,
-                  INTERP: tl.constexpr):
+                  INTERP: tl.constexpr, SEG: tl.constexpr = 0):
     """One column job on a 2D grid of programs."""
     _col16_job(tl.program_id(0), tl.program_id(1), x_ptr, stride_a, A, B, out_ptr, out_len,
                lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg, seed, org0, org1,
-               BG, BB, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV, INTERP)
+               sg_idx, sg_n16, sg_seed, sg_start,
+               BG, BB, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV, SEG, INTERP)
 
 
 @triton.jit
@@ -181,10 +186,11 @@ def _join8(ys, o: tl.constexpr, BR: tl.constexpr, BG: tl.constexpr):
 
 @triton.jit
 def _row16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr,
-               sign_ptr, norm, gmax, gneg, seed, org0, org1,
+               sign_ptr, norm, gmax, gneg, seed, org0, org1, sg_idx, sg_n16, sg_seed, sg_start,
                BR: tl.constexpr, BG: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
                RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr, D: tl.constexpr,
-               INV_D: tl.constexpr, EXACT_DIV: tl.constexpr, INTERP: tl.constexpr):
+               INV_D: tl.constexpr, EXACT_DIV: tl.constexpr, SEG: tl.constexpr,
+               INTERP: tl.constexpr):
     """Program (p0, p1) of a row job: out [A, out_len] row-major, quantized along B in blocks
     of 16. Each block is loaded as two 16-byte halves and split in registers into 16
     tensors, then as in _col16_job."""
@@ -198,7 +204,8 @@ def _row16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
     xs = _split8(lo, BR, BG) + _split8(hi, BR, BG)
     g2 = tl.reshape(g, (1, BG))
     r2 = tl.reshape(r, (BR, 1))
-    ys = _qdq16(xs, (g2 * 16 + org1) >> 2, r2 + org0, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr,
+    sd, vr, vc = segment_keys(seed, r2, g2 * 16, sg_idx, sg_n16, sg_seed, sg_start, SEG)
+    ys = _qdq16(xs, (vc + org1) >> 2, vr + org0, sd, lv_ptr, mid_ptr, st_ptr, sign_ptr,
                 norm, gmax, gneg, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV)
     out = out_ptr + r.to(tl.int64) * out_len
     tl.store(out + c_lo, _cast_out(_join8(ys, 0, BR, BG), out_ptr, INTERP),
@@ -209,41 +216,47 @@ def _row16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
 
 @triton.jit
 def _row16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr, sign_ptr,
-                  norm, gmax, gneg, seed, org0, org1,
+                  norm, gmax, gneg, seed, org0, org1, sg_idx, sg_n16, sg_seed, sg_start,
                   BR: tl.constexpr, BG: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
                   RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
                   D: tl.constexpr, INV_D: tl.constexpr, EXACT_DIV: tl.constexpr,
-                  INTERP: tl.constexpr):
+                  INTERP: tl.constexpr, SEG: tl.constexpr = 0):
     """One row job on a 2D grid of programs."""
     _row16_job(tl.program_id(0), tl.program_id(1), x_ptr, stride_a, A, B, out_ptr, out_len,
                lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg, seed, org0, org1,
-               BR, BG, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV, INTERP)
+               sg_idx, sg_n16, sg_seed, sg_start,
+               BR, BG, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV, SEG, INTERP)
 
 
 @triton.jit(noinline=True)
 def _job(p, n1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr, sign_ptr,
-         norm, gmax, gneg, seed, org0, org1,
+         norm, gmax, gneg, seed, org0, org1, sg_idx, sg_n16, sg_seed, sg_start,
          COL: tl.constexpr, T0: tl.constexpr, T1: tl.constexpr, SCALE: tl.constexpr,
          SR: tl.constexpr, RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
-         D: tl.constexpr, INV_D: tl.constexpr, EXACT_DIV: tl.constexpr, INTERP: tl.constexpr):
+         D: tl.constexpr, INV_D: tl.constexpr, EXACT_DIV: tl.constexpr, SEG: tl.constexpr,
+         INTERP: tl.constexpr):
     """Program p of a job whose 2D program grid has n1 columns, on a 1D launch. Not inlined:
     inlined, both jobs of a pair share one register allocation that exceeds either's (sm_90,
     ptxas: fprop pair 96 registers vs 63 for one row job; noinline: 64)."""
     if COL:
         _col16_job(p // n1, p % n1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
                    st_ptr, sign_ptr, norm, gmax, gneg, seed, org0, org1,
-                   T0, T1, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV, INTERP)
+                   sg_idx, sg_n16, sg_seed, sg_start,
+                   T0, T1, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV, SEG, INTERP)
     else:
         _row16_job(p // n1, p % n1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
                    st_ptr, sign_ptr, norm, gmax, gneg, seed, org0, org1,
-                   T0, T1, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV, INTERP)
+                   sg_idx, sg_n16, sg_seed, sg_start,
+                   T0, T1, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV, SEG, INTERP)
 
 
 @triton.jit
 def _pair16_kernel(a_x, a_stride, a_A, a_B, a_out, a_out_len, a_lv, a_mid, a_st, a_sign,
-                   a_norm, a_gmax, a_gneg, a_seed, a_org0, a_org1, a_n1, a_programs,
+                   a_norm, a_gmax, a_gneg, a_seed, a_org0, a_org1, a_sg_idx, a_sg_n16,
+                   a_sg_seed, a_sg_start, a_n1, a_programs,
                    b_x, b_stride, b_A, b_B, b_out, b_out_len, b_lv, b_mid, b_st, b_sign,
-                   b_norm, b_gmax, b_gneg, b_seed, b_org0, b_org1, b_n1,
+                   b_norm, b_gmax, b_gneg, b_seed, b_org0, b_org1, b_sg_idx, b_sg_n16,
+                   b_sg_seed, b_sg_start, b_n1,
                    A_COL: tl.constexpr, A_T0: tl.constexpr, A_T1: tl.constexpr,
                    A_SCALE: tl.constexpr, A_SR: tl.constexpr, A_RHT: tl.constexpr,
                    A_NLEV: tl.constexpr, A_ASYM: tl.constexpr, A_D: tl.constexpr,
@@ -251,7 +264,8 @@ def _pair16_kernel(a_x, a_stride, a_A, a_B, a_out, a_out_len, a_lv, a_mid, a_st,
                    B_COL: tl.constexpr, B_T0: tl.constexpr, B_T1: tl.constexpr,
                    B_SCALE: tl.constexpr, B_SR: tl.constexpr, B_RHT: tl.constexpr,
                    B_NLEV: tl.constexpr, B_ASYM: tl.constexpr, B_D: tl.constexpr,
-                   B_INV_D: tl.constexpr, B_EXACT_DIV: tl.constexpr, INTERP: tl.constexpr):
+                   B_INV_D: tl.constexpr, B_EXACT_DIV: tl.constexpr, INTERP: tl.constexpr,
+                   A_SEG: tl.constexpr = 0, B_SEG: tl.constexpr = 0):
     """Two jobs (the two operands of one GEMM) in one launch: programs [0, a_programs) run
     job a, the rest job b. Each program runs exactly the code of its single-job kernel, so
     the outputs are those of two launches, bit for bit; one launch saves one launch's host
@@ -259,9 +273,11 @@ def _pair16_kernel(a_x, a_stride, a_A, a_B, a_out, a_out_len, a_lv, a_mid, a_st,
     pid = tl.program_id(0)
     if pid < a_programs:
         _job(pid, a_n1, a_x, a_stride, a_A, a_B, a_out, a_out_len, a_lv, a_mid, a_st, a_sign,
-             a_norm, a_gmax, a_gneg, a_seed, a_org0, a_org1, A_COL, A_T0, A_T1, A_SCALE, A_SR,
-             A_RHT, A_NLEV, A_ASYM, A_D, A_INV_D, A_EXACT_DIV, INTERP)
+             a_norm, a_gmax, a_gneg, a_seed, a_org0, a_org1, a_sg_idx, a_sg_n16, a_sg_seed,
+             a_sg_start, A_COL, A_T0, A_T1, A_SCALE, A_SR, A_RHT, A_NLEV, A_ASYM, A_D, A_INV_D,
+             A_EXACT_DIV, A_SEG, INTERP)
     else:
         _job(pid - a_programs, b_n1, b_x, b_stride, b_A, b_B, b_out, b_out_len, b_lv, b_mid,
-             b_st, b_sign, b_norm, b_gmax, b_gneg, b_seed, b_org0, b_org1, B_COL, B_T0, B_T1,
-             B_SCALE, B_SR, B_RHT, B_NLEV, B_ASYM, B_D, B_INV_D, B_EXACT_DIV, INTERP)
+             b_st, b_sign, b_norm, b_gmax, b_gneg, b_seed, b_org0, b_org1, b_sg_idx, b_sg_n16,
+             b_sg_seed, b_sg_start, B_COL, B_T0, B_T1, B_SCALE, B_SR, B_RHT, B_NLEV, B_ASYM,
+             B_D, B_INV_D, B_EXACT_DIV, B_SEG, INTERP)

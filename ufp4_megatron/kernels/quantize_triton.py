@@ -19,6 +19,7 @@ import triton.language as tl
 from .hadamard_triton import rht_rows
 from .rounding_triton import round_rtne, round_sr, round_uniform_rtne, round_uniform_sr
 from .scaling_triton import block_amax, block_negative_extreme, block_scale, expand
+from .segments_triton import segment_keys
 
 
 @triton.jit
@@ -57,14 +58,16 @@ def _div_fast(a, b, y):
 
 
 @triton.jit
-def _qdq_tile(x, r, c_start, c_org, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg,
+def _qdq_tile(x, r, c_start, r_org, c_org, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax,
+              gneg, sg_idx, sg_n16, sg_seed, sg_start,
               BR: tl.constexpr, BC: tl.constexpr, B: tl.constexpr, BLOCK_2D: tl.constexpr,
               SCALE: tl.constexpr, SR: tl.constexpr, LOG_H: tl.constexpr,
               NLEV: tl.constexpr, ASYM: tl.constexpr, D: tl.constexpr, INV_D: tl.constexpr,
-              EXACT_DIV: tl.constexpr):
-    """Fake-quantize x [BR, BC] (fp32) along axis 1. r: [BR, 1] global view rows; the tile's
-    first view column is c_start (local), c_org + c_start (global). D > 0: uniform grid of
-    step D (rounding by rint/floor); EXACT_DIV: divide with div_rn everywhere."""
+              EXACT_DIV: tl.constexpr, SEG: tl.constexpr):
+    """Fake-quantize x [BR, BC] (fp32) along axis 1. r: [BR, 1] local view rows (global:
+    r_org + r); the tile's first view column is c_start (local), c_org + c_start (global).
+    D > 0: uniform grid of step D (rounding by rint/floor); EXACT_DIV: divide with div_rn
+    everywhere; SEG: SR keys per segment (segments_triton.py)."""
     if LOG_H > 0:
         signs = tl.load(sign_ptr + tl.arange(0, BC) % (1 << LOG_H))[None, :]
         x = rht_rows(x, signs, norm, BR, BC, LOG_H)
@@ -100,8 +103,9 @@ def _qdq_tile(x, r, c_start, c_org, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, nor
     else:
         v = tl.minimum(v, gmax)
     if SR:
-        c4 = (c_start + c_org) // 4 + tl.arange(0, BC // 4)[None, :]
-        u = _uniform(seed, r, c4, BR, BC)
+        c = c_start + 4 * tl.arange(0, BC // 4)[None, :]  # local view column of each word
+        sd, vr, vc = segment_keys(seed, r, c, sg_idx, sg_n16, sg_seed, sg_start, SEG)
+        u = _uniform(sd, vr + r_org, (vc + c_org) // 4, BR, BC)
         if D > 0:
             q = round_uniform_sr(v, u, gneg, D, INV_D)
         else:
@@ -117,9 +121,9 @@ def _qdq_tile(x, r, c_start, c_org, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, nor
 @triton.jit
 def _qdq_kernel(x_ptr, stride_a, A, B,
                 row_ptr, row_len, r_lv, r_mid, r_st, r_sign, r_norm, r_gmax, r_gneg, r_seed,
-                r_org0, r_org1,
+                r_org0, r_org1, r_sg_idx, r_sg_n16, r_sg_seed, r_sg_start,
                 col_ptr, col_len, c_lv, c_mid, c_st, c_sign, c_norm, c_gmax, c_gneg, c_seed,
-                c_org0, c_org1,
+                c_org0, c_org1, c_sg_idx, c_sg_n16, c_sg_seed, c_sg_start,
                 BA: tl.constexpr, BB: tl.constexpr, ROW: tl.constexpr, COL: tl.constexpr,
                 R_B: tl.constexpr, R_2D: tl.constexpr, R_SCALE: tl.constexpr,
                 R_SR: tl.constexpr, R_LOGH: tl.constexpr, R_NLEV: tl.constexpr,
@@ -128,7 +132,8 @@ def _qdq_kernel(x_ptr, stride_a, A, B,
                 C_SR: tl.constexpr, C_LOGH: tl.constexpr, C_NLEV: tl.constexpr,
                 C_ASYM: tl.constexpr, R_D: tl.constexpr, R_INV_D: tl.constexpr,
                 C_D: tl.constexpr, C_INV_D: tl.constexpr, R_EXACT_DIV: tl.constexpr,
-                C_EXACT_DIV: tl.constexpr, INTERP: tl.constexpr):
+                C_EXACT_DIV: tl.constexpr, INTERP: tl.constexpr, R_SEG: tl.constexpr = 0,
+                C_SEG: tl.constexpr = 0):
     """row_len: columns of the row output (B or Bp); col_len: rows of the column output."""
     a0 = tl.program_id(0) * BA
     b0 = tl.program_id(1) * BB
@@ -137,16 +142,18 @@ def _qdq_kernel(x_ptr, stride_a, A, B,
     x = tl.load(x_ptr + a.to(tl.int64) * stride_a + b, mask=(a < A) & (b < B), other=0.0)
     x = x.to(tl.float32)
     if ROW:
-        y = _qdq_tile(x, a + r_org0, b0, r_org1, r_seed, r_lv, r_mid, r_st, r_sign, r_norm,
-                      r_gmax, r_gneg, BA, BB, R_B, R_2D, R_SCALE, R_SR, R_LOGH, R_NLEV, R_ASYM,
-                      R_D, R_INV_D, R_EXACT_DIV)
+        y = _qdq_tile(x, a, b0, r_org0, r_org1, r_seed, r_lv, r_mid, r_st, r_sign, r_norm,
+                      r_gmax, r_gneg, r_sg_idx, r_sg_n16, r_sg_seed, r_sg_start, BA, BB, R_B,
+                      R_2D, R_SCALE, R_SR, R_LOGH, R_NLEV, R_ASYM, R_D, R_INV_D, R_EXACT_DIV,
+                      R_SEG)
         tl.store(row_ptr + a.to(tl.int64) * row_len + b, _cast_out(y, row_ptr, INTERP),
                  mask=(a < A) & (b < row_len))
     if COL:
         at = a0 + tl.arange(0, BA)[None, :]
         bt = b0 + tl.arange(0, BB)[:, None]
-        y = _qdq_tile(tl.trans(x), bt + c_org0, a0, c_org1, c_seed, c_lv, c_mid, c_st, c_sign,
-                      c_norm, c_gmax, c_gneg, BB, BA, C_B, C_2D, C_SCALE, C_SR, C_LOGH, C_NLEV,
-                      C_ASYM, C_D, C_INV_D, C_EXACT_DIV)
+        y = _qdq_tile(tl.trans(x), bt, a0, c_org0, c_org1, c_seed, c_lv, c_mid, c_st, c_sign,
+                      c_norm, c_gmax, c_gneg, c_sg_idx, c_sg_n16, c_sg_seed, c_sg_start, BB, BA,
+                      C_B, C_2D, C_SCALE, C_SR, C_LOGH, C_NLEV, C_ASYM, C_D, C_INV_D,
+                      C_EXACT_DIV, C_SEG)
         tl.store(col_ptr + at.to(tl.int64) * B + bt, _cast_out(y, col_ptr, INTERP),
                  mask=(bt < B) & (at < col_len))

@@ -1,8 +1,8 @@
 """MoE experts with UFP4 GEMMs, in Megatron's two expert containers.
 
 - `UFP4SequentialMLP`: Megatron's SequentialMLP (one MLP per local expert) whose MLPs are
-  built from UFP4 linears; it only tells each linear its global expert index, so experts
-  draw distinct SR seeds. Used with moe_grouped_gemm=False.
+  built from UFP4 linears; it only keys each linear's SR seed per expert (below). Used with
+  moe_grouped_gemm=False.
 - `UFP4ColumnParallelGroupedLinear` / `UFP4RowParallelGroupedLinear`: the fc1/fc2 builders
   of the grouped-linear protocol that Megatron's `TEGroupedMLP` calls
   (`linear(x, tokens_per_expert) -> (y, bias)`), so `TEGroupedMLP` hosts them unchanged.
@@ -12,6 +12,16 @@
   launch per operand, one `torch._grouped_mm` per GEMM, for every recipe (BF16 experts
   included), with no host sync per expert.
 
+SR seeds, the same in both hosts: per forward each role (fc1, fc2) draws ONE seed from the
+policy's stream (`_call_seed`: salted like a non-expert linear, expert 0), and global expert
+g uses `grouped_ops.expert_seed(seed, g)`, positions counted from its own first token. The
+grouped linears do this in one launch per operand; UFP4SequentialMLP draws the two seeds
+before Megatron's loop over experts and hands each expert linear its keyed seed
+(`_ExpertSeeds`). So the two hosts draw the same bits, an expert's keys depend neither on the
+other experts' token counts nor on which EP rank holds it (the stream advances by 2 per MoE
+layer and forward whatever the number of local experts), and the stream stays one
+checkpointed `SRSeeds`: resume is exact in both hosts.
+
 Experts need no TP communication here (Megatron's token dispatcher does it: explicit expert
 comm); shard origins still follow the expert-TP rank. Checkpoints: the stacked weight is saved
 as the same global tensor SequentialMLP saves (key `...experts.linear_fc1.weight`, shape
@@ -20,6 +30,8 @@ interchangeable, and its ShardedTensor's data is the parameter itself, which the
 optimizer's model-space formats need.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from megatron.core import parallel_state
@@ -36,22 +48,77 @@ from megatron.core.utils import divide, get_pg_rank, get_pg_size
 from .. import grouped_ops
 from ..ops import uses_sr
 from ..recipe import Recipe
-from .linear import _UFP4Mixin, draw_seed, shard_unit
+from .linear import _UFP4Mixin, shard_unit
 from .parallel_gemm import Shard, _accumulate, _chunks
 from .policy import UFP4Binding
 
 
+def _will_backward(input_requires_grad: bool, *params) -> bool:
+    """Whether a forward will run backward (the linears' rule for drawing a seed: eval and
+    frozen forwards leave the stream alone)."""
+    return torch.is_grad_enabled() and (input_requires_grad or
+                                        any(p.requires_grad for p in params))
+
+
+def _call_seed(binding: UFP4Binding, dp_rank: int) -> int:
+    """The one SR seed of a role's call over all local experts (module docstring)."""
+    return binding.seeds.draw(binding.layer_number, binding.role, 0, dp_rank)
+
+
+class _RoleSeed:
+    """The seed one role (fc1 or fc2) of UFP4SequentialMLP drew for the current forward."""
+
+    seed = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _ExpertSeeds:
+    """Stands in for SRSeeds in one expert linear's binding: its draw is the host's draw of
+    this forward keyed by the expert's global index, the grouped host's key. The stream
+    (and its checkpoint state) stays the policy's SRSeeds, which only the host draws from."""
+
+    role: _RoleSeed
+    expert: int
+
+    def draw(self, *salt: int) -> int:
+        return grouped_ops.expert_seed(self.role.seed, self.expert)
+
+
 class UFP4SequentialMLP(SequentialMLP):
-    """SequentialMLP whose UFP4 linears know their global expert index (for SR seeds)."""
+    """SequentialMLP whose UFP4 linears take the grouped host's per-expert SR seeds."""
 
     def __init__(self, num_local_experts, config, submodules, pg_collection=None, name=None):
         super().__init__(num_local_experts, config, submodules, pg_collection=pg_collection,
                          name=name)
         first = get_pg_rank(self.ep_group) * num_local_experts
-        for i, expert in enumerate(self.local_experts):
-            for linear in (expert.linear_fc1, expert.linear_fc2):
-                if isinstance(linear, _UFP4Mixin):
-                    linear.expert_index = first + i
+        self._dp_rank = parallel_state.get_expert_data_parallel_rank()
+        self._roles = {}  # role name -> (its binding, its _RoleSeed, its linears)
+        for name in ("linear_fc1", "linear_fc2"):
+            linears = [getattr(expert, name) for expert in self.local_experts]
+            if not all(isinstance(linear, _UFP4Mixin) for linear in linears):
+                continue  # Megatron's own linears (the policy keeps this role in BF16)
+            role = _RoleSeed()
+            self._roles[name] = (linears[0].ufp4, role, linears)
+            for i, linear in enumerate(linears):
+                linear.expert_index = first + i
+                linear.ufp4 = dataclasses.replace(linear.ufp4,
+                                                  seeds=_ExpertSeeds(role, first + i))
+
+    def forward(self, permuted_local_hidden_states, tokens_per_expert, permuted_probs, **kw):
+        # Both roles draw here, fc1 then fc2, in the order and under the conditions the
+        # grouped host's fc1 and fc2 draw theirs (fc2's input needs grad if fc1's input, its
+        # parameters or the routing probs do).
+        x = permuted_local_hidden_states
+        fc1_params = [p for e in self.local_experts for p in e.linear_fc1.parameters()]
+        inputs_grad = {"linear_fc1": x.requires_grad,
+                       "linear_fc2": x.requires_grad or permuted_probs.requires_grad or
+                       any(p.requires_grad for p in fc1_params)}
+        for name, (binding, role, linears) in self._roles.items():
+            backward = _will_backward(inputs_grad[name], *(linear.weight for linear in linears))
+            role.seed = (_call_seed(binding, self._dp_rank)
+                         if backward and uses_sr(binding.recipe) else 0)
+        return super().forward(permuted_local_hidden_states, tokens_per_expert, permuted_probs,
+                               **kw)
 
 
 class _UFP4GroupedLinear(MegatronModule):
@@ -120,11 +187,13 @@ class _UFP4GroupedLinear(MegatronModule):
         counts = tuple(tokens_per_expert.tolist() if torch.is_tensor(tokens_per_expert)
                        else tokens_per_expert)
         groups = grouped_ops.expert_groups(counts, self._align)
-        seed = draw_seed(self.ufp4, self._sr, x, self.weight, self._first_expert, self._dp_rank)
+        seed = (_call_seed(self.ufp4, self._dp_rank)
+                if self._sr and _will_backward(x.requires_grad, self.weight) else 0)
         bias = None if self.skip_bias_add else self.bias
         fuse = self.config.gradient_accumulation_fusion
         y = _GroupedExpertsFn.apply(x.reshape(-1, x.shape[-1]), self.weight, bias,
-                                    self.ufp4.recipe, seed, groups, self._shard, fuse)
+                                    self.ufp4.recipe, seed, self._first_expert, groups,
+                                    self._shard, fuse)
         y = y.view(*x.shape[:-1], y.shape[-1])
         return y, (self.bias if self.skip_bias_add else None)
 
@@ -170,44 +239,45 @@ class _GroupedExpertsFn(torch.autograd.Function):
     main_grad when fused."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe: Recipe, seed: int, groups, shard: Shard,
-                fuse_wgrad: bool):
+    def forward(ctx, x, weight, bias, recipe: Recipe, seed: int, first_expert: int, groups,
+                shard: Shard, fuse_wgrad: bool):
         xp = groups.pad(x)
-        ys = [grouped_ops.fprop(xp, w, groups, recipe, seed=seed, x_origin=(0, shard.k),
+        keys = dict(seed=seed, first_expert=first_expert)
+        ys = [grouped_ops.fprop(xp, w, groups, recipe, **keys, x_origin=(0, shard.k),
                                 w_origin=(n0, shard.k)) for w, n0 in _chunks(shard, weight, 1)]
         y = groups.unpad(ys[0] if len(ys) == 1 else torch.cat(ys, dim=1))
         if bias is not None:
             y = y + bias.index_select(0, groups.token_experts(y.device)).to(y.dtype)
         ctx.save_for_backward(xp, weight)
         ctx.main_grad = getattr(weight, "main_grad", None) if fuse_wgrad else None
-        ctx.recipe, ctx.seed, ctx.groups, ctx.shard = recipe, seed, groups, shard
+        ctx.recipe, ctx.keys, ctx.groups, ctx.shard = recipe, keys, groups, shard
         ctx.use_bias = bias is not None
         return y
 
     @staticmethod
     def backward(ctx, dy):
         xp, weight = ctx.saved_tensors
-        recipe, seed, groups, shard = ctx.recipe, ctx.seed, ctx.groups, ctx.shard
+        recipe, keys, groups, shard = ctx.recipe, ctx.keys, ctx.groups, ctx.shard
         dy = dy.contiguous().to(xp.dtype)
         dyp = groups.pad(dy)
-        dxs = [grouped_ops.dgrad(d, w, groups, recipe, seed=seed, dy_origin=(0, n0),
+        dxs = [grouped_ops.dgrad(d, w, groups, recipe, **keys, dy_origin=(0, n0),
                                  w_origin=(n0, shard.k))
                for (d, n0), (w, _) in zip(_chunks(shard, dyp, 1), _chunks(shard, weight, 1))]
         dx = groups.unpad(dxs[0] if len(dxs) == 1 else torch.stack(dxs).sum(0))
         grad_weight = None
         if ctx.needs_input_grad[1]:
-            dws = [grouped_ops.wgrad(d, xp, groups, recipe, seed=seed, dy_origin=(0, n0),
+            dws = [grouped_ops.wgrad(d, xp, groups, recipe, **keys, dy_origin=(0, n0),
                                      x_origin=(0, shard.k)) for d, n0 in _chunks(shard, dyp, 1)]
             dw = dws[0] if len(dws) == 1 else torch.cat(dws, dim=1)
             grad_weight = _accumulate(weight, dw, ctx.main_grad)
         grad_bias = grouped_ops.per_expert_sum(dy, groups) if ctx.use_bias else None
-        return dx, grad_weight, grad_bias, None, None, None, None, None
+        return dx, grad_weight, grad_bias, None, None, None, None, None, None
 
 
 def _check_grouped(binding: UFP4Binding, dims, partition_dim: int, stride: int, tp: int,
                    full: int) -> None:
-    """One launch quantizes all experts' weights: blocks must not straddle experts or shards,
-    and weights take RTNE (a stacked launch has no per-expert SR keys)."""
+    """One launch quantizes all experts' weights: blocks must not straddle experts or
+    shards."""
     recipe = binding.recipe
     unit = shard_unit(recipe)
     for axis, size in enumerate(dims):
@@ -218,12 +288,6 @@ def _check_grouped(binding: UFP4Binding, dims, partition_dim: int, stride: int, 
                 f"grouped experts {binding.path}: {what} is not a multiple of {unit} (block and "
                 f"RHT sizes of recipe {recipe.name!r}); choose expert sizes divisible by "
                 f"expert-TP*{stride * unit}, or moe_grouped_gemm=false.")
-    for g in ("fprop", "dgrad"):  # the GEMMs with a weight operand
-        op = recipe.operand(g, "w")
-        if op is not None and op.rounding == "sr":
-            raise ValueError(f"grouped experts {binding.path}: recipe {recipe.name!r} rounds "
-                             "weights stochastically, which one launch over all experts cannot "
-                             "key per expert; use RTNE weights or moe_grouped_gemm=false")
 
 
 def _stacked_sharded_tensor(key, t, outer, ep, tp_axis, tp_group, stride, replica):

@@ -7,6 +7,7 @@ a 32x32-bit product fits in 64 bits modulo 2^64, so its bit pattern is exact.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 _MASK32 = 0xFFFFFFFF
@@ -76,3 +77,17 @@ def mix_seed(seed: int, *salt: int) -> int:
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
         z ^= z >> 31
     return z >> 1
+
+
+def mix_seeds(seeds, *salt) -> list[int]:
+    """[mix_seed(s, *salt) for s in seeds] in a few vector ops (numpy uint64 arithmetic wraps
+    modulo 2^64, as the reference's masks do). Seeds and salts are ints in [0, 2^64) (a salt:
+    one int, or one per seed). Grouped experts derive a seed per expert and call with it: one
+    Python mix per expert would cost a layer ~1 us per expert and operand of host time."""
+    z = np.asarray(seeds, dtype=np.uint64)
+    for s in salt:
+        z = z + np.uint64(0x9E3779B97F4A7C15) + np.asarray(s, dtype=np.uint64)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(1)).tolist()

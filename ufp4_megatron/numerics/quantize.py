@@ -14,6 +14,7 @@ from .hadamard import RHT, rotated_dtype
 from .philox import position_bits, uniform24
 from .rounding import round_rtne, round_stochastic
 from .scaling import block_amax, block_scale, finite_tensor_amax, lcm_length
+from .segments import Segments, segment_bits
 
 
 @dataclass
@@ -65,12 +66,14 @@ def quantize_view(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool = Fa
                   scale: str = "fp32", rounding: str = "rtne", rht: RHT | None = None,
                   seed: int = 0, origin: tuple[int, int] = (0, 0),
                   tensor_amax: torch.Tensor | None = None, keep_padding: bool = False,
-                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                  out_dtype: torch.dtype | None = None,
+                  segments: Segments | None = None) -> torch.Tensor:
     """Dequantized [R, C] (or [R, Cp] with keep_padding), in `output_dtype(x.dtype, rht,
-    out_dtype)`: out_dtype, else x.dtype (float32 for rotated float16)."""
+    out_dtype)`: out_dtype, else x.dtype (float32 for rotated float16). segments: SR keys
+    per row or column range (segments.py) instead of one seed for the whole view."""
     q = quantize_view_full(x, grid, block=block, block_2d=block_2d, scale=scale,
                            rounding=rounding, rht=rht, seed=seed, origin=origin,
-                           tensor_amax=tensor_amax)
+                           tensor_amax=tensor_amax, segments=segments)
     out = q.values if keep_padding else q.values[:, : x.shape[1]]
     return out.to(output_dtype(x.dtype, rht, out_dtype))
 
@@ -78,7 +81,8 @@ def quantize_view(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool = Fa
 def quantize_view_full(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool = False,
                        scale: str = "fp32", rounding: str = "rtne", rht: RHT | None = None,
                        seed: int = 0, origin: tuple[int, int] = (0, 0),
-                       tensor_amax: torch.Tensor | None = None) -> QuantizedView:
+                       tensor_amax: torch.Tensor | None = None,
+                       segments: Segments | None = None) -> QuantizedView:
     if x.dim() != 2:
         raise ValueError(f"quantize_view takes a 2D [rows, cols] view, got shape {tuple(x.shape)}")
     g = get_grid(grid)
@@ -109,7 +113,8 @@ def quantize_view_full(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool
     if rounding == "rtne":
         code = round_rtne(v, levels)
     elif rounding == "sr":
-        bits = position_bits(Rp, Cp, seed, origin, device=x.device)
+        bits = (position_bits(Rp, Cp, seed, origin, device=x.device) if segments is None else
+                segment_bits(Rp, Cp, segments, origin, device=x.device))
         code = round_stochastic(v, levels, uniform24(bits))
     else:
         raise ValueError(f"unknown rounding {rounding!r}; valid: rtne, sr")
