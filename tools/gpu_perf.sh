@@ -21,10 +21,13 @@ df -h /tmp >> "$OUT/gpu.txt" 2>&1
 
 # 1. exactness on the GPU (~1-2 min with kernel compiles): grouped QDQ launches vs the
 #    per-expert twin bitwise, torch._grouped_mm vs cuBLAS, SDPA kernels vs Megatron attention
-timeout 150 python3 -m pytest -q -p no:cacheprovider -s \
-  tests/kernels/test_grouped_ops_triton.py tests/megatron/test_attention_gpu.py \
-  > "$OUT/tests.log" 2>&1
-grep -A8 "attention fwd+bwd" "$OUT/tests.log"; tail -3 "$OUT/tests.log"
+#    (PERF_TESTS=0 skips them, e.g. after tools/gpu_validate.sh ran them in the same lease)
+if [[ ${PERF_TESTS:-1} != 0 ]]; then
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -s \
+    tests/kernels/test_grouped_ops_triton.py tests/megatron/test_attention_gpu.py \
+    > "$OUT/tests.log" 2>&1
+  grep -A8 "attention fwd+bwd" "$OUT/tests.log"; tail -3 "$OUT/tests.log"
+fi
 
 # 2. the step table (leaves ~80 s for the profiles)
 step_budget=$(( $(left) - 80 ))

@@ -51,6 +51,7 @@ from ..recipe import Recipe
 from .linear import _UFP4Mixin, shard_unit
 from .parallel_gemm import Shard, _accumulate, _chunks
 from .policy import UFP4Binding
+from .seeds import SRSeeds
 
 
 def _will_backward(input_requires_grad: bool, *params) -> bool:
@@ -79,9 +80,17 @@ class _ExpertSeeds:
 
     role: _RoleSeed
     expert: int
+    stream: SRSeeds  # the policy's stream, which the host draws from and checkpoints save
 
     def draw(self, *salt: int) -> int:
         return grouped_ops.expert_seed(self.role.seed, self.expert)
+
+    # The linear's `_extra_state` (linear.py) carries the stream's state, as every UFP4 linear's
+    def state_dict(self) -> dict:
+        return self.stream.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state)
 
 
 class UFP4SequentialMLP(SequentialMLP):
@@ -101,8 +110,8 @@ class UFP4SequentialMLP(SequentialMLP):
             self._roles[name] = (linears[0].ufp4, role, linears)
             for i, linear in enumerate(linears):
                 linear.expert_index = first + i
-                linear.ufp4 = dataclasses.replace(linear.ufp4,
-                                                  seeds=_ExpertSeeds(role, first + i))
+                linear.ufp4 = dataclasses.replace(
+                    linear.ufp4, seeds=_ExpertSeeds(role, first + i, linear.ufp4.seeds))
 
     def forward(self, permuted_local_hidden_states, tokens_per_expert, permuted_probs, **kw):
         # Both roles draw here, fc1 then fc2, in the order and under the conditions the
