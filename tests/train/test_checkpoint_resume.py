@@ -13,6 +13,7 @@ optimizer and dist_checkpointing, the code path of GPU runs. "Equal" means bit f
         the step before, same losses
     test_resume_false_in_used_run_dir_is_refused     nothing deleted or cut; resume still works
     test_extending_steps_keeps_the_checkpoints_schedule   steps past the saved horizon at min_lr
+    test_bf16_params_resume_exactly_with_either_optimizer[opt]   the GPU dtype: Float16Optimizer too
 """
 from __future__ import annotations
 
@@ -138,3 +139,19 @@ def test_extending_steps_keeps_the_checkpoints_schedule(tmp_path, cache):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[:4] == first and [row["step"] for row in rows] == list(range(1, 7))
     assert [row["lr"] for row in rows[3:]] == pytest.approx([3e-5] * 3)  # at min_lr
+
+
+@pytest.mark.parametrize("optimizer", ["distributed", "plain"])
+def test_bf16_params_resume_exactly_with_either_optimizer(tmp_path, cache, optimizer):
+    """The GPU runs' dtype: bf16 parameters (norms too, as Megatron-LM's Float16Module casts
+    them), whose non-distributed optimizer is Megatron's Float16Optimizer: its checkpoint
+    failed on an fp32 norm weight ("Param id 10 does not match any model sharded param",
+    seen on the H200). SIGKILL after the step-4 save, rerun: the unbroken run's losses."""
+    extra = ["train.dtype=bf16"] + (["parallel.distributed_optimizer=false"]
+                                    if optimizer == "plain" else [])
+    whole = run(train_cmd(tmp_path / "whole", cache, *COMMON, *extra), tmp_path)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    cmd, run_dir = _killed(tmp_path, cache, "latest_written:4", *extra)
+    r = run(cmd, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert losses(run_dir) == losses(tmp_path / "whole")

@@ -99,4 +99,7 @@ def build_model(cfg: Config, recipe: Recipe, dtype: torch.dtype, device: torch.d
         share_embeddings_and_output_weights=not m.untie_embeddings,
         position_embedding_type="rope", rotary_base=m.rotary_base,
     )
-    return model.to(device), policy
+    # Every parameter in the run's dtype, as Megatron-LM's Float16Module casts a --bf16 model:
+    # Megatron builds its torch norms in fp32, and its non-distributed Float16Optimizer can
+    # checkpoint only float16 parameters (an fp32 norm weight fails its sharded_state_dict).
+    return model.to(device=device, dtype=dtype), policy
