@@ -27,6 +27,10 @@ def megatron_state():
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
                                 world_size=1)
     ps.initialize_model_parallel()
+    # Megatron's attention forks the model-parallel RNG (dropout), which a test process run
+    # alone (pytest -n) has not seeded yet
+    from ufp4_megatron.megatron.cpu_compat import seed_model_parallel
+    seed_model_parallel(0)
     yield
     ps.destroy_model_parallel()
 

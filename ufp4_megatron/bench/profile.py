@@ -56,8 +56,8 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 15) -> str
     env = distributed.init(cfg.parallel, device, t.seed)
     model, _ = model_lib.build_model(cfg, recipe_from_config(cfg.precision), torch.bfloat16,
                                      device)
-    opt = optim.build_optimizer(model, cfg, device)
-    train_model = getattr(opt, "model", model)
+    opt = optim.build_optimizer(model, cfg)
+    train_model = opt.model  # Megatron's DDP wrapper, as the trainer runs it
     train_ds, _ = data.build_datasets(
         cfg.data, seed=t.seed, seq_len=t.seq_len, vocab_size=cfg.model.vocab_size,
         n_train=(warmup + 1) * t.global_batch, n_valid=1,
