@@ -76,7 +76,11 @@ T_TRAIN=$(date +%s)
 mech=()
 for arm in bf16 e2m1 ufp4; do
   run="$STUDY/runs/$arm-s1"
-  if [[ -f $run/checkpoints/latest && ! -f $STUDY/mechanism/$arm-s1/mechanism.md ]]; then
+  # only a complete run's model says something (a stopped one is barely trained)
+  complete=$(python3 -c 'import sys; from ufp4_megatron.study import manifest as mf
+m = mf.load(sys.argv[1]); r = [r for r in m["runs"] if r["name"] == sys.argv[2]]
+print(int(bool(r) and mf.is_complete(sys.argv[1], r[0])))' "$STUDY" "$arm-s1" 2>/dev/null)
+  if [[ $complete == 1 && -f $run/checkpoints/latest && ! -f $STUDY/mechanism/$arm-s1/mechanism.md ]]; then
     timeout 60 python3 -m ufp4_megatron.report.mechanism "$run" --out "$STUDY/mechanism/$arm-s1" \
       > "$STUDY/mechanism-$arm.log" 2>&1 &
     mech+=("$arm")

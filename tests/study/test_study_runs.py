@@ -146,8 +146,10 @@ def test_time_limit_sheds_the_least_advanced_runs(tmp_path):
         for i, (proc, step) in enumerate(zip(procs, (900, 500, 100))):
             runner.active[i] = Active(record=records[i], proc=proc, slot=Slot(i, None, (0,)),
                                       log=None, launched=now - 40, start_step=0,
-                                      first_seen=now - 20, first_step=step - 40, step=step,
-                                      history=[(now - 20, step - 40), (now, step)])
+                                      first_seen=now - 30, first_step=step - 60, step=step,
+                                      warm_at=now - 20,
+                                      history=[(now - 30, step - 60), (now - 20, step - 40),
+                                               (now, step)])
         assert runner._aggregate_rate() == pytest.approx(6.0, rel=0.01)
         assert not runner._fits(records[3])
         runner._shed()
@@ -155,6 +157,49 @@ def test_time_limit_sheds_the_least_advanced_runs(tmp_path):
             proc.wait(timeout=10)
         assert [p.returncode for p in procs] == [None, -signal.SIGTERM, -signal.SIGTERM]
         assert [a.stop_sent for a in runner.active.values()] == [False, True, True]
+        # right after a shed nothing is measured (the stopped trainers still save): no rate,
+        # so no second shed and no new start until the survivors have run SETTLE seconds
+        assert runner._aggregate_rate() is None and not runner._fits(records[3])
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_warm_up_and_shed_do_not_cascade(tmp_path):
+    """Round 1 on the H200: 12 packed trainers measured while compiling kernels looked slow,
+    the runner shed one, re-measured at once (the rest still slow), shed again, down to one
+    run. Now a trainer's first WARMUP_STEPS steps do not count, and a shed waits SETTLE
+    seconds of fresh steps before deciding again."""
+    from ufp4_megatron.study.packing import Slot
+    from ufp4_megatron.study.runner import Active, Options, Runner
+
+    records = [{"name": f"r{i}", "steps": 1000, "status": "running"} for i in range(2)]
+    runner = Runner(tmp_path, {"name": "t", "runs": records}, {}, [Slot(0, None, (0,))] * 2,
+                    Options(time_limit=100.0))
+    now = time.monotonic()
+    runner.t0 = now - 50
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    try:
+        for i, proc in enumerate(procs):  # 15 steps in 30 s: compiling, not yet warm
+            runner.active[i] = Active(record=records[i], proc=proc, slot=Slot(i, None, (0,)),
+                                      log=None, launched=now - 40, start_step=0,
+                                      first_seen=now - 30, first_step=1, step=16,
+                                      history=[(now - 30, 1), (now, 16)])
+        assert runner._aggregate_rate() is None
+        runner._shed()
+        assert not any(a.stop_sent for a in runner.active.values())
+        # warm for 25 s since the shed of another run 10 s ago: measured from the shed on
+        runner._shed_at = now - 10
+        for a in runner.active.values():
+            a.warm_at, a.step, a.history = now - 25, 500, [(now - 25, 300), (now - 10, 400),
+                                                         (now, 500)]
+        assert runner._aggregate_rate() is None  # 10 s after the shed < SETTLE
+        runner._shed_at = now - 20
+        a0 = runner.active[0]
+        a0.history = [(now - 25, 300), (now - 20, 400), (now, 500)]
+        runner.active[1].history = list(a0.history)
+        assert runner._aggregate_rate() == pytest.approx(10.0, rel=0.01)  # 2 x 100 steps / 20 s
     finally:
         for p in procs:
             p.kill()

@@ -61,6 +61,7 @@ class Active:
     start_step: int  # the checkpoint it resumed from (0: from scratch)
     first_seen: float | None = None  # when its first new step appeared
     first_step: int = 0
+    warm_at: float | None = None  # when it had trained WARMUP_STEPS new steps
     step: int = 0
     stop_sent: bool = False
     history: list = field(default_factory=list)  # (time, step) at each new step seen
@@ -128,6 +129,7 @@ class Runner:
         self.active: dict[int, Active] = {}  # slot index -> its run
         self.startups: list[float] = []  # seconds from launch to the first new step
         self.stop_reason: str | None = None
+        self._shed_at: float | None = None  # when the last run was shed
         self._stop_deadline: float | None = None
         self.t0 = time.monotonic()
         self._last_print = 0.0
@@ -167,24 +169,35 @@ class Runner:
 
     # -- the time limit ------------------------------------------------------------------
     # Model: the machine trains `aggregate` steps/s in total, shared by the running trainers
-    # (measured now, from each trainer's steps since its first new step), and keeps that rate
-    # as runs end (their share goes to the others: optimistic, hence the margin). A set of
-    # runs then ends after sum(steps left) / aggregate, plus one start-up for a new run.
+    # (measured now, over each trainer's recent steady steps), and keeps that rate as runs
+    # end (their share goes to the others: optimistic, hence the margin). A set of runs then
+    # ends after sum(steps left) / aggregate, plus one start-up for a new run.
+    # Two things make a measurement lie low, and a low rate sheds runs that would have fit
+    # (round 1 on the H200 stopped 11 of 12 packed runs, measured while they compiled kernels):
+    # a trainer's first steps (kernel compiles, data-loader start) and the seconds right after
+    # a shed (the stopped trainers still hold their CPUs and the GPU while they save). So a
+    # trainer's rate counts only after WARMUP_STEPS new steps, and after a shed the rate is
+    # measured afresh, from SETTLE seconds of steps after it, before anything else is shed.
     MARGIN = 1.15
 
     WINDOW = 60.0  # seconds of recent progress a trainer's rate is measured over
-    SETTLE = 10.0  # seconds of progress before a trainer's rate counts
+    SETTLE = 20.0  # seconds of steady progress before a rate counts
+    WARMUP_STEPS = 20  # a trainer's first new steps, not counted in its rate
 
     def _aggregate_rate(self) -> float | None:
-        """Steps/s of all running trainers together, over the last WINDOW seconds; None until
-        every one of them has trained SETTLE seconds (one still starting would otherwise make
-        the machine look as fast as the few already training)."""
+        """Steps/s of all running trainers together over their recent steady steps; None
+        until every one of them has trained SETTLE seconds past its warm-up and past the last
+        shed (one still starting would make the machine look slower or faster than it is)."""
         now, total = time.monotonic(), 0.0
         running = [a for a in self.active.values() if not a.stop_sent]
         for a in running:
-            if a.first_seen is None or now - a.first_seen < self.SETTLE:
+            if a.warm_at is None:
                 return None
-            t, step = next(((t, s) for t, s in a.history if now - t <= self.WINDOW),
+            start = max(a.warm_at, self._shed_at or 0.0)
+            if now - start < self.SETTLE:
+                return None
+            since = max(start, now - self.WINDOW)
+            t, step = next(((t, s) for t, s in a.history if t >= since),
                            a.history[-1])  # none recent: it stalled, rate 0
             total += (a.step - step) / max(now - t, 1e-9)
         return total if running and total > 0 else None
@@ -227,6 +240,7 @@ class Runner:
             a = running.pop()  # the most steps left
             a.proc.send_signal(signal.SIGTERM)
             a.stop_sent = True
+            self._shed_at = time.monotonic()  # measure afresh before shedding again
             self._say(f"stop {a.record['name']} at step {a.step}: it would not end within the "
                       f"time limit ({rate:.1f} steps/s in all)")
 
@@ -267,6 +281,8 @@ class Runner:
                 if a.first_seen is None:
                     a.first_seen, a.first_step = now, step
                     self.startups.append(now - a.launched)
+                if a.warm_at is None and step - a.first_step >= self.WARMUP_STEPS:
+                    a.warm_at = now
                 a.history = [(t, s) for t, s in a.history if now - t <= self.WINDOW]
                 a.history.append((now, step))
             rc = a.proc.poll()
