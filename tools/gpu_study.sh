@@ -19,7 +19,8 @@
 # round runs/<run>/{metrics.jsonl,config.yaml} and its log), loss_gap.md/.json/.png (compare
 # over every complete run so far), mechanism.md (round 1: bf16, e2m1, ufp4 of seed 1; plots in
 # the archive) and roundN.md (what ran, the measured throughput; printed last).
-# Env: BUDGET seconds from start to the end of training (default 400), PER_DEVICE, SEEDS, ARMS.
+# Env: BUDGET seconds from start to the end of training (default 400; the mechanism, compare
+# and archives take up to ~120 s more: keep BUDGET <= 420 in a 600-s call), PER_DEVICE, SEEDS, ARMS.
 set -uo pipefail
 T0=$(date +%s)
 ROUND=${1:?usage: tools/gpu_study.sh ROUND (1-9, see the header) or a grid name}
@@ -72,6 +73,25 @@ python3 -m ufp4_megatron.study --out "$STUDY" --grid "$GRID" --seeds "$SEEDS" ${
 T_TRAIN=$(date +%s)
 [[ -f $STUDY/study.json ]] || { echo "gpu_study: the runner wrote no study.json (see above)"; exit 1; }
 
+# what completed in this round goes back, packed at once so that a call cut short during the
+# mechanism still returns it; earlier rounds' runs are already in the repo
+new=()
+for d in "$STUDY"/runs/*/; do
+  name=$(basename "$d")
+  grep -qx "$name" /tmp/runs-before.txt && continue
+  [[ -f $d/metrics.jsonl && -f $d/config.yaml ]] || continue
+  python3 - "$STUDY" "$name" <<'EOF' && new+=("$name")
+import sys
+from ufp4_megatron.study import manifest as mf
+m = mf.load(sys.argv[1])
+r = next(r for r in m["runs"] if r["name"] == sys.argv[2])
+sys.exit(0 if mf.is_complete(sys.argv[1], r) else 1)
+EOF
+done
+files=(study.json "runner-round$ROUND.log")
+for n in "${new[@]}"; do files+=("runs/$n/metrics.jsonl" "runs/$n/config.yaml" "logs/$n.log"); done
+tar -czf "$OUT/round$ROUND.tar.gz" -C "$STUDY" "${files[@]}"
+
 # the mechanism on seed 1's trained bf16, e2m1 and ufp4 models, while their checkpoints exist
 mech=()
 for arm in bf16 e2m1 ufp4; do
@@ -94,24 +114,10 @@ for arm in "${mech[@]}"; do
   } >> "$OUT/mechanism.md"
 done
 
-# what completed in this round goes back; earlier rounds' runs are already in the repo
-new=()
-for d in "$STUDY"/runs/*/; do
-  name=$(basename "$d")
-  grep -qx "$name" /tmp/runs-before.txt && continue
-  [[ -f $d/metrics.jsonl && -f $d/config.yaml ]] || continue
-  python3 - "$STUDY" "$name" <<'EOF' && new+=("$name")
-import sys
-from ufp4_megatron.study import manifest as mf
-m = mf.load(sys.argv[1])
-r = next(r for r in m["runs"] if r["name"] == sys.argv[2])
-sys.exit(0 if mf.is_complete(sys.argv[1], r) else 1)
-EOF
-done
-files=(study.json "runner-round$ROUND.log")
-for n in "${new[@]}"; do files+=("runs/$n/metrics.jsonl" "runs/$n/config.yaml" "logs/$n.log"); done
-for arm in "${mech[@]}"; do [[ -d $STUDY/mechanism/$arm-s1 ]] && files+=("mechanism/$arm-s1"); done
-tar -czf "$OUT/round$ROUND.tar.gz" -C "$STUDY" "${files[@]}"
+if (( ${#mech[@]} )); then  # the same archive again, with the mechanism's files
+  for arm in "${mech[@]}"; do [[ -d $STUDY/mechanism/$arm-s1 ]] && files+=("mechanism/$arm-s1"); done
+  tar -czf "$OUT/round$ROUND.tar.gz" -C "$STUDY" "${files[@]}"
+fi
 for f in loss_gap.md loss_gap.json loss_gap.png; do
   [[ -f $STUDY/compare/$f ]] && cp "$STUDY/compare/$f" "$OUT/"
 done
