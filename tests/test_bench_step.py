@@ -85,3 +85,20 @@ def test_bench_cli_names_what_is_wrong():
     assert "unknown recipe(s) ['fp3']" in run("--suite", "step", "--recipes", "bf16,fp3")
     if not torch.cuda.is_available():
         assert run("--suite", "step") == "the benchmarks need a CUDA device"
+
+
+def test_profile_families_name_the_kernels_of_record():
+    """Kernel names from the H200 profiles of 2026-12-01 (docs/performance.md): the pair
+    kernel was counted as "other" before, so the QDQ share of a dense step read as zero."""
+    from ufp4_megatron.bench.profile import _family
+
+    assert _family("_pair16_kernel") == "QDQ (Triton)"
+    assert _family("_row16_kernel") == "QDQ (Triton)"
+    assert _family("_col16_kernel") == "QDQ (Triton)"
+    assert _family("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT") == "GEMM (cuBLAS)"
+    assert _family("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16") == "attention"
+    assert _family("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>") \
+        == "optimizer"
+    assert _family("Memcpy DtoD (Device -> Device)") == "copies and casts"
+    assert _family("void at::native::vectorized_elementwise_kernel<4, AUnaryFunctor>") \
+        .startswith("other")

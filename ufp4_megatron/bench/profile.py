@@ -19,7 +19,9 @@ import torch
 FAMILIES = (
     ("grouped GEMM (CUTLASS)", ("cutlass", "grouped")),
     ("GEMM (cuBLAS)", ("gemm", "nvjet", "xmma", "cublas")),
-    ("QDQ (Triton)", ("_row16_kernel", "_col16_kernel", "_qdq_kernel")),
+    # our Triton kernels: the row/column QDQ, the pair kernel (both operands of a GEMM in one
+    # launch) and the segment-aware grouped variants all carry one of these fragments
+    ("QDQ (Triton)", ("_row16", "_col16", "_pair16", "_qdq", "segment")),
     ("attention", ("flash", "fmha", "sdpa", "attention", "cudnn")),
     ("optimizer", ("multi_tensor", "adam")),
     ("copies and casts", ("copy", "cast", "fill", "memcpy", "memset", "cat", "index")),
@@ -81,9 +83,11 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 15) -> str
         step(warmup)
         torch.cuda.synchronize()
         wall_ms = (time.perf_counter() - t0) * 1e3
+    # GPU-side user annotations (e.g. torch.optim's "Optimizer.step#AdamW.step" range) are
+    # CUDA events too: they span the kernels inside them, so counting them counts those twice
     kernels = [(e.key, _device_us(e), e.count) for e in prof.key_averages()
                if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
-               and _device_us(e) > 0]
+               and not getattr(e, "is_user_annotation", False) and _device_us(e) > 0]
     total_ms = sum(us for _, us, _ in kernels) / 1e3
     families = defaultdict(float)
     for name, us, _ in kernels:
