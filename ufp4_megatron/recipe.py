@@ -347,7 +347,7 @@ def apply_overrides(recipe: Recipe, overrides: Mapping[str, Any]) -> Recipe:
         if spec is None:
             raise ValueError(f"override {key!r}: GEMM {g!r} is not quantized in this recipe")
         if len(parts) == 2 and parts[1] == "rht":
-            gemms[g] = dataclasses.replace(spec, rht=_rht_for(g, value, spec.rht or 16))
+            gemms[g] = _replaced(key, value, spec, rht=_rht_for(g, value, spec.rht or 16))
             continue
         if len(parts) != 3 or parts[1] not in OPERANDS[g]:
             raise ValueError(f"override {key!r}: expected '{g}.<operand>.<field>' with operand "
@@ -359,8 +359,17 @@ def apply_overrides(recipe: Recipe, overrides: Mapping[str, Any]) -> Recipe:
         fields = {f.name for f in dataclasses.fields(OperandSpec)}
         if parts[2] not in fields:
             raise ValueError(f"override {key!r}: unknown field {parts[2]!r}; valid: {sorted(fields)}")
-        gemms[g] = dataclasses.replace(spec, **{slot: dataclasses.replace(op, **{parts[2]: value})})
+        gemms[g] = dataclasses.replace(spec, **{slot: _replaced(key, value, op,
+                                                               **{parts[2]: value})})
     return dataclasses.replace(recipe, **gemms, **top)
+
+
+def _replaced(key: str, value, obj, **changes):
+    """dataclasses.replace, its ValueError naming the override that caused it."""
+    try:
+        return dataclasses.replace(obj, **changes)
+    except ValueError as e:
+        raise ValueError(f"override {key}={value!r}: {e}") from None
 
 
 def _names(value: Iterable[str] | str | bool) -> set[str]:
