@@ -7,8 +7,11 @@ A linear layer Y = X W^T (X: tokens x K, W: N x K) runs three GEMMs:
     wgrad  dW = dY^T X   operands dy, x  reduction dim M  (dy and x column-wise)
 
 Each operand is quantized along its GEMM's reduction dim, from the high-precision tensor
-(never from another quantized copy). A Recipe is a frozen value; presets are built by
-`get_recipe(name, **overrides)`. Nothing here reads the environment or holds global state.
+(never from another quantized copy). A Recipe is a frozen value that states these facts
+once (reduction_dim, Recipe.operands / uses_sr / shard_unit); the presets below are written
+out in full (PRESETS), `get_recipe(name, **overrides)` edits one, and the paper's ablations
+are named overrides beside them (ABLATIONS). Nothing here reads the environment or holds
+mutable state.
 """
 from __future__ import annotations
 
@@ -27,8 +30,8 @@ GEMMS = ("fprop", "dgrad", "wgrad")
 OPERANDS = {"fprop": ("x", "w"), "dgrad": ("dy", "w"), "wgrad": ("dy", "x")}
 OPERAND_NAMES = ("x", "w", "dy")
 # (GEMM, operand) -> the dim of the operand's natural layout (x: tokens x K, w: N x K,
-# dy: tokens x N) along which that GEMM reduces: the one fact ops, the experts' GEMMs, the
-# diagnostics and the tensor-parallel shard checks all read (reduction_dim).
+# dy: tokens x N) along which that GEMM reduces: the one statement of it that ops, the
+# experts' GEMMs, the training probes and the mechanism report read (reduction_dim).
 REDUCTION_DIM = {("fprop", "x"): 1, ("fprop", "w"): 1, ("dgrad", "dy"): 1, ("dgrad", "w"): 0,
                  ("wgrad", "dy"): 0, ("wgrad", "x"): 0}
 ROUNDINGS = ("rtne", "sr")
