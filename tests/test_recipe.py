@@ -46,10 +46,10 @@ def test_overrides_build_the_paper_ablations():
     no_sr = get_recipe("ufp4", sr=())
     assert {op.rounding for _, _, op in _ops(no_sr)} == {"rtne"}
     one = get_recipe("ufp4", **{"fprop.x.grid": "e2m1", "dgrad.rht": None, "wgrad": None})
-    assert one.fprop.a.grid == "e2m1" and one.fprop.b.grid == "e1m2"
+    assert one.fprop.x.grid == "e2m1" and one.fprop.w.grid == "e1m2"
     assert one.dgrad.rht is None and one.wgrad is None
     capped = get_recipe("e2m1", grid=(0, 0.5, 1, 1.5, 2))  # the paper's capped-E2M1 ablation
-    assert capped.fprop.a.grid == (0, 0.5, 1, 1.5, 2)
+    assert capped.fprop.x.grid == (0, 0.5, 1, 1.5, 2)
     assert get_recipe("ufp4", block=32, rht_size=32).fprop.rht == 32
 
 

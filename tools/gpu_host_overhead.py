@@ -265,14 +265,11 @@ def cpu_glue(log):
         "glue: quantize() row rtne+rht16": lambda: quantize(x, "e1m2", rht=16, backend=t),
         "glue: quantize() row sr": lambda: quantize(x, "e1m2", rounding="sr", seed=3, backend=t),
         "glue: fprop operands (ufp4)": lambda: ops._gemm_operands(
-            "fprop", r.fprop, x, w, a_rows=False, b_rows=False, reduction=1024, recipe=r,
-            seed=1, a_origin=(0, 0), b_origin=(0, 0), backend=t),
+            "fprop", r, (x, w), ((0, 0), (0, 0)), seed=1, backend=t),
         "glue: dgrad operands (ufp4)": lambda: ops._gemm_operands(
-            "dgrad", r.dgrad, dy, w, a_rows=False, b_rows=True, reduction=512, recipe=r,
-            seed=1, a_origin=(0, 0), b_origin=(0, 0), backend=t),
+            "dgrad", r, (dy, w), ((0, 0), (0, 0)), seed=1, backend=t),
         "glue: wgrad operands (ufp4)": lambda: ops._gemm_operands(
-            "wgrad", r.wgrad, dy, x, a_rows=True, b_rows=True, reduction=1024, recipe=r,
-            seed=1, a_origin=(0, 0), b_origin=(0, 0), backend=t),
+            "wgrad", r, (dy, x), ((0, 0), (0, 0)), seed=1, backend=t),
     }
     xs, ws, dys = torch.randn(64, 64), torch.randn(32, 64), torch.randn(64, 32)
     cases |= {  # the torch reference path (CPU training, backend="torch")

@@ -12,7 +12,7 @@ from .numerics.checks import check_bool, check_dim, check_float_tensor, check_in
 from .numerics.hadamard import as_rht
 from .numerics.quantize import output_dtype
 from .numerics.quantize import quantize_view as _reference_view
-from .recipe import check_operand_fields
+from .recipe import OperandSpec, check_operand_fields
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -50,6 +50,31 @@ def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *,
         if pair is not None:
             return pair
     return quantize_view(a, backend=backend, **a_kw), quantize_view(b, backend=backend, **b_kw)
+
+
+def _operand_kw(spec: OperandSpec, key: dict, rht, out_dtype) -> dict:
+    # the one place a GEMM operand's OperandSpec becomes the reference's/kernels' arguments
+    return dict(grid=spec.grid, block=spec.block, block_2d=spec.block_2d, scale=spec.scale,
+                rounding=spec.rounding, rht=rht, keep_padding=True, out_dtype=out_dtype, **key)
+
+
+def quantize_operand(view: torch.Tensor, spec: OperandSpec, *, rht=None, seed: int = 0,
+                     origin=(0, 0), segments=None, out_dtype=None,
+                     backend: str = "auto") -> torch.Tensor:
+    """A GEMM operand's [R, C] view quantized along C as `spec` says, its padding kept (zeros
+    add nothing to the product); rht, seed, origin, segments and out_dtype as in
+    quantize_view."""
+    key = dict(seed=seed, origin=origin, segments=segments)
+    return quantize_view(view, backend=backend, **_operand_kw(spec, key, rht, out_dtype))
+
+
+def quantize_operand_pair(views, specs, keys, *, rht=None, out_dtype=None,
+                          backend: str = "auto"):
+    """The two operands of one GEMM (views, OperandSpecs, and per operand its SR key: a dict
+    of seed and origin), quantized as quantize_operand does, in one kernel launch where the
+    kernels cover both."""
+    a_kw, b_kw = (_operand_kw(spec, key, rht, out_dtype) for spec, key in zip(specs, keys))
+    return quantize_pair(views[0], a_kw, views[1], b_kw, backend=backend)
 
 
 def quantize(x: torch.Tensor, fmt, *, block: int = 16, scale: str = "fp32",

@@ -45,13 +45,13 @@ from dataclasses import dataclass, field
 import torch
 
 from . import ops
-from .fake_quant import quantize_view
+from .fake_quant import quantize_operand
 from .numerics.checks import check_int, check_seed
 from .numerics.hadamard import RHT, get_rht, rotated_dtype
 from .numerics.philox import mix_seed, mix_seeds
 from .numerics.quantize import padded_length
 from .numerics.segments import Segments
-from .recipe import GEMMS, GemmSpec, OperandSpec, Recipe
+from .recipe import GEMMS, OPERANDS, GemmSpec, OperandSpec, Recipe, reduction_dim
 
 _GEMM_ID = {g: i for i, g in enumerate(GEMMS)}
 GEMM_BACKENDS = ("auto", "grouped", "loop")
@@ -157,15 +157,7 @@ def token_alignment(recipe: Recipe) -> int:
     """The padding unit of each expert's tokens: GROUP_ALIGN, and the unit ops would pad a
     single expert's token dim to in wgrad (block and RHT size of both wgrad operands, 4 for
     Philox words under SR)."""
-    spec = recipe.wgrad
-    if spec is None:
-        return GROUP_ALIGN
-    rht = get_rht(spec.rht, recipe.rht_seed) if spec.rht else None
-    unit = GROUP_ALIGN
-    for op in (spec.a, spec.b):
-        unit = math.lcm(unit, padded_length(1, op.block if op else 1, rht),
-                        4 if op is not None and op.rounding == "sr" else 1)
-    return unit
+    return GROUP_ALIGN if recipe.wgrad is None else math.lcm(GROUP_ALIGN, recipe.wgrad.unit)
 
 
 def _to_device(t: torch.Tensor, device) -> torch.Tensor:
@@ -254,7 +246,7 @@ def _operand_seeds(seed: int, first_expert: int, experts: int, gemm: str,
 
 
 def _check_shapes(name: str, reduction: int, spec: GemmSpec, rht: RHT | None) -> None:
-    for op in (spec.a, spec.b):
+    for op in (getattr(spec, operand) for operand in OPERANDS[name]):
         unit = padded_length(1, op.block if op else 1, rht)
         if reduction % unit:
             raise ValueError(f"grouped {name}: reduction size {reduction} is not a multiple of "
@@ -278,20 +270,34 @@ def _operand(view: torch.Tensor, spec: OperandSpec | None, *, rht: RHT | None,
     sr = spec.rounding == "sr"
     if sr and view.shape[1] > 0 and origin[1] % 4:
         raise ValueError(f"SR keys need a column origin that is a multiple of 4, got {origin}")
-    kw = dict(block=spec.block, block_2d=spec.block_2d, scale=spec.scale,
-              rounding=spec.rounding, rht=rht, origin=origin, keep_padding=True,
-              out_dtype=dtype, backend=backend)
+    kw = dict(rht=rht, origin=origin, out_dtype=dtype, backend=backend)
     if spec.scale != "e4m3":
         segments = (Segments(1 if along_columns else 0, starts, seeds)
                     if sr and view.numel() else None)
-        return quantize_view(view, spec.grid, seed=0, segments=segments, **kw)
+        return quantize_operand(view, spec, seed=0, segments=segments, **kw)
     parts = []
     ends = (*starts[1:], view.shape[1 if along_columns else 0])
     for s, t, seed in zip(starts, ends, seeds):
         part = view[:, s:t] if along_columns else view[s:t]
-        parts.append(quantize_view(part, spec.grid, seed=seed if sr else 0, **kw)
+        parts.append(quantize_operand(part, spec, seed=seed if sr else 0, **kw)
                      if part.numel() else part.to(dtype))
     return torch.cat(parts, dim=1 if along_columns else 0) if parts else view.to(dtype)
+
+
+def _gemm_operand(gemm: str, name: str, t: torch.Tensor, spec: GemmSpec, *, rht: RHT | None,
+                  seed: int, first_expert: int, experts: int, origin: tuple[int, int],
+                  starts: tuple[int, ...], dtype: torch.dtype, backend: str) -> torch.Tensor:
+    """Operand `name` of `gemm` (natural layout; experts' segments start at `starts` along
+    its rows) quantized along the GEMM's reduction dim, in natural orientation. An operand
+    reduced along its rows is quantized as its transpose (the kernels' column layout; origin
+    swapped, segments then along the columns)."""
+    rows = reduction_dim(gemm, name) == 0
+    q = _operand(t.t() if rows else t, getattr(spec, name), rht=rht,
+                 seeds=_operand_seeds(seed, first_expert, experts, gemm,
+                                      OPERANDS[gemm].index(name)),
+                 origin=(origin[1], origin[0]) if rows else origin, starts=starts,
+                 along_columns=rows, dtype=dtype, backend=backend)
+    return q.t() if rows else q
 
 
 def _gemm_setup(gemm: str, recipe: Recipe, x: torch.Tensor, reduction: int | None = None):
@@ -336,13 +342,11 @@ def fprop(x: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recipe
     if recipe.fprop is None:
         return grouped_mm(x, w.transpose(1, 2), groups, backend=gemm_backend)
     spec, rht, dtype = _gemm_setup("fprop", recipe, x, K)
-    qx = _operand(x, spec.a, rht=rht, seeds=_operand_seeds(seed, first_expert, E, "fprop", 0),
-                  origin=x_origin, starts=groups.padded_starts, along_columns=False,
-                  dtype=dtype, backend=backend)
-    qw = _operand(w.reshape(E * N, K), spec.b, rht=rht,
-                  seeds=_operand_seeds(seed, first_expert, E, "fprop", 1), origin=w_origin,
-                  starts=_weight_starts(E, N), along_columns=False, dtype=dtype,
-                  backend=backend)
+    kw = dict(rht=rht, seed=seed, first_expert=first_expert, experts=E, dtype=dtype,
+              backend=backend)
+    qx = _gemm_operand("fprop", "x", x, spec, origin=x_origin, starts=groups.padded_starts, **kw)
+    qw = _gemm_operand("fprop", "w", w.reshape(E * N, K), spec, origin=w_origin,
+                       starts=_weight_starts(E, N), **kw)
     y = grouped_mm(qx, qw.view(E, N, K).transpose(1, 2), groups, backend=gemm_backend)
     return y.to(x.dtype)
 
@@ -358,16 +362,14 @@ def dgrad(dy: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recip
     if recipe.dgrad is None:
         return grouped_mm(dy, w, groups, backend=gemm_backend)
     spec, rht, dtype = _gemm_setup("dgrad", recipe, dy, N)
-    qdy = _operand(dy, spec.a, rht=rht,
-                   seeds=_operand_seeds(seed, first_expert, E, "dgrad", 0), origin=dy_origin,
-                   starts=groups.padded_starts, along_columns=False, dtype=dtype,
-                   backend=backend)
-    # W^T [K, E*N] quantized along its columns: the kernel's column layout of the stack
-    qw_t = _operand(w.reshape(E * N, K).t(), spec.b, rht=rht,
-                    seeds=_operand_seeds(seed, first_expert, E, "dgrad", 1),
-                    origin=(w_origin[1], w_origin[0]), starts=_weight_starts(E, N),
-                    along_columns=True, dtype=dtype, backend=backend)
-    dx = grouped_mm(qdy, qw_t.t().reshape(E, N, K), groups, backend=gemm_backend)
+    kw = dict(rht=rht, seed=seed, first_expert=first_expert, experts=E, dtype=dtype,
+              backend=backend)
+    qdy = _gemm_operand("dgrad", "dy", dy, spec, origin=dy_origin,
+                        starts=groups.padded_starts, **kw)
+    # the stack [E*N, K] quantized along N: its transpose in the kernels' column layout
+    qw = _gemm_operand("dgrad", "w", w.reshape(E * N, K), spec, origin=w_origin,
+                       starts=_weight_starts(E, N), **kw)
+    dx = grouped_mm(qdy, qw.reshape(E, N, K), groups, backend=gemm_backend)
     return dx.to(dy.dtype)
 
 
@@ -382,15 +384,11 @@ def wgrad(dy: torch.Tensor, x: torch.Tensor, groups: ExpertGroups, recipe: Recip
         return grouped_mm(dy.t(), x, groups, backend=gemm_backend)
     E = len(groups.counts)
     spec, rht, dtype = _gemm_setup("wgrad", recipe, dy)
-    starts = groups.padded_starts
-    qdy_t = _operand(dy.t(), spec.a, rht=rht,
-                     seeds=_operand_seeds(seed, first_expert, E, "wgrad", 0),
-                     origin=(dy_origin[1], dy_origin[0]), starts=starts, along_columns=True,
-                     dtype=dtype, backend=backend)
-    qx_t = _operand(x.t(), spec.b, rht=rht, seeds=_operand_seeds(seed, first_expert, E, "wgrad", 1),
-                    origin=(x_origin[1], x_origin[0]), starts=starts, along_columns=True,
-                    dtype=dtype, backend=backend)
-    return grouped_mm(qdy_t, qx_t.t(), groups, backend=gemm_backend).to(dy.dtype)
+    kw = dict(rht=rht, seed=seed, first_expert=first_expert, experts=E, dtype=dtype,
+              backend=backend, starts=groups.padded_starts)
+    qdy = _gemm_operand("wgrad", "dy", dy, spec, origin=dy_origin, **kw)
+    qx = _gemm_operand("wgrad", "x", x, spec, origin=x_origin, **kw)
+    return grouped_mm(qdy.t(), qx, groups, backend=gemm_backend).to(dy.dtype)
 
 
 # ----------------------------------------------------------------------------- the twin
@@ -487,7 +485,7 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         raise ValueError(f"x must be [tokens, {weight.shape[2]}] with tokens = sum of the "
                          f"counts ({sum(counts)}), got {tuple(x.shape)}")
     if seed is None:
-        seed = int(torch.randint(0, 2**62, ()).item()) if ops.uses_sr(recipe) else 0
+        seed = int(torch.randint(0, 2**62, ()).item()) if recipe.uses_sr else 0
     seed, first_expert = check_seed(seed), check_int(first_expert, "first_expert", 0)
     groups = expert_groups(counts, token_alignment(recipe))
     return _GroupedLinear.apply(x, weight, bias, groups, recipe, seed, first_expert, backend)

@@ -28,21 +28,11 @@ import sys
 from pathlib import Path
 
 from .scripts import SLURM_SBATCH, TORCHRUN
+from .train.precision import ABLATION_OVERRIDES as ABLATIONS  # recipe.ABLATIONS, as overrides
 
 TRAIN_MODULE = "ufp4_megatron.train"
 REPORT_MODULE = "ufp4_megatron.report.compare"
 DEFAULT_PRECISIONS = ("bf16", "e2m1", "ufp4")
-
-# The paper's ablations (Dense 1.5B, Section "Ablation"): where the RHT applies, and SR on dY.
-# Each is UFP4 with precision-group overrides; `precision.name` names the run and its report row.
-ABLATIONS: dict[str, tuple[str, ...]] = {
-    "ufp4_rht_none": ("precision.rht.fprop=false", "precision.rht.dgrad=false",
-                      "precision.rht.wgrad=false"),
-    "ufp4_rht_wgrad": ("precision.rht.fprop=false", "precision.rht.dgrad=false"),
-    "ufp4_rht_dgrad_wgrad": ("precision.rht.fprop=false",),
-    "ufp4_rht_fprop_wgrad": ("precision.rht.dgrad=false",),
-    "ufp4_no_sr": ("precision.sr.dy=false",),
-}
 
 
 def plan_runs(precisions: list[str], ablations: bool, overrides: list[str],

@@ -9,9 +9,11 @@ dim (rotated first when the GEMM has an RHT; the same rotation on both operands 
 the product), then the product runs in the operands' dtype with fp32 accumulation (float16
 with an RHT: operands in float32, a rotated block can exceed fp16's range, and the product
 cast to float16 once). Both operands are zero-padded along the reduction dim to a common
-multiple of block and RHT size; zeros add nothing to the product. Both are quantized in one
-kernel launch where the kernels cover them (fake_quant.quantize_pair). Backward quantizes from the tensors BF16 saves
-anyway (x, w): no extra copies are kept for backward.
+multiple of block and RHT size; zeros add nothing to the product. Which operand is reduced
+along which dim, and how each is quantized, is the recipe's (recipe.reduction_dim,
+recipe.operand): an operand's OperandSpec goes whole to fake_quant.quantize_operand(_pair),
+which runs both of a GEMM in one kernel launch where the kernels cover them. Backward
+quantizes from the tensors BF16 saves anyway (x, w): no extra copies are kept for backward.
 
 Origins are each operand's (row, column) offset in the full tensor, natural layout (dy:
 tokens x N, x: tokens x K, w: N x K): a tensor-parallel shard passes its offset and gets the
@@ -23,30 +25,29 @@ import functools
 
 import torch
 
-from .fake_quant import BACKENDS, quantize_pair, quantize_view
+from .fake_quant import BACKENDS, quantize_operand, quantize_operand_pair
 from .numerics.checks import check_float_tensor, check_seed
 from .numerics.hadamard import RHT, get_rht, rotated_dtype
 from .numerics.philox import mix_seed
 from .numerics.quantize import padded_length
-from .recipe import GEMMS, GemmSpec, Recipe
+from .recipe import GEMMS, OPERANDS, GemmSpec, Recipe, reduction_dim
 
 _GEMM_ID = {g: i for i, g in enumerate(GEMMS)}
+# per GEMM, whether each operand (OPERANDS order) is reduced along its rows, so quantized as
+# its transpose: read once from the recipe's table
+_ALONG_ROWS = {g: tuple(reduction_dim(g, name) == 0 for name in OPERANDS[g]) for g in GEMMS}
 
 
 @functools.lru_cache(maxsize=256)
-def _gemm_plan(spec: GemmSpec, rht_seed: int, reduction: int, dtype: torch.dtype):
+def _gemm_plan(spec: GemmSpec, gemm: str, rht_seed: int, reduction: int, dtype: torch.dtype):
     """What one GEMM's operand preparation needs that depends only on the recipe, the
     reduction length and the dtype, built once (host time shows in small layers): the RHT,
-    the common padded length, the operands' dtype (fp32 for rotated fp16: a rotated block
-    can exceed fp16's range) and the fixed keyword arguments of each operand's quantization."""
+    the common padded length and the operands' dtype (fp32 for rotated fp16: a rotated block
+    can exceed fp16's range)."""
     rht = get_rht(spec.rht, rht_seed) if spec.rht else None
-    length = max(padded_length(reduction, op.block if op else 1, rht) for op in (spec.a, spec.b))
-    op_dtype = rotated_dtype(dtype) if rht is not None else dtype
-    kws = tuple(None if op is None else dict(
-        grid=op.grid, block=op.block, block_2d=op.block_2d, scale=op.scale,
-        rounding=op.rounding, rht=rht, keep_padding=True, out_dtype=op_dtype)
-        for op in (spec.a, spec.b))
-    return rht, length, op_dtype, kws
+    length = max(padded_length(reduction, op.block if op else 1, rht)
+                 for op in (getattr(spec, name) for name in OPERANDS[gemm]))
+    return rht, length, rotated_dtype(dtype) if rht is not None else dtype
 
 
 def _rotated(view: torch.Tensor, length: int, rht: RHT | None, dtype) -> torch.Tensor:
@@ -66,30 +67,34 @@ def _pad(q: torch.Tensor, length: int) -> torch.Tensor:
     return q
 
 
-def _gemm_operands(gemm: str, spec: GemmSpec, a, b, *, a_rows: bool, b_rows: bool,
-                   reduction: int, recipe: Recipe, seed: int, a_origin, b_origin, backend):
-    """Both operands quantized along their columns (rows when *_rows: the view is t.t(), its
-    origin swapped), padded to a common length, in natural orientation; the two
-    quantizations run in one kernel launch where the kernels cover both."""
-    rht, length, dtype, (kw_a, kw_b) = _gemm_plan(spec, recipe.rht_seed, reduction, a.dtype)
+def _gemm_operands(gemm: str, recipe: Recipe, tensors, origins, *, seed: int, backend: str):
+    """`gemm`'s two operands (natural layouts, OPERANDS order) quantized along the GEMM's
+    reduction dim as the recipe says, padded to a common length along it, in natural
+    orientation. An operand reduced along its rows is quantized as its transpose (origin
+    swapped); the two quantizations run in one kernel launch where the kernels cover both."""
+    spec: GemmSpec = getattr(recipe, gemm)
+    names, along_rows = OPERANDS[gemm], _ALONG_ROWS[gemm]
+    first = tensors[0]
+    reduction = first.shape[0 if along_rows[0] else 1]
+    rht, length, dtype = _gemm_plan(spec, gemm, recipe.rht_seed, reduction, first.dtype)
     gid = _GEMM_ID[gemm]
-    va, oa = (a.t(), (a_origin[1], a_origin[0])) if a_rows else (a, a_origin)
-    vb, ob = (b.t(), (b_origin[1], b_origin[0])) if b_rows else (b, b_origin)
-    if kw_a is not None:  # seeds only matter to SR (RTNE results do not depend on them)
-        kw_a = dict(kw_a, origin=oa, seed=mix_seed(seed, gid, 0) if spec.a.rounding == "sr"
-                    else 0)
-    if kw_b is not None:
-        kw_b = dict(kw_b, origin=ob, seed=mix_seed(seed, gid, 1) if spec.b.rounding == "sr"
-                    else 0)
-    if kw_a is not None and kw_b is not None:
-        qa, qb = quantize_pair(va, kw_a, vb, kw_b, backend=backend)
+    views, keys, ops = [], [], []
+    for i, (name, t, origin, rows) in enumerate(zip(names, tensors, origins, along_rows)):
+        op = getattr(spec, name)
+        views.append(t.t() if rows else t)
+        # seeds only matter to SR (RTNE results do not depend on them)
+        keys.append(dict(origin=(origin[1], origin[0]) if rows else origin,
+                         seed=mix_seed(seed, gid, i) if op is not None and op.rounding == "sr"
+                         else 0))
+        ops.append(op)
+    if ops[0] is not None and ops[1] is not None:
+        q = quantize_operand_pair(views, ops, keys, rht=rht, out_dtype=dtype, backend=backend)
     else:
-        qa = (quantize_view(va, backend=backend, **kw_a) if kw_a is not None
-              else _rotated(va, length, rht, dtype))
-        qb = (quantize_view(vb, backend=backend, **kw_b) if kw_b is not None
-              else _rotated(vb, length, rht, dtype))
-    qa, qb = _pad(qa, length), _pad(qb, length)
-    return (qa.t() if a_rows else qa), (qb.t() if b_rows else qb)
+        q = [quantize_operand(v, op, rht=rht, out_dtype=dtype, backend=backend, **key)
+             if op is not None else _rotated(v, length, rht, dtype)
+             for v, op, key in zip(views, ops, keys)]
+    return tuple(_pad(qi, length).t() if rows else _pad(qi, length)
+                 for qi, rows in zip(q, along_rows))
 
 
 def fprop(x: torch.Tensor, w: torch.Tensor, recipe: Recipe, *, seed: int = 0,
@@ -98,9 +103,8 @@ def fprop(x: torch.Tensor, w: torch.Tensor, recipe: Recipe, *, seed: int = 0,
     w = w.to(x.dtype)
     if recipe.fprop is None:
         return x @ w.t()
-    qx, qw = _gemm_operands("fprop", recipe.fprop, x, w, a_rows=False, b_rows=False,
-                            reduction=x.shape[1], recipe=recipe, seed=seed,
-                            a_origin=x_origin, b_origin=w_origin, backend=backend)
+    qx, qw = _gemm_operands("fprop", recipe, (x, w), (x_origin, w_origin), seed=seed,
+                            backend=backend)
     return (qx @ qw.t()).to(x.dtype)
 
 
@@ -110,9 +114,8 @@ def dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: Recipe, *, seed: int = 0,
     w = w.to(dy.dtype)
     if recipe.dgrad is None:
         return dy @ w
-    qdy, qw = _gemm_operands("dgrad", recipe.dgrad, dy, w, a_rows=False, b_rows=True,
-                             reduction=dy.shape[1], recipe=recipe, seed=seed,
-                             a_origin=dy_origin, b_origin=w_origin, backend=backend)
+    qdy, qw = _gemm_operands("dgrad", recipe, (dy, w), (dy_origin, w_origin), seed=seed,
+                             backend=backend)
     return (qdy @ qw).to(dy.dtype)
 
 
@@ -122,9 +125,8 @@ def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: Recipe, *, seed: int = 0,
     x = x.to(dy.dtype)
     if recipe.wgrad is None:
         return dy.t() @ x
-    qdy, qx = _gemm_operands("wgrad", recipe.wgrad, dy, x, a_rows=True, b_rows=True,
-                             reduction=dy.shape[0], recipe=recipe, seed=seed,
-                             a_origin=dy_origin, b_origin=x_origin, backend=backend)
+    qdy, qx = _gemm_operands("wgrad", recipe, (dy, x), (dy_origin, x_origin), seed=seed,
+                             backend=backend)
     return (qdy.t() @ qx).to(dy.dtype)
 
 
@@ -173,7 +175,7 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if seed is None:
-        seed = int(torch.randint(0, 2**62, ()).item()) if uses_sr(recipe) else 0
+        seed = int(torch.randint(0, 2**62, ()).item()) if recipe.uses_sr else 0
     else:
         seed = check_seed(seed)
     return _QuantizedLinear.apply(x, weight, bias, recipe, seed, backend)
@@ -196,8 +198,3 @@ def _check_linear_args(x, weight, bias) -> None:
         raise ValueError(f"bias must have shape ({weight.shape[0]},) (out_features), got "
                          f"{tuple(bias.shape)}")
 
-
-def uses_sr(recipe: Recipe) -> bool:
-    return any(op is not None and op.rounding == "sr"
-               for g in GEMMS if getattr(recipe, g) is not None
-               for op in (getattr(recipe, g).a, getattr(recipe, g).b))

@@ -17,7 +17,6 @@ from ufp4_megatron.megatron import (
     UFP4ColumnParallelLinear,
     UFP4Policy,
     UFP4RowParallelLinear,
-    shard_unit,
 )
 from ufp4_megatron.megatron import _version
 from ufp4_megatron.megatron.spec import policy_from_env, ufp4_block_spec
@@ -119,7 +118,7 @@ def test_sr_seeds_are_shared_through_deepcopy():
 
 @pytest.mark.parametrize("name,unit", [("ufp4", 16), ("e2m1", 16), ("mxfp4", 32)])
 def test_shard_unit_is_block_and_rht_lcm(name, unit):
-    assert shard_unit(get_recipe(name)) == unit
+    assert get_recipe(name).shard_unit == unit
 
 
 @pytest.mark.parametrize("found", ["0.19.1", "0.19.2", "0.19.1+f8837c04", "0.19.2+8e83c0d"])

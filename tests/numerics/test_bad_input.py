@@ -100,7 +100,7 @@ def test_fp16_rht_gemms_are_finite_and_equal_the_fp32_reference_cast_once():
 
 def test_fp16_rht_unquantized_rotated_operand_stays_finite():
     """A GEMM with one operand in high precision still rotates it (so the RHT cancels)."""
-    r = get_recipe("ufp4", fprop=GemmSpec(a=OperandSpec(grid="e1m2"), b=None, rht=16))
+    r = get_recipe("ufp4", fprop=GemmSpec(x=OperandSpec(grid="e1m2"), w=None, rht=16))
     x = _fp16(16, 64, 6, scale=0.01)
     w = _fp16(32, 64, 7, scale=100, big_row=0)
     y = fprop(x, w, r)
@@ -189,7 +189,7 @@ def test_grid_values_are_checked():
         get_grid((0, True))
     # a list (as YAML gives) becomes a tuple: the recipe stays a hashable value
     r = get_recipe("e2m1", grid=[0, 0.5, 1, 2])
-    assert r.fprop.a.grid == (0.0, 0.5, 1.0, 2.0) and hash(r)
+    assert r.fprop.x.grid == (0.0, 0.5, 1.0, 2.0) and hash(r)
     quantized_linear(torch.randn(2, 16), torch.randn(4, 16), None, r, seed=0)
 
 
@@ -229,9 +229,11 @@ def test_rht_rotate_refuses_zero_dim_bad_dim_and_integers():
     (lambda: get_recipe("nvfp4", block_2d="yes"), "block_2d must be True or False"),
     (lambda: quantize(torch.randn(16, 16), "e1m2", block_2d="yes"), "block_2d must be True"),
     (lambda: OperandSpec(block=True), "block must be a positive integer"),
-    (lambda: GemmSpec(a=None, b=None, rht=16.0), "rht size must be one of"),
-    (lambda: GemmSpec(a=None, b=None, rht=True), "rht size must be one of"),
-    (lambda: GemmSpec(a="e1m2", b=None), "GemmSpec.a must be an OperandSpec or None"),
+    (lambda: GemmSpec(x=None, w=None, rht=16.0), "rht size must be one of"),
+    (lambda: GemmSpec(x=None, w=None, rht=True), "rht size must be one of"),
+    (lambda: GemmSpec(x="e1m2", w=None), "GemmSpec.x must be an OperandSpec or None"),
+    (lambda: Recipe(name="r", dgrad=GemmSpec(x=OperandSpec(), w=OperandSpec())),
+     "Recipe.dgrad has no operand 'x' \\(its operands are dy, w\\)"),
     (lambda: Recipe(name="r", fprop="ufp4"), "Recipe.fprop must be a GemmSpec or None"),
     (lambda: Recipe(name=3), "recipe name must be a string"),
     (lambda: get_recipe("ufp4", rht=16.0), "override rht=16.0: expected True, False, a size"),

@@ -46,9 +46,8 @@ from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.utils import divide, get_pg_rank, get_pg_size
 
 from .. import grouped_ops
-from ..ops import uses_sr
 from ..recipe import Recipe
-from .linear import _UFP4Mixin, shard_unit
+from .linear import _UFP4Mixin
 from .parallel_gemm import Shard, _accumulate, _chunks
 from .policy import UFP4Binding
 from .seeds import SRSeeds
@@ -125,7 +124,7 @@ class UFP4SequentialMLP(SequentialMLP):
         for name, (binding, role, linears) in self._roles.items():
             backward = _will_backward(inputs_grad[name], *(linear.weight for linear in linears))
             role.seed = (_call_seed(binding, self._dp_rank)
-                         if backward and uses_sr(binding.recipe) else 0)
+                         if backward and binding.recipe.uses_sr else 0)
         return super().forward(permuted_local_hidden_states, tokens_per_expert, permuted_probs,
                                **kw)
 
@@ -159,7 +158,7 @@ class _UFP4GroupedLinear(MegatronModule):
                        else Shard.row(rank, local))
         self._dp_rank = parallel_state.get_expert_data_parallel_rank()
         self._first_expert = get_pg_rank(self.ep_group) * num_local_experts
-        self._sr = uses_sr(ufp4.recipe)
+        self._sr = ufp4.recipe.uses_sr
         self._align = grouped_ops.token_alignment(ufp4.recipe)
 
         # As Megatron's linears: expert weights reduce over the expert-DP group, not DP.
@@ -288,7 +287,7 @@ def _check_grouped(binding: UFP4Binding, dims, partition_dim: int, stride: int, 
     """One launch quantizes all experts' weights: blocks must not straddle experts or
     shards."""
     recipe = binding.recipe
-    unit = shard_unit(recipe)
+    unit = recipe.shard_unit
     for axis, size in enumerate(dims):
         per_chunk = size // stride if axis == partition_dim else size
         if per_chunk % unit:

@@ -9,37 +9,20 @@ drop into a ModuleSpec unchanged.
 Tensor-parallel invariance: this rank's shard offsets are passed to ops as origins, and the
 SR seed is identical on all TP ranks (seeds.py), so TP=2 draws the SR bits of TP=1. That needs
 shards made of whole blocks: the sharded dim per rank and chunk (N/TP/stride for
-column-parallel, K/TP for row-parallel) must be a multiple of `shard_unit(recipe)`;
+column-parallel, K/TP for row-parallel) must be a multiple of `recipe.shard_unit`;
 construction fails otherwise.
 """
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.utils import get_pg_rank, get_pg_size
 
-from ..ops import uses_sr
-from ..recipe import GEMMS, Recipe
 from .parallel_gemm import Comm, Shard, UFP4ParallelLinearFn
 from .policy import UFP4Binding
-
-
-def shard_unit(recipe: Recipe) -> int:
-    """Smallest shard width that keeps blocks, RHT groups and Philox words (4 columns) whole."""
-    unit = 1
-    for g in GEMMS:
-        spec = getattr(recipe, g)
-        if spec is None:
-            continue
-        for op in (spec.a, spec.b):
-            if op is not None:
-                unit = math.lcm(unit, op.block, 4 if op.rounding == "sr" else 1)
-        unit = math.lcm(unit, spec.rht or 1)
-    return unit
 
 
 def draw_seed(binding: UFP4Binding, sr: bool, x: torch.Tensor, weight: torch.Tensor,
@@ -63,7 +46,7 @@ class _UFP4Mixin:
                             "UFP4Policy.bind or the spec functions in ufp4_megatron.megatron.spec)")
         self.ufp4 = ufp4
         tp = get_pg_size(self.tp_group)
-        unit = shard_unit(ufp4.recipe)
+        unit = ufp4.recipe.shard_unit
         if tp > 1 and sharded % unit:
             raise ValueError(
                 f"{kind} {ufp4.path}: {dim_name}/TP = {sharded} is not a multiple of {unit} "
@@ -72,7 +55,7 @@ class _UFP4Mixin:
                 f"by TP*{unit}, a smaller TP, or a recipe with smaller blocks for this layer.")
         self._dp_rank = (parallel_state.get_expert_data_parallel_rank() if self.is_expert else
                          parallel_state.get_data_parallel_rank(with_context_parallel=True))
-        self._sr = uses_sr(ufp4.recipe)
+        self._sr = ufp4.recipe.uses_sr
 
     def _forward_impl(self, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
                       sequence_parallel, *args, **kwargs):

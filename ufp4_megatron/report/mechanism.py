@@ -30,7 +30,7 @@ import torch
 
 from .. import diagnostics as dg
 from ..numerics.grids import get_grid
-from ..recipe import GEMMS, OPERANDS
+from ..recipe import GEMMS, OPERANDS, reduction_dim
 
 GRIDS = ("e2m1", "e1m2", "int4")
 RHTS = (None, 16)
@@ -96,15 +96,13 @@ def capture(run_dir: Path, batch: int | None = None) -> tuple[dict, dict]:
 
 def operand_stats(captured: dict, grids=GRIDS) -> list[dict]:
     """One row per (layer, linear, GEMM, operand, grid): alpha and SQNR without and with RHT16."""
-    from ..train.probes import _REDUCE_DIM
-
     rows = []
     for key in sorted(captured, key=_network_order):
         layer, linear = key.split(".")
         for gemm in GEMMS:
             for op in OPERANDS[gemm]:
                 t = captured[key].get(op)
-                dim = _REDUCE_DIM[gemm, op]
+                dim = reduction_dim(gemm, op)
                 if t is None or t.shape[dim] % 16:
                     continue
                 t = t.float()

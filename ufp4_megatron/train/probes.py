@@ -11,12 +11,7 @@ from __future__ import annotations
 import torch
 
 from .. import diagnostics as dg
-from ..recipe import OPERANDS, Recipe
-
-# (GEMM, operand) -> dim of the operand's natural layout (x, dy: tokens x features, w: N x K)
-# along which that GEMM reduces
-_REDUCE_DIM = {("fprop", "x"): -1, ("fprop", "w"): -1, ("dgrad", "dy"): -1, ("dgrad", "w"): 0,
-               ("wgrad", "dy"): 0, ("wgrad", "x"): 0}
+from ..recipe import GEMMS, Recipe, reduction_dim
 _LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 
@@ -50,14 +45,14 @@ class LayerProbes:
         """W&B-ready scalars diag/<layer>.<linear>/<gemm>.<operand>/<stat>; clears captures."""
         out = {}
         for key, tensors in self.captured.items():
-            for gemm in ("fprop", "dgrad", "wgrad"):
+            for gemm in GEMMS:
                 spec = getattr(self.recipe, gemm)
-                for op_name in OPERANDS[gemm]:
-                    op = self.recipe.operand(gemm, op_name)
+                for op_name, op in self.recipe.operands(gemm):
                     t = tensors.get(op_name)
-                    if op is None or t is None or t.shape[_REDUCE_DIM[gemm, op_name]] % 16:
+                    dim = reduction_dim(gemm, op_name)  # captures are 2D natural layouts
+                    if op is None or t is None or t.shape[dim] % 16:
                         continue
-                    kw = dict(dim=_REDUCE_DIM[gemm, op_name], block=op.block, scale=op.scale)
+                    kw = dict(dim=dim, block=op.block, scale=op.scale)
                     s = dg.quant_stats(t.float(), op.grid, rht=spec.rht, **kw)
                     prefix = f"diag/{key}/{gemm}.{op_name}"
                     out[f"{prefix}/alpha"] = s["alpha"]

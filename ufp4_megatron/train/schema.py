@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import II, MISSING
 
 from ..data.tokenizers import TokenizerConfig  # `data.tokenizer`; prepare_data builds the same
 
@@ -47,24 +47,30 @@ class ModelConfig:
     moe_grouped_gemm: bool = True  # all experts' GEMMs at once; false: one MLP per expert
 
 
+def _preset(key: str) -> Any:
+    # Unset: the value precision.recipe's preset states (train/precision.py), resolved into
+    # the run's config.yaml, so a precision YAML that omits rht or sr runs its preset's.
+    return II(f"ufp4.preset:${{..recipe}},{key}")
+
+
 @dataclass(kw_only=True)
 class RhtConfig:
     """Random Hadamard transform per GEMM (both operands, along the reduction dim)."""
 
-    fprop: bool = False
-    dgrad: bool = False
-    wgrad: bool = False
-    size: int = 16
-    seed: int = 0  # one fixed sign vector per run, equal on all ranks
+    fprop: Optional[bool] = _preset("rht.fprop")
+    dgrad: Optional[bool] = _preset("rht.dgrad")
+    wgrad: Optional[bool] = _preset("rht.wgrad")
+    size: Optional[int] = _preset("rht.size")
+    seed: Optional[int] = _preset("rht.seed")  # one fixed sign vector per run, on all ranks
 
 
 @dataclass(kw_only=True)
 class SrConfig:
     """Stochastic rounding per operand name (x, w, dy); RTNE where false."""
 
-    x: bool = False
-    w: bool = False
-    dy: bool = False
+    x: Optional[bool] = _preset("sr.x")
+    w: Optional[bool] = _preset("sr.w")
+    dy: Optional[bool] = _preset("sr.dy")
 
 
 @dataclass(kw_only=True)
@@ -77,10 +83,11 @@ class Bf16LayersConfig:
 
 @dataclass(kw_only=True)
 class PrecisionConfig:
-    """A preset of ufp4_megatron.recipe.get_recipe plus its command-line overrides.
+    """A preset of ufp4_megatron.recipe.get_recipe plus its overrides.
 
-    grid/block/scale/block_2d None keep the preset's values; rht and sr are stated in full by every
-    preset YAML so that `precision.rht.fprop=false` or `precision.sr.dy=false` edit one switch.
+    grid/block/scale/block_2d None keep the preset's values; every rht and sr switch left
+    unset is the preset's (resolved from `recipe`), so `precision.rht.fprop=false` or
+    `precision.sr.dy=false` edit one switch of it.
     """
 
     name: str = MISSING  # label used in run names and reports
@@ -206,5 +213,9 @@ class Config:
 
 
 def register_configs() -> None:
-    """Registers the schema as `base_config`, the first entry of ufp4_megatron/configs/config.yaml."""
+    """Registers the schema as `base_config`, the first entry of ufp4_megatron/configs/config.yaml,
+    and the resolver of its preset defaults."""
+    from .precision import register_preset_resolver
+
+    register_preset_resolver()
     ConfigStore.instance().store(name="base_config", node=Config)
