@@ -54,3 +54,21 @@ def test_offline_wandb_run_reads_as_the_run_dir(tmp_path):
     assert (run.model, run.recipe, run.seed, run.loss) == ("tiny", "e2m1", 5, {1: 3.0, 2: 2.5})
     assert run.tokens == {1: 64, 2: 128} and "_wandb" not in run.config
     assert json.dumps(run.config)  # plain containers
+
+
+def test_hydra_copy_resolves_preset_switches(tmp_path):
+    """A run dir with only Hydra's (unresolved) copy of the config: its rht/sr switches are
+    `${ufp4.preset:...}` strings there (train/schema.py) and must read as the preset's values,
+    not as strings; an interpolation nothing can resolve is a clear error."""
+    run = tmp_path / "r"
+    write_run(run, "ufp4", 1, [3.0, 2.0])
+    (run / ".hydra").mkdir()
+    (run / ".hydra" / "config.yaml").write_text(
+        "experiment: t\nmodel: {name: tiny}\ntrain: {seed: 1, global_batch: 2, seq_len: 32}\n"
+        "precision: {name: ufp4, recipe: ufp4,\n"
+        "  rht: {fprop: '${ufp4.preset:${..recipe},rht.fprop}'}}\n")
+    (run / "config.yaml").unlink()
+    assert load_run(str(run)).config["precision"]["rht"]["fprop"] is True
+    (run / ".hydra" / "config.yaml").write_text("model: {name: '${other.tool:x}'}\n")
+    with pytest.raises(BadInput, match="cannot resolve"):
+        load_run(str(run))

@@ -111,7 +111,17 @@ def _read_metrics(path: Path) -> list[dict]:
 def _from_run_dir(path: Path) -> Run:
     for name in ("config.yaml", ".hydra/config.yaml"):
         if (path / name).exists():
-            config = OmegaConf.to_container(OmegaConf.load(path / name))
+            config = OmegaConf.load(path / name)
+            # Hydra's copy is unresolved: its rht/sr switches default to `${ufp4.preset:...}`
+            # (train/schema.py); resolve them, or compare would read the strings as switches
+            from ..train.precision import register_preset_resolver
+
+            register_preset_resolver()
+            try:
+                config = OmegaConf.to_container(config, resolve=True)
+            except Exception as e:  # noqa: BLE001 - e.g. an interpolation of another tool
+                raise BadInput(f"{path / name}: cannot resolve it ({e}); "
+                               "give the run dir its config.yaml") from None
             break
     else:
         raise BadInput(f"{path} has metrics.jsonl but no config.yaml or .hydra/config.yaml")
