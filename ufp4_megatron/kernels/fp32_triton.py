@@ -13,12 +13,12 @@ import triton.language as tl
 # div_fast is proven where no intermediate underflows: block scales in [2^-60, 2^60] keep
 # 1 / s and the products of a block's quotients far from fp32's subnormal range; a tile
 # holding a scale outside takes div_exact.
-FAST_DIV_MIN_SCALE: tl.constexpr = 2.0 ** -60
-FAST_DIV_MAX_SCALE: tl.constexpr = 2.0 ** 60
+FAST_DIV_MIN_SCALE = tl.constexpr(2.0 ** -60)
+FAST_DIV_MAX_SCALE = tl.constexpr(2.0 ** 60)
 # A quotient below 2^-100 may come out of div_fast off by an ulp. RTNE never looks at one
 # (far below the first midpoint of any grid whose first level is >= 2^-30; smaller grids take
 # div_exact throughout), but SR does: whether v > 0 decides a possible round-up.
-FAST_DIV_MIN_QUOTIENT: tl.constexpr = 2.0 ** -100
+FAST_DIV_MIN_QUOTIENT = tl.constexpr(2.0 ** -100)
 
 
 @triton.jit

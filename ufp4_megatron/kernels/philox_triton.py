@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 # 2^-24: one unit of the top 24 bits of a word, so u = (bits >> 8) * 2^-24 is in [0, 1)
-UNIFORM24_ULP: tl.constexpr = 2.0 ** -24
+UNIFORM24_ULP = tl.constexpr(2.0 ** -24)
 
 
 @triton.jit
