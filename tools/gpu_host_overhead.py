@@ -104,7 +104,7 @@ def bare_launch(view, **kw):
     """The 16-tensor kernel launch of kernels.quantize_view(view, ...), every argument
     precomputed: (a function of the input view that only calls kernel[grid](...), the output
     view it writes)."""
-    from ufp4_megatron.kernels import launch
+    from ufp4_megatron.kernels import dispatch as launch
 
     t, along_rows = launch._orient(view)
     lay = launch._layout(view, **kw)
@@ -192,7 +192,7 @@ def layer_section(rows, log):
 def direct_launch_probe(rows, log):
     """What bypassing Triton's JIT dispatch would buy: the compiled kernel's own launcher
     called with precomputed arguments (an experiment here, not used by the library)."""
-    from ufp4_megatron.kernels import launch
+    from ufp4_megatron.kernels import dispatch as launch
     from ufp4_megatron.numerics.hadamard import get_rht
 
     x = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)

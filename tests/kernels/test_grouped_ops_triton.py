@@ -14,7 +14,7 @@ Runs in Triton's CPU interpreter without a GPU (conftest.py), on CUDA where ther
 (tools/gpu_perf.sh runs this file).
 
 | test                                          | what                             | device |
-| segment_kernels_match_reference               | segment-keyed SR, row and column segments x row16, col16, generic (block 32, RHT32), pair, dual launches vs numerics.quantize_view(segments=) | interpreter / CUDA |
+| segment_kernels_match_reference               | segment-keyed SR, row and column segments x row16, col16, generic (block 32, RHT32), pair launches vs numerics.quantize_view(segments=) | interpreter / CUDA |
 | kernels_refuse_segments_off_16                | strict names it; auto falls back to the reference | interpreter / CUDA |
 | grouped_kernel_path_matches_per_expert_twin   | ufp4 (16-tensor kernels, SR on dY / on every operand, bf16 and fp16), e2m1, nvfp4 (e4m3 per expert, 2D weight tiles), mxfp4 (block 32, generic kernel) | interpreter / CUDA |
 | gpu_grouped_mm_matches_loop                   | bf16, ufp4: torch._grouped_mm (CUTLASS) vs cuBLAS per expert, fp32 accumulation order only | CUDA, bf16 |
@@ -65,7 +65,7 @@ def test_segment_kernels_match_reference(family, axis):
                    f"{family} axis {axis}")
 
 
-def test_segment_pair_and_dual_launches_match_reference():
+def test_segment_pair_and_generic_launches_match_reference():
     g = torch.Generator().manual_seed(5)
     a = torch.randn(64, 48, generator=g).bfloat16().to(DEVICE)
     b = torch.randn(32, 64, generator=g).bfloat16().to(DEVICE)
@@ -77,10 +77,10 @@ def test_segment_pair_and_dual_launches_match_reference():
     assert_bitwise(qa, reference(a, **ka), "pair a")
     assert_bitwise(qb, reference(b.t(), **kb), "pair b")
     kc = dict(kb, segments=Segments(1, STARTS, SEEDS))
-    row, col = kernels.quantize_dual(a, dict(ka, rht=RHT(32, 3)), dict(kc, rht=RHT(32, 3),
-                                                                       block=32))
-    assert_bitwise(row, reference(a, **dict(ka, rht=RHT(32, 3))), "dual row")
-    assert_bitwise(col, reference(a.t(), **dict(kc, rht=RHT(32, 3), block=32)), "dual col")
+    row = kernels.quantize_view(a, **dict(ka, rht=RHT(32, 3)))  # RHT32: the generic kernel
+    col = kernels.quantize_view(a.t(), **dict(kc, rht=RHT(32, 3), block=32))
+    assert_bitwise(row, reference(a, **dict(ka, rht=RHT(32, 3))), "generic row")
+    assert_bitwise(col, reference(a.t(), **dict(kc, rht=RHT(32, 3), block=32)), "generic col")
 
 
 def test_kernels_refuse_segments_off_16():

@@ -3,7 +3,8 @@
 Runs on a GPU when there is one, else in Triton's CPU interpreter (conftest.py), at small
 odd shapes. Every comparison is torch.equal on the values (NaN positions must match too).
 1x16 blocks with RHT16 or none go through the 16-tensor kernels (quantize16_triton), the
-rest through the generic tile kernel (quantize_triton); both are covered. In the
+rest through the generic tile kernel (quantize_triton); both are covered, and the generic
+kernel on 1x16 blocks too (forced by `tiles`). In the
 interpreter the kernels divide with div_rn (its fma is not fused); the fast exact division
 is covered by the GPU tests (test_quantize_triton_gpu.py).
 
@@ -13,7 +14,7 @@ Coverage matrix (each row one test; x: every value of the axis is crossed with t
 | block_options_match                    | e1m2       | fp32   | both     | 16/32 x 2D, keep_padding | none/16/32/64 | row, col x |
 | dtypes_match                           | e2m1       | fp32   | rtne     | 16       | 16         | row; in x out dtype |
 | special_values_match                   | e2m1, e1m2, int4_asym, 16-level x | all x | both | 16, 32 2D | none/16 | row, col x |
-| dual_matches_two_single_layouts        | e1m2,int4  | fp32/e8m0 | sr    | 16       | none/16    | dual          |
+| generic_kernel_matches_on_16_blocks    | e1m2,int4  | fp32/e8m0 | sr    | 16       | none/16    | row, col (generic kernel) |
 | pair_matches_two_single_launches       | e1m2,e2m1,int4_asym,codebook | fp32/e4m3/e8m0 | both | 16 (+32, 2D: two launches) | none/16 | row+row, row+col, col+col |
 | e4m3_nan_stays_in_its_block            | e2m1       | e4m3   | both     | 16, 16 2D | none/16   | row, col      |
 | fp16_rht_is_float32_and_finite         | e1m2       | fp32   | rtne     | 16       | 16         | row, col, pair |
@@ -27,6 +28,7 @@ import pytest
 import torch
 
 from ufp4_megatron import get_recipe, kernels, quantize, quantized_linear
+from ufp4_megatron.kernels.dispatch import TILES
 from ufp4_megatron.numerics.hadamard import RHT
 from ufp4_megatron.numerics.quantize import quantize_view as reference
 
@@ -112,14 +114,15 @@ def test_special_values_match(grid, scale, layout):
 
 
 @pytest.mark.parametrize("rht", [None, 16])
-def test_dual_matches_two_single_layouts(rht):
+def test_generic_kernel_matches_on_16_blocks(rht):
     x = _data(45, 40, seed=4)
     r = RHT(rht, 7) if rht else None
     row = dict(grid="e1m2", rounding="sr", rht=r, seed=1, keep_padding=True)
     col = dict(grid="int4", scale="e8m0", rounding="sr", rht=RHT(16, 3), seed=2, origin=(8, 16))
-    got_row, got_col = kernels.quantize_dual(x, row, col)
-    assert_bitwise(got_row, reference(x, **row), "dual row")
-    assert_bitwise(got_col, reference(x.t(), **col), "dual col")
+    got_row = kernels.quantize_view(x, tiles=TILES, **row)  # tiles: the generic kernel
+    got_col = kernels.quantize_view(x.t(), tiles=TILES, **col)
+    assert_bitwise(got_row, reference(x, **row), "generic row")
+    assert_bitwise(got_col, reference(x.t(), **col), "generic col")
 
 
 PAIRS = {  # (a spec, b spec, a layout, b layout): the GEMMs of the presets and some harder

@@ -2,7 +2,7 @@
 GPU (and, for the UFP4 operand specs, on the CPU too). Run with `make test-gpu`.
 
 | test                                        | what                                           |
-| gpu_ufp4_operands_match_reference           | e1m2 rht16 rtne/sr, row/col/dual, 4096x6144 and odd 3000x2000, vs GPU and CPU reference |
+| gpu_ufp4_operands_match_reference           | e1m2 rht16 rtne/sr, row/col (16-tensor and generic kernels), 4096x6144 and odd 3000x2000, vs GPU and CPU reference |
 | gpu_all_grids_and_scales_match              | 5 grids x 3 scales, SR + rht16 (the longest path), row, 1024x1536 |
 | gpu_block_options_and_special_values_match  | blocks 16/32, 2D tiles, keep_padding, NaN/Inf/zero/subnormal rows, row fp32 and col e8m0+rht32 |
 | gpu_pair_matches_reference                  | the pair kernel (both operands of fprop/dgrad/wgrad in one launch), UFP4 specs, 4096x6144 and odd shapes, vs GPU reference |
@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from ufp4_megatron import kernels
+from ufp4_megatron.kernels.dispatch import TILES
 from ufp4_megatron.numerics.hadamard import RHT
 from ufp4_megatron.numerics.quantize import quantize_view as reference
 
@@ -35,11 +36,13 @@ def _data(rows, cols, seed):
 def test_gpu_ufp4_operands_match_reference(shape, rounding):
     x = _data(*shape, seed=shape[1])
     spec = dict(grid="e1m2", rounding=rounding, rht=RHT(16, 3), seed=2**45 + 11)
-    row, col = kernels.quantize_dual(x, spec, dict(spec, seed=5, origin=(4, 64)))
-    assert_bitwise(row, reference(x, **spec), "dual row")
-    assert_bitwise(col, reference(x.t(), **dict(spec, seed=5, origin=(4, 64))), "dual col")
-    assert_bitwise(kernels.quantize_view(x, **spec), row, "row")
-    assert_bitwise(kernels.quantize_view(x.t(), **dict(spec, seed=5, origin=(4, 64))), col, "col")
+    col_spec = dict(spec, seed=5, origin=(4, 64))
+    row, col = kernels.quantize_view(x, **spec), kernels.quantize_view(x.t(), **col_spec)
+    assert_bitwise(row, reference(x, **spec), "row")
+    assert_bitwise(col, reference(x.t(), **col_spec), "col")
+    # the generic tile kernel (forced by tiles) on the same specs
+    assert_bitwise(kernels.quantize_view(x, tiles=TILES, **spec), row, "generic row")
+    assert_bitwise(kernels.quantize_view(x.t(), tiles=TILES, **col_spec), col, "generic col")
     small = x[:256, :512]
     assert_bitwise(kernels.quantize_view(small, **spec), reference(small.cpu(), **spec), "cpu")
 

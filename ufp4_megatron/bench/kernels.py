@@ -1,7 +1,7 @@
 """Kernel table: fused QDQ vs the copy roofline, the naive torch reference and its compile.
 
 Bytes moved by one layout: the input read once plus the output written once (2 + 2 bytes
-per bf16 element); the dual kernel writes two outputs (2 + 4). The roofline is a
+per bf16 element). The roofline is a
 device-to-device copy of the same tensor, timed the same way; "% copy" = copy bandwidth
 share achieved = (bytes / time) / (copy bytes / copy time).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import quantize_dual, quantize_view
+from ..kernels import quantize_view
 from ..numerics.hadamard import RHT
 from ..numerics.quantize import quantize_view as reference
 from .timing import median_ms, rotating
@@ -25,9 +25,7 @@ def _spec(rounding: str, rht: bool) -> dict:
 def _runner(layout: str, spec: dict):
     if layout == "row":
         return lambda x: quantize_view(x, **spec)
-    if layout == "col":
-        return lambda x: quantize_view(x.t(), **spec)
-    return lambda x: quantize_dual(x, spec, spec)
+    return lambda x: quantize_view(x.t(), **spec)
 
 
 def kernel_rows(compile_shapes=((8192, 8192),), log=print) -> list[dict]:
@@ -40,11 +38,11 @@ def kernel_rows(compile_shapes=((8192, 8192),), log=print) -> list[dict]:
         copy_bw = 4 * n / copy_ms / 1e9
         rows.append(dict(shape=shape, what="copy (roofline)", ms=copy_ms, tbs=copy_bw, pct=100.0))
         log(rows[-1])
-        for layout in ("row", "col", "dual"):
+        for layout in ("row", "col"):
             for rounding in ("rtne", "sr"):
                 for rht in (False, True):
                     ms = median_ms(_runner(layout, _spec(rounding, rht)), inputs)
-                    bw = (6 if layout == "dual" else 4) * n / ms / 1e9
+                    bw = 4 * n / ms / 1e9
                     rows.append(dict(shape=shape, what=f"triton {layout} {rounding}"
                                      f"{' rht16' if rht else ''}", ms=ms, tbs=bw,
                                      pct=100 * bw / copy_bw))

@@ -3,11 +3,14 @@
 `unsupported(x, grid, **kw)` says what the kernel path does not reproduce for these
 arguments (None: all of it; `supports` is its boolean); `quantize_view` is the twin of
 numerics.quantize.quantize_view, `quantize_pair` quantizes the two operands of one GEMM in one
-launch where it can, `quantize_dual` writes the row-wise and column-wise layouts of one tensor
-from one read. Host side (plans, launches): launch.py.
+launch where it can. Modules, each importing only those above it:
+  fp32_triton, philox_triton, hadamard_triton, scaling_triton, rounding_triton,
+  segments_triton    building blocks (the twins of numerics/, the shared fp32 arithmetic);
+  pipeline_triton    the QDQ steps both kernel families share, in the reference's order;
+  quantize_triton    the generic tile kernel; quantize16_triton the 16-tensor kernels;
+  dispatch           host side: what the kernels cover, cached launch plans, the launches.
 """
-from .launch import (INTERPRETED, check_device, quantize_dual, quantize_pair, quantize_view,
-                     supports, unsupported)
+from .dispatch import INTERPRETED, check_device, quantize_pair, quantize_view, supports, unsupported
 
 __all__ = ["supports", "unsupported", "check_device", "quantize_view", "quantize_pair",
-           "quantize_dual", "INTERPRETED"]
+           "INTERPRETED"]

@@ -3,7 +3,10 @@
 Same fp32 operations in the same order as `RHT.rotate_fp32_lastdim`: signs (exact), then for
 h = 1, 2, 4, ..., H/2 the pairs (i, i+h) of each aligned group of 2h become (a + b, a - b),
 then one multiply by fp32(1/sqrt(H)). Each step is one IEEE operation per element, so the
-result is bit-identical to the reference.
+result is bit-identical to the reference. Two layouts of the same butterfly: `rht_rows` on a
+[rows, cols] tile (groups of H along axis 1), `rht16` on a block held as 16 same-shaped
+tensors (element j of every block in the j-th; quantize16_triton.py), where every stage is
+elementwise.
 """
 import triton
 import triton.language as tl
@@ -25,3 +28,29 @@ def rht_rows(x, signs, norm, BR: tl.constexpr, BC: tl.constexpr, LOG_H: tl.const
     for i in tl.static_range(LOG_H):
         x = _stage(x, BR, BC, 1 << i)
     return x * norm
+
+
+@triton.jit
+def _stage16(xs, h: tl.constexpr):
+    """One butterfly stage over a 16-tuple: pairs (j, j + h) -> (a + b, a - b)."""
+    out = ()
+    for j in tl.static_range(16):
+        if (j // h) % 2 == 0:
+            out = out + (xs[j] + xs[j + h],)
+        else:
+            out = out + (xs[j - h] - xs[j],)
+    return out
+
+
+@triton.jit
+def rht16(xs, sign_ptr, norm):
+    """RHT16 of blocks held as a 16-tuple of fp32 tensors; sign_ptr: the 16 signs (+-1)."""
+    sx = ()
+    for j in tl.static_range(16):
+        sx = sx + (xs[j] * tl.load(sign_ptr + j),)
+    for i in tl.static_range(4):
+        sx = _stage16(sx, 1 << i)
+    out = ()
+    for j in tl.static_range(16):
+        out = out + (sx[j] * norm,)
+    return out

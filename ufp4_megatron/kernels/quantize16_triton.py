@@ -4,40 +4,22 @@ For the wgrad operands (quantized along dim 0 of a row-major [A, B] tensor) with
 blocks and RHT16 (or none): element j of a group is row 16 g + j, held in its own [BG, BB]
 tensor with every tensor in the same layout, so the butterfly, the block amax and the
 rounding are elementwise across the 16 tensors and every load and store is coalesced along
-B. Same operations, same order as numerics/ (the view is t.t(): view row = b, column = a).
-Row-wise (along B), each block is loaded as two 16-byte halves and split in registers into
-the same 16-tensor form. `_pair16_kernel` runs two such jobs (row or column each) in one
-launch: the two operands of one GEMM.
+B. Same pipeline, same operations as the tile kernel (pipeline_triton.py) and numerics/ (the
+view is t.t(): view row = b, column = a). Row-wise (along B), each block is loaded as two
+16-byte halves and split in registers into the same 16-tensor form. `_pair16_kernel` runs
+two such jobs (row or column each) in one launch: the two operands of one GEMM. Host side:
+dispatch.py.
 """
 import triton
 import triton.language as tl
 
-from .quantize_triton import _cast_out, _div_fast
-from .rounding_triton import round_rtne, round_sr, round_uniform_rtne, round_uniform_sr
-from .scaling_triton import block_scale
+from .fp32_triton import (cast_out, div_exact, div_fast, fast_div_unsafe_quotient,
+                          fast_div_unsafe_scale, reciprocal)
+from .hadamard_triton import rht16
+from .philox_triton import uniforms4
+from .pipeline_triton import block_scales, clip_round_dequantize
+from .scaling_triton import block_amax16
 from .segments_triton import segment_keys
-
-
-@triton.jit
-def _butterfly16(xs, h: tl.constexpr):
-    """Pairs (j, j + h) -> (a + b, a - b) over a 16-tuple."""
-    out = ()
-    for j in tl.static_range(16):
-        if (j // h) % 2 == 0:
-            out = out + (xs[j] + xs[j + h],)
-        else:
-            out = out + (xs[j - h] - xs[j],)
-    return out
-
-
-@triton.jit
-def _philox_u(seed, c0, c1):
-    """Four uniforms (bits >> 8) * 2^-24 from Philox counter (c0, c1, 0, 0)."""
-    z = tl.zeros(c0.shape, tl.uint32)
-    w0, w1, w2, w3 = tl.philox(seed, c0.to(tl.uint32), c1.to(tl.uint32), z, z)
-    k: tl.constexpr = 5.9604644775390625e-08
-    return ((w0 >> 8).to(tl.float32) * k, (w1 >> 8).to(tl.float32) * k,
-            (w2 >> 8).to(tl.float32) * k, (w3 >> 8).to(tl.float32) * k)
 
 
 @triton.jit
@@ -49,72 +31,38 @@ def _qdq16(xs, c4, r, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg,
     block in xs[j]). c4: global view column of element 0, over 4 (Philox counter 0 of
     elements 0..3); r: global view row. Returns the 16 dequantized fp32 tensors."""
     if RHT:
-        sx = ()
-        for j in tl.static_range(16):
-            sx = sx + (xs[j] * tl.load(sign_ptr + j),)
-        for i in tl.static_range(4):
-            sx = _butterfly16(sx, 1 << i)
-        xs = ()
-        for j in tl.static_range(16):
-            xs = xs + (sx[j] * norm,)
-    amax = tl.abs(xs[0])
-    mx = xs[0]
-    mn = xs[0]
-    for j in tl.static_range(1, 16):
-        amax = tl.maximum(amax, tl.abs(xs[j]), propagate_nan=tl.PropagateNan.ALL)
-        if ASYM:
-            mx = tl.maximum(mx, xs[j])
-            mn = tl.minimum(mn, xs[j])
-    if ASYM:
-        gs = tl.where(-mn >= mx, gneg, gmax)
-    else:
-        gs = gmax
-    s_t = 0.0
-    if SCALE == 1:
-        s_t = tl.load(st_ptr)
-    s = block_scale(amax, gs, s_t, SCALE)
-    s = tl.where(tl.abs(s) < float("inf"), s, float("nan"))
-    y = tl.where(s > 0, tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32),
-                                       tl.where(s > 0, s, 1.0)), 0.0)
+        xs = rht16(xs, sign_ptr, norm)
+    amax, negative_led = block_amax16(xs, ASYM)
+    g = gmax
+    if ASYM:  # two's complement: a block led by a negative value may reach -gneg
+        g = tl.where(negative_led, gneg, gmax)
+    s = block_scales(amax, g, st_ptr, SCALE)
     vs = ()
-    bad = (s > 0) & ((s < 8.673617379884035e-19) | (s > 1.152921504606847e18))
-    for j in tl.static_range(16):
-        a_j = tl.abs(xs[j])
-        if EXACT_DIV:
-            v = tl.where(s > 0, tl.math.div_rn(a_j, tl.where(s > 0, s, 1.0)), 0.0)
-        else:
-            v = _div_fast(a_j, s, y)
+    if EXACT_DIV:
+        for j in tl.static_range(16):
+            vs = vs + (div_exact(tl.abs(xs[j]), s),)
+    else:  # one exact reciprocal per block
+        y = reciprocal(s)
+        bad = fast_div_unsafe_scale(s)
+        for j in tl.static_range(16):
+            a_j = tl.abs(xs[j])
+            v = div_fast(a_j, s, y)
             if SR:
-                bad = bad | ((a_j > 0) & (v < 7.888609052210118e-31))
-        vs = vs + (v,)
-    if not EXACT_DIV:
-        if tl.max(bad.to(tl.int32)) > 0:  # outside the fast division's proven range
+                bad = bad | fast_div_unsafe_quotient(a_j, v)
+            vs = vs + (v,)
+        if tl.max(bad.to(tl.int32)) > 0:  # the whole program, so the branch is uniform
             vs = ()
             for j in tl.static_range(16):
-                vs = vs + (tl.where(s > 0, tl.math.div_rn(tl.abs(xs[j]),
-                                                          tl.where(s > 0, s, 1.0)), 0.0),)
+                vs = vs + (div_exact(tl.abs(xs[j]), s),)
     out = ()
     for j in tl.static_range(16):
+        u = s  # SR only
         if SR:
             if j % 4 == 0:  # one Philox call serves 4 consecutive view columns
-                us = _philox_u(seed, c4 + j // 4, r)
-        x = xs[j]
-        neg = x < 0
-        if ASYM:
-            v = tl.minimum(vs[j], tl.where(neg, gneg, gmax))
-        else:
-            v = tl.minimum(vs[j], gmax)
-        if SR:
-            if D > 0:
-                q = round_uniform_sr(v, us[j % 4], gneg, D, INV_D)
-            else:
-                q = round_sr(v, us[j % 4], lv_ptr, NLEV)
-        elif D > 0:
-            q = round_uniform_rtne(v, D, INV_D)
-        else:
-            q = round_rtne(v, lv_ptr, mid_ptr, NLEV)
-        mag = q * s
-        out = out + (tl.where(neg, -mag, mag),)
+                us = uniforms4(seed, c4 + j // 4, r)
+            u = us[j % 4]
+        out = out + (clip_round_dequantize(xs[j], vs[j], u, s, lv_ptr, mid_ptr, gmax, gneg,
+                                           SR, NLEV, ASYM, D, INV_D),)
     return out
 
 
@@ -140,7 +88,7 @@ def _col16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
                 norm, gmax, gneg, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV)
     for j in tl.static_range(16):
         a = g * 16 + j
-        tl.store(out_ptr + a.to(tl.int64) * B + b, _cast_out(ys[j], out_ptr, INTERP),
+        tl.store(out_ptr + a.to(tl.int64) * B + b, cast_out(ys[j], out_ptr, INTERP),
                  mask=(a < out_len) & (b < B))
 
 
@@ -208,9 +156,9 @@ def _row16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
     ys = _qdq16(xs, (vc + org1) >> 2, vr + org0, sd, lv_ptr, mid_ptr, st_ptr, sign_ptr,
                 norm, gmax, gneg, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV)
     out = out_ptr + r.to(tl.int64) * out_len
-    tl.store(out + c_lo, _cast_out(_join8(ys, 0, BR, BG), out_ptr, INTERP),
+    tl.store(out + c_lo, cast_out(_join8(ys, 0, BR, BG), out_ptr, INTERP),
              mask=(r < A) & (c_lo < out_len))
-    tl.store(out + c_lo + 8, _cast_out(_join8(ys, 8, BR, BG), out_ptr, INTERP),
+    tl.store(out + c_lo + 8, cast_out(_join8(ys, 8, BR, BG), out_ptr, INTERP),
              mask=(r < A) & (c_lo + 8 < out_len))
 
 

@@ -7,6 +7,7 @@ and SR's lo is floor(v / d) * d, hi = min(lo + d, top); the same values the loop
 Levels (with g_max repeated at the end) and midpoints are small fp32 tables built by the
 reference's own code; the loops unroll over at most 17 levels. Returns the level value, not
 the code: the midpoints (levels) passed form a prefix, so the last one passed names the code.
+`round_to_grid` picks the path from the constexprs of a plan (dispatch.py).
 """
 import triton
 import triton.language as tl
@@ -38,6 +39,24 @@ def round_sr(v, u, lv_ptr, NLEV: tl.constexpr):
         lo = tl.where(ge, li, lo)
         hi = tl.where(ge, nxt, hi)
     return tl.where(u * (hi - lo) < v - lo, hi, lo)
+
+
+@triton.jit
+def round_to_grid(v, u, lv_ptr, mid_ptr, top, SR: tl.constexpr, NLEV: tl.constexpr,
+                  D: tl.constexpr, INV_D: tl.constexpr):
+    """v (clipped to the sign's top level) -> its grid level: SR against u (unused for
+    RTNE), else RTNE. top: the largest level (g_max, or the two's-complement extra); D > 0: a
+    uniform grid of power-of-two step D (numerics.rounding.uniform_step), else the tables."""
+    if SR:
+        if D > 0:
+            q = round_uniform_sr(v, u, top, D, INV_D)
+        else:
+            q = round_sr(v, u, lv_ptr, NLEV)
+    elif D > 0:
+        q = round_uniform_rtne(v, D, INV_D)
+    else:
+        q = round_rtne(v, lv_ptr, mid_ptr, NLEV)
+    return q
 
 
 @triton.jit

@@ -2,7 +2,8 @@
 
 A tile is [BR, BC] fp32 with blocks of B along axis 1 (or B x B tiles), aligned to the
 tile. Scale arithmetic follows the reference op for op; divisions are `div_rn` (correctly
-rounded), as torch's are. Per-block results have shape [BR, BC // B].
+rounded), as torch's are. Per-block results have shape [BR, BC // B]. `block_amax16` is the
+same reduction for a block held as 16 same-shaped tensors (quantize16_triton.py).
 """
 import triton
 import triton.language as tl
@@ -49,6 +50,22 @@ def block_negative_extreme(x, BR: tl.constexpr, BC: tl.constexpr, B: tl.constexp
     mx = _tile_reduce(x, BR, BC, B, BLOCK_2D, True)
     mn = _tile_reduce(x, BR, BC, B, BLOCK_2D, False)
     return -mn >= mx
+
+
+@triton.jit
+def block_amax16(xs, ASYM: tl.constexpr):
+    """(amax, negative-led) of blocks held as a 16-tuple: amax NaN-propagating as in
+    block_amax; negative-led as block_negative_extreme, meaningful only with ASYM (the max/min
+    it compares are taken only then)."""
+    amax = tl.abs(xs[0])
+    mx = xs[0]
+    mn = xs[0]
+    for j in tl.static_range(1, 16):
+        amax = tl.maximum(amax, tl.abs(xs[j]), propagate_nan=tl.PropagateNan.ALL)
+        if ASYM:
+            mx = tl.maximum(mx, xs[j])
+            mn = tl.minimum(mn, xs[j])
+    return amax, -mn >= mx
 
 
 @triton.jit

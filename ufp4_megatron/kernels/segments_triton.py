@@ -1,6 +1,6 @@
 """Triton twin of numerics/segments.py: SR keys per row or column segment of a view.
 
-Host side (launch.py) passes three small device tables per segmented layout: `sg_idx`, the
+Host side (dispatch.py) passes three small device tables per segmented layout: `sg_idx`, the
 segment of every 16 positions along the segmented axis (segments start at multiples of 16,
 so a group of 16 never straddles two; positions past the table belong to its last entry),
 and per segment its seed (`sg_seed`, int64) and first position (`sg_start`, int32).

@@ -18,8 +18,11 @@ def midpoints(levels: torch.Tensor) -> torch.Tensor:
 def uniform_step(levels: torch.Tensor) -> float | None:
     """The spacing of a uniform grid whose spacing is a power of two (E1M2, INT4), else None.
 
-    On such grids v / step is exact, so the rounding below reduces to rint/floor and gives
-    the same codes as the generic comparisons (a test checks both paths bit for bit).
+    levels: every magnitude a code can take, in order, the two's-complement extra included
+    (quantize_view's table). On such grids v / step is exact, so the rounding below reduces
+    to rint/floor and gives the same codes as the generic comparisons (a test checks both
+    paths bit for bit). The kernels take their short path from this same function on the
+    same table (kernels/dispatch.py), so both sides always agree on which path runs.
     """
     step = float(levels[1])
     uniform = torch.equal(levels, torch.arange(len(levels), dtype=levels.dtype,

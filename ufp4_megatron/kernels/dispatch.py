@@ -4,8 +4,11 @@ Entry points (re-exported by kernels/__init__.py):
   unsupported / supports   why (or whether) the kernels can reproduce the reference here;
   quantize_view            twin of numerics.quantize.quantize_view;
   quantize_pair            two views (the two operands of one GEMM): one launch when both
-                           take the 16-tensor kernels, else two;
-  quantize_dual            one tensor, both layouts, one read (generic kernel).
+                           take the 16-tensor kernels, else two.
+Which kernel runs: 1x16 blocks with RHT16 or none take the 16-tensor kernels
+(quantize16_triton.py), everything else the generic tile kernel (quantize_triton.py); both
+run the steps of pipeline_triton.py. One layout per launch: a fused both-layouts kernel was
+measured slower than two passes (docs/kernel-notes.md) and is gone.
 
 Host time is what small and medium layers pay per QDQ (docs/kernel-notes.md). Everything that
 depends only on the settings, the input dtype and the device (level tables, signs, constexpr
@@ -32,7 +35,7 @@ from ..numerics.checks import SEED_LIMIT
 from ..numerics.grids import Grid, codebook_levels, get_grid
 from ..numerics.hadamard import RHT
 from ..numerics.quantize import e4m3_tensor_amax, output_dtype, padded_length
-from ..numerics.rounding import midpoints
+from ..numerics.rounding import midpoints, uniform_step
 from ..numerics.scaling import E4M3_MAX
 from ..numerics.segments import Segments
 from . import quantize16_triton as k16
@@ -41,8 +44,9 @@ from .quantize_triton import _qdq_kernel
 SCALES = {"fp32": 0, "e4m3": 1, "e8m0": 2}
 BLOCKS = (16, 32)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# (rows, cols, warps) of a tile of the [A, B] input per mode; widened to the spec's unit.
-TILES = {"row": (16, 128, 4), "col": (128, 16, 4), "dual": (64, 32, 4)}  # H200 sweep
+# (rows, cols, warps) of a generic-kernel tile of the [A, B] input per layout; widened to the
+# spec's unit.
+TILES = {"row": (16, 128, 4), "col": (128, 16, 4)}  # H200 sweep
 # per program: col16 (groups of 16 rows, columns, warps), row16 (rows, blocks, warps)
 TILES16 = {"col16": (2, 128, 4), "row16": (8, 16, 4)}
 # Kernels decorated under TRITON_INTERPRET=1 run in Triton's CPU interpreter (the CPU tests).
@@ -65,10 +69,9 @@ class _Plan:
     sign: torch.Tensor  # RHT signs (or a dummy), device fp32
     g_top: torch.Tensor | None  # e4m3 only: g_max as a device fp32 scalar
     scalars: tuple  # (norm, gmax, gneg)
-    consts: dict  # constexprs of the generic kernel (one layout)
+    consts: dict  # constexprs of the generic kernel
     consts16: dict | None  # constexprs of the 16-tensor kernels; None: generic kernel only
-    prefixed: dict  # the same, named for either slot of the two-slot kernels: "R_", "C_"
-    #                 (generic kernel's row/column layout), "A_", "B_" (pair kernel's jobs)
+    prefixed: dict | None  # consts16 named for either job of the pair kernel: "A_", "B_"
 
 
 class _Layout(NamedTuple):
@@ -132,26 +135,23 @@ def _build_plan(dtype, device, grid, block, block_2d, scale, rounding, rht, keep
                 "block's sign)")
     if rht is not None and not isinstance(rht, RHT):
         return f"rht={rht!r} (pass an RHT)"
-    lv = g.levels_tensor()
+    lv = g.levels_tensor()  # the reference's level table (numerics/quantize.py)
     if g.neg_extra is not None:
         lv = torch.cat([lv, lv.new_tensor([g.neg_extra])])
+    d = uniform_step(lv) or 0.0  # the reference's own test, on the same table
     mid = midpoints(lv).to(device)
     lv = torch.cat([lv, lv[-1:]]).to(device)
     sign = rht.signs.to(device) if rht is not None else lv
-    d = _uniform_step(g)
-    logh = int(math.log2(rht.size)) if rht is not None else 0
-    consts = dict(B=block, _2D=block_2d, SCALE=SCALES[scale], SR=rounding == "sr", LOGH=logh,
-                  NLEV=len(g.levels) + (g.neg_extra is not None), ASYM=g.neg_extra is not None,
-                  D=d, INV_D=1.0 / d if d else 0.0,
-                  EXACT_DIV=INTERPRETED or g.levels[1] < 2.0**-30)
-    consts16 = None
-    if block == 16 and not block_2d and logh in (0, 4):  # the 16-tensor kernels apply
-        consts16 = dict(SCALE=consts["SCALE"], SR=consts["SR"], RHT=logh == 4,
-                        NLEV=consts["NLEV"], ASYM=consts["ASYM"], D=d, INV_D=consts["INV_D"],
-                        EXACT_DIV=consts["EXACT_DIV"])
-    prefixed = {p: {p + k.lstrip("_"): v for k, v in consts.items()} for p in ("R_", "C_")}
-    if consts16 is not None:
-        prefixed |= {p: {p + k: v for k, v in consts16.items()} for p in ("A_", "B_")}
+    log_h = int(math.log2(rht.size)) if rht is not None else 0
+    # one set of constexprs of the pipeline (pipeline_triton.py), shared by both kernels
+    steps = dict(SCALE=SCALES[scale], SR=rounding == "sr", NLEV=len(lv) - 1,
+                 ASYM=g.neg_extra is not None, D=d, INV_D=1.0 / d if d else 0.0,
+                 EXACT_DIV=INTERPRETED or g.levels[1] < 2.0**-30)
+    consts = dict(steps, BLOCK=block, BLOCK_2D=block_2d, LOG_H=log_h)
+    consts16 = prefixed = None
+    if block == 16 and not block_2d and log_h in (0, 4):  # the 16-tensor kernels apply
+        consts16 = dict(steps, RHT=log_h == 4)
+        prefixed = {p: {p + k: v for k, v in consts16.items()} for p in ("A_", "B_")}
     return _Plan(grid=g, block=block, block_2d=block_2d, rht=rht,
                  unit=padded_length(1, block, rht), keep_padding=keep_padding,
                  out_dtype=output_dtype(dtype, rht, out_dtype), lv=lv, mid=mid, sign=sign,
@@ -160,15 +160,6 @@ def _build_plan(dtype, device, grid, block, block_2d, scale, rounding, rht, keep
                  scalars=(rht.norm if rht is not None else 1.0, g.g_max,
                           g.neg_extra if g.neg_extra is not None else g.g_max),
                  consts=consts, consts16=consts16, prefixed=prefixed)
-
-
-def _uniform_step(g) -> float:
-    """d when the levels are i * d (and the two's-complement extra is n * d) with d a power
-    of two, so that v / d is exact; 0.0 otherwise."""
-    d = g.levels[1]
-    levels = g.levels + ((g.neg_extra,) if g.neg_extra is not None else ())
-    ok = math.frexp(d)[0] == 0.5 and all(l == i * d for i, l in enumerate(levels))
-    return d if ok and len(levels) < 2**20 else 0.0
 
 
 def _is_int(v) -> bool:
@@ -329,42 +320,24 @@ def _launch16(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> tor
     return view
 
 
-# constexprs of an unused slot of the generic kernel
-_OFF = {p: {p + k: v for k, v in {"B": 16, "2D": False, "SCALE": 0, "SR": False, "LOGH": 0,
-                                   "NLEV": 2, "ASYM": False, "D": 0.0, "INV_D": 0.0,
-                                   "EXACT_DIV": True, "SEG": 0}.items()}
-        for p in ("R_", "C_")}
-
-
-def _launch(t: torch.Tensor, row: _Layout | None, col: _Layout | None, tiles=None):
-    """Run the generic kernel on row-major t [A, B]; returns (row output, column output view)."""
+def _launch(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> torch.Tensor:
+    """One layout of row-major t [A, B] through the generic tile kernel (quantize_triton):
+    along B ([A, B'] out) or, along_rows, along A (the [B, A'] view of its output)."""
     A, B = t.shape
-    mode = "dual" if row and col else ("row" if row else "col")
-    ba, bb, warps = {**TILES, **(tiles or {})}[mode]
-    if row:
-        bb = max(bb, row.plan.unit)
-        ba = max(ba, row.plan.block if row.plan.block_2d else 1)
-    if col:
-        ba = max(ba, col.plan.unit)
-        bb = max(bb, col.plan.block if col.plan.block_2d else 1)
-    a_len = max(row.other if row else A, col.length if col else A)
-    b_len = max(row.length if row else B, col.other if col else B)
-    dummy = t
-    row_out = (torch.empty(A, row.out_len, dtype=row.plan.out_dtype, device=t.device)
-               if row else dummy)
-    col_out = (torch.empty(col.out_len, B, dtype=col.plan.out_dtype, device=t.device)
-               if col else dummy)
-    filler = (dummy, dummy, dummy, dummy, 1.0, 1.0, 1.0, 0, 0, 0, dummy, 1, dummy, dummy)
-    rc = {**row.plan.prefixed["R_"], "R_SEG": row.seg} if row else _OFF["R_"]
-    cc = {**col.plan.prefixed["C_"], "C_SEG": col.seg} if col else _OFF["C_"]
-    grid = (_cdiv(a_len, ba), _cdiv(b_len, bb))
-    _qdq_kernel[grid](
-        t, t.stride(0), A, B,
-        row_out, row.out_len if row else 0, *(row.args if row else filler),
-        col_out, col.out_len if col else 0, *(col.args if col else filler),
-        BA=ba, BB=bb, ROW=row is not None, COL=col is not None, INTERP=INTERPRETED,
-        **rc, **cc, num_warps=warps)
-    return (row_out if row else None), (col_out.t() if col else None)
+    plan = lay.plan
+    ba, bb, warps = tile or TILES["col" if along_rows else "row"]
+    if along_rows:  # the tile's quantized dim is A
+        ba, bb = max(ba, plan.unit), max(bb, plan.block if plan.block_2d else 1)
+        out = torch.empty(lay.out_len, B, dtype=plan.out_dtype, device=t.device)
+        a_len, b_len = max(A, lay.length), max(B, lay.other)
+    else:
+        ba, bb = max(ba, plan.block if plan.block_2d else 1), max(bb, plan.unit)
+        out = torch.empty(A, lay.out_len, dtype=plan.out_dtype, device=t.device)
+        a_len, b_len = max(A, lay.other), max(B, lay.length)
+    _qdq_kernel[(_cdiv(a_len, ba), _cdiv(b_len, bb))](
+        t, t.stride(0), A, B, out, lay.out_len, *lay.args, BA=ba, BB=bb, COL=along_rows,
+        SEG=lay.seg, INTERP=INTERPRETED, num_warps=warps, **plan.consts)
+    return out.t() if along_rows else out
 
 
 def quantize_view(x: torch.Tensor, grid, *, tiles=None, strict: bool = True,
@@ -374,8 +347,8 @@ def quantize_view(x: torch.Tensor, grid, *, tiles=None, strict: bool = True,
     A transposed view of a row-major tensor (x.t() with stride (1, n)) runs the column
     layout on the tensor itself, so column-wise quantization reads and writes coalesced; the
     result is then a transposed view too. 1x16 blocks with RHT16 (or none) take the
-    16-tensor kernels; `tiles` overrides tile shapes per mode ("row", "col", "dual" force
-    the generic kernel, "row16", "col16" shape the others). Arguments the kernels do not
+    16-tensor kernels; `tiles` overrides tile shapes per layout ("row", "col" force the
+    generic kernel, "row16", "col16" shape the others). Arguments the kernels do not
     implement (`unsupported` says which) raise ValueError, or return None with strict=False.
     """
     lay = _layout(x, grid, strict=strict, **kw)
@@ -383,13 +356,10 @@ def quantize_view(x: torch.Tensor, grid, *, tiles=None, strict: bool = True,
         return None
     t, along_rows = _orient(x)
     tiles = tiles or {}
-    if along_rows:
-        if lay.plan.consts16 is not None and "col" not in tiles:
-            return _launch16(t, lay, True, tiles.get("col16"))
-        return _launch(t, None, lay, tiles)[1]
-    if lay.plan.consts16 is not None and "row" not in tiles:
-        return _launch16(t, lay, False, tiles.get("row16"))
-    return _launch(t, lay, None, tiles)[0]
+    generic = "col" if along_rows else "row"
+    if lay.plan.consts16 is not None and generic not in tiles:
+        return _launch16(t, lay, along_rows, tiles.get(generic + "16"))
+    return _launch(t, lay, along_rows, tiles.get(generic))
 
 
 def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *, tiles=None,
@@ -422,15 +392,3 @@ def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *, t
         B_COL=b_rows, B_T0=b0, B_T1=b1, B_SEG=lb.seg, **lb.plan.prefixed["B_"],
         INTERP=INTERPRETED, num_warps=wa)
     return va, vb
-
-
-def quantize_dual(t: torch.Tensor, row: dict, col: dict, *, tiles=None):
-    """Both layouts of a row-major t [A, B] from one read.
-
-    row, col: keyword arguments of quantize_view (grid included) for the quantization along
-    B (view t) and along A (view t.t()). Returns (row [A, B'], col [B, A'] view) equal to
-    quantize_view(t, **row) and quantize_view(t.t(), **col).
-    """
-    if t.stride(1) != 1:
-        t = t.contiguous()
-    return _launch(t, _layout(t, **row), _layout(t.t(), **col), tiles)
