@@ -1,0 +1,187 @@
+"""Compile the QDQ kernels for an H200 (sm_90, CUDA) on a machine without a GPU.
+
+Run as a script by test_compile_sm90.py, in a subprocess whose environment has no
+TRITON_INTERPRET: the kernels must be decorated as real JIT functions (the CPU tests'
+conftest turns them into interpreted ones), and Triton's CUDA backend then compiles them
+through TTIR, TTGIR, LLVM IR and PTX to a cubin with the ptxas bundled in its wheel. The
+interpreter runs kernel bodies as Python, so code it accepts may still fail that compiler (a
+module constant annotated `X: tl.constexpr = 3` did: `broken_kernel` below).
+
+Each case drives a real entry point (ops, grouped_ops) with small CPU tensors. The first
+kernel launch of the call is intercepted at `JITFunction.run`, which is where Triton itself
+turns a launch into a compilation: its arguments go through Triton's own binder (signature,
+integer and alignment specialisation, constexprs) and `triton.compile` for
+GPUTarget("cuda", 90, 32), as a launch on an H200 would. So the constexprs (tiles, warps,
+SCALE, SR, EXACT_DIV, SEG, ...) are those dispatch.py's plans pass, not a copy. Nothing runs:
+the call ends at the intercepted launch.
+
+    python tests/kernels/sm90_compile.py [CASE ...]    one JSON line per case
+    python tests/kernels/sm90_compile.py --interpret   run broken_kernel in the interpreter
+"""
+import functools
+import json
+import os
+import sys
+import time
+import types
+
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import create_function_from_signature
+
+H200 = GPUTarget("cuda", 90, 32)
+
+# The failure class this test exists for: the interpreter reads the annotated module
+# constant as a plain 3, the compiler refuses a global that is not a tl.constexpr instance.
+BROKEN_X: tl.constexpr = 3
+
+
+@triton.jit
+def broken_kernel(out_ptr):
+    tl.store(out_ptr + tl.arange(0, 4), tl.full((4,), BROKEN_X, tl.int32))
+
+
+class Launched(Exception):
+    """Raised by an intercepted launch: the kernel and its launch arguments."""
+
+    def __init__(self, kernel, args, kwargs):
+        super().__init__(kernel.__name__)
+        self.kernel, self.args, self.kwargs = kernel, args, kwargs
+
+
+class Interceptor:
+    """Replaces `run` of the given JIT functions (JITFunction.__getitem__ launches through
+    self.run): `launch(call, index)` returns launch `index` (0: the first) of `call`; the
+    launches before it do nothing (their outputs stay uninitialised), that one ends the call."""
+
+    def __init__(self, kernels):
+        self._skip = 0
+        for kernel in kernels:
+            kernel.run = functools.partial(self._run, kernel)
+
+    def _run(self, kernel, *args, grid, warmup, **kwargs):
+        if self._skip:
+            self._skip -= 1
+            return None
+        raise Launched(kernel, args, kwargs)
+
+    def launch(self, call, index=0) -> Launched:
+        self._skip = index
+        try:
+            call()
+        except Launched as launch:
+            return launch
+        raise AssertionError(f"the call made {index - self._skip} launches, fewer than "
+                             f"{index + 1}")
+
+
+def compile_launch(kernel, args, kwargs):
+    """triton.compile of one launch for the H200, its arguments bound the way
+    JITFunction.run binds them (runtime/jit.py, triton 3.6), without asking a driver."""
+    kwargs = dict(kwargs, debug=kwargs.get("debug", kernel.debug) or triton.knobs.runtime.debug,
+                  instrumentation_mode=triton.knobs.compilation.instrumentation_mode)
+    backend = make_backend(H200)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound,
+                                                              specialization, options)
+    src = ASTSource(kernel, signature, constexprs, attrs)
+    return triton.compile(src, target=H200, options=options.__dict__), signature
+
+
+# ----------------------------------------------------------------------------- the cases
+# name: (kernel it must reach, which launch of the call, the call). Each drives a real entry
+# point with small bf16 CPU tensors (sizes multiples of 16: a launch on real layers
+# specialises its integer arguments the same way); `s` holds the modules, recipes and tensors.
+BROKEN = "broken: annotated module constant"
+CASES = {
+    # ufp4 fprop, x: e1m2, RTNE, RHT16, row layout (grouped: one launch per operand)
+    "row16 ufp4 fprop x rtne": (
+        "_row16_kernel", 0, lambda s: s.grouped.fprop(s.x, s.w3, s.groups, s.ufp4, **s.kw)),
+    # ufp4 dgrad, dy over two experts: SR, row layout, per-expert SR keys (row segments)
+    "row16 ufp4 grouped dgrad dy sr segments": (
+        "_row16_kernel", 0, lambda s: s.grouped.dgrad(s.dy, s.w3, s.groups, s.ufp4, **s.kw)),
+    # ufp4 wgrad, dy^T over two experts: SR, column layout, column segments
+    "col16 ufp4 grouped wgrad dy sr segments": (
+        "_col16_kernel", 0, lambda s: s.grouped.wgrad(s.dy, s.x, s.groups, s.ufp4, **s.kw)),
+    # ufp4 dgrad, dy (row, SR) and w (column, RTNE) in one launch
+    "pair16 ufp4 dgrad dy sr + w col rtne": (
+        "_pair16_kernel", 0, lambda s: s.ops.dgrad(s.dy, s.w, s.ufp4, **s.kw)),
+    # mxfp4 wgrad, dy^T: 1x32 blocks, e8m0 scales, RHT16, SR, column layout
+    "generic mxfp4 wgrad dy col sr": (
+        "_qdq_kernel", 0, lambda s: s.ops.wgrad(s.dy, s.x, s.mxfp4, **s.kw)),
+    # nvfp4 fprop, w: 16x16 tiles, e4m3 scales, row layout (x, 1x16, goes first: row16)
+    "generic nvfp4 fprop w 2d e4m3": (
+        "_qdq_kernel", 1, lambda s: s.ops.fprop(s.x, s.w, s.nvfp4, **s.kw)),
+    # the failure class, compiled the same way: must raise
+    BROKEN: ("broken_kernel", 0, lambda s: broken_kernel[(1,)](torch.zeros(4, dtype=torch.int32))),
+}
+
+
+def _setting():
+    from ufp4_megatron import grouped_ops, ops
+    from ufp4_megatron.recipe import get_recipe
+
+    ufp4 = get_recipe("ufp4")
+    groups = grouped_ops.ExpertGroups((16, 32), align=grouped_ops.token_alignment(ufp4))
+    M, N, K = groups.padded_total, 64, 64
+    bf = dict(dtype=torch.bfloat16)
+    return types.SimpleNamespace(
+        ops=ops, grouped=grouped_ops, ufp4=ufp4, mxfp4=get_recipe("mxfp4"),
+        nvfp4=get_recipe("nvfp4"), groups=groups, kw=dict(backend="triton"),
+        x=torch.randn(M, K, **bf), dy=torch.randn(M, N, **bf), w=torch.randn(N, K, **bf),
+        w3=torch.randn(2, N, K, **bf))
+
+
+def run_case(interceptor, setting, name):
+    want, index, call = CASES[name]
+    t0 = time.perf_counter()
+    launch = interceptor.launch(lambda: call(setting), index)
+    assert launch.kernel.__name__ == want, (
+        f"{name}: expected a launch of {want}, got {launch.kernel.__name__}")
+    compiled, signature = compile_launch(launch.kernel, launch.args, launch.kwargs)
+    consts = {k: v for k, v in launch.kwargs.items() if k in signature}
+    return dict(kernel=want, cubin_bytes=len(compiled.asm["cubin"]),
+                elf=compiled.asm["cubin"][:4] == b"\x7fELF",
+                target=compiled.metadata.target.arch, num_warps=compiled.metadata.num_warps,
+                constexprs={k: v for k, v in consts.items() if isinstance(v, (int, float))},
+                seconds=round(time.perf_counter() - t0, 2))
+
+
+def _describe(e: BaseException) -> str:
+    """The outermost error's type and the innermost cause's text: a CompilationError wraps
+    one per inlined call, the innermost points at the offending line."""
+    root = e
+    while root.__cause__ is not None:
+        root = root.__cause__
+    return f"{type(e).__name__}: {root}"
+
+
+def main(argv):
+    if argv == ["--interpret"]:
+        assert os.environ.get("TRITON_INTERPRET") == "1", "--interpret needs TRITON_INTERPRET=1"
+        out = torch.zeros(4, dtype=torch.int32)
+        broken_kernel[(1,)](out)
+        print(json.dumps(dict(interpreted=out.tolist())))
+        return
+    assert not os.environ.get("TRITON_INTERPRET"), "compile with TRITON_INTERPRET unset"
+    from ufp4_megatron.kernels import dispatch, quantize16_triton as k16
+
+    interceptor = Interceptor((k16._row16_kernel, k16._col16_kernel, k16._pair16_kernel,
+                               dispatch._qdq_kernel, broken_kernel))
+    # Every launch is intercepted before anything runs, so CPU tensors stand in for CUDA ones.
+    dispatch.check_device = lambda x: None
+    setting = _setting()
+    for name in argv or list(CASES):
+        try:
+            row = run_case(interceptor, setting, name)
+        except Exception as e:  # reported per case; the test says which failed and why
+            row = dict(error=_describe(e))
+        print(json.dumps(dict(case=name, **row)), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

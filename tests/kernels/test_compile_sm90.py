@@ -1,0 +1,87 @@
+"""The kernels compile for an H200 (sm_90, CUDA), checked on a CPU-only machine.
+
+The CPU suite runs the kernels in Triton's interpreter, which executes kernel bodies as
+Python: code it accepts can still fail the GPU compiler (on 2026-12-01 module constants
+annotated `X: tl.constexpr = ...` passed every CPU test and failed to compile on the H200).
+Here each kernel family is compiled for GPUTarget("cuda", 90, 32) with Triton's own
+compiler and the ptxas bundled in its wheel, through to a cubin; no GPU or CUDA driver is
+needed. The work runs in a subprocess (sm90_compile.py) whose environment has no
+TRITON_INTERPRET (conftest.py sets it for this process) and a fresh Triton cache, so every
+kernel is really compiled. Launch arguments and constexprs are those the real entry points
+pass (sm90_compile.py intercepts the launch), one representative setting per family:
+
+| case                                     | kernel          | setting                          |
+| row16 ufp4 fprop x rtne                  | _row16_kernel   | e1m2, RTNE, RHT16, row           |
+| row16 ufp4 grouped dgrad dy sr segments  | _row16_kernel   | e1m2, SR, RHT16, row segments    |
+| col16 ufp4 grouped wgrad dy sr segments  | _col16_kernel   | e1m2, SR, RHT16, column segments |
+| pair16 ufp4 dgrad dy sr + w col rtne     | _pair16_kernel  | row SR + column RTNE, one launch |
+| generic mxfp4 wgrad dy col sr            | _qdq_kernel     | e2m1 1x32, e8m0, RHT16, SR, col  |
+| generic nvfp4 fprop w 2d e4m3            | _qdq_kernel     | e2m1 16x16, e4m3, RTNE, row      |
+
+test_compile_rejects_annotated_module_constant shows the check can fail: a tiny kernel of
+the failure class runs in the interpreter and raises in the same compile path.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+
+from sm90_compile import BROKEN, CASES
+
+HELPER = Path(__file__).with_name("sm90_compile.py")
+REPO = Path(__file__).resolve().parents[2]
+COMPILED = [name for name in CASES if name != BROKEN]
+
+
+def _ptxas_missing() -> str | None:
+    if "nvidia" not in triton.backends.backends:
+        return "the triton install has no NVIDIA backend"
+    try:
+        triton.knobs.nvidia.ptxas  # TRITON_PTXAS_PATH or the wheel's backends/nvidia/bin/ptxas
+    except RuntimeError as e:
+        return f"the triton wheel has no usable ptxas ({e})"
+    return None
+
+
+def _helper(args, tmp_path, **env) -> list[dict]:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("TRITON_INTERPRET", "TRITON_ALLOW_NON_CONSTEXPR_GLOBALS")}
+    clean.setdefault("OMP_NUM_THREADS", "1")
+    clean.update(TRITON_CACHE_DIR=str(tmp_path / "triton-cache"), **env)
+    done = subprocess.run([sys.executable, str(HELPER), *args], cwd=REPO, env=clean,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{HELPER.name} {' '.join(args)} failed:\n{done.stderr[-3000:]}"
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """Every case compiled in one subprocess: {case: its JSON row}."""
+    reason = _ptxas_missing()
+    if reason:
+        pytest.skip(f"cannot compile for sm_90 here: {reason}")
+    rows = _helper([], tmp_path_factory.mktemp("sm90"))
+    return {row["case"]: row for row in rows}
+
+
+@pytest.mark.parametrize("case", COMPILED)
+def test_kernel_compiles_to_sm90_cubin(compiled, case):
+    row = compiled[case]
+    if "error" in row:
+        pytest.fail(f"{case}: the sm_90 compile failed: {row['error']}", pytrace=False)
+    assert row["kernel"] == CASES[case][0]
+    assert row["target"] == 90 and row["elf"] and row["cubin_bytes"] > 0, row
+    assert row["constexprs"]["INTERP"] is False  # the GPU code path, not the interpreter's
+
+
+def test_compile_rejects_annotated_module_constant(compiled, tmp_path):
+    # the interpreter accepts the kernel and reads the constant as 3 ...
+    (run,) = _helper(["--interpret"], tmp_path, TRITON_INTERPRET="1")
+    assert run["interpreted"] == [3, 3, 3, 3]
+    # ... the compile path every case above takes refuses it, naming the constant
+    error = compiled[BROKEN].get("error", "")
+    assert error.startswith("CompilationError") and "BROKEN_X" in error, compiled[BROKEN]
