@@ -7,6 +7,7 @@ The machine is an input of `decide(cfg, cuda=...)`, so both columns of the table
     test_decide_asks_this_machine_by_default cuda=None: torch.cuda.is_available()
     test_what_cannot_run_here_is_refused     one line naming the key to change, per case
     test_trainer_refuses_nccl_on_cpu         the same through the real CLI: exit 2, one line
+    test_resolve_device_names_the_callers_key   the demo's --device uses the same table
     test_cpu_scope_is_cpu_compat             scope() on CPU: the shims, undone on exit
     test_gpu_scope_changes_nothing           scope() of a GPU runtime touches no torch.cuda
     test_init_outside_the_cpu_scope_is_refused   distributed.init says what is missing
@@ -21,7 +22,7 @@ import pytest
 import torch
 
 from _cli import FAST, run
-from ufp4_megatron.train.runtime import Runtime, decide
+from ufp4_megatron.train.runtime import Runtime, decide, resolve_device
 from ufp4_megatron.train.schema import (
     CheckpointConfig,
     Config,
@@ -123,6 +124,17 @@ def test_trainer_refuses_nccl_on_cpu(tmp_path):
     assert lines == ["error: parallel.backend=nccl needs GPU tensors but this run is on CPU; "
                      "use parallel.backend=auto or gloo"], r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_resolve_device_names_the_callers_key():
+    assert resolve_device("auto", cuda=True, key="--device") == GPU
+    assert resolve_device("auto", cuda=False, key="--device") == CPU
+    # a launcher may run on CPU beside a GPU: it hides the GPU from its runs (study --gpus none)
+    assert resolve_device("cpu", cuda=True, key="--device") == CPU
+    with pytest.raises(ValueError, match=r"^--device=cuda but no CUDA device is visible here "
+                                         r"\(torch.cuda.is_available\(\) is False\); use "
+                                         r"--device=auto or cpu$"):
+        resolve_device("cuda", cuda=False, key="--device")
 
 
 def _cuda_functions() -> dict:
