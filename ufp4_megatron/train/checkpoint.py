@@ -1,9 +1,9 @@
 """Checkpoints: Megatron's dist_checkpointing, written atomically, resumed exactly.
 
-One format on GPU and CPU (the Runtime's, train/runtime.py). A checkpoint holds everything that decides the next step's loss:
-the model, the optimizer (sharded as Megatron-LM shards it), the LR scheduler, the step (the
-data position, see data.py), each rank's RNG streams (torch, CUDA, numpy, random, Megatron's
-tracker) and the SR-seed stream. Layout:
+One format on GPU and CPU (the Runtime's, train/runtime.py). A checkpoint holds everything
+that decides the next step's loss: the model, the optimizer (sharded as Megatron-LM shards
+it), the LR scheduler, the step (the data position, see data.py), each rank's RNG streams
+(torch, CUDA on GPU, numpy, random, Megatron's tracker) and the SR-seed stream. Layout:
 
     <dir>/step_00000120/          one torch_dist checkpoint (metadata.json, .metadata, *.distcp)
     <dir>/latest                  "120": the newest complete step, written last
@@ -221,13 +221,13 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _sharded_state(model, optimizer, extra: dict, md: dict, *, loading: bool,
-                   rng: Runtime | None) -> dict:
+def _sharded_state(model, optimizer, extra: dict, md: dict, runtime: Runtime, *,
+                   loading: bool, rng: bool) -> dict:
     """The state dict handed to dist_checkpointing (a template when loading).
 
     `extra` objects (SR seeds, LR scheduler) are equal on every rank of a pipeline stage: one
     ShardedObject per stage, the other ranks replicas. RNG states are per rank, keyed by
-    (pp, tp, dp) as Megatron-LM keys them by (pp, tp); rng None leaves them out."""
+    (pp, tp, dp) as Megatron-LM keys them by (pp, tp)."""
     from megatron.core import parallel_state as ps
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
@@ -241,10 +241,10 @@ def _sharded_state(model, optimizer, extra: dict, md: dict, *, loading: bool,
         state[f"{PREFIX}.{name}"] = ShardedObject(
             f"{PREFIX}.{name}", None if loading else obj.state_dict(), (pp,), (pp_rank,),
             replica_id=(tp_rank, dp_rank))
-    if rng is not None:
+    if rng:
         tp, dp = ps.get_tensor_model_parallel_world_size(), ps.get_data_parallel_world_size()
         state[f"{PREFIX}.rng"] = ShardedObject(
-            f"{PREFIX}.rng", None if loading else _rng_state(rng), (pp, tp, dp),
+            f"{PREFIX}.rng", None if loading else _rng_state(runtime), (pp, tp, dp),
             (pp_rank, tp_rank, dp_rank), replica_id=0)
     return state
 
@@ -269,7 +269,7 @@ def save(ckpt_dir: Path, step: int, model, optimizer, extra: dict, keep: int, *,
     dist.barrier()
     _test_hook("tmp_created", step)
     md = _sharded_metadata(runtime)
-    state = _sharded_state(model, optimizer, extra, md, loading=False, rng=runtime)
+    state = _sharded_state(model, optimizer, extra, md, runtime, loading=False, rng=True)
     state[f"{PREFIX}.step"] = step
     state[f"{PREFIX}.layout"] = layout(runtime)
     dist_checkpointing.save(  # ends in a barrier
@@ -365,8 +365,8 @@ def load(ckpt_dir: Path, model, optimizer, extra: dict, *, runtime: Runtime) -> 
     md |= {k: v for k, v in _sharded_metadata(runtime).items() if k == "dp_cp_group"}
     same_ranks = all(saved[k] == now[k] for k in ("tp", "pp", "ep", "dp"))
     optimizer.prepare_load()
-    template = _sharded_state(model, optimizer, extra, md, loading=True,
-                              rng=runtime if same_ranks else None)
+    template = _sharded_state(model, optimizer, extra, md, runtime, loading=True,
+                              rng=same_ranks)
     try:
         state = dist_checkpointing.load(template, str(path))
     except Exception as e:  # a checkpoint that passed the metadata checks but cannot be read
