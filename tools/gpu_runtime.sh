@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The runtime decision (train/runtime.py, issue 15 section 3) on any CUDA machine, about 5 min:
+# The runtime decision (train/runtime.py, issue 15 section 3) on any CUDA machine: about 6 min,
+# at most 10 (every part has its timeout):
 #   1. decide() of the default config here: cuda, bfloat16, nccl, dp_reshardable; a GPU
 #      runtime's scope() leaves torch.cuda untouched (cpu_compat is a no-op with CUDA);
 #   2. the trainer refuses train.device=cpu beside a visible GPU: exit 2, one line;
@@ -18,7 +19,7 @@ export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache
 rows=()
 row() { rows+=("| $1 | $2 | $3 |"); }
 
-python3 - > "$OUT/logs/decide.log" 2>&1 <<'EOF'
+timeout 60 python3 - > "$OUT/logs/decide.log" 2>&1 <<'EOF'
 import torch
 from ufp4_megatron.describe import load_config
 from ufp4_megatron.train.runtime import decide
@@ -35,11 +36,12 @@ EOF
 row "decide() here" "$(grep -o 'DECIDE .*' "$OUT/logs/decide.log" || echo 'FAIL (no result)')" \
     "$(grep -o 'Runtime(.*' "$OUT/logs/decide.log" | head -c 160)"
 
-timeout 120 python3 -m ufp4_megatron.train model=tiny train.device=cpu train.steps=1 \
+timeout 60 python3 -m ufp4_megatron.train model=tiny train.device=cpu train.steps=1 \
   logging.wandb.mode=disabled hydra.run.dir=/tmp/rt-cpu > "$OUT/logs/device_cpu.log" 2>&1
-rc=$?; err=$(grep -c . "$OUT/logs/device_cpu.log")
+rc=$?
 line=$(grep '^error: train.device=cpu but a CUDA device is visible' "$OUT/logs/device_cpu.log")
-if [ $rc -eq 2 ] && [ "$err" -eq 1 ] && [ -n "$line" ]; then r=PASS; else r="FAIL (rc=$rc)"; fi
+if [ $rc -eq 2 ] && [ -n "$line" ] && ! grep -q Traceback "$OUT/logs/device_cpu.log"; then
+  r=PASS; else r="FAIL (rc=$rc)"; fi
 row "train.device=cpu refused" "$r" "${line:0:120}"
 
 OUT=/tmp/rt-checkpoint timeout 260 bash tools/gpu_checkpoint.sh > "$OUT/logs/checkpoint.log" 2>&1
@@ -47,13 +49,13 @@ rc=$?; n=$(grep -c 'PASS' "$OUT/logs/checkpoint.log")
 row "checkpoint resume (gpu_checkpoint.sh)" "$([ $rc -eq 0 ] && echo PASS || echo "FAIL (rc=$rc)")" \
     "$n PASS lines (expect 4 rows)"
 
-timeout 180 python3 -m pytest -q -m gpu -p no:cacheprovider tests/megatron/test_attention_gpu.py \
+timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/megatron/test_attention_gpu.py \
   > "$OUT/logs/attention_gpu.log" 2>&1
 rc=$?
 row "seed_model_parallel on GPU" "$([ $rc -eq 0 ] && echo PASS || echo "FAIL (rc=$rc)")" \
     "$(tail -1 "$OUT/logs/attention_gpu.log")"
 
-timeout 150 python3 -m ufp4_megatron.bench --suite profile --model small --recipe ufp4 \
+timeout 120 python3 -m ufp4_megatron.bench --suite profile --model small --recipe ufp4 \
   > "$OUT/logs/profile.log" 2>&1
 rc=$?
 row "bench --suite profile small ufp4" "$([ $rc -eq 0 ] && echo PASS || echo "FAIL (rc=$rc)")" \
