@@ -60,9 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wandb-mode", default="offline")
     args = ap.parse_args(argv)
 
-    import torch
+    from .train.runtime import resolve_device
 
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    try:
+        cuda = resolve_device(args.device, key="--device").type == "cuda"
+    except ValueError as e:  # --device cuda where no GPU is visible
+        ap.error(str(e))
     if not args.resume:
         shutil.rmtree(args.out, ignore_errors=True)  # a fresh demo, not an old one's results
     study = ["--out", str(args.out), "--wandb-mode", args.wandb_mode, "--progress", "plain"]

@@ -15,11 +15,14 @@ from ufp4_megatron.describe import count_params, load_config
 from ufp4_megatron.train import distributed
 from ufp4_megatron.train.model import build_model
 from ufp4_megatron.train.precision import recipe_from_config
+from ufp4_megatron.train.runtime import decide
 for overrides in (["model=tiny"], ["model=moe_small", "model.num_layers=2", "precision=ufp4"]):
     cfg = load_config(overrides)
-    distributed.init(cfg.parallel, torch.device("cpu"), 0)
-    model, _ = build_model(cfg, recipe_from_config(cfg.precision), torch.float32, torch.device("cpu"))
-    print(sum(p.numel() for p in model.parameters()), count_params(cfg.model).total)
+    rt = decide(cfg)
+    with rt.scope():
+        distributed.init(cfg.parallel, rt, 0)
+        model, _ = build_model(cfg, recipe_from_config(cfg.precision), torch.float32, torch.device("cpu"))
+        print(sum(p.numel() for p in model.parameters()), count_params(cfg.model).total)
 """
 
 

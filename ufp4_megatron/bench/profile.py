@@ -51,14 +51,16 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 15) -> str
     from ..train import distributed, optim, schedule
     from ..train import model as model_lib
     from ..train.precision import recipe_from_config
+    from ..train.runtime import decide
 
     cfg = load_config(overrides)
     t = cfg.train
-    device = torch.device("cuda")
-    env = distributed.init(cfg.parallel, device, t.seed)
-    model, _ = model_lib.build_model(cfg, recipe_from_config(cfg.precision), torch.bfloat16,
-                                     device)
-    opt = optim.build_optimizer(model, cfg)
+    t.device, t.dtype = "cuda", "bf16"  # the profile of record: a GPU step in bf16
+    rt = decide(cfg)
+    device = rt.device
+    env = distributed.init(cfg.parallel, rt, t.seed)
+    model, _ = model_lib.build_model(cfg, recipe_from_config(cfg.precision), rt.dtype, device)
+    opt = optim.build_optimizer(model, cfg, rt)
     train_model = opt.model  # Megatron's DDP wrapper, as the trainer runs it
     train_ds, _ = data.build_datasets(
         cfg.data, seed=t.seed, seq_len=t.seq_len, vocab_size=cfg.model.vocab_size,

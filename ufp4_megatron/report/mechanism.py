@@ -51,11 +51,8 @@ def load_config(run_dir: Path):
 
 def capture(run_dir: Path, batch: int | None = None) -> tuple[dict, dict]:
     """({'layer0.linear_qkv': {'x', 'w', 'dy'}, ...}, info) from one batch through the model."""
-    from ..data import datasets as data
-    from ..train import checkpoint, distributed, model as model_lib, optim, schedule
-    from ..train.loop import _device, _dtype  # the trainer's own device/dtype rules
-    from ..train.precision import recipe_from_config
-    from ..train.probes import LayerProbes
+    from ..train import checkpoint
+    from ..train.runtime import decide  # the trainer's own device/dtype rules
 
     cfg = load_config(run_dir)
     ckpt_dir = Path(cfg.checkpoint.dir or Path(run_dir) / "checkpoints")
@@ -63,15 +60,26 @@ def capture(run_dir: Path, batch: int | None = None) -> tuple[dict, dict]:
     if step is None or not (ckpt_dir / f"step_{step:08d}").is_dir():
         raise SystemExit(f"mechanism: no checkpoint under {ckpt_dir}; train the run with "
                          f"checkpoint.save_at_end=true (the default) and keep its checkpoints")
-    device = _device(cfg)
-    dtype = _dtype(cfg, device)
     cfg.parallel.tp = cfg.parallel.pp = cfg.parallel.ep = 1  # one process reads the checkpoint
     cfg.parallel.sp = False
-    env = distributed.init(cfg.parallel, device, cfg.train.seed)
+    rt = decide(cfg)
+    with rt.scope():  # on CPU: the trainer's CUDA shims, undone when the capture ends
+        return _capture(cfg, rt, ckpt_dir, step, run_dir, batch)
+
+
+def _capture(cfg, rt, ckpt_dir: Path, step: int, run_dir: Path, batch: int | None):
+    from ..data import datasets as data
+    from ..train import checkpoint, distributed, model as model_lib, optim, schedule
+    from ..train.precision import recipe_from_config
+    from ..train.probes import LayerProbes
+
+    device = rt.device
+    env = distributed.init(cfg.parallel, rt, cfg.train.seed)
     recipe = recipe_from_config(cfg.precision)
-    model, policy = model_lib.build_model(cfg, recipe, dtype, device)
-    opt = optim.build_optimizer(model, cfg)
-    checkpoint.load(ckpt_dir, model, opt, {"policy": policy, "lr_schedule": opt.scheduler})
+    model, policy = model_lib.build_model(cfg, recipe, rt.dtype, device)
+    opt = optim.build_optimizer(model, cfg, rt)
+    checkpoint.load(ckpt_dir, model, opt, {"policy": policy, "lr_schedule": opt.scheduler},
+                    runtime=rt)
     fwd_model = opt.model  # Megatron's DDP wrapper, as the trainer runs it
 
     t = cfg.train

@@ -1,9 +1,9 @@
 """Checkpoints: Megatron's dist_checkpointing, written atomically, resumed exactly.
 
-One format on GPU and CPU. A checkpoint holds everything that decides the next step's loss:
-the model, the optimizer (sharded as Megatron-LM shards it), the LR scheduler, the step (the
-data position, see data.py), each rank's RNG streams (torch, CUDA, numpy, random, Megatron's
-tracker) and the SR-seed stream. Layout:
+One format on GPU and CPU (the Runtime's, train/runtime.py). A checkpoint holds everything
+that decides the next step's loss: the model, the optimizer (sharded as Megatron-LM shards
+it), the LR scheduler, the step (the data position, see data.py), each rank's RNG streams
+(torch, CUDA on GPU, numpy, random, Megatron's tracker) and the SR-seed stream. Layout:
 
     <dir>/step_00000120/          one torch_dist checkpoint (metadata.json, .metadata, *.distcp)
     <dir>/latest                  "120": the newest complete step, written last
@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from .runtime import Runtime
 
 STEP_DIR = re.compile(r"step_(\d{8,})")  # step_%08d; longer past 10^8 steps
 PREFIX = "ufp4"  # keys of the plugin's own entries in the checkpoint
@@ -132,7 +134,7 @@ def check_start(ckpt_dir: Path, resume: bool) -> None:
 
 # -- layout ----------------------------------------------------------------------------------
 
-def layout(optimizer) -> dict:
+def layout(runtime: Runtime) -> dict:
     """This run's parallel layout and optimizer-state format, as stored in a checkpoint."""
     from megatron.core import parallel_state as ps
 
@@ -140,8 +142,8 @@ def layout(optimizer) -> dict:
             "pp": ps.get_pipeline_model_parallel_world_size(),
             "ep": ps.get_expert_model_parallel_world_size(),
             "dp": ps.get_data_parallel_world_size(), "world_size": dist.get_world_size(),
-            "distributed_optimizer": optimizer.distributed,
-            "optim_sharding": optimizer.sharding if optimizer.distributed else None}
+            "distributed_optimizer": runtime.distributed_optimizer,
+            "optim_sharding": runtime.optim_sharding}
 
 
 def check_layout(saved: dict, now: dict, path: Path) -> None:
@@ -185,25 +187,25 @@ def _describe(lay: dict) -> str:
 
 # -- state -----------------------------------------------------------------------------------
 
-def _sharded_metadata(optimizer) -> dict:
+def _sharded_metadata(runtime: Runtime) -> dict:
     """What Megatron-LM's _build_sharded_state_dict_metadata passes to sharded_state_dict."""
     from megatron.core import parallel_state as ps
 
     md = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
-    if optimizer.distributed:
-        md["distrib_optim_sharding_type"] = optimizer.sharding
-        if optimizer.sharding == "fully_reshardable":
+    if runtime.distributed_optimizer:
+        md["distrib_optim_sharding_type"] = runtime.optim_sharding
+        if runtime.optim_sharding == "fully_reshardable":
             md["distrib_optim_fully_reshardable_mem_efficient"] = False
     md["dp_cp_group"] = ps.get_data_parallel_group(with_context_parallel=True)
     return md
 
 
-def _rng_state() -> dict:
+def _rng_state(runtime: Runtime) -> dict:
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
              "random": random.getstate(), "tracker": get_cuda_rng_tracker().get_states()}
-    if torch.cuda.is_available():
+    if runtime.saves_cuda_rng:
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
@@ -219,7 +221,8 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _sharded_state(model, optimizer, extra: dict, md: dict, *, loading: bool, rng: bool) -> dict:
+def _sharded_state(model, optimizer, extra: dict, md: dict, runtime: Runtime, *,
+                   loading: bool, rng: bool) -> dict:
     """The state dict handed to dist_checkpointing (a template when loading).
 
     `extra` objects (SR seeds, LR scheduler) are equal on every rank of a pipeline stage: one
@@ -241,17 +244,19 @@ def _sharded_state(model, optimizer, extra: dict, md: dict, *, loading: bool, rn
     if rng:
         tp, dp = ps.get_tensor_model_parallel_world_size(), ps.get_data_parallel_world_size()
         state[f"{PREFIX}.rng"] = ShardedObject(
-            f"{PREFIX}.rng", None if loading else _rng_state(), (pp, tp, dp),
+            f"{PREFIX}.rng", None if loading else _rng_state(runtime), (pp, tp, dp),
             (pp_rank, tp_rank, dp_rank), replica_id=0)
     return state
 
 
 # -- save ------------------------------------------------------------------------------------
 
-def save(ckpt_dir: Path, step: int, model, optimizer, extra: dict, keep: int) -> Path:
+def save(ckpt_dir: Path, step: int, model, optimizer, extra: dict, keep: int, *,
+         runtime: Runtime) -> Path:
     """Collective: every rank writes its shards into step_N.saving; rank 0 then renames it,
     points `latest` at it and prunes older steps beyond `keep` (keep <= 0: keep all)."""
     from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
 
     ckpt_dir = Path(ckpt_dir)
     final = step_dir(ckpt_dir, step)
@@ -263,11 +268,13 @@ def save(ckpt_dir: Path, step: int, model, optimizer, extra: dict, keep: int) ->
         tmp.mkdir()
     dist.barrier()
     _test_hook("tmp_created", step)
-    md = _sharded_metadata(optimizer)
-    state = _sharded_state(model, optimizer, extra, md, loading=False, rng=True)
+    md = _sharded_metadata(runtime)
+    state = _sharded_state(model, optimizer, extra, md, runtime, loading=False, rng=True)
     state[f"{PREFIX}.step"] = step
-    state[f"{PREFIX}.layout"] = layout(optimizer)
-    dist_checkpointing.save(state, str(tmp), content_metadata=_plain(md))  # ends in a barrier
+    state[f"{PREFIX}.layout"] = layout(runtime)
+    dist_checkpointing.save(  # ends in a barrier
+        state, str(tmp), get_default_save_sharded_strategy(runtime.checkpoint_format),
+        content_metadata=_plain(md))
     _test_hook("shards_written", step)
     if rank0:
         for f in tmp.iterdir():
@@ -338,7 +345,7 @@ def _test_hook(phase: str, step: int) -> None:
 
 # -- load ------------------------------------------------------------------------------------
 
-def load(ckpt_dir: Path, model, optimizer, extra: dict) -> int:
+def load(ckpt_dir: Path, model, optimizer, extra: dict, *, runtime: Runtime) -> int:
     """Restores the newest intact checkpoint in ckpt_dir (collective); returns its step."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import load_common_state_dict
@@ -352,13 +359,14 @@ def load(ckpt_dir: Path, model, optimizer, extra: dict) -> int:
         print(f"WARNING: {'; '.join(skipped)}. Resuming from {path} instead", file=sys.stderr,
               flush=True)
     common = load_common_state_dict(str(path))
-    saved, now = common[f"{PREFIX}.layout"], layout(optimizer)
+    saved, now = common[f"{PREFIX}.layout"], layout(runtime)
     check_layout(saved, now, path)
     md = dict(dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {})
-    md |= {k: v for k, v in _sharded_metadata(optimizer).items() if k == "dp_cp_group"}
+    md |= {k: v for k, v in _sharded_metadata(runtime).items() if k == "dp_cp_group"}
     same_ranks = all(saved[k] == now[k] for k in ("tp", "pp", "ep", "dp"))
     optimizer.prepare_load()
-    template = _sharded_state(model, optimizer, extra, md, loading=True, rng=same_ranks)
+    template = _sharded_state(model, optimizer, extra, md, runtime, loading=True,
+                              rng=same_ranks)
     try:
         state = dist_checkpointing.load(template, str(path))
     except Exception as e:  # a checkpoint that passed the metadata checks but cannot be read
@@ -407,8 +415,9 @@ class StopSignal:
     """Turns SIGTERM/SIGUSR1 (Slurm's pre-emption warnings) into a flag read between steps;
     `requested()` agrees across ranks, so all of them save and stop at the same step."""
 
-    def __init__(self):
+    def __init__(self, runtime: Runtime):
         self._flag = False
+        self._device = runtime.collective_device  # where the process group reduces the flag
         start_checkpoint_writer_queue()
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
@@ -418,9 +427,7 @@ class StopSignal:
 
     def requested(self) -> bool:
         t = torch.tensor([int(self._flag)], dtype=torch.int32)
-        if dist.is_initialized() and dist.get_backend() == "gloo":
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        elif dist.is_initialized():
-            t = t.cuda()
+        if dist.is_initialized():
+            t = t.to(self._device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())

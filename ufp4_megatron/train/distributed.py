@@ -1,4 +1,7 @@
-"""Process-group and Megatron parallel-state set-up, on GPU (nccl) or CPU (gloo)."""
+"""Process-group and Megatron parallel-state set-up, on GPU (nccl) or CPU (gloo).
+
+The backend and device come decided (train/runtime.py); on CPU this runs inside the
+runtime's scope (the CPU shims), entered by the caller around the whole run."""
 from __future__ import annotations
 
 import os
@@ -8,7 +11,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..megatron.cpu_compat import active as cpu_compat_active
 from ..megatron.cpu_compat import seed_model_parallel
+from .runtime import Runtime
 from .schema import ParallelConfig
 
 
@@ -27,23 +32,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init(cfg: ParallelConfig, device: torch.device, seed: int) -> Dist:
+def init(cfg: ParallelConfig, runtime: Runtime, seed: int) -> Dist:
     """torch.distributed (a 1-process group when not under torchrun) and Megatron's groups."""
     from megatron.core import parallel_state as ps
 
-    if device.type == "cpu":
-        from ..megatron.cpu_compat import enable_cpu_compat
-        enable_cpu_compat()
+    if not runtime.on_gpu and not cpu_compat_active():
+        raise RuntimeError("distributed.init on CPU outside the runtime's scope: run Megatron "
+                           "inside `with runtime.scope():` (train/runtime.py)")
     if not dist.is_initialized():
-        backend = cfg.backend
-        if backend == "auto":
-            backend = "nccl" if device.type == "cuda" else "gloo"
         if "WORLD_SIZE" in os.environ:
-            if device.type == "cuda":
+            if runtime.on_gpu:
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-            dist.init_process_group(backend)
+            dist.init_process_group(runtime.backend)
         else:
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
+            dist.init_process_group(runtime.backend,
+                                    init_method=f"tcp://127.0.0.1:{_free_port()}",
                                     rank=0, world_size=1)
     world = dist.get_world_size()
     model_ranks = cfg.tp * cfg.pp
@@ -61,7 +64,7 @@ def init(cfg: ParallelConfig, device: torch.device, seed: int) -> Dist:
                                      pipeline_model_parallel_size=cfg.pp,
                                      expert_model_parallel_size=cfg.ep)
     seed_model_parallel(seed)
-    return Dist(rank=dist.get_rank(), world_size=world, device=device, dp=dp,
+    return Dist(rank=dist.get_rank(), world_size=world, device=runtime.device, dp=dp,
                 dp_rank=ps.get_data_parallel_rank())
 
 

@@ -1,7 +1,8 @@
 """The training loop: straight-line, one global batch per step.
 
-    set up ranks -> recipe -> model -> optimizer -> data -> resume? -> for step: fwd/bwd
-    (Megatron's get_forward_backward_func), optimizer step, log, maybe checkpoint / stop.
+    decide the runtime (train/runtime.py) -> inside its scope: set up ranks -> recipe ->
+    model -> optimizer -> data -> resume? -> for step: fwd/bwd (Megatron's
+    get_forward_backward_func), optimizer step, log, maybe checkpoint / stop.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch.distributed as dist
 
 from ..data import datasets as data
 from . import checkpoint, distributed, model as model_lib, optim, resume_check, schedule, wandb_run
+from . import runtime as runtime_lib
 from .live_gap import LiveGap
 from .metrics import MetricsFile, Progress
 from .precision import check_bf16_layers, recipe_from_config
@@ -21,26 +23,7 @@ from .probes import LayerProbes
 from .schema import Config
 
 
-def _device(cfg: Config) -> torch.device:
-    d = cfg.train.device
-    if d == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if d not in ("cpu", "cuda"):
-        raise ValueError(f"train.device={d!r}; valid: auto, cpu, cuda")
-    return torch.device(d)
-
-
-def _dtype(cfg: Config, device: torch.device) -> torch.dtype:
-    table = {"bf16": torch.bfloat16, "fp32": torch.float32}
-    d = cfg.train.dtype
-    if d == "auto":  # CPU matmuls in bf16 are slow and no more faithful to the GPU than fp32
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if d not in table:
-        raise ValueError(f"train.dtype={d!r}; valid: auto, bf16, fp32")
-    return table[d]
-
-
-def _mean_loss(reports: list[dict]) -> float:
+def _mean_loss(reports: list[dict], rt: runtime_lib.Runtime) -> float:
     """Token-weighted mean loss over this step's micro-batches and data-parallel ranks."""
     from megatron.core import parallel_state as ps
 
@@ -49,7 +32,7 @@ def _mean_loss(reports: list[dict]) -> float:
     else:
         t = torch.stack([r["lm loss"] for r in reports]).sum(0).float().cpu()
     if dist.get_world_size() > 1:
-        t = t.to("cuda") if torch.cuda.is_available() and dist.get_backend() == "nccl" else t
+        t = t.to(rt.collective_device)
         dist.all_reduce(t)  # sums over all ranks; TP peers repeat the same value
         t = t.cpu() / ps.get_tensor_model_parallel_world_size()
     return float(t[0] / t[1])
@@ -59,15 +42,18 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
     ckpt_dir = resume_check.checkpoint_dir(cfg, run_dir)
     checkpoint.check_start(ckpt_dir, cfg.checkpoint.resume)  # before anything is written
     optim.check_schedule(cfg)
-    device = _device(cfg)
-    dtype = _dtype(cfg, device)
-    env = distributed.init(cfg.parallel, device, cfg.train.seed)
-    if device.type == "cpu" and cfg.parallel.pp > 1:
-        raise NotImplementedError("parallel.pp > 1 runs on GPU only (not tested on CPU/gloo)")
+    rt = runtime_lib.decide(cfg)
+    with rt.scope():  # on CPU: the CUDA shims, for the whole run and undone after it
+        return _train(cfg, run_dir, ckpt_dir, rt)
+
+
+def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) -> list[dict]:
+    device = rt.device
+    env = distributed.init(cfg.parallel, rt, cfg.train.seed)
     recipe = recipe_from_config(cfg.precision)
     check_bf16_layers(cfg.precision, cfg.model.num_layers)
-    model, policy = model_lib.build_model(cfg, recipe, dtype, device)
-    opt = optim.build_optimizer(model, cfg)
+    model, policy = model_lib.build_model(cfg, recipe, rt.dtype, device)
+    opt = optim.build_optimizer(model, cfg, rt)
     train_model = opt.model  # Megatron's DDP wrapper
     t = cfg.train
     n_micro = data.num_micro_batches(t.global_batch, t.micro_batch, env.dp)
@@ -82,7 +68,7 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
 
     start = 0
     if cfg.checkpoint.resume and checkpoint.latest_step(ckpt_dir) is not None:
-        start = checkpoint.load(ckpt_dir, model, opt, extra)
+        start = checkpoint.load(ckpt_dir, model, opt, extra, runtime=rt)
     is_main = env.rank == 0
     if is_main and start and (note := optim.resumed_schedule_note(opt.scheduler, cfg)):
         print(note, flush=True)
@@ -94,7 +80,7 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
     probes = None
     if is_main and cfg.logging.wandb.diagnostics_interval and recipe.quantized:
         probes = LayerProbes(model, list(cfg.logging.wandb.diagnostics_layers), recipe)
-    stop = checkpoint.StopSignal()
+    stop = checkpoint.StopSignal(rt)
     tokens_per_step = t.global_batch * t.seq_len
     records = []
 
@@ -111,14 +97,14 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
             train_model, _batches(train_ds, step, cfg, env, device),
             n_micro=n_micro, seq_len=t.seq_len, micro_batch=t.micro_batch, forward_only=False)
         grad_norm = opt.step()
-        loss = _mean_loss(reports)
+        loss = _mean_loss(reports, rt)
         step += 1
         record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                   "tokens": step * tokens_per_step, "step_time": time.perf_counter() - t0}
         record["tokens_per_s"] = tokens_per_step / record["step_time"]
         if t.eval_interval and step % t.eval_interval == 0:
-            record["val_loss"] = _validate(cfg, train_model, valid_ds, env, device, n_micro)
-        if device.type == "cuda":
+            record["val_loss"] = _validate(cfg, train_model, valid_ds, env, rt, n_micro)
+        if rt.on_gpu:
             record["mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         else:  # peak resident memory of this process (Linux reports KiB)
             record["max_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -135,7 +121,7 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
         stopping = stop.requested()
         if stopping or (cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or (
                 step == t.steps and cfg.checkpoint.save_at_end):
-            checkpoint.save(ckpt_dir, step, model, opt, extra, cfg.checkpoint.keep)
+            checkpoint.save(ckpt_dir, step, model, opt, extra, cfg.checkpoint.keep, runtime=rt)
         if stopping:
             if is_main:
                 print(f"stop signal: saved step {step} to {ckpt_dir}; rerun to resume", flush=True)
@@ -151,16 +137,16 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
 
 
 @torch.no_grad()
-def _validate(cfg, model, valid_ds, env, device, n_micro) -> float:
+def _validate(cfg, model, valid_ds, env, rt, n_micro) -> float:
     """Mean loss over eval_iters fixed validation batches (the same batches every time)."""
     model.eval()
     losses = []
     for i in range(cfg.train.eval_iters):
         reports = schedule.forward_backward(
-            model, _batches(valid_ds, i, cfg, env, device),
+            model, _batches(valid_ds, i, cfg, env, rt.device),
             n_micro=n_micro, seq_len=cfg.train.seq_len, micro_batch=cfg.train.micro_batch,
             forward_only=True)
-        losses.append(_mean_loss(reports))
+        losses.append(_mean_loss(reports, rt))
     model.train()
     return sum(losses) / len(losses)
 

@@ -3,8 +3,9 @@
 `get_megatron_optimizer` (AdamW, global-norm clipping; the distributed optimizer when
 parallel.distributed_optimizer) over Megatron's DDP, and `OptimizerParamScheduler` for the LR
 (the decay styles of Megatron-LM: cosine, linear, constant, inverse-square-root, WSD). On CPU
-these run unchanged through the plugin's cpu_compat shims, so the CPU tests exercise the
-code path of GPU runs, checkpoints included.
+these run unchanged inside the CPU runtime's scope (the plugin's cpu_compat shims), so the CPU
+tests exercise the code path of GPU runs, checkpoints included. Which optimizer, and how its
+state is checkpointed, comes decided in the Runtime (train/runtime.py).
 
 LR indexing: the update of step s (0-based) runs at the scheduler's value after s + 1
 increments. Warmup is then lr * (s + 1) / warmup_steps, as before this module used Megatron's
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from .runtime import Runtime
 from .schema import Config
 
 DECAY_STYLES = ("cosine", "linear", "constant", "inverse-square-root", "WSD")
@@ -24,14 +26,14 @@ WSD_DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
 class MegatronOptimizer:
     """Megatron-Core DDP + optimizer + LR scheduler; `model` is the DDP-wrapped module."""
 
-    def __init__(self, model: torch.nn.Module, cfg: Config):
+    def __init__(self, model: torch.nn.Module, cfg: Config, runtime: Runtime):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        o, p = cfg.optim, cfg.parallel
+        o, distributed = cfg.optim, runtime.distributed_optimizer
         ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                use_distributed_optimizer=p.distributed_optimizer)
+                                                use_distributed_optimizer=distributed)
         self.model = DistributedDataParallel(config=model.config, ddp_config=ddp_cfg, module=model,
                                              full_param_layout=_param_layout(model, ddp_cfg))
         model.config.finalize_model_grads_func = finalize_model_grads
@@ -40,14 +42,10 @@ class MegatronOptimizer:
             optimizer="adam", lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay,
             adam_beta1=o.beta1, adam_beta2=o.beta2, adam_eps=o.eps, clip_grad=o.clip_grad,
             bf16=model.config.bf16, params_dtype=model.config.params_dtype,
-            use_distributed_optimizer=p.distributed_optimizer)
+            use_distributed_optimizer=distributed)
         self.opt = get_megatron_optimizer(opt_cfg, [self.model])
         self.scheduler = build_scheduler(self.opt, cfg)
-        self.distributed = p.distributed_optimizer
-        # how checkpoints store the distributed optimizer's state (Megatron-LM's
-        # --dist-ckpt-optim-fully-reshardable); see checkpoint.check_layout
-        self.sharding = ("fully_reshardable" if cfg.checkpoint.optim_fully_reshardable
-                         else "dp_reshardable")
+        self.distributed = distributed
 
     def prepare_load(self) -> None:
         """Before building a load template. Without Apex/TE Megatron-Core 0.19.2 falls back to
@@ -185,8 +183,8 @@ def build_scheduler(optimizer, cfg: Config):
         lr_wsd_decay_style=o.wsd_decay_style)
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Config) -> MegatronOptimizer:
-    return MegatronOptimizer(model, cfg)
+def build_optimizer(model: torch.nn.Module, cfg: Config, runtime: Runtime) -> MegatronOptimizer:
+    return MegatronOptimizer(model, cfg, runtime)
 
 
 def resumed_schedule_note(scheduler, cfg: Config) -> str | None:

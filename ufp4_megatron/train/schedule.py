@@ -1,9 +1,9 @@
 """One global batch of forward/backward passes through Megatron's own schedule.
 
 `get_forward_backward_func()`: no pipelining, or 1F1B when parallel.pp > 1. The same call on
-CPU (its token counters on "cuda" land on CPU through the plugin's cpu_compat), so the loss
-contract (sum / tokens / micro-batches), the MoE aux-loss scaling and the gradient
-finalization (DP all-reduce, SP norm grads) are Megatron's on both.
+CPU (its token counters on "cuda" land on CPU inside the CPU runtime's scope, the plugin's
+cpu_compat), so the loss contract (sum / tokens / micro-batches), the MoE aux-loss scaling and
+the gradient finalization (DP all-reduce, SP norm grads) are Megatron's on both.
 """
 from __future__ import annotations
 

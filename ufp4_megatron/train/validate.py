@@ -3,8 +3,9 @@
     check_config(cfg, world_size=None)   the config alone: values in range, a parallel layout
                                          the model divides into (and, given a world size, one
                                          the processes divide into); `describe` uses it too
-    check_machine(cfg)                   what this machine must offer (a GPU for
-                                         train.device=cuda, CUDA for pipeline parallelism)
+    check_machine(cfg)                   what this machine must offer (train/runtime.py: a
+                                         GPU for train.device=cuda or pipeline parallelism,
+                                         none for train.device=cpu, CUDA for nccl)
 
 Each failure is a ConfigError whose message is one line naming the key, its value and what to
 change; `python -m ufp4_megatron.train` prints it as `error: <message>` and exits 2. The
@@ -17,11 +18,9 @@ from __future__ import annotations
 from math import gcd
 
 from .optim import check_schedule
+from .runtime import BACKENDS, DEVICES, DTYPES, decide
 from .schema import Config
 
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", "bf16", "fp32")
-BACKENDS = ("auto", "nccl", "gloo")
 PROGRESS = ("auto", "bar", "plain")
 WANDB_MODES = ("auto", "offline", "online", "disabled")
 MAX_SEED = 2**31  # numpy's RandomState (Megatron's dataset shuffling) takes seeds < 2**32
@@ -50,17 +49,12 @@ def check_config(cfg: Config, world_size: int | None = None) -> None:
 
 
 def check_machine(cfg: Config) -> None:
-    """The checks that depend on this machine, not on the config alone."""
-    import torch
-
-    if cfg.train.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device=cuda but no CUDA device is visible here "
-                          "(torch.cuda.is_available() is False); use train.device=auto or cpu")
-    on_gpu = cfg.train.device == "cuda" or (cfg.train.device == "auto"
-                                            and torch.cuda.is_available())
-    if cfg.parallel.pp > 1 and not on_gpu:
-        raise ConfigError(f"parallel.pp={cfg.parallel.pp} runs on GPU only (pipeline "
-                          "parallelism is not tested on CPU/gloo); use parallel.pp=1 on CPU")
+    """The checks that depend on this machine, not on the config alone: what the runtime
+    decision (train/runtime.py) refuses here."""
+    try:
+        decide(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _positive(values: dict[str, int]) -> None:

@@ -1,0 +1,131 @@
+"""Where and how a run executes, decided once from the config and this machine.
+
+    rt = decide(cfg)        a frozen Runtime; refuses what cannot run here (one line, the key)
+    with rt.scope(): ...    everything that runs Megatron-Core; on CPU inside cpu_compat()
+
+The trainer, the mechanism report and the profiler build one Runtime and hand it on: the
+model, optimizer, process group, loss reduction, stop flag and checkpoints read their device
+facts from it and never ask `torch.cuda.is_available()` again. The table it encodes:
+
+    key                               CUDA visible              no CUDA
+    train.device=auto                 cuda                      cpu
+    train.device=cuda                 cuda                      refused
+    train.device=cpu                  refused (see below)       cpu
+    train.dtype=auto                  bf16                      fp32 (CPU bf16 GEMMs are slow
+                                                                and no more faithful)
+    parallel.backend=auto             nccl                      gloo
+    parallel.backend=nccl             nccl                      refused (NCCL has no CPU tensors)
+    parallel.pp > 1                   1F1B (Megatron's)         refused (not tried on gloo)
+    parallel.distributed_optimizer    as set: Megatron's distributed optimizer, else its
+                                      Float16Optimizer (bf16) / FP32Optimizer (fp32)
+    checkpoint.optim_fully_reshardable  the distributed optimizer's checkpoint form:
+                                      fully_reshardable, else dp_reshardable; none without it
+    checkpoint file format            torch_dist (Megatron 0.19's only save strategy), the
+                                      CUDA RNG state saved on GPU only
+
+train.device=cpu where CUDA is visible is refused: the CPU shims act only where CUDA is absent
+(a no-op with CUDA, by design), so Megatron-Core would place its gradient buffers, RoPE tables
+and token counters on `torch.cuda.current_device()` beside CPU parameters. A CPU run on a GPU
+machine hides the GPUs instead, as `ufp4-launch study --gpus none` does.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from .schema import Config
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "bf16", "fp32")
+BACKENDS = ("auto", "nccl", "gloo")
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+CHECKPOINT_FORMAT = "torch_dist"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The decisions of `decide`; pass it, do not re-derive its fields."""
+
+    device: torch.device  # parameters, activations and batches
+    dtype: torch.dtype  # Megatron's params_dtype (bf16=True when bfloat16)
+    backend: str  # torch.distributed: nccl | gloo
+    distributed_optimizer: bool  # Megatron's distributed optimizer, else its plain ones
+    # the distributed optimizer's checkpoint form (Megatron-LM's
+    # --dist-ckpt-optim-fully-reshardable): dp_reshardable | fully_reshardable; None without it
+    optim_sharding: str | None
+    checkpoint_format: str = CHECKPOINT_FORMAT  # dist_checkpointing's backend
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def collective_device(self) -> torch.device:
+        """Where a tensor must be for this process group's collectives (NCCL: the GPU)."""
+        return torch.device("cuda") if self.backend == "nccl" else torch.device("cpu")
+
+    @property
+    def saves_cuda_rng(self) -> bool:
+        """Checkpoints hold the CUDA RNG state where the run draws from it."""
+        return self.on_gpu
+
+    def scope(self) -> contextlib.AbstractContextManager:
+        """The context Megatron-Core runs in: on CPU the plugin's CUDA shims, entered here and
+        undone on exit (torch.cuda restored); nothing on GPU."""
+        if self.on_gpu:
+            return contextlib.nullcontext()
+        from ..megatron.cpu_compat import cpu_compat
+
+        return cpu_compat()
+
+
+def resolve_device(requested: str, *, cuda: bool | None = None,
+                   key: str = "train.device") -> torch.device:
+    """auto | cpu | cuda -> the device, given whether CUDA is visible (None: ask torch)."""
+    if requested not in DEVICES:
+        raise ValueError(f"{key}={requested!r}; valid: {', '.join(DEVICES)}")
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    if requested == "auto":
+        return torch.device("cuda" if cuda else "cpu")
+    if requested == "cuda" and not cuda:
+        raise ValueError(f"{key}=cuda but no CUDA device is visible here "
+                         f"(torch.cuda.is_available() is False); use {key}=auto or cpu")
+    return torch.device(requested)
+
+
+def decide(cfg: Config, *, cuda: bool | None = None) -> Runtime:
+    """The Runtime of `cfg` on a machine with (cuda=True) or without CUDA (None: this one).
+    Raises ValueError, one line naming the key to change, for what cannot run there."""
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    device = resolve_device(cfg.train.device, cuda=cuda)
+    if device.type == "cpu" and cuda:
+        raise ValueError("train.device=cpu but a CUDA device is visible here: Megatron-Core "
+                         "would put its gradient buffers on the GPU (the CPU shims act only "
+                         "without CUDA); use train.device=auto, or hide the GPUs "
+                         "(CUDA_VISIBLE_DEVICES=)")
+    d = cfg.train.dtype
+    if d == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    elif d in _TORCH_DTYPES:
+        dtype = _TORCH_DTYPES[d]
+    else:
+        raise ValueError(f"train.dtype={d!r}; valid: {', '.join(DTYPES)}")
+    p = cfg.parallel
+    if p.pp > 1 and device.type == "cpu":
+        raise ValueError(f"parallel.pp={p.pp} runs on GPU only (pipeline parallelism is not "
+                         "tested on CPU/gloo); use parallel.pp=1 on CPU")
+    if p.backend not in BACKENDS:
+        raise ValueError(f"parallel.backend={p.backend!r}; valid: {', '.join(BACKENDS)}")
+    backend = p.backend if p.backend != "auto" else (
+        "nccl" if device.type == "cuda" else "gloo")
+    if backend == "nccl" and device.type == "cpu":
+        raise ValueError("parallel.backend=nccl needs GPU tensors but this run is on CPU; use "
+                         "parallel.backend=auto or gloo")
+    sharding = None
+    if p.distributed_optimizer:
+        sharding = ("fully_reshardable" if cfg.checkpoint.optim_fully_reshardable
+                    else "dp_reshardable")
+    return Runtime(device=device, dtype=dtype, backend=backend,
+                   distributed_optimizer=p.distributed_optimizer, optim_sharding=sharding)
