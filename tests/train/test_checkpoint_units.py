@@ -113,3 +113,17 @@ def test_read_metrics_names_a_damaged_line(tmp_path):
     f.write_text('{"step": 1}\n{"st\n{"step": 3}\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl: unreadable line\(s\) 2"):
         read_metrics(f)
+
+
+def test_unreadable_config_yaml_is_one_line(tmp_path):
+    """A hand-edited or truncated config.yaml in a run dir: one line naming the file and what
+    to do (the YAML parser's message spans several lines; found by docs/reliability.md)."""
+    from ufp4_megatron.train.resume_check import _load
+    from ufp4_megatron.train.validate import ConfigError
+
+    bad = tmp_path / "config.yaml"
+    bad.write_text("model:\n  name: tiny\n train: [unclosed\n")
+    with pytest.raises(ConfigError) as e:
+        _load(bad)
+    msg = str(e.value)
+    assert "\n" not in msg and str(bad) in msg and "repair or remove it" in msg

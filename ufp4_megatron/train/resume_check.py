@@ -114,8 +114,10 @@ def _load(path: Path) -> dict | None:
 
     try:
         return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    except Exception as e:  # a truncated or hand-edited file: say which
-        raise ConfigError(f"cannot read {path} ({type(e).__name__}: {e}); repair or remove "
+    except Exception as e:  # a truncated or hand-edited file: say which, on one line (the
+        # YAML parser's own message spans several, with a caret under the column)
+        why = " ".join(str(e).split())
+        raise ConfigError(f"cannot read {path} ({type(e).__name__}: {why}); repair or remove "
                           "it (it records the config this run dir was started with)") from None
 
 
