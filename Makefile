@@ -36,7 +36,7 @@ test-all: install
 	$(PYTEST) -q -p no:cacheprovider
 
 demo: install
-	$(VPY) -m ufp4_megatron.demo
+	$(VPY) -m ufp4_megatron.cli.demo
 
 bench: install
 	$(VPY) -m ufp4_megatron.bench --out docs/performance.md

@@ -64,7 +64,7 @@ EOF
     fi
     $PY "$MEGATRON_LM/tools/preprocess_data.py" --input "$src" --output-prefix "$W/mlm_$case" \
       --append-eod --workers 1 "${theirs[@]}" >"$OUT/preprocess_$case.log" 2>&1
-    $PY -m ufp4_megatron.prepare_data "$src" --out "$W/ours_$case" "${ours[@]}" \
+    $PY -m ufp4_megatron.cli.prepare_data "$src" --out "$W/ours_$case" "${ours[@]}" \
       >>"$OUT/preprocess_$case.log" 2>&1
     if cmp -s "$W/mlm_${case}_text_document.bin" "$W/ours_$case.bin" &&
        cmp -s "$W/mlm_${case}_text_document.idx" "$W/ours_$case.idx"; then

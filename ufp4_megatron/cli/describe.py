@@ -1,4 +1,4 @@
-"""`ufp4-describe model=... [parallel.tp=...] [train.micro_batch=...]` (python -m ufp4_megatron.describe)
+"""`ufp4-describe model=... [parallel.tp=...] [train.micro_batch=...]` (python -m ufp4_megatron.cli.describe)
 
 Prints `total_params: <int>`, `active_params: <int>` (per token: top-k routed experts plus
 shared ones) and a per-GPU memory estimate for the parallel layout, from the config alone:
@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .train.schema import Config, ModelConfig
+from ..train.schema import Config, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -104,9 +104,9 @@ def load_config(overrides: list[str], config_dir: str | None = None) -> Config:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from .configs import CONFIG_DIR
-    from .train.identity import register_resolver
-    from .train.schema import register_configs
+    from ..configs import CONFIG_DIR
+    from ..train.identity import register_resolver
+    from ..train.schema import register_configs
 
     register_configs()
     register_resolver()
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from .train.validate import ConfigError, check_config
+    from ..train.validate import ConfigError, check_config
 
     ap = argparse.ArgumentParser(
         prog="ufp4-describe", description=__doc__.split("\n\n", 1)[1],

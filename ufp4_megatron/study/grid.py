@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..configs import CONFIG_DIR
-from ..launch_cli import ABLATIONS
+from ..cli.launch import ABLATIONS
 
 GRID_DIR = Path(CONFIG_DIR) / "study"
 
