@@ -1,7 +1,7 @@
-"""GPU validation and step benchmarks through the real trainer (one device call per suite).
+"""GPU validation and step benchmarks through the real trainer (each suite well within 10 minutes on H200s).
 
-    python3 tools/gpu_train_matrix.py --suite smoke,step --out $OUT          # one GPU
-    python3 tools/gpu_train_matrix.py --suite multi,scaling --out $OUT       # two GPUs or more
+    python3 gpu/train_matrix.py --suite smoke,step --out DIR          # one GPU
+    python3 gpu/train_matrix.py --suite multi,scaling --out DIR       # two GPUs or more
 
 smoke    tiny and moe_small, bf16/e2m1/ufp4, a few steps on one GPU (the GPU code path runs).
 step     the step table of `python -m ufp4_megatron.bench --suite step` (bench/step.py): every
@@ -11,7 +11,8 @@ multi    each parallel layout (TP=2+SP, PP=2, DP=2 with the distributed optimize
          difference per step (docs/multi-gpu.md).
 scaling  tokens/s of small and moe_small at 1..N GPUs (data parallel, weak scaling) for bf16
          and ufp4, and the UFP4/BF16 step-time ratio at each size.
-Each run is a subprocess with a timeout; results go to <out>/<suite>.json and <suite>.md.
+Each run is a subprocess with a timeout; results go to <out>/<suite>.json and <suite>.md
+(--out defaults to $OUT, else runs/gpu/train_matrix).
 """
 from __future__ import annotations
 
@@ -125,7 +126,7 @@ def suite_scaling(out: Path, log: Path, ngpu: int):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--suite", default="smoke")
-    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "runs/gpu/train_matrix")))
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     ngpu = torch.cuda.device_count()
