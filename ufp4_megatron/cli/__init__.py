@@ -10,5 +10,6 @@ them. Each module runs as `python -m ufp4_megatron.cli.<name>` and as its consol
 The trainer's own entry point stays `python -m ufp4_megatron.train` (ufp4-train): torchrun,
 the Slurm script and Megatron-LM's docs start that module, and it sits beside its Hydra schema.
 The study (`python -m ufp4_megatron.study`) and the benchmarks (`python -m ufp4_megatron.bench`)
-are packages of their own, one layer below this one.
+are packages of their own, one layer below this one; `ufp4-diagnostics` is the `main` of
+diagnostics.py, whose argument parsing is the whole of its command and needs nothing above it.
 """
