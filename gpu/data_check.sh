@@ -8,7 +8,8 @@
 # 2. With MEGATRON_LM (a checkout, e.g. core_r0.19.0 = f8837c04ef): Megatron-LM's own
 #    tools/preprocess_data.py (megatron.training imports on 3.12) and our prepare_data on the
 #    same JSONL, with TikTokenizer and NullTokenizer: .bin and .idx must be byte-identical.
-# Writes to OUT (default runs/gpu/data_check): $OUT/data_check.md and one log per step; about 2 minutes. Exit 1 if a check fails.
+# Writes to OUT (default runs/gpu/data_check): $OUT/data_check.md and one log per step; about
+# 2 minutes. Exit 1 if a check fails.
 set -uo pipefail
 OUT=${OUT:-runs/gpu/data_check}
 mkdir -p "$OUT"

@@ -3,7 +3,8 @@
 # CUDA GPU, for every route of docs/megatron-lm.md (stock BF16; --spec with
 # UFP4_RECIPE=ufp4 and e2m1 on stock Megatron-LM; the flags with patches/ applied, e1m2 and
 # e2m1; a --save at 20 then --load resume to 30), each command exactly as documented. Writes,
-# to OUT (default runs/gpu/megatron_lm), $OUT/megatron_lm.md (table + checks), $OUT/results.json, $OUT/runs.log; prints the table last.
+# to OUT (default runs/gpu/megatron_lm), $OUT/megatron_lm.md (table + checks),
+# $OUT/results.json, $OUT/runs.log; prints the table last.
 # About 3-5 minutes (7 pretrain_gpt.py processes, 30 iterations each, run one after another).
 #
 # Prepare, in the repository root (wheelhouse/ is ignored by git; copy it with the checkout to

@@ -15,8 +15,8 @@
 # twice; the runner then starts, seed by seed, only runs it estimates to end within the
 # budget, and stops the ones that would not (only complete runs come back).
 #
-# OUT (default runs/gpu/study) gets (at most 8 files): roundN.tar.gz (study.json, and for each run completed in this
-# round runs/<run>/{metrics.jsonl,config.yaml} and its log), loss_gap.md/.json/.png (compare
+# OUT (default runs/gpu/study) gets (at most 8 files): roundN.tar.gz (study.json, and for each
+# run completed in this round runs/<run>/{metrics.jsonl,config.yaml} and its log), loss_gap.md/.json/.png (compare
 # over every complete run so far), mechanism.md (round 1: bf16, e2m1, ufp4 of seed 1; plots in
 # the archive) and roundN.md (what ran, the measured throughput; printed last).
 # Env: BUDGET seconds from start to the end of training (default 400), PER_DEVICE, SEEDS, ARMS.

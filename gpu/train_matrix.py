@@ -1,4 +1,4 @@
-"""GPU validation and step benchmarks through the real trainer (each suite well within 10 minutes on H200s).
+"""GPU validation and step benchmarks through the real trainer, one or more suites a call.
 
     python3 gpu/train_matrix.py --suite smoke,step --out DIR          # one GPU
     python3 gpu/train_matrix.py --suite multi,scaling --out DIR       # two GPUs or more
