@@ -57,8 +57,10 @@ def module_names(root: pathlib.Path, package: str) -> dict[str, pathlib.Path]:
     return names
 
 
-def import_graph(root: pathlib.Path, package: str) -> dict[str, dict[str, int]]:
-    """module -> {imported module of this package: line of the first such import}."""
+def import_graph(root: pathlib.Path, package: str,
+                 missing: list[str] | None = None) -> dict[str, dict[str, int]]:
+    """module -> {imported module of this package: line of the first such import}; an import
+    of a module of the package that does not exist is appended to `missing`."""
     modules = module_names(root, package)
 
     def resolve(name: str) -> str | None:  # the longest prefix that is one of our modules
@@ -84,6 +86,8 @@ def import_graph(root: pathlib.Path, package: str) -> dict[str, dict[str, int]]:
                            for a in node.names]
             for t in targets:
                 if t == package or t.startswith(package + "."):
+                    if t not in modules and missing is not None:
+                        missing.append(f"{mod} (line {node.lineno}) imports {t}: no such module")
                     dst = resolve(t)
                     if dst and dst != mod:
                         edges.setdefault(dst, node.lineno)
@@ -170,6 +174,13 @@ def test_every_module_has_a_layer():
     assert not unplaced, f"place these in LAYERS (tests/test_import_layers.py): {unplaced}"
 
 
+def test_every_import_names_a_module():
+    """A moved module leaves no import behind (a lazy one would fail only when called)."""
+    missing = []
+    import_graph(PKG, "ufp4_megatron", missing)
+    assert not missing
+
+
 def test_no_module_imports_a_higher_layer():
     assert not upward_imports(_graph())
 
@@ -225,6 +236,17 @@ def test_checker_finds_a_synthetic_upward_import(tmp_path):
         "ufp4_megatron.numerics.grids imports ufp4_megatron.train.loop (line 2): layer 1 < 6"]
     assert import_cycles(graph) == [["ufp4_megatron.numerics.grids", "ufp4_megatron.train.loop",
                                      "ufp4_megatron.numerics.grids"]]
+
+
+def test_checker_finds_an_import_of_a_module_that_is_gone(tmp_path):
+    root = _write(tmp_path / "ufp4_megatron", {
+        "__init__.py": "", "bench/__init__.py": "",
+        "bench/step.py": "def flops():\n    from ..describe import count_params\n",
+    })
+    missing = []
+    import_graph(root, "ufp4_megatron", missing)
+    assert missing == ["ufp4_megatron.bench.step (line 2) imports ufp4_megatron.describe: "
+                       "no such module"]
 
 
 @pytest.mark.parametrize("line, target", [

@@ -11,7 +11,7 @@ from _cli import run
 
 _BUILD = r"""
 import sys, torch
-from ufp4_megatron.cli.describe import count_params, load_config
+from ufp4_megatron.train.footprint import count_params, load_config
 from ufp4_megatron.train import distributed
 from ufp4_megatron.train.model import build_model
 from ufp4_megatron.train.precision import recipe_from_config
