@@ -7,7 +7,7 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 PYTEST := $(VPY) -m pytest
 
-STAMP := $(VENV)/.installed-$(shell cat Makefile pyproject.toml tools/install.sh requirements/*.txt 2>/dev/null | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat Makefile pyproject.toml scripts/install.sh requirements/*.txt 2>/dev/null | sha1sum | cut -c1-12)
 
 .PHONY: install test test-gpu test-all test-wheel demo bench wheelhouse patch-check lint clean help
 
@@ -16,8 +16,8 @@ help:
 
 install: $(STAMP)
 
-$(STAMP): Makefile pyproject.toml tools/install.sh $(wildcard requirements/*.txt)
-	PYTHON=$(PYTHON) VENV=$(VENV) bash tools/install.sh
+$(STAMP): Makefile pyproject.toml scripts/install.sh $(wildcard requirements/*.txt)
+	PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/install.sh
 	rm -f $(VENV)/.installed-*; touch $(STAMP)
 
 # The CPU suite: what CI runs. GPU-only and long tests have their own targets.
@@ -36,7 +36,7 @@ test-all: install
 	$(PYTEST) -q -p no:cacheprovider
 
 demo: install
-	$(VPY) -m ufp4_megatron.demo
+	$(VPY) -m ufp4_megatron.cli.demo
 
 bench: install
 	$(VPY) -m ufp4_megatron.bench --out docs/performance.md
@@ -45,7 +45,7 @@ bench: install
 # GPU image's); torch and triton stay those of the node's CUDA image.
 PY ?= 3.12
 wheelhouse:
-	PY=$(PY) PYTHON=$(PYTHON) bash tools/wheelhouse.sh
+	PY=$(PY) PYTHON=$(PYTHON) bash scripts/wheelhouse.sh
 
 # Megatron-LM patches and routes; MEGATRON_LM_DIR=/path/to/Megatron-LM (core_r0.19.0) adds
 # the checkout's own tests (pretrain_gpt.py, its 0.19.1 megatron/core).

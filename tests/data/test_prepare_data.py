@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from ufp4_megatron.data.tokenizers import TokenizerConfig, build_tokenizer
-from ufp4_megatron.prepare_data import main as prepare_main
+from ufp4_megatron.cli.prepare_data import main as prepare_main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from _cli import ROOT, env, run, train_cmd  # noqa: E402
@@ -156,7 +156,7 @@ def test_binary_files_refused_when_named_skipped_in_dirs(tmp_path, capsys):
     (tmp_path / "d" / "a.txt").write_text("text")
     (tmp_path / "d" / "b.txt").write_bytes(b"PK\x03\x04\0\0zip")  # a binary with a text name
     (tmp_path / "d" / "c.txt").write_bytes("café".encode("latin-1") + b" more")
-    cmd = [sys.executable, "-m", "ufp4_megatron.prepare_data", "--out", str(tmp_path / "o")]
+    cmd = [sys.executable, "-m", "ufp4_megatron.cli.prepare_data", "--out", str(tmp_path / "o")]
     r = run(cmd + [str(tmp_path / "d" / "b.txt")], tmp_path)  # the real CLI: status, stderr
     assert r.returncode == 1 and not (tmp_path / "o.bin").exists()
     assert r.stderr.strip().splitlines()[-1] == (
@@ -202,7 +202,7 @@ def test_dtype_follows_the_vocabulary(tmp_path):
 
 def test_train_tokenizer_then_train_on_it(tmp_path, corpus_texts):
     src = _jsonl(tmp_path / "mine.jsonl", corpus_texts[:30])
-    r = run([sys.executable, "-m", "ufp4_megatron.prepare_data", str(src), "--out",
+    r = run([sys.executable, "-m", "ufp4_megatron.cli.prepare_data", str(src), "--out",
              str(tmp_path / "mine"), "--train-tokenizer", "1000"], tmp_path)
     assert r.returncode == 0, r.stderr
     tok_path = tmp_path / "mine.tokenizer.json"

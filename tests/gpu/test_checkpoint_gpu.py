@@ -1,4 +1,4 @@
-"""GPU checkpoints (make test-gpu; tools/gpu_checkpoint.sh runs the same on one H200).
+"""GPU checkpoints (make test-gpu; gpu/checkpoint.sh runs the same on one H200).
 
 Tiny-model UFP4 runs on CUDA (bf16 params, Triton kernels, SR on dy) with checkpointing on.
 Each interrupted run is resumed by rerunning its command, and its whole loss curve (every step,

@@ -11,7 +11,7 @@ bit for bit: a block crossing an expert, a wrong SR key or a lost padding row sh
 difference. That the segment-keyed launches equal the torch reference is checked on the
 operands themselves (segment_kernels_match_reference, and at full size on the GPU).
 Runs in Triton's CPU interpreter without a GPU (conftest.py), on CUDA where there is one
-(tools/gpu_perf.sh runs this file).
+(gpu/perf.sh runs this file).
 
 | test                                          | what                             | device |
 | segment_kernels_match_reference               | segment-keyed SR, row and column segments x row16, col16, generic (block 32, RHT32), pair launches vs numerics.quantize_view(segments=) | interpreter / CUDA |

@@ -18,11 +18,11 @@ from ufp4_megatron.scripts import SLURM_SBATCH, TORCHRUN
 BIN = Path(sys.executable).parent
 PROGRAMS = {  # console script: (module, what its --help starts with)
     "ufp4-train": ("ufp4_megatron.train", "ufp4-train (python -m ufp4_megatron.train)"),
-    "ufp4-compare": ("ufp4_megatron.compare", "usage: ufp4-compare"),
-    "ufp4-describe": ("ufp4_megatron.describe", "usage: ufp4-describe"),
-    "ufp4-prepare-data": ("ufp4_megatron.prepare_data", "usage: ufp4-prepare-data"),
+    "ufp4-compare": ("ufp4_megatron.cli.compare", "usage: ufp4-compare"),
+    "ufp4-describe": ("ufp4_megatron.cli.describe", "usage: ufp4-describe"),
+    "ufp4-prepare-data": ("ufp4_megatron.cli.prepare_data", "usage: ufp4-prepare-data"),
     "ufp4-diagnostics": ("ufp4_megatron.diagnostics", "usage: ufp4-diagnostics"),
-    "ufp4-launch": ("ufp4_megatron.launch_cli", "usage: ufp4-launch"),
+    "ufp4-launch": ("ufp4_megatron.cli.launch", "usage: ufp4-launch"),
 }
 
 

@@ -14,7 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from ufp4_megatron.configs import CONFIG_DIR
-from ufp4_megatron.launch_cli import ABLATIONS, main, plan_runs
+from ufp4_megatron.cli.launch import ABLATIONS, main, plan_runs
 from ufp4_megatron.scripts import SLURM_SBATCH
 
 
@@ -27,7 +27,7 @@ def test_compare_dry_run_plans_array_and_dependent_report(tmp_path, capsys):
     assert f"--array=0-{n - 1}" in array and "--partition=gpu" in array
     # the installed package's Slurm script (a checkout's launch/slurm.sbatch links to it)
     assert array[array.index(str(SLURM_SBATCH)) + 1:] == [
-        "--nproc-per-node", "1", "--max-restarts", "0", "--module", "ufp4_megatron.launch_cli",
+        "--nproc-per-node", "1", "--max-restarts", "0", "--module", "ufp4_megatron.cli.launch",
         "--", "task", str(tmp_path / "sw" / "sweep.json")]
     assert "--dependency=afterok:<array>" in report and "--partition=gpu" in report
     wrapped = shlex.split(next(a for a in report if a.startswith("--wrap="))[len("--wrap="):])
@@ -62,7 +62,7 @@ def test_every_planned_run_composes_with_the_trainer_config(tmp_path):
 def test_task_refuses_an_index_outside_the_sweep(tmp_path):
     sweep = tmp_path / "sweep.json"
     sweep.write_text(json.dumps({"runs": [{"name": "bf16", "overrides": []}]}))
-    res = subprocess.run([sys.executable, "-m", "ufp4_megatron.launch_cli", "task", str(sweep),
+    res = subprocess.run([sys.executable, "-m", "ufp4_megatron.cli.launch", "task", str(sweep),
                           "--index", "1"], capture_output=True, text=True)
     assert res.returncode != 0 and "index 1 outside 0..0" in res.stderr
     with pytest.raises(SystemExit, match="no --index and no SLURM_ARRAY_TASK_ID"):

@@ -72,7 +72,7 @@ def test_compare_sweep_with_requeue_resumes_exactly(slurm, tmp_path):
                             "precision=ufp4",
                             f"hydra.run.dir={ref_dir}"], env=env, cwd=tmp_path,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    res = subprocess.run([sys.executable, "-m", "ufp4_megatron.launch_cli", "compare",
+    res = subprocess.run([sys.executable, "-m", "ufp4_megatron.cli.launch", "compare",
                           "--out", str(out), "--nproc-per-node", "1",
                           # UFP4 first: its requeue then overlaps the other runs on 2 CPUs
                           "--precisions", "ufp4,bf16,e2m1", "--", *overrides(STEPS, 4)],

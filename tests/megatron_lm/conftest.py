@@ -31,7 +31,7 @@ NEEDS_CHECKOUT = pytest.mark.skipif(
 
 def _load_tool():
     spec = importlib.util.spec_from_file_location("gpu_megatron_lm",
-                                                  ROOT / "tools" / "gpu_megatron_lm.py")
+                                                  ROOT / "gpu" / "megatron_lm.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -8,7 +8,7 @@
 - a BF16 checkpoint (extra state None) loads into a UFP4 model strictly, leaving the stream
   fresh, and a UFP4 checkpoint loads into Megatron's own linears.
 (dist_checkpointing's file writer needs psutil, not installed here: the files themselves are
-written and read by tools/gpu_megatron_lm.sh's resume run.)
+written and read by gpu/megatron_lm.sh's resume run.)
 """
 import pytest
 from conftest import run_probe

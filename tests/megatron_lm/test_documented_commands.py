@@ -1,5 +1,5 @@
 """Every documented Megatron-LM command line parses, validates and builds (probe.py), and is
-the one tools/gpu_megatron_lm.sh runs.
+the one gpu/megatron_lm.sh runs.
 
 - docs/megatron-lm.md: each bash block that runs pretrain_gpt.py is marked for the GPU script
   (`<!-- megatron-lm-run: NAME CHECKOUT -->`); bash expands it (a recorder stands in for

@@ -1,10 +1,10 @@
-"""`python -m ufp4_megatron.compare` as a user runs it (subprocess, W&B offline, no key).
+"""`python -m ufp4_megatron.cli.compare` as a user runs it (subprocess, W&B offline, no key).
 
     test_compare_writes_outputs_and_an_offline_wandb_run   md, json, png, workspace file; the
         compare run in the runs' group with per-seed and band keys against tokens, the table
     test_common_steps_are_said                 different lengths: the steps used, in the output
     test_same_label_is_disambiguated_in_the_table
-    test_help_names_the_program                `ufp4-compare` / `python -m ufp4_megatron.compare`
+    test_help_names_the_program                `ufp4-compare` / `python -m ufp4_megatron.cli.compare`
     test_bad_input_exits_2_with_one_line       each case below: exit 2, one line, no traceback
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ GAPS = {"e2m1": [0.02, 0.03, 0.04], "ufp4": [0.01, 0.02, 0.03]}
 
 
 def compare(tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ufp4_megatron.compare", *args], cwd=tmp,
+    return subprocess.run([sys.executable, "-m", "ufp4_megatron.cli.compare", *args], cwd=tmp,
                           env=offline_env(tmp), capture_output=True, text=True, timeout=300)
 
 
@@ -99,7 +99,7 @@ def test_same_label_is_disambiguated_in_the_table(tmp_path):
 
 def test_help_names_the_program(tmp_path):
     r = compare(tmp_path, "--help")
-    assert r.returncode == 0 and r.stdout.startswith("usage: python -m ufp4_megatron.compare ")
+    assert r.returncode == 0 and r.stdout.startswith("usage: python -m ufp4_megatron.cli.compare ")
     script = Path(sys.executable).parent / "ufp4-compare"
     if script.exists():  # the console script of the editable install
         r = subprocess.run([str(script), "--help"], capture_output=True, text=True,
@@ -170,6 +170,6 @@ def test_bad_input_exits_2_with_one_line(tmp_path, case):
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2, r.stderr
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert lines[0].startswith("python -m ufp4_megatron.compare: error: ")
+    assert lines[0].startswith("python -m ufp4_megatron.cli.compare: error: ")
     assert message in lines[0], lines[0]
     assert not (tmp_path / "out" / "loss_gap.json").exists()  # nothing half-written

@@ -209,7 +209,7 @@ def test_trainer_logs_live_gap_and_compare_reads_both(tmp_path):
     assert {k.rsplit("/", 1)[1] for k in diag} == {"alpha", "sqnr_db", "delta_sqnr_db",
                                                    "bucket_ratio"}
 
-    r = subprocess.run([sys.executable, "-m", "ufp4_megatron.compare", str(dirs["bf16"]),
+    r = subprocess.run([sys.executable, "-m", "ufp4_megatron.cli.compare", str(dirs["bf16"]),
                         str(dirs["ufp4"]), "--out", str(tmp_path / "cmp")], cwd=tmp_path,
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

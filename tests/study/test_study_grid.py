@@ -22,8 +22,8 @@ import json
 
 import pytest
 
-from ufp4_megatron.launch_cli import ABLATIONS
-from ufp4_megatron.launch_cli import main as launch_main
+from ufp4_megatron.cli.launch import ABLATIONS
+from ufp4_megatron.cli.launch import main as launch_main
 from ufp4_megatron.study import manifest as mf
 from ufp4_megatron.study.cli import main as study_main
 from ufp4_megatron.study.cli import paired_runs
@@ -211,7 +211,7 @@ def test_lock_refuses_a_second_runner(tmp_path):
 
 
 def test_study11m_has_the_measured_shape():
-    from ufp4_megatron.describe import count_params, load_config
+    from ufp4_megatron.train.footprint import count_params, load_config
 
     m = load_config(["model=study11m"]).model
     assert (m.num_layers, m.hidden_size, count_params(m).total) == (6, 384, 10_916_736)

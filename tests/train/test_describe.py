@@ -1,4 +1,4 @@
-"""`python -m ufp4_megatron.describe`: the printed contract, and counts equal to a built model.
+"""`python -m ufp4_megatron.cli.describe`: the printed contract, and counts equal to a built model.
 
     test_describe_prints_the_contract_lines
     test_counts_match_a_built_megatron_model   tiny (dense) and a 2-layer moe_small
@@ -11,7 +11,7 @@ from _cli import run
 
 _BUILD = r"""
 import sys, torch
-from ufp4_megatron.describe import count_params, load_config
+from ufp4_megatron.train.footprint import count_params, load_config
 from ufp4_megatron.train import distributed
 from ufp4_megatron.train.model import build_model
 from ufp4_megatron.train.precision import recipe_from_config
@@ -27,7 +27,7 @@ for overrides in (["model=tiny"], ["model=moe_small", "model.num_layers=2", "pre
 
 
 def test_describe_prints_the_contract_lines(tmp_path):
-    r = run([sys.executable, "-m", "ufp4_megatron.describe", "model=moe_7p9b", "parallel.tp=2",
+    r = run([sys.executable, "-m", "ufp4_megatron.cli.describe", "model=moe_7p9b", "parallel.tp=2",
              "parallel.ep=8", "parallel.dp=8"], tmp_path)
     assert r.returncode == 0, r.stderr
     lines = dict(line.split(": ", 1) for line in r.stdout.splitlines())
@@ -44,7 +44,7 @@ def test_counts_match_a_built_megatron_model(tmp_path):
 
 
 def test_dp_null_describes_the_smallest_world(tmp_path):
-    r = run([sys.executable, "-m", "ufp4_megatron.describe", "model=moe_124b", "parallel.tp=4",
+    r = run([sys.executable, "-m", "ufp4_megatron.cli.describe", "model=moe_124b", "parallel.tp=4",
              "parallel.ep=8"], tmp_path)
     assert r.returncode == 0, r.stderr
     lines = dict(line.split(": ", 1) for line in r.stdout.splitlines())
@@ -52,6 +52,6 @@ def test_dp_null_describes_the_smallest_world(tmp_path):
 
 
 def test_config_dir_must_exist(tmp_path):
-    r = run([sys.executable, "-m", "ufp4_megatron.describe", "--config-dir",
+    r = run([sys.executable, "-m", "ufp4_megatron.cli.describe", "--config-dir",
              str(tmp_path / "nowhere"), "model=tiny"], tmp_path)
     assert r.returncode == 2 and "--config-dir" in r.stderr and "no such directory" in r.stderr

@@ -180,7 +180,7 @@ _TRAIN_IN_PROCESS = r"""
 import sys
 from pathlib import Path
 import torch
-from ufp4_megatron.describe import load_config
+from ufp4_megatron.train.footprint import load_config
 from ufp4_megatron.train.loop import train
 names = ("current_device", "Stream", "Event", "current_stream", "stream", "synchronize")
 before = {n: getattr(torch.cuda, n) for n in names}

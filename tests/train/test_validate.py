@@ -114,7 +114,7 @@ def test_device_cuda_without_gpu_is_refused(tmp_path):
 @pytest.mark.parametrize("overrides", [["model=tiny", "parallel.tp=3"],
                                        ["model=moe_124b", "parallel.ep=7"]])
 def test_describe_refuses_with_the_trainers_message(tmp_path, overrides):
-    d = run([sys.executable, "-m", "ufp4_megatron.describe", *overrides], tmp_path)
+    d = run([sys.executable, "-m", "ufp4_megatron.cli.describe", *overrides], tmp_path)
     assert "total_params" not in d.stdout
     line = _refused(d, "does not divide")
     t = _train(tmp_path, *overrides)

@@ -47,7 +47,7 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 15) -> str
     from torch.profiler import ProfilerActivity, profile
 
     from ..data import datasets as data
-    from ..describe import load_config
+    from ..train.footprint import load_config
     from ..train import distributed, optim, schedule
     from ..train import model as model_lib
     from ..train.precision import recipe_from_config

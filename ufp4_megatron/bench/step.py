@@ -106,7 +106,7 @@ def gemm_tflops(n: int = 8192) -> float:
 
 def model_flops(shape: Shape) -> tuple[float, int]:
     """(training FLOPs per token, total parameters) from the composed config alone."""
-    from ..describe import count_params, load_config
+    from ..train.footprint import count_params, load_config
 
     m = load_config(list(shape.overrides)).model
     c = count_params(m)

@@ -57,7 +57,7 @@ def inspect(prefix: str) -> IndexedInfo:
     for ext in (".idx", ".bin"):
         if not Path(f"{prefix}{ext}").is_file():
             raise DataError(f"data.prefixes: {prefix}{ext} not found; write it with "
-                            f"`python -m ufp4_megatron.prepare_data --out {prefix} <files>`")
+                            f"`python -m ufp4_megatron.cli.prepare_data --out {prefix} <files>`")
     try:
         index = IndexedDataset(prefix).index
         lengths, pointers = index.sequence_lengths, index.sequence_pointers

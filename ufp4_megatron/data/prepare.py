@@ -1,10 +1,10 @@
 """Text or JSONL files -> Megatron indexed data (.bin/.idx), with any offline tokenizer.
 
-    python -m ufp4_megatron.prepare_data --out data/mytext file1.txt dir2/ ...   # bytes
-    python -m ufp4_megatron.prepare_data --out data/web --json-keys text web.jsonl \\
+    python -m ufp4_megatron.cli.prepare_data --out data/mytext file1.txt dir2/ ...   # bytes
+    python -m ufp4_megatron.cli.prepare_data --out data/web --json-keys text web.jsonl \\
         --tokenizer huggingface --tokenizer-path tok/tokenizer.json
-    python -m ufp4_megatron.prepare_data --out data/web --train-tokenizer 8192 web.jsonl
-    python -m ufp4_megatron.prepare_data --out data/stdlib           # the embedded corpus
+    python -m ufp4_megatron.cli.prepare_data --out data/web --train-tokenizer 8192 web.jsonl
+    python -m ufp4_megatron.cli.prepare_data --out data/stdlib           # the embedded corpus
 
 A text file is one document; a .jsonl/.json file one document per line (the string under
 --json-keys, as Megatron-LM's tools/preprocess_data.py --append-eod reads it); EOD ends each

@@ -23,7 +23,7 @@ from megatron.core.tokenizers.text.libraries.abstract_tokenizer import (
 )
 from megatron.core.tokenizers.text.text_tokenizer import MegatronTokenizerText
 
-from .tokenizers import TokenizerError
+from .errors import TokenizerError
 
 # End-of-document names of common byte-level BPEs (GPT-2/our BPE, Llama/Mistral, Llama 3, Gemma).
 _EOD_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")

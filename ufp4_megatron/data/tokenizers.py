@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from .errors import TokenizerError
+
 TOKENIZER_TYPES = ("byte-level", "null-text", "huggingface", "tiktoken", "sentencepiece")
 # The byte tokenizer's ids, fixed since the first release: 0-255 bytes, then EOD, then pad.
 BYTE_EOD, BYTE_PAD = 256, 257
@@ -43,10 +45,6 @@ class TokenizerConfig:
     eod_id: Optional[int] = None  # null: None = vocab_size - 1; huggingface: None = its EOS
     tiktoken_pattern: str = "v2"  # Megatron's TikTokenizer split pattern: v1 or v2
     tiktoken_num_special_tokens: int = 1000  # ids below this are special (Megatron's default)
-
-
-class TokenizerError(ValueError):
-    """A tokenizer config that cannot be built; the message names the key to change."""
 
 
 def build_tokenizer(cfg, *, key: str = "data.tokenizer"):

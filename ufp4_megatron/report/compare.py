@@ -1,4 +1,4 @@
-"""`ufp4-compare RUN...` (`python -m ufp4_megatron.compare`): BF16-relative loss gaps over runs
+"""`ufp4-compare RUN...` (`python -m ufp4_megatron.cli.compare`): BF16-relative loss gaps over runs
 and seeds, with confidence intervals.
 
 RUN is a training run dir (with metrics.jsonl), an offline W&B run (dir or .wandb file), or
@@ -33,7 +33,7 @@ from .table import markdown
 
 def _prog() -> str:
     return "ufp4-compare" if Path(sys.argv[0]).name == "ufp4-compare" else \
-        "python -m ufp4_megatron.compare"
+        "python -m ufp4_megatron.cli.compare"
 
 
 def parser() -> argparse.ArgumentParser:

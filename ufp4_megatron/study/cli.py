@@ -25,7 +25,7 @@ from .packing import available_cpus, make_slots, visible_gpus
 from .resolve import check_distinct_labels, resolve
 from .runner import Options, Runner
 
-COMPARE_MODULE = "ufp4_megatron.compare"
+COMPARE_MODULE = "ufp4_megatron.cli.compare"
 # GPU default measured on an H200 (16 cores): 9 packed trainers of a 10.9M model gave ~1.8x
 # the aggregate throughput of one at a time; per run one CPU core at least.
 DEFAULT_PER_GPU = 8
@@ -166,7 +166,7 @@ def paired_runs(manifest: dict) -> list[dict]:
 
 def compare_study(study: Path, manifest: dict, last: int | None = None,
                   wandb_mode: str | None = None) -> Path | None:
-    """`python -m ufp4_megatron.compare` over every paired complete run: <study>/compare/."""
+    """`python -m ufp4_megatron.cli.compare` over every paired complete run: <study>/compare/."""
     runs = paired_runs(manifest)
     if not runs:
         print("nothing to compare yet: no complete run with a complete reference run of the "

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The data path on the GPU image (Python 3.12; its own tokenizers, tiktoken, sentencepiece).
-#   source tools/gpu_setup.sh && bash tools/gpu_data_check.sh
-#   MEGATRON_LM=/path/to/Megatron-LM bash tools/gpu_data_check.sh   # also check 2 below
+# The data path on a CUDA machine's own stack (e.g. an NGC image: Python 3.12, its tokenizers,
+# tiktoken, sentencepiece). From the repo root:
+#   bash gpu/data_check.sh
+#   MEGATRON_LM=/path/to/Megatron-LM bash gpu/data_check.sh   # also check 2 below
 # 1. data=embedded_bpe: trains the 8k BPE with the image's `tokenizers`, then 20 UFP4 steps
 #    of the tiny model on CUDA with model.vocab_size=8192 (first loss near ln 8192 = 9.01).
 # 2. With MEGATRON_LM (a checkout, e.g. core_r0.19.0 = f8837c04ef): Megatron-LM's own
 #    tools/preprocess_data.py (megatron.training imports on 3.12) and our prepare_data on the
 #    same JSONL, with TikTokenizer and NullTokenizer: .bin and .idx must be byte-identical.
-# Writes $OUT/data_check.md and one log per step; about 2 minutes. Exit 1 if a check fails.
+# Writes to OUT (default runs/gpu/data_check): $OUT/data_check.md and one log per step; about
+# 2 minutes. Exit 1 if a check fails.
 set -uo pipefail
-OUT=${OUT:-/tmp/data_check}
+OUT=${OUT:-runs/gpu/data_check}
 mkdir -p "$OUT"
 W=$(mktemp -d)
 PY=${PYTHON:-python3}
@@ -23,7 +25,7 @@ STEPS=${STEPS:-20}
 t0=$SECONDS
 if $PY -m ufp4_megatron.train model=tiny data=embedded_bpe model.vocab_size=8192 precision=ufp4 \
     train.steps=$STEPS train.seq_len=256 train.global_batch=8 logging.wandb.mode=disabled \
-    logging.progress=plain checkpoint.save_at_end=false "data.cache_dir=$W/cache" \
+    logging.progress=plain "data.cache_dir=$W/cache" \
     "hydra.run.dir=$W/run" >"$OUT/embedded_bpe.log" 2>&1; then
   detail=$($PY - "$W" <<'EOF'
 import json, math, sys
@@ -64,7 +66,7 @@ EOF
     fi
     $PY "$MEGATRON_LM/tools/preprocess_data.py" --input "$src" --output-prefix "$W/mlm_$case" \
       --append-eod --workers 1 "${theirs[@]}" >"$OUT/preprocess_$case.log" 2>&1
-    $PY -m ufp4_megatron.prepare_data "$src" --out "$W/ours_$case" "${ours[@]}" \
+    $PY -m ufp4_megatron.cli.prepare_data "$src" --out "$W/ours_$case" "${ours[@]}" \
       >>"$OUT/preprocess_$case.log" 2>&1
     if cmp -s "$W/mlm_${case}_text_document.bin" "$W/ours_$case.bin" &&
        cmp -s "$W/mlm_${case}_text_document.idx" "$W/ours_$case.idx"; then

@@ -1,7 +1,7 @@
-"""GPU validation and step benchmarks through the real trainer (one device call per suite).
+"""GPU validation and step benchmarks through the real trainer, one or more suites a call.
 
-    python3 tools/gpu_train_matrix.py --suite smoke,step --out $OUT          # one GPU
-    python3 tools/gpu_train_matrix.py --suite multi,scaling --out $OUT       # two GPUs or more
+    python3 gpu/train_matrix.py --suite smoke,step --out DIR          # one GPU
+    python3 gpu/train_matrix.py --suite multi,scaling --out DIR       # two GPUs or more
 
 smoke    tiny and moe_small, bf16/e2m1/ufp4, a few steps on one GPU (the GPU code path runs).
 step     the step table of `python -m ufp4_megatron.bench --suite step` (bench/step.py): every
@@ -11,13 +11,15 @@ multi    each parallel layout (TP=2+SP, PP=2, DP=2 with the distributed optimize
          difference per step (docs/multi-gpu.md).
 scaling  tokens/s of small and moe_small at 1..N GPUs (data parallel, weak scaling) for bf16
          and ufp4, and the UFP4/BF16 step-time ratio at each size.
-Each run is a subprocess with a timeout; results go to <out>/<suite>.json and <suite>.md.
+Each run is a subprocess with a timeout; results go to <out>/<suite>.json and <suite>.md
+(--out defaults to $OUT, else runs/gpu/train_matrix).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -32,9 +34,10 @@ RUNS = Path(os.environ.get("RUNS_DIR", "/tmp/ufp4-runs"))
 
 def train(name: str, overrides: list[str], *, nproc: int = 1, timeout: int = 240,
           log: Path) -> dict:
-    # these suites validate layouts, not checkpoints (the step suite saves at every run's end)
-    return run_trainer(name, ["checkpoint.save_at_end=false", "checkpoint.resume=false",
-                              *overrides], runs=RUNS, log=log, nproc=nproc, timeout=timeout)
+    # A fresh run dir each time (a stale one would resume or say "already complete"), and
+    # checkpointing as a user's run has it: the save after the last step stays on.
+    shutil.rmtree(RUNS / name, ignore_errors=True)
+    return run_trainer(name, overrides, runs=RUNS, log=log, nproc=nproc, timeout=timeout)
 
 
 def _steady(rows, key, skip):
@@ -125,7 +128,7 @@ def suite_scaling(out: Path, log: Path, ngpu: int):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--suite", default="smoke")
-    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "runs/gpu/train_matrix")))
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     ngpu = torch.cuda.device_count()

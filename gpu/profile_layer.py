@@ -1,4 +1,4 @@
-"""Where a UFP4 linear layer's time goes (device tool): CPU vs GPU time per fwd+bwd, the
+"""Where a UFP4 linear layer's time goes (one CUDA GPU): CPU vs GPU time per fwd+bwd, the
 kernels by GPU time, and how often the reference (non-kernel) path runs."""
 import time
 

@@ -1,4 +1,4 @@
-"""Host cost of one kernel launch (device tool): quantize_view on a tiny tensor, CPU time."""
+"""Host cost of one kernel launch (one CUDA GPU): quantize_view on a tiny tensor, CPU time."""
 import time
 
 import torch

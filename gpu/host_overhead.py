@@ -1,7 +1,8 @@
 """Host vs device time of the quantization path on one GPU (issue 11, section 3).
 
-Run (device tool, one H200, < 90 s):   python3 tools/gpu_host_overhead.py
-Writes $OUT/host_overhead.json (default /tmp/out) and prints the tables last.
+Run on one CUDA GPU (< 90 s on an H200):   python3 gpu/host_overhead.py
+Writes $OUT/host_overhead.json (OUT defaults to runs/gpu/host_overhead) and prints the tables
+last.
 Without a GPU, `--cpu` times the host glue of the kernel path on CPU tensors with Triton's
 launcher replaced by a no-op (TRITON_INTERPRET=1 so the kernels import), and the torch
 reference path; `--sass` compiles the 16-tensor and pair kernels for sm_90 with Triton's
@@ -356,7 +357,7 @@ def sass_counts(log):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python3 tools/gpu_host_overhead.py")
+    p = argparse.ArgumentParser(prog="python3 gpu/host_overhead.py")
     p.add_argument("--cpu", action="store_true", help="CPU-only host glue and reference rows")
     p.add_argument("--sass", action="store_true",
                    help="CPU-only: sm_90 SASS instruction and register counts of the kernels")
@@ -378,7 +379,7 @@ def main(argv=None):
         return
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA device (or --cpu)")
-    out_dir = os.environ.get("OUT", "/tmp/out")
+    out_dir = os.environ.get("OUT", "runs/gpu/host_overhead")
     os.makedirs(out_dir, exist_ok=True)
     rows = []
     parts = args.only.split(",")

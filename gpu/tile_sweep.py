@@ -1,4 +1,4 @@
-"""Tile/warp sweep of the QDQ kernel at 8192x8192 bf16 (device tool); prints ms per config."""
+"""Tile/warp sweep of the QDQ kernel at 8192x8192 bf16 (one CUDA GPU); prints ms per config."""
 import torch
 
 from ufp4_megatron.bench.timing import median_ms, rotating

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One round of the study (docs/results.md, "Plan") on one H200, within 9 minutes of wall time
-# including set-up. From the repo root, with wheelhouse/ carried (tools/gpu_setup.sh):
+# One round of the study (docs/results.md, "Plan") on one CUDA GPU (sized for an H200), within
+# 9 minutes of wall time including set-up. From the repo root (gpu/setup.sh runs first):
 #
-#     tools/gpu_study.sh ROUND          ROUND 1-9 (the table below), or a grid name
+#     gpu/study.sh ROUND          ROUND 1-9 (the table below), or a grid name
 #
 #   round  grid      arms             seeds  per GPU  what it adds
 #   1      main      bf16,e2m1,ufp4   1-8    12       the question first: as many seeds as fit
@@ -15,15 +15,15 @@
 # twice; the runner then starts, seed by seed, only runs it estimates to end within the
 # budget, and stops the ones that would not (only complete runs come back).
 #
-# $OUT gets (at most 8 files): roundN.tar.gz (study.json, and for each run completed in this
-# round runs/<run>/{metrics.jsonl,config.yaml} and its log), loss_gap.md/.json/.png (compare
+# OUT (default runs/gpu/study) gets (at most 8 files): roundN.tar.gz (study.json, and for each
+# run completed in this round runs/<run>/{metrics.jsonl,config.yaml} and its log), loss_gap.md/.json/.png (compare
 # over every complete run so far), mechanism.md (round 1: bf16, e2m1, ufp4 of seed 1; plots in
 # the archive) and roundN.md (what ran, the measured throughput; printed last).
 # Env: BUDGET seconds from start to the end of training (default 400; the mechanism, compare
 # and archives take up to ~120 s more: keep BUDGET <= 420 in a 600-s call), PER_DEVICE, SEEDS, ARMS.
 set -uo pipefail
 T0=$(date +%s)
-ROUND=${1:?usage: tools/gpu_study.sh ROUND (1-9, see the header) or a grid name}
+ROUND=${1:?usage: gpu/study.sh ROUND (1-9, see the header) or a grid name}
 ARMS_DEFAULT=""
 case $ROUND in
   1) GRID=main; SEEDS_DEFAULT=1-8; PER_DEFAULT=12; ARMS_DEFAULT=bf16,e2m1,ufp4 ;;
@@ -32,18 +32,18 @@ case $ROUND in
   6|7|8|9) GRID=depth; SEEDS_DEFAULT=1-4; PER_DEFAULT=6 ;;
   main|ablation|depth) GRID=$ROUND; SEEDS_DEFAULT=1-8; PER_DEFAULT=12
      [[ $GRID == main ]] || SEEDS_DEFAULT=1-4; [[ $GRID == depth ]] && PER_DEFAULT=6 ;;
-  *) echo "gpu_study.sh: unknown round $ROUND; give 1-9 or main|ablation|depth" >&2; exit 2 ;;
+  *) echo "gpu/study.sh: unknown round $ROUND; give 1-9 or main|ablation|depth" >&2; exit 2 ;;
 esac
 SEEDS=${SEEDS:-$SEEDS_DEFAULT}
 ARMS=${ARMS:-$ARMS_DEFAULT}
 PER_DEVICE=${PER_DEVICE:-$PER_DEFAULT}
 BUDGET=${BUDGET:-400}
-OUT=${OUT:-/tmp/out}
+OUT=${OUT:-runs/gpu/study}
 STUDY=/tmp/study            # checkpoints stay on the node; only results come back
 mkdir -p "$OUT" "$STUDY"
 
-# shellcheck source=tools/gpu_setup.sh
-source tools/gpu_setup.sh || exit 1
+# shellcheck source=gpu/setup.sh
+source gpu/setup.sh || exit 1
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 
 # Preflight (~20 s): a 4-step GPU run that saves two checkpoints. Without working GPU

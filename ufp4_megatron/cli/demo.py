@@ -24,9 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-from .study import manifest as mf
-from .study.cli import main as study_main
-from .study.packing import available_cpus
+from ..study import manifest as mf
+from ..study.cli import main as study_main
+from ..study.packing import available_cpus
 
 CPU_GRID, GPU_GRID = "demo", "main"
 GPU_ARMS, GPU_SEEDS = "bf16,e2m1,ufp4", "1-4"

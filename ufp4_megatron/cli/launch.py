@@ -27,8 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .scripts import SLURM_SBATCH, TORCHRUN
-from .train.precision import ABLATION_OVERRIDES as ABLATIONS  # recipe.ABLATIONS, as overrides
+from ..scripts import SLURM_SBATCH, TORCHRUN
+from ..train.precision import ABLATION_OVERRIDES as ABLATIONS  # recipe.ABLATIONS, as overrides
 
 TRAIN_MODULE = "ufp4_megatron.train"
 REPORT_MODULE = "ufp4_megatron.report.compare"
@@ -63,7 +63,7 @@ def sbatch_commands(out: Path, plan: list[dict], args) -> tuple[list[str], list[
              f"--job-name={args.job_name}", f"--output={logs}/%x-%A_%a.out",
              *args.sbatch_arg, str(SLURM_SBATCH),
              *(["--nproc-per-node", str(args.nproc_per_node)] if args.nproc_per_node else []),
-             "--max-restarts", str(args.max_restarts), "--module", "ufp4_megatron.launch_cli", "--",
+             "--max-restarts", str(args.max_restarts), "--module", "ufp4_megatron.cli.launch", "--",
              "task", str(out / "sweep.json")]
     report_argv = [args.python, "-m", args.report_module,
                    *[run["run_dir"] for run in plan], "--out", str(out / "report")]
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--module", default=TRAIN_MODULE)
     t.set_defaults(func=task)
 
-    from .study.cli import add_parser as add_study_parser  # here: study imports ABLATIONS
+    from ..study.cli import add_parser as add_study_parser  # lazy: only `study` needs its imports
     add_study_parser(sub)
 
     args = parser.parse_args(argv)

@@ -4,24 +4,24 @@
 #   1. decide() of the default config here: cuda, bfloat16, nccl, dp_reshardable; a GPU
 #      runtime's scope() leaves torch.cuda untouched (cpu_compat is a no-op with CUDA);
 #   2. the trainer refuses train.device=cpu beside a visible GPU: exit 2, one line;
-#   3. tools/gpu_checkpoint.sh: SIGKILL/SIGTERM resume bitwise with the three optimizer forms
+#   3. gpu/checkpoint.sh: SIGKILL/SIGTERM resume bitwise with the three optimizer forms
 #      (the CUDA RNG in the checkpoint, the stop flag reduced on the GPU over nccl);
 #   4. the GPU branch of seed_model_parallel (tests/megatron/test_attention_gpu.py);
 #   5. bench --suite profile of one small ufp4 step (profile.py takes its device from decide).
-# Usage, from the repo root with wheelhouse/ carried:  bash tools/gpu_runtime.sh
+# Usage, from the repo root with wheelhouse/ carried:  bash gpu/runtime.sh
 # Writes $OUT/runtime.md (the table, printed last) and $OUT/logs/ (one log per part).
 set -uo pipefail
 T0=$(date +%s)
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/logs"
-# shellcheck source=tools/gpu_setup.sh
-source tools/gpu_setup.sh || exit 1
+OUT=${OUT:-runs/gpu/runtime}; mkdir -p "$OUT/logs"
+# shellcheck source=gpu/setup.sh
+source gpu/setup.sh || exit 1
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
 rows=()
 row() { rows+=("| $1 | $2 | $3 |"); }
 
 timeout 60 python3 - > "$OUT/logs/decide.log" 2>&1 <<'EOF'
 import torch
-from ufp4_megatron.describe import load_config
+from ufp4_megatron.train.footprint import load_config
 from ufp4_megatron.train.runtime import decide
 names = ("current_device", "Stream", "Event", "current_stream", "stream", "synchronize")
 before = {n: getattr(torch.cuda, n) for n in names}
@@ -44,7 +44,7 @@ if [ $rc -eq 2 ] && [ -n "$line" ] && ! grep -q Traceback "$OUT/logs/device_cpu.
   r=PASS; else r="FAIL (rc=$rc)"; fi
 row "train.device=cpu refused" "$r" "${line:0:120}"
 
-OUT=/tmp/rt-checkpoint timeout 260 bash tools/gpu_checkpoint.sh > "$OUT/logs/checkpoint.log" 2>&1
+OUT=/tmp/rt-checkpoint timeout 260 bash gpu/checkpoint.sh > "$OUT/logs/checkpoint.log" 2>&1
 rc=$?; n=$(grep -c 'PASS' "$OUT/logs/checkpoint.log")
 row "checkpoint resume (gpu_checkpoint.sh)" "$([ $rc -eq 0 ] && echo PASS || echo "FAIL (rc=$rc)")" \
     "$n PASS lines (expect 4 rows)"

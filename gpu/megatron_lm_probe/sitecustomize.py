@@ -1,6 +1,6 @@
 """Counts the parallel linears a Megatron-LM process builds, whatever its layer spec.
 
-Test harness of tools/gpu_megatron_lm.sh, put on PYTHONPATH only there (never imported by the
+Test harness of gpu/megatron_lm.sh, put on PYTHONPATH only there (never imported by the
 package, never part of Megatron-LM). With UFP4_PROBE_OUT set, a torch module-registration hook
 records every submodule that is a Megatron ColumnParallelLinear/RowParallelLinear (the UFP4
 linears are subclasses), with its class and recipe, and each torchrun worker appends one JSON

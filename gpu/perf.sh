@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# One device call on one H200, about 8 minutes: GPU tests of the grouped experts and the fused
+# On one CUDA GPU, about 8 minutes on an H200: GPU tests of the grouped experts and the fused
 # attention, the step table (bf16 / ufp4 / e2m1 / ufp4_int4 / nvfp4 at small, dense_1p5b,
 # moe_7p9b x4 layers, moe_124b x1 layer), and profiles of one ufp4 moe_7p9b and one ufp4
-# dense_1p5b step. Writes under $OUT (at most 8 files) and prints the step table last.
-#   source tools/gpu_setup.sh && bash tools/gpu_perf.sh          (needs wheelhouse/ carried)
-#   PERF_BUDGET=480 PERF_MODELS=small,moe_7p9b PERF_RECIPES=bf16,ufp4 bash tools/gpu_perf.sh
+# dense_1p5b step. Writes under OUT (default runs/gpu/perf; at most 8 files) and prints the
+# step table last. From the repo root:
+#   bash gpu/perf.sh
+#   PERF_BUDGET=480 PERF_MODELS=small,moe_7p9b PERF_RECIPES=bf16,ufp4 bash gpu/perf.sh
 # A failing or out-of-memory run costs its own row only; rows the budget leaves out are listed
 # as "not run (time budget)"; rerun with PERF_MODELS / PERF_RECIPES for them.
 set -uo pipefail
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache} OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+OUT=${OUT:-runs/gpu/perf}; mkdir -p "$OUT"
 budget=${PERF_BUDGET:-470}
 t0=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - t0) )); }
@@ -21,7 +22,7 @@ df -h /tmp >> "$OUT/gpu.txt" 2>&1
 
 # 1. exactness on the GPU (~1-2 min with kernel compiles): grouped QDQ launches vs the
 #    per-expert twin bitwise, torch._grouped_mm vs cuBLAS, SDPA kernels vs Megatron attention
-#    (PERF_TESTS=0 skips them, e.g. after tools/gpu_validate.sh ran them in the same lease)
+#    (PERF_TESTS=0 skips them, e.g. after gpu/validate.sh ran them)
 if [[ ${PERF_TESTS:-1} != 0 ]]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider -s \
     tests/kernels/test_grouped_ops_triton.py tests/megatron/test_attention_gpu.py \

@@ -1,9 +1,9 @@
 """GPU check of the Megatron-Core glue: tiny dense and MoE GPTs, forward + backward on CUDA
 with each recipe, one table. Run on a GPU node with megatron-core 0.19.2 installed:
 
-    python tools/gpu_megatron_check.py                       # 1 GPU
-    torchrun --nproc-per-node 2 tools/gpu_megatron_check.py --tp 2 --sp
-    torchrun --nproc-per-node 2 tools/gpu_megatron_check.py --ep 2
+    python gpu/megatron_check.py                       # 1 GPU
+    torchrun --nproc-per-node 2 gpu/megatron_check.py --tp 2 --sp
+    torchrun --nproc-per-node 2 gpu/megatron_check.py --ep 2
 
 Columns: loss of step 0, relative distance of its gradients to the bf16 run on the same
 weights and data (quantization error, expected ~1e-2..1e-1; 0 for bf16), whether everything

@@ -1,15 +1,15 @@
 """Runs the documented Megatron-LM commands (docs/megatron-lm.md) on one GPU and checks them.
 
-Driver of tools/gpu_megatron_lm.sh. Every bash block of docs/megatron-lm.md marked
+Driver of gpu/megatron_lm.sh. Every bash block of docs/megatron-lm.md marked
 `<!-- megatron-lm-run: NAME CHECKOUT -->` runs as written, after the `common` block, from a
 Megatron-LM checkout (`stock`, or `patched` with patches/*.patch applied), with the real,
-unmodified pretrain_gpt.py. A module-registration probe (tools/megatron_lm_probe) counts the
+unmodified pretrain_gpt.py. A module-registration probe (gpu/megatron_lm_probe) counts the
 UFP4 linears each process builds; losses and iteration times come from Megatron's log lines.
 Checked: every UFP4 route builds 16/17 UFP4 linears and differs from BF16; flags == --spec
 for the same recipe at every iteration; the run stopped at 20 and resumed reproduces the
 unbroken run's losses 21..30.
 
-    python3 tools/gpu_megatron_lm.py --tarball T --out DIR [--only NAME,...]
+    python3 gpu/megatron_lm.py --tarball T --out DIR [--only NAME,...]
 
 `documented_runs()` is also what tests/megatron_lm uses to parse the same blocks on CPU.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "megatron-lm.md"
-PROBE = ROOT / "tools" / "megatron_lm_probe"
+PROBE = ROOT / "gpu" / "megatron_lm_probe"
 _BLOCK = re.compile(r"<!-- megatron-lm-run: (\S+)(?: (stock|patched))? -->\s*\n```bash\n(.*?)```",
                     re.S)
 _ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)"

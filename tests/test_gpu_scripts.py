@@ -1,0 +1,25 @@
+"""The GPU suites under gpu/ run as a user's runs would (issue 10: "every GPU run of record keeps
+checkpointing on; a GPU script that turns it off to pass is a defect"): no script may switch
+the trainer's saving off. Checked on the scripts' text, since they only run on a GPU."""
+from __future__ import annotations
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# the overrides that would make a GPU run save nothing
+OFF = re.compile(r"checkpoint\.(save_at_end=false|interval=0\b|resume=false)")
+
+
+def test_no_gpu_script_switches_checkpointing_off():
+    scripts = sorted(p for p in (ROOT / "gpu").rglob("*") if p.suffix in (".sh", ".py"))
+    assert scripts, "gpu/ holds no scripts: this test looks in the wrong place"
+    offenders = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in scripts
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if OFF.search(line)]
+    assert not offenders, "GPU scripts that switch checkpointing off:\n" + "\n".join(offenders)
+
+
+def test_the_check_sees_an_offending_line():
+    assert OFF.search('run_trainer(name, ["checkpoint.save_at_end=false", *overrides])')
+    assert OFF.search("python -m ufp4_megatron.train checkpoint.resume=false")
+    assert not OFF.search("checkpoint.interval=10 checkpoint.keep=1")
