@@ -69,3 +69,32 @@ def test_docs_flag_table_lists_the_patch_flags():
     table = DOC.read_text().split("## Route 2")[1]
     for flag in declared:
         assert f"`{flag}" in table
+
+
+def test_resume_check_models_megatron_lms_first_iteration_log():
+    """The H200 run of 2026-12-01: after --load at iteration 20, Megatron-LM printed 6.944539 at
+    iteration 22 where the unbroken run printed 6.981398, with every other iteration (and the
+    grad norm of 22) equal. Its training_log keeps the loss sums of a process's first iteration,
+    so that line is the mean of 21 (6.907681) and 22: the resume is exact, the checker must say
+    so, and must still fail a resume that really differs."""
+    from conftest import gpu_megatron_lm as tool
+
+    unbroken = {20: 7.116663, 21: 6.907681, 22: 6.981398, 23: 7.078825, 24: 6.972014}
+    resumed = {21: 6.907681, 22: 6.944539, 23: 7.078825, 24: 6.972014}
+    want = tool.logged_after_restart(unbroken, 20)
+    assert abs(want[22] - resumed[22]) <= 1e-6 * resumed[22]
+    assert {i: want[i] for i in (21, 23, 24)} == {i: resumed[i] for i in (21, 23, 24)}
+
+    def run(loss):
+        log = "successfully loaded checkpoint from /tmp/c at iteration 20"
+        return {"rc": 0, "loss": {**{i: unbroken.get(i, 7.0) for i in range(1, 21)}, **loss},
+                "probes": [], "log": log}
+
+    base = {i: unbroken.get(i, 7.0) for i in range(1, 25)}
+    results = {"spec-ufp4": {"rc": 0, "loss": base, "probes": [], "log": ""},
+               "resume": run(resumed)}
+    check = dict((n, ok) for n, ok, _ in tool.evaluate(results, 24))
+    assert [ok for n, ok in check.items() if n.startswith("resume: saved")] == [True]
+    results["resume"] = run({**resumed, 23: 7.078826})
+    check = dict((n, ok) for n, ok, _ in tool.evaluate(results, 24))
+    assert [ok for n, ok in check.items() if n.startswith("resume: saved")] == [False]
