@@ -57,10 +57,25 @@ def module_names(root: pathlib.Path, package: str) -> dict[str, pathlib.Path]:
     return names
 
 
-def import_graph(root: pathlib.Path, package: str,
-                 missing: list[str] | None = None) -> dict[str, dict[str, int]]:
+def _type_checking_imports(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under `if TYPE_CHECKING:` (annotations only, never run)."""
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and (
+                (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+                or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")):
+            ids |= {id(n) for stmt in node.body for n in ast.walk(stmt)
+                    if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return ids
+
+
+def import_graph(root: pathlib.Path, package: str, missing: list[str] | None = None, *,
+                 type_checking: bool = True) -> dict[str, dict[str, int]]:
     """module -> {imported module of this package: line of the first such import}; an import
-    of a module of the package that does not exist is appended to `missing`."""
+    of a module of the package that does not exist is appended to `missing`. With
+    type_checking=False, imports under `if TYPE_CHECKING:` are left out: they never run, so
+    they close no circle at import time (import-linter's `exclude_type_checking_imports`); the
+    layer rule still counts them."""
     modules = module_names(root, package)
 
     def resolve(name: str) -> str | None:  # the longest prefix that is one of our modules
@@ -73,7 +88,11 @@ def import_graph(root: pathlib.Path, package: str,
         is_pkg = path.name == "__init__.py"
         here = mod.split(".") if is_pkg else mod.split(".")[:-1]  # the package `.` names
         edges = graph.setdefault(mod, {})
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        skip = set() if type_checking else _type_checking_imports(tree)
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
             targets = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -155,8 +174,8 @@ def _circle(graph, comp: set[str]) -> list[str]:
     return sorted(comp)
 
 
-def _graph():
-    graph = import_graph(PKG, "ufp4_megatron")
+def _graph(type_checking: bool = True):
+    graph = import_graph(PKG, "ufp4_megatron", type_checking=type_checking)
     for src, dst in KNOWN_UPWARD:  # a known upward edge would also close a circle
         graph.get(src, {}).pop(dst, None)
     return graph
@@ -186,7 +205,7 @@ def test_no_module_imports_a_higher_layer():
 
 
 def test_no_import_cycle():
-    assert not import_cycles(_graph())
+    assert not import_cycles(_graph(type_checking=False))
 
 
 def test_known_upward_imports_still_exist():
@@ -221,6 +240,22 @@ def test_checker_finds_a_synthetic_cycle(tmp_path):
     assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]]
     (root / "sub/c.py").write_text("import os\n")
     assert import_cycles(import_graph(root, "pkg")) == []
+
+
+def test_type_checking_imports_close_no_circle_but_still_count_for_layers(tmp_path):
+    """A back-import under `if TYPE_CHECKING:` never runs: no circle at import time. A lazy
+    import inside a function does run, so it still closes one."""
+    root = _write(tmp_path / "pkg", {
+        "__init__.py": "",
+        "a.py": "def f():\n    from .b import g\n",
+        "b.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                 "    from .a import f\ndef g(x: 'f'): ...\n"),
+    })
+    assert import_graph(root, "pkg")["pkg.b"] == {"pkg.a": 3}  # the layer rule sees it
+    assert import_cycles(import_graph(root, "pkg", type_checking=False)) == []
+    (root / "b.py").write_text("def g():\n    from .a import f\n")
+    assert import_cycles(import_graph(root, "pkg", type_checking=False)) == [
+        ["pkg.a", "pkg.b", "pkg.a"]]
 
 
 def test_checker_finds_a_synthetic_upward_import(tmp_path):

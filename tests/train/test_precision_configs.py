@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from _cli import run
-from ufp4_megatron import launch_cli
+from ufp4_megatron.cli import launch as launch_cli
 from ufp4_megatron.configs import CONFIG_DIR
 from ufp4_megatron.recipe import (ABLATION_PRESET, ABLATIONS, PRESETS, GemmSpec, OperandSpec,
                                   Recipe, ablation, get_recipe)

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wandb-mode", default="offline")
     args = ap.parse_args(argv)
 
-    from .train.runtime import resolve_device
+    from ..train.runtime import resolve_device
 
     try:
         cuda = resolve_device(args.device, key="--device").type == "cuda"
