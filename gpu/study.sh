@@ -73,21 +73,21 @@ python3 -m ufp4_megatron.study --out "$STUDY" --grid "$GRID" --seeds "$SEEDS" ${
 T_TRAIN=$(date +%s)
 [[ -f $STUDY/study.json ]] || { echo "gpu_study: the runner wrote no study.json (see above)"; exit 1; }
 
+# the runs complete on disk (study.manifest.is_complete), named once for both uses below
+python3 - "$STUDY" > /tmp/runs-complete.txt <<'EOF'
+import sys
+from ufp4_megatron.study import manifest as mf
+for r in mf.load(sys.argv[1])["runs"]:
+    if mf.is_complete(sys.argv[1], r):
+        print(r["name"])
+EOF
+
 # what completed in this round goes back, packed at once so that a call cut short during the
 # mechanism still returns it; earlier rounds' runs are already in the repo
 new=()
-for d in "$STUDY"/runs/*/; do
-  name=$(basename "$d")
-  grep -qx "$name" /tmp/runs-before.txt && continue
-  [[ -f $d/metrics.jsonl && -f $d/config.yaml ]] || continue
-  python3 - "$STUDY" "$name" <<'EOF' && new+=("$name")
-import sys
-from ufp4_megatron.study import manifest as mf
-m = mf.load(sys.argv[1])
-r = next(r for r in m["runs"] if r["name"] == sys.argv[2])
-sys.exit(0 if mf.is_complete(sys.argv[1], r) else 1)
-EOF
-done
+while IFS= read -r name; do
+  grep -qx "$name" /tmp/runs-before.txt || [[ ! -f $STUDY/runs/$name/config.yaml ]] || new+=("$name")
+done < /tmp/runs-complete.txt
 files=(study.json "runner-round$ROUND.log")
 for n in "${new[@]}"; do files+=("runs/$n/metrics.jsonl" "runs/$n/config.yaml" "logs/$n.log"); done
 tar -czf "$OUT/round$ROUND.tar.gz" -C "$STUDY" "${files[@]}"
@@ -97,10 +97,8 @@ mech=()
 for arm in bf16 e2m1 ufp4; do
   run="$STUDY/runs/$arm-s1"
   # only a complete run's model says something (a stopped one is barely trained)
-  complete=$(python3 -c 'import sys; from ufp4_megatron.study import manifest as mf
-m = mf.load(sys.argv[1]); r = [r for r in m["runs"] if r["name"] == sys.argv[2]]
-print(int(bool(r) and mf.is_complete(sys.argv[1], r[0])))' "$STUDY" "$arm-s1" 2>/dev/null)
-  if [[ $complete == 1 && -f $run/checkpoints/latest && ! -f $STUDY/mechanism/$arm-s1/mechanism.md ]]; then
+  if grep -qx "$arm-s1" /tmp/runs-complete.txt && [[ -f $run/checkpoints/latest \
+      && ! -f $STUDY/mechanism/$arm-s1/mechanism.md ]]; then
     timeout 60 python3 -m ufp4_megatron.report.mechanism "$run" --out "$STUDY/mechanism/$arm-s1" \
       > "$STUDY/mechanism-$arm.log" 2>&1 &
     mech+=("$arm")
