@@ -157,17 +157,19 @@ def evaluate(results: dict[str, dict], iters: int) -> list[tuple[str, bool, str]
             d = _max_diff(results[a]["loss"], results[b]["loss"], every)
             checks.append((f"{a} == {b} at every iteration", d == 0.0, f"max {d}"))
     if "resume" in results and "spec-ufp4" in results:
-        r = results["resume"]
-        want = logged_after_restart(results["spec-ufp4"]["loss"], 20)
-        d = _max_diff(r["loss"], want, range(21, iters + 1))
-        loaded = re.search(r"successfully loaded checkpoint from .* at iteration 20", r["log"])
-        # the one averaged line is compared to the printed precision (%.6E of each loss)
-        ok = d is not None and all(
-            r["loss"].get(i) == want[i] if i != 22 else abs(r["loss"].get(i, 0) - want[i])
-            <= 1e-6 * abs(want[i]) for i in range(21, iters + 1))
-        checks.append(("resume: saved at 20, reloaded, losses 21..30 == unbroken spec-ufp4 "
-                       "(22: as Megatron-LM logs it, the mean of 21 and 22)",
-                       ok and bool(loaded), f"max {d}, loaded at 20: {bool(loaded)}"))
+        r, start = results["resume"], 20
+        want = logged_after_restart(results["spec-ufp4"]["loss"], start)
+        its = range(start + 1, iters + 1)
+        d = _max_diff(r["loss"], want, its)
+        loaded = re.search(rf"successfully loaded checkpoint from .* at iteration {start}",
+                           r["log"])
+        # exact, except the one averaged line: to the printed precision (%.6E of each loss)
+        ok = all(i in r["loss"] and abs(r["loss"][i] - want[i])
+                 <= (1e-6 * abs(want[i]) if i == start + 2 else 0.0) for i in its)
+        checks.append((f"resume: saved at {start}, reloaded, losses {start + 1}..{iters} == "
+                       f"unbroken spec-ufp4 ({start + 2}: as Megatron-LM logs it, the mean of "
+                       f"{start + 1} and {start + 2})",
+                       ok and bool(loaded), f"max {d}, loaded at {start}: {bool(loaded)}"))
     return checks
 
 
