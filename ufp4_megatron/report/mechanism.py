@@ -224,10 +224,9 @@ def full_table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], products: dict, info: dict, path: Path) -> Path:
-    import matplotlib
+    from .plot import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     grids = list(dict.fromkeys(r["grid"] for r in rows))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
@@ -273,12 +272,7 @@ def plot(rows: list[dict], products: dict, info: dict, path: Path) -> Path:
     ax.legend(fontsize=8)
     fig.suptitle(f"{info['model']} trained with {info['recipe']} (seed {info['seed']}, step "
                  f"{info['step']}): one batch of {info['tokens']} held-out tokens")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def run(argv: list[str] | None = None) -> dict:

@@ -29,12 +29,29 @@ def seed_curves(cmp: Comparison, s: RecipeSummary, smooth: int = 1):
     return x, [_smooth([g.series[st] for st in steps], smooth) for g in s.seeds]
 
 
-def plot_gaps(cmp: Comparison, summaries: list[RecipeSummary], path: Path, smooth: int = 1,
-              confidence: float = 0.95) -> Path:
+def pyplot():
+    """matplotlib.pyplot on the Agg backend: the report writes files, never needs a display."""
     import matplotlib
 
-    matplotlib.use("Agg")  # files only; never needs a display
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path, dpi: int) -> Path:
+    """Lays out, writes (making its folder) and closes a report figure."""
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
+
+
+def plot_gaps(cmp: Comparison, summaries: list[RecipeSummary], path: Path, smooth: int = 1,
+              confidence: float = 0.95) -> Path:
+    plt = pyplot()
 
     models = list(cmp.windows)
     fig, axes = plt.subplots(len(models), 1, figsize=(7.5, 3.8 * len(models)), squeeze=False)
@@ -59,9 +76,4 @@ def plot_gaps(cmp: Comparison, summaries: list[RecipeSummary], path: Path, smoot
         ax.set_title(f"{model}: (L - L_bf16) / L_bf16, mean over seeds, "
                      f"{confidence:.0%} band")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
