@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -71,10 +72,14 @@ def test_kill_and_resume_gives_identical_losses(unbroken, tmp_path, cache):
             # writer's helper process gets it too and must outlive the save
             os.killpg(proc.pid, signal.SIGTERM)
             break
-    proc.communicate(timeout=240)
+    rest, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0
     stopped = int((run_dir / "checkpoints" / "latest").read_text())
     assert 3 <= stopped < STEPS
+    # the message names the signal and when it came; the save is within one step of it
+    said = re.search(r"stop signal \(SIGTERM after step (\d+)\): saved step (\d+) to ", rest)
+    assert said, rest[-2000:]
+    assert 3 <= int(said[1]) <= int(said[2]) == stopped <= int(said[1]) + 1
     assert len(losses(run_dir)) == stopped
 
     r = run(cmd, tmp_path)  # the same command resumes from the checkpoint

@@ -413,17 +413,33 @@ def start_checkpoint_writer_queue() -> None:
 
 class StopSignal:
     """Turns SIGTERM/SIGUSR1 (Slurm's pre-emption warnings) into a flag read between steps;
-    `requested()` agrees across ranks, so all of them save and stop at the same step."""
+    `requested()` agrees across ranks, so all of them save and stop at the same step.
+
+    The loop sets `steps_done` after each step; the first signal records it, so the stop
+    message can say when the signal came, and a reader (or test) can check that the trainer
+    saved at most one step after it: the flag is read after every step.
+    """
 
     def __init__(self, runtime: Runtime):
         self._flag = False
         self._device = runtime.collective_device  # where the process group reduces the flag
+        self.steps_done = 0
+        self.arrival: tuple[str, int] | None = None  # (signal name, steps done when it came)
         start_checkpoint_writer_queue()
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
+        if self.arrival is None:
+            self.arrival = (signal.Signals(signum).name, self.steps_done)
         self._flag = True
+
+    def describe(self) -> str:
+        """'SIGTERM after step 6' on the rank that got it; 'a stop signal' on the others."""
+        if self.arrival is None:  # another rank got it; the all-reduce told this one
+            return "a stop signal on another rank"
+        name, done = self.arrival
+        return f"{name} after step {done}"
 
     def requested(self) -> bool:
         t = torch.tensor([int(self._flag)], dtype=torch.int32)

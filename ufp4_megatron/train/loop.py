@@ -81,6 +81,7 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
     if is_main and cfg.logging.wandb.diagnostics_interval and recipe.quantized:
         probes = LayerProbes(model, list(cfg.logging.wandb.diagnostics_layers), recipe)
     stop = checkpoint.StopSignal(rt)
+    stop.steps_done = start
     tokens_per_step = t.global_batch * t.seq_len
     records = []
 
@@ -99,6 +100,7 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
         grad_norm = opt.step()
         loss = _mean_loss(reports, rt)
         step += 1
+        stop.steps_done = step
         record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                   "tokens": step * tokens_per_step, "step_time": time.perf_counter() - t0}
         record["tokens_per_s"] = tokens_per_step / record["step_time"]
@@ -124,7 +126,8 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
             checkpoint.save(ckpt_dir, step, model, opt, extra, cfg.checkpoint.keep, runtime=rt)
         if stopping:
             if is_main:
-                print(f"stop signal: saved step {step} to {ckpt_dir}; rerun to resume", flush=True)
+                print(f"stop signal ({stop.describe()}): saved step {step} to {ckpt_dir}; "
+                      "rerun to resume", flush=True)
             break
 
     if is_main:
