@@ -22,10 +22,16 @@ import pytest
 import torch
 
 from _cli import FAST, run
-from ufp4_megatron.train.runtime import Runtime, decide, resolve_device
+from ufp4_megatron.train.runtime import (
+    Runtime,
+    decide,
+    fused_adam_library,
+    resolve_device,
+)
 from ufp4_megatron.train.schema import (
     CheckpointConfig,
     Config,
+    OptimConfig,
     ParallelConfig,
     TrainConfig,
 )
@@ -35,8 +41,9 @@ CPU, GPU = torch.device("cpu"), torch.device("cuda")
 
 
 def _cfg(device="auto", dtype="auto", backend="auto", pp=1, distributed_optimizer=True,
-         fully_reshardable=False) -> Config:
+         fully_reshardable=False, adam_kernel="auto") -> Config:
     return Config(train=TrainConfig(device=device, dtype=dtype),
+                  optim=OptimConfig(adam_kernel=adam_kernel),
                   parallel=ParallelConfig(pp=pp, backend=backend,
                                           distributed_optimizer=distributed_optimizer),
                   checkpoint=CheckpointConfig(optim_fully_reshardable=fully_reshardable))
@@ -61,13 +68,22 @@ TABLE = [  # (machine has CUDA, config keys, expected Runtime fields)
      dict(distributed_optimizer=True, optim_sharding="fully_reshardable")),
     (True, dict(dtype="bf16", fully_reshardable=True),
      dict(dtype=torch.bfloat16, optim_sharding="fully_reshardable")),
+    # the Adam kernel; the installed FusedAdam library is the third input (None: neither)
+    (False, {}, dict(adam="torch_fused")),
+    (True, {}, dict(adam="torch_fused")),
+    (True, dict(adam_kernel="fused"), dict(adam="torch_fused")),
+    (True, dict(adam_kernel="foreach"), dict(adam="torch_foreach")),
+    (True, dict(adam_kernel="auto", library="te"), dict(adam="te_fused")),
+    (True, dict(adam_kernel="fused", library="apex"), dict(adam="apex_fused")),
 ]
 
 
 @pytest.mark.parametrize("cuda,keys,expected", TABLE,
                          ids=[f"{'cuda' if c else 'cpu'}-{k}" for c, k, _ in TABLE])
 def test_decision_table(cuda, keys, expected):
-    rt = decide(_cfg(**keys), cuda=cuda)
+    keys = dict(keys)
+    library = keys.pop("library", None)
+    rt = decide(_cfg(**keys), cuda=cuda, adam_library=library)
     got = {name: getattr(rt, name) for name in expected}
     assert got == expected
     assert rt.checkpoint_format == "torch_dist"  # one file format on GPU and CPU
@@ -85,6 +101,44 @@ def test_runtime_is_frozen():
 def test_decide_asks_this_machine_by_default():
     rt = decide(_cfg())
     assert rt.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert rt.adam == {None: "torch_fused", "te": "te_fused",
+                       "apex": "apex_fused"}[fused_adam_library()]
+
+
+@pytest.mark.parametrize("adam", ["torch_fused", "torch_foreach"])
+def test_select_adam_kernel_sets_torchs_own_switch(adam):
+    """What Megatron-Core builds without TE/Apex (torch AdamW, no kernel flag) gets the decided
+    kernel; a step then runs it, its 'step' where torch's own kernel keeps it."""
+    from ufp4_megatron.train.optim import select_adam_kernel
+
+    p = torch.nn.Parameter(torch.randn(8))
+    inner = torch.optim.AdamW([p], lr=1e-2)
+    wrapper = type("MegatronOptimizerLike", (), {"optimizer": inner})()
+    select_adam_kernel(wrapper, adam)
+    fused = adam == "torch_fused"
+    assert all(g["fused"] is fused and g["foreach"] is not fused for g in inner.param_groups)
+    p.grad = torch.ones(8)
+    inner.step()
+    assert inner.state[p]["step"].dtype == torch.float32 and float(inner.state[p]["step"]) == 1
+
+
+def test_fused_and_foreach_adam_agree():
+    """torch's fused AdamW is the same update as its foreach one (up to float rounding)."""
+    from ufp4_megatron.train.optim import select_adam_kernel
+
+    ps = {}
+    for adam in ("torch_fused", "torch_foreach"):
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(256))
+        start = p.detach().clone()
+        inner = torch.optim.AdamW([p], lr=1e-2, weight_decay=0.1)
+        select_adam_kernel(type("W", (), {"optimizer": inner})(), adam)
+        for i in range(5):
+            p.grad = torch.sin(torch.arange(256.0) * (i + 1))
+            inner.step()
+        ps[adam] = p.detach()
+        assert (ps[adam] - start).abs().min() > 1e-3  # every element was updated
+    torch.testing.assert_close(ps["torch_fused"], ps["torch_foreach"], rtol=1e-6, atol=1e-7)
 
 
 REFUSED = [  # (machine has CUDA, config keys, fragments of the one-line message)
@@ -99,14 +153,20 @@ REFUSED = [  # (machine has CUDA, config keys, fragments of the one-line message
     (True, dict(dtype="fp16"), ("train.dtype='fp16'; valid: auto, bf16, fp32",)),
     (False, dict(device="tpu"), ("train.device='tpu'; valid: auto, cpu, cuda",)),
     (True, dict(backend="mpi"), ("parallel.backend='mpi'; valid: auto, nccl, gloo",)),
+    (True, dict(adam_kernel="apex"), ("optim.adam_kernel='apex'; valid: auto, fused, foreach",)),
+    (True, dict(adam_kernel="foreach", library="te"),
+     ("optim.adam_kernel=foreach asks for torch's AdamW", "te's FusedAdam",
+      "use optim.adam_kernel=auto")),
 ]
 
 
 @pytest.mark.parametrize("cuda,keys,fragments", REFUSED,
                          ids=[f"{'cuda' if c else 'cpu'}-{k}" for c, k, _ in REFUSED])
 def test_what_cannot_run_here_is_refused(cuda, keys, fragments):
+    keys = dict(keys)
+    library = keys.pop("library", None)
     with pytest.raises(ValueError) as e:
-        decide(_cfg(**keys), cuda=cuda)
+        decide(_cfg(**keys), cuda=cuda, adam_library=library)
     message = str(e.value)
     assert "\n" not in message
     for fragment in fragments:
@@ -159,7 +219,7 @@ def test_gpu_scope_changes_nothing():
     from ufp4_megatron.megatron import cpu_compat
 
     rt = Runtime(device=GPU, dtype=torch.bfloat16, backend="nccl", distributed_optimizer=True,
-                 optim_sharding="dp_reshardable")
+                 optim_sharding="dp_reshardable", adam="torch_fused")
     before = _cuda_functions()
     with rt.scope():
         assert _cuda_functions() == before
@@ -170,7 +230,7 @@ def test_init_outside_the_cpu_scope_is_refused():
     from ufp4_megatron.train import distributed
 
     rt = Runtime(device=CPU, dtype=torch.float32, backend="gloo", distributed_optimizer=True,
-                 optim_sharding="dp_reshardable")
+                 optim_sharding="dp_reshardable", adam="torch_fused")
     with pytest.raises(RuntimeError, match=r"inside `with runtime.scope\(\):`"):
         distributed.init(ParallelConfig(), rt, 0)
     assert not torch.distributed.is_initialized()

@@ -70,6 +70,8 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
     if cfg.checkpoint.resume and checkpoint.latest_step(ckpt_dir) is not None:
         start = checkpoint.load(ckpt_dir, model, opt, extra, runtime=rt)
     is_main = env.rank == 0
+    if is_main:
+        print(rt.describe(), flush=True)
     if is_main and start and (note := optim.resumed_schedule_note(opt.scheduler, cfg)):
         print(note, flush=True)
     metrics = MetricsFile(run_dir / "metrics.jsonl", start) if is_main else None

@@ -44,6 +44,7 @@ class MegatronOptimizer:
             bf16=model.config.bf16, params_dtype=model.config.params_dtype,
             use_distributed_optimizer=distributed)
         self.opt = get_megatron_optimizer(opt_cfg, [self.model])
+        select_adam_kernel(self.opt, runtime.adam)
         self.scheduler = build_scheduler(self.opt, cfg)
         self.distributed = distributed
 
@@ -61,7 +62,7 @@ class MegatronOptimizer:
                     if "step" not in st:
                         st.setdefault("exp_avg", torch.zeros_like(q))
                         st.setdefault("exp_avg_sq", torch.zeros_like(q))
-                        st["step"] = torch.tensor(0.0)
+                        st["step"] = _step_tensor(0.0, group, q)
 
     def load_state_dict(self, state: dict) -> None:
         """Megatron's load_state_dict, plus repairs of its torch-AdamW fallback (no Apex/TE:
@@ -94,8 +95,7 @@ class MegatronOptimizer:
                 if "step" not in group:  # not the distributed optimizer: torch restored it
                     continue
                 for q in group["params"]:
-                    inner.state[q]["step"] = torch.tensor(float(group["step"]),
-                                                          dtype=torch.float32)
+                    inner.state[q]["step"] = _step_tensor(float(group["step"]), group, q)
 
     def advance_lr(self) -> float:
         """Moves the schedule to the coming update and returns its LR."""
@@ -109,6 +109,26 @@ class MegatronOptimizer:
     def step(self) -> float:
         _, grad_norm, _ = self.opt.step()
         return float(grad_norm)
+
+
+def select_adam_kernel(opt, adam: str) -> None:
+    """Runtime.adam on the torch AdamW that Megatron-Core builds without TE/Apex (foreach, as
+    it passes no kernel flag). torch reads `fused`/`foreach` from each param group at every
+    step, so setting them here is torch's own switch; nothing of Megatron's is patched. Applied
+    to whatever torch AdamW Megatron built, so a TE/Apex install that fails to import still
+    gets the fused kernel. TE/Apex FusedAdam: nothing to select."""
+    fused = adam != "torch_foreach"
+    for inner in _torch_adams(opt):
+        for group in [inner.defaults, *inner.param_groups]:
+            group["fused"], group["foreach"] = fused, not fused
+
+
+def _step_tensor(value: float, group: dict, param: torch.Tensor) -> torch.Tensor:
+    """A torch Adam 'step' as torch itself creates it: float32 on the parameter's device for the
+    fused (or capturable) kernel, which reads it there; on the CPU otherwise."""
+    on_param = group.get("fused") or group.get("capturable")
+    return torch.tensor(value, dtype=torch.float32,
+                        device=param.device if on_param else torch.device("cpu"))
 
 
 def _torch_adam(sub) -> torch.optim.Optimizer | None:

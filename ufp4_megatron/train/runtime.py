@@ -20,6 +20,12 @@ facts from it and never ask `torch.cuda.is_available()` again. The table it enco
                                       Float16Optimizer (bf16) / FP32Optimizer (fp32)
     checkpoint.optim_fully_reshardable  the distributed optimizer's checkpoint form:
                                       fully_reshardable, else dp_reshardable; none without it
+    optim.adam_kernel=auto|fused      TE's (or Apex's) FusedAdam where installed, as Megatron-Core
+                                      picks it; else torch AdamW with fused=True, on either
+                                      device (Megatron's fallback builds it foreach: ~10 passes
+                                      over the optimizer state per step, 23-39% of a small
+                                      GPU step's kernel time, docs/performance.md)
+    optim.adam_kernel=foreach         torch AdamW foreach; refused where TE/Apex is installed
     checkpoint file format            torch_dist (Megatron 0.19's only save strategy), the
                                       CUDA RNG state saved on GPU only
 
@@ -31,12 +37,14 @@ machine hides the GPUs instead, as `ufp4-launch study --gpus none` does.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from dataclasses import dataclass
 
 import torch
 
 from .schema import Config
 
+ADAM_KERNELS = ("auto", "fused", "foreach")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bf16", "fp32")
 BACKENDS = ("auto", "nccl", "gloo")
@@ -55,7 +63,16 @@ class Runtime:
     # the distributed optimizer's checkpoint form (Megatron-LM's
     # --dist-ckpt-optim-fully-reshardable): dp_reshardable | fully_reshardable; None without it
     optim_sharding: str | None
+    # the Adam step: te_fused | apex_fused (Megatron-Core's FusedAdam) | torch_fused | torch_foreach
+    adam: str
     checkpoint_format: str = CHECKPOINT_FORMAT  # dist_checkpointing's backend
+
+    def describe(self) -> str:
+        """One line for the run's log: what was decided."""
+        dtype = str(self.dtype).removeprefix("torch.")
+        opt = (f"distributed optimizer ({self.optim_sharding})" if self.distributed_optimizer
+               else "plain optimizer")
+        return f"runtime: {self.device.type} {dtype}, {self.backend}, {opt}, adam {self.adam}"
 
     @property
     def on_gpu(self) -> bool:
@@ -95,8 +112,31 @@ def resolve_device(requested: str, *, cuda: bool | None = None,
     return torch.device(requested)
 
 
-def decide(cfg: Config, *, cuda: bool | None = None) -> Runtime:
-    """The Runtime of `cfg` on a machine with (cuda=True) or without CUDA (None: this one).
+def fused_adam_library() -> str | None:
+    """Whose FusedAdam Megatron-Core imports here (its own order: TE, then Apex), else None."""
+    for module, name in (("transformer_engine", "te"), ("apex", "apex")):
+        if importlib.util.find_spec(module) is not None:
+            return name
+    return None
+
+
+def resolve_adam(requested: str, library: str | None) -> str:
+    """optim.adam_kernel and the installed FusedAdam (None: none) -> Runtime.adam."""
+    if requested not in ADAM_KERNELS:
+        raise ValueError(f"optim.adam_kernel={requested!r}; valid: {', '.join(ADAM_KERNELS)}")
+    if library is not None:
+        if requested == "foreach":
+            raise ValueError(f"optim.adam_kernel=foreach asks for torch's AdamW, but "
+                             f"Megatron-Core uses {library}'s FusedAdam here; use "
+                             "optim.adam_kernel=auto")
+        return f"{library}_fused"
+    return "torch_foreach" if requested == "foreach" else "torch_fused"
+
+
+def decide(cfg: Config, *, cuda: bool | None = None,
+           adam_library: str | None | bool = False) -> Runtime:
+    """The Runtime of `cfg` on a machine with (cuda=True) or without CUDA (None: this one),
+    with `adam_library` installed ('te', 'apex', None; False: look here).
     Raises ValueError, one line naming the key to change, for what cannot run there."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
     device = resolve_device(cfg.train.device, cuda=cuda)
@@ -127,5 +167,7 @@ def decide(cfg: Config, *, cuda: bool | None = None) -> Runtime:
     if p.distributed_optimizer:
         sharding = ("fully_reshardable" if cfg.checkpoint.optim_fully_reshardable
                     else "dp_reshardable")
+    library = fused_adam_library() if adam_library is False else adam_library
     return Runtime(device=device, dtype=dtype, backend=backend,
-                   distributed_optimizer=p.distributed_optimizer, optim_sharding=sharding)
+                   distributed_optimizer=p.distributed_optimizer, optim_sharding=sharding,
+                   adam=resolve_adam(cfg.optim.adam_kernel, library))

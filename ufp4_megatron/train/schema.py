@@ -152,6 +152,9 @@ class OptimConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     clip_grad: float = 1.0
+    # the Adam kernel: auto = TE/Apex FusedAdam where installed (Megatron-Core's choice),
+    # else torch AdamW fused (one kernel per step); foreach = torch's multi-pass AdamW
+    adam_kernel: str = "auto"  # auto | fused | foreach
 
 
 @dataclass(kw_only=True)
