@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# On one CUDA GPU (about 9 minutes on an H200): the GPU checks of record that are not timings.
-#   1. gpu/checkpoint.sh (SIGKILL / SIGTERM resume, bitwise) alongside the `gpu`-marked
-#      kernel and grouped-expert tests (real Triton kernels vs the references, bitwise);
-#   2. gpu/megatron_lm.sh (the real pretrain_gpt.py, every route, --save/--load).
+# On one CUDA GPU (about 6-8 minutes on an H200; the parts run side by side, so this is not a
+# timing): every GPU check of record that is not a timing.
+#   1. gpu/kernels_exact.sh: all of tests/kernels on CUDA, compiled Triton kernels vs the
+#      PyTorch references, bitwise (RTNE) or in distribution (SR);
+#   2. the `gpu`-marked numerics, grouped-expert and attention tests;
+#   3. gpu/checkpoint.sh: SIGKILL / SIGTERM resume bitwise, three optimizer forms;
+#   4. gpu/megatron_lm.sh: the real pretrain_gpt.py, every route, --save/--load;
+#   5. gpu/runtime.sh's decision checks (decide() here, train.device=cpu refused).
 # Each part writes under its own folder; everything ends in OUT (default runs/gpu/validate) as
 # $OUT/validate.tar.gz plus $OUT/summary.md (printed last). Run from the repo root, with
 # wheelhouse/ beside it (it holds the Megatron-LM archive, see gpu/megatron_lm.sh):
@@ -10,29 +14,42 @@
 set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:-runs/gpu/validate}; mkdir -p "$OUT"
-W=/tmp/validate; rm -rf "$W"; mkdir -p "$W"/{checkpoint,kernels,megatron_lm}
+W=/tmp/validate; rm -rf "$W"; mkdir -p "$W"/{kernels_exact,tests,checkpoint,megatron_lm,runtime}
 # shellcheck source=gpu/setup.sh
-source gpu/setup.sh || exit 1
+source gpu/setup.sh > "$W/setup.txt" 2>&1 || { cat "$W/setup.txt"; exit 1; }
 elapsed() { echo $(( $(date +%s) - T0 )); }
 
+OUT=$W/kernels_exact bash gpu/kernels_exact.sh > "$W/kernels_exact/stdout.txt" 2>&1 &
+kx=$!
 OUT=$W/checkpoint bash gpu/checkpoint.sh > "$W/checkpoint/stdout.txt" 2>&1 &
 ckpt=$!
+OUT=$W/megatron_lm timeout 540 bash gpu/megatron_lm.sh > "$W/megatron_lm/stdout.txt" 2>&1 &
+mlm=$!
 TRITON_CACHE_DIR=/tmp/triton-cache-tests timeout 300 python3 -m pytest -q -m gpu \
-  -p no:cacheprovider -n 4 tests/kernels tests/numerics tests/test_grouped_ops.py \
-  tests/megatron/test_attention_gpu.py > "$W/kernels/tests.log" 2>&1
-echo "kernel/grouped GPU tests rc=$? ($(elapsed) s)"
-wait $ckpt; echo "checkpoint rc=$? ($(elapsed) s)"
-
-left=$(( 560 - $(elapsed) ))
-OUT=$W/megatron_lm timeout "$left" bash gpu/megatron_lm.sh > "$W/megatron_lm/stdout.txt" 2>&1
-echo "megatron-lm rc=$? ($(elapsed) s)"
+  -p no:cacheprovider -n 2 tests/numerics tests/test_grouped_ops.py \
+  tests/megatron/test_attention_gpu.py > "$W/tests/tests.log" 2>&1
+tests_rc=$?
+RUNTIME_PARTS=decide,device OUT=$W/runtime bash gpu/runtime.sh > "$W/runtime/stdout.txt" 2>&1
+rt_rc=$?
+wait $kx; kx_rc=$?
+wait $ckpt; ckpt_rc=$?
+wait $mlm; mlm_rc=$?
 
 {
-  echo "# GPU validation ($(date -u +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader))"
-  echo; echo "## kernel and grouped-expert GPU tests"; tail -3 "$W/kernels/tests.log"
+  echo "# GPU validation ($(date -u +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+  echo; echo "| part | rc |"; echo "| --- | --- |"
+  echo "| kernels_exact.sh (tests/kernels on CUDA) | $kx_rc |"
+  echo "| gpu-marked numerics/grouped/attention tests | $tests_rc |"
+  echo "| checkpoint.sh | $ckpt_rc |"
+  echo "| megatron_lm.sh | $mlm_rc |"
+  echo "| runtime.sh decide,device | $rt_rc |"
+  echo; echo "## tests/kernels on CUDA"; tail -4 "$W/kernels_exact/stdout.txt"
+  echo; echo "## gpu-marked numerics, grouped-expert and attention tests"; tail -3 "$W/tests/tests.log"
   echo; echo "## checkpoints"; tail -12 "$W/checkpoint/stdout.txt"
+  echo; echo "## runtime"; tail -8 "$W/runtime/stdout.txt"
   echo; echo "## Megatron-LM"; tail -25 "$W/megatron_lm/stdout.txt"
   echo; echo "total $(elapsed) s"
 } > "$OUT/summary.md"
 tar czf "$OUT/validate.tar.gz" -C "$W" .
 cat "$OUT/summary.md"
+(( kx_rc == 0 && tests_rc == 0 && ckpt_rc == 0 && mlm_rc == 0 && rt_rc == 0 ))
