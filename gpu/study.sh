@@ -21,6 +21,9 @@
 # the archive) and roundN.md (what ran, the measured throughput; printed last).
 # Env: BUDGET seconds from start to the end of training (default 400; the mechanism, compare
 # and archives take up to ~120 s more: keep BUDGET <= 420 in a 600-s call), PER_DEVICE, SEEDS, ARMS.
+# CORPUS=stdlib (default: the embedded corpus, the rounds in docs/results/study/) or pysrc (the
+# stdlib plus torch's sources, ~53 MB, prepared here by gpu/pysrc_corpus.py: no byte seen twice
+# in a run; its rounds are a separate study, archived under docs/results/study-pysrc/).
 set -uo pipefail
 T0=$(date +%s)
 ROUND=${1:?usage: gpu/study.sh ROUND (1-9, see the header) or a grid name}
@@ -39,7 +42,13 @@ ARMS=${ARMS:-$ARMS_DEFAULT}
 PER_DEVICE=${PER_DEVICE:-$PER_DEFAULT}
 BUDGET=${BUDGET:-400}
 OUT=${OUT:-runs/gpu/study}
-STUDY=/tmp/study            # checkpoints stay on the node; only results come back
+CORPUS=${CORPUS:-stdlib}
+case $CORPUS in
+  stdlib) ARCHIVES=docs/results/study; STUDY=/tmp/study ;;
+  pysrc) ARCHIVES=docs/results/study-pysrc; STUDY=/tmp/study-pysrc ;;
+  *) echo "gpu/study.sh: CORPUS=$CORPUS; give stdlib or pysrc" >&2; exit 2 ;;
+esac
+# STUDY: checkpoints stay on the node; only results come back
 mkdir -p "$OUT" "$STUDY"
 
 # shellcheck source=gpu/setup.sh
@@ -57,19 +66,30 @@ if ! python3 -m ufp4_megatron.train model=tiny precision=ufp4 train.steps=4 chec
 fi
 echo "preflight: GPU run with checkpoints ok ($(( $(date +%s) - T0 )) s)"
 
+data=()  # the runs' data overrides (none: the grid's embedded corpus)
+if [[ $CORPUS == pysrc ]]; then
+  if ! python3 gpu/pysrc_corpus.py --out /tmp/corpus/pysrc --packages torch > /tmp/corpus.log 2>&1; then
+    tail -5 /tmp/corpus.log; echo "gpu_study: the pysrc corpus could not be prepared"; exit 1
+  fi
+  tail -1 /tmp/corpus.log
+  cp /tmp/corpus/pysrc.manifest.json "$STUDY/corpus.manifest.json"
+  data=("data.prefixes=[/tmp/corpus/pysrc]" data.tokenizer.type=byte-level)
+fi
+
 shopt -s nullglob
 while IFS= read -r a; do
   tar -xzf "$a" -C "$STUDY" && echo "unpacked $a"
-done < <(find docs/results/study -name 'round*.tar.gz' 2>/dev/null | sort -V)
+done < <(find "$ARCHIVES" -maxdepth 1 -name 'round*.tar.gz' 2>/dev/null | sort -V)
 find "$STUDY/runs" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' 2>/dev/null | sort \
   > /tmp/runs-before.txt
 
 LIMIT=$(( BUDGET - ($(date +%s) - T0) ))
 echo "round $ROUND: grid $GRID arms ${ARMS:-all} seeds $SEEDS, $PER_DEVICE per GPU, training stops in $LIMIT s"
 T_START=$(date +%s)
+extra=(); (( ${#data[@]} )) && extra=(-- "${data[@]}")
 python3 -m ufp4_megatron.study --out "$STUDY" --grid "$GRID" --seeds "$SEEDS" ${ARMS:+--arms "$ARMS"} \
   --per-device "$PER_DEVICE" --time-limit "$LIMIT" --stop-grace 20 --wandb-mode disabled \
-  --progress plain 2>&1 | tee "$STUDY/runner-round$ROUND.log"
+  --progress plain "${extra[@]}" 2>&1 | tee "$STUDY/runner-round$ROUND.log"
 T_TRAIN=$(date +%s)
 [[ -f $STUDY/study.json ]] || { echo "gpu_study: the runner wrote no study.json (see above)"; exit 1; }
 
@@ -89,6 +109,7 @@ while IFS= read -r name; do
   grep -qx "$name" /tmp/runs-before.txt || [[ ! -f $STUDY/runs/$name/config.yaml ]] || new+=("$name")
 done < /tmp/runs-complete.txt
 files=(study.json "runner-round$ROUND.log")
+[[ -f $STUDY/corpus.manifest.json ]] && files+=(corpus.manifest.json)
 for n in "${new[@]}"; do files+=("runs/$n/metrics.jsonl" "runs/$n/config.yaml" "logs/$n.log"); done
 tar -czf "$OUT/round$ROUND.tar.gz" -C "$STUDY" "${files[@]}"
 
