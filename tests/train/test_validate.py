@@ -65,6 +65,18 @@ CASES = [  # (overrides, a fragment of the one-line message)
     (["parallel.backend=mpi"], "parallel.backend='mpi'; valid: auto, nccl, gloo"),
     (["precision.recipe=fp3"], "precision.recipe='fp3' is not a recipe; valid:"),
     (["precision.bf16_layers.end=3"], "precision.bf16_layers start=0 end=3"),
+    (["optim.adam_kernel=apex"], "optim.adam_kernel='apex'; valid: auto, fused, foreach"),
+    # what Hydra cannot compose (train/overrides.py): Hydra's words, in one line
+    (["train.stepz=3"], "Could not override 'train.stepz'. To append to your config use "
+                        "+train.stepz=3 (Key 'stepz' not in 'TrainConfig')"),
+    (["train.steps=many"], "Error merging override train.steps=many (Value 'many' of type "
+                           "'str' could not be converted to Integer)"),
+    (["precision.rht.fprop=maybe"], "Value 'maybe' is not a valid bool"),
+    (["parallel.tp=1.5"], "parallel.tp=1.5 (Value '1.5' of type 'float' could not be "
+                          "converted to Integer)"),
+    (["model=huge"], "In 'config': Could not find 'model/huge'; Available options in "
+                     "'model': dense_1p5b, moe_124b, moe_7p9b, moe_small, small, study11m, tiny"),
+    (["train.steps=3,4"], "Ambiguous value for argument 'train.steps=3,4'"),
 ]
 
 
@@ -89,6 +101,35 @@ def _train(tmp_path, *overrides: str, **env: str):
 def test_trainer_refuses_bad_config(tmp_path, overrides, fragment):
     _refused(_train(tmp_path, *overrides), fragment)
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+
+
+def test_compose_errors_see_the_users_config_dir(tmp_path):
+    """--config-dir joins the check as it joins Hydra: its groups are options, its typos
+    are refused in one line like the package's own."""
+    (tmp_path / "mine" / "model").mkdir(parents=True)
+    (tmp_path / "mine" / "model" / "wide.yaml").write_text(
+        "defaults:\n  - tiny\n  - _self_\nhidden_sizze: 256\n")
+    r = run([sys.executable, "-m", "ufp4_megatron.train", "--config-dir", str(tmp_path / "mine"),
+             "model=wide", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    _refused(r, "hidden_sizze")
+    r = run([sys.executable, "-m", "ufp4_megatron.train", f"--config-dir={tmp_path / 'mine'}",
+             "model=wider", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    _refused(r, "Could not find 'model/wider'; Available options in 'model': dense_1p5b")
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["model=tiny", "train.steps=3"], (["model=tiny", "train.steps=3"], None)),
+    (["--config-dir", "d", "model=x"], (["model=x"], "d")),
+    (["-cd", "d", "model=x"], (["model=x"], "d")),
+    (["--config-dir=d", "model=x"], (["model=x"], "d")),
+    (["--config-dir"], None),                      # Hydra says what is missing
+    (["-m", "train.steps=3,4"], None),             # a sweep: Hydra's multirun
+    (["--cfg", "job"], None), (["--help"], None),
+])
+def test_which_command_lines_are_checked_first(argv, expected):
+    from ufp4_megatron.train.overrides import precheckable
+
+    assert precheckable(argv) == expected
 
 
 @pytest.mark.parametrize("world,overrides,fragment", [

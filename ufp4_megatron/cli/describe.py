@@ -14,13 +14,7 @@ import sys
 from pathlib import Path
 
 from ..train.footprint import describe, load_config, with_smallest_dp
-
-
-def _one_line(message: str) -> str:
-    """Hydra/OmegaConf errors span lines (what failed, then full_key/object_type details)."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    return " ".join(line for line in lines
-                    if not line.startswith(("full_key:", "object_type=", "reference_type=")))
+from ..train.overrides import describe_error
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,8 +40,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = with_smallest_dp(load_config(args.overrides, args.config_dir))
         check_config(cfg)
     except (ConfigError, HydraException, OmegaConfBaseException) as e:
-        cause = f": {_one_line(str(e.__cause__))}" if e.__cause__ else ""
-        print(f"error: {_one_line(str(e))}{cause}", file=sys.stderr)
+        print(f"error: {describe_error(e)}", file=sys.stderr)
         sys.exit(2)
     print(describe(cfg))
 

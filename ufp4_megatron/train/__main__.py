@@ -6,7 +6,8 @@
 Before anything is built or written: the config is validated (train/validate.py) and the run
 dir checked (train/resume_check.py: fresh start, resume, or refusal). A refused config, and data
 the trainer's data checks refuse (data/checks.py, at the start of the loop), print
-`error: <what to change>` and exit 2, without a traceback.
+`error: <what to change>` and exit 2, without a traceback; so do overrides Hydra cannot
+compose (train/overrides.py: a mistyped key, a wrong type, an unknown group option).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from ..data.checks import DataError
 from . import resume_check
 from .checkpoint import CheckpointError
 from .identity import register_resolver
+from .overrides import compose_problem, precheckable
 from .quiet import hide_megatron_noise
 from .schema import Config, register_configs
 from .validate import ConfigError, check_config, check_machine
@@ -82,6 +84,11 @@ def _hydra_main(dcfg: DictConfig) -> None:
 
 
 def main() -> None:
+    plain = precheckable(sys.argv[1:])
+    if plain is not None and (problem := compose_problem(*plain)):  # before Hydra says it in
+        if os.environ.get("LOCAL_RANK", "0") == "0":                # 5-10 lines with exit 1
+            print(f"error: {problem}", file=sys.stderr, flush=True)
+        sys.exit(2)
     _hydra_main()
 
 

@@ -1,0 +1,82 @@
+"""Command-line overrides checked by composing them with Hydra before anything runs.
+
+Hydra reports a mistyped key, a wrong type or an unknown group option in 5-10 lines (what
+failed, OmegaConf's full_key/object_type details, the config search path, a hint about
+HYDRA_FULL_ERROR) and exits 1. The trainer and `describe` compose the overrides first with
+Hydra's own compose API (nothing resolved, nothing written) and print that message as one
+`error:` line with exit status 2, like every other refusal of the trainer.
+"""
+from __future__ import annotations
+
+_DETAIL = ("full_key:", "object_type=", "reference_type=", "Set the environment variable "
+           "HYDRA_FULL_ERROR")
+
+
+def one_line(message: str) -> str:
+    """A Hydra/OmegaConf error message without its detail lines, joined with '; '."""
+    lines = [line.strip() for line in message.split("Config search path:")[0].splitlines()]
+    kept = [line for line in lines if line and not line.startswith(_DETAIL)]
+    out = []
+    for line in kept:  # "Available options in 'model':" + one option per line -> one clause
+        if out and out[-1].endswith(":"):
+            out[-1] += " " + line
+        elif out and out[-1].startswith("Available options") and ":" in out[-1]:
+            out[-1] += ", " + line
+        else:
+            out.append(line)
+    text = ""
+    for clause in out:  # sentences run on; list items ("1. ...") and clauses get a "; "
+        text += ("" if not text else " " if text.endswith(".") else "; ") + clause
+    return text
+
+
+def describe_error(e: BaseException) -> str:
+    """one_line of e, with its cause (OmegaConf's validation error under Hydra's)."""
+    cause = e.__cause__
+    text = one_line(str(e))
+    if cause is not None and str(cause).strip():
+        text += f" ({one_line(str(cause))})"
+    return text
+
+
+def compose_problem(overrides: list[str], config_dir: str | None = None) -> str | None:
+    """None if `overrides` compose into the training config; else Hydra's complaint, one line.
+    `config_dir`: the trainer's --config-dir (a user's own config groups)."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ..configs import CONFIG_DIR
+    from .identity import register_resolver
+    from .schema import register_configs
+
+    register_configs()
+    register_resolver()
+    if config_dir is not None:
+        overrides = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]", *overrides]
+    try:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            compose("config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        return describe_error(e)
+    return None
+
+
+def precheckable(argv: list[str]) -> tuple[list[str], str | None] | None:
+    """(overrides, --config-dir) of a plain trainer command line; None where Hydra's flags
+    (--multirun, --cfg, --help, ...) ask for Hydra's own handling."""
+    overrides, config_dir, args = [], None, iter(argv)
+    for a in args:
+        if a in ("--config-dir", "-cd"):
+            config_dir = next(args, None)
+            if config_dir is None:
+                return None
+        elif a.startswith("--config-dir="):
+            config_dir = a.split("=", 1)[1]
+        elif a.startswith("-"):
+            return None
+        else:
+            overrides.append(a)
+    return overrides, config_dir
