@@ -3,6 +3,7 @@ valid trainer config (so a sweep cannot fail hours later on a misspelt override)
 
 - test_compare_dry_run_plans_array_and_dependent_report
 - test_every_planned_run_composes_with_the_trainer_config (ablations included)
+- test_compare_refuses_overrides_every_run_would_fail_on (one line, exit 2, nothing submitted)
 - test_task_refuses_an_index_outside_the_sweep
 """
 import json
@@ -21,7 +22,7 @@ from ufp4_megatron.scripts import SLURM_SBATCH
 def test_compare_dry_run_plans_array_and_dependent_report(tmp_path, capsys):
     assert main(["compare", "--out", str(tmp_path / "sw"), "--ablations", "--nproc-per-node", "1",
                  "--sbatch-arg=--partition=gpu", "--dry-run", "--", "model=tiny",
-                 "x='a b'"]) == 0
+                 "+logging.note='a b'"]) == 0
     array, report = [shlex.split(line) for line in capsys.readouterr().out.splitlines()]
     n = 3 + len(ABLATIONS)
     assert f"--array=0-{n - 1}" in array and "--partition=gpu" in array
@@ -57,6 +58,19 @@ def test_every_planned_run_composes_with_the_trainer_config(tmp_path):
     assert seen["ufp4_rht_fprop_wgrad"][1] == {"fprop": True, "dgrad": False, "wgrad": True}
     assert seen["ufp4_no_sr"][2]["dy"] is False and seen["ufp4"][2]["dy"] is True
     assert len({name for name, _, _ in seen.values()}) == len(plan)  # distinct report rows
+
+
+@pytest.mark.parametrize("overrides,fragment", [
+    (["train.stepz=3"], "run bf16: Could not override 'train.stepz'. To append to your config "
+                        "use +train.stepz=3 (Key 'stepz' not in 'TrainConfig')"),
+    (["model=huge"], "run bf16: In 'config': Could not find 'model/huge'; Available options"),
+])
+def test_compare_refuses_overrides_every_run_would_fail_on(tmp_path, capsys, overrides,
+                                                             fragment):
+    rc = main(["compare", "--out", str(tmp_path / "sw"), "--dry-run", "--", *overrides])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: ") and fragment in err[0]
+    assert not (tmp_path / "sw").exists()
 
 
 def test_task_refuses_an_index_outside_the_sweep(tmp_path):

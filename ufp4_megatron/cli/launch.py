@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from ..scripts import SLURM_SBATCH, TORCHRUN
+from ..train.overrides import compose_problem
 from ..train.precision import ABLATION_OVERRIDES as ABLATIONS  # recipe.ABLATIONS, as overrides
 
 TRAIN_MODULE = "ufp4_megatron.train"
@@ -86,6 +87,10 @@ def compare(args) -> int:
     out = Path(args.out).resolve()
     precisions = [p for p in args.precisions.split(",") if p]
     plan = plan_runs(precisions, args.ablations, args.overrides, out)
+    for run in plan:  # refuse here what every array element would fail on, one by one
+        if problem := compose_problem(run["overrides"]):
+            print(f"error: run {run['name']}: {problem}", file=sys.stderr)
+            return 2
     array_cmd, report_cmd = sbatch_commands(out, plan, args)
     if args.dry_run:
         print(shlex.join(array_cmd))

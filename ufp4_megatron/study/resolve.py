@@ -29,6 +29,7 @@ def resolve(runs: list[RunSpec]) -> dict[str, RunInfo]:
     from omegaconf.errors import OmegaConfBaseException
 
     from ..configs import CONFIG_DIR
+    from ..train.overrides import describe_error
     from ..train.schema import register_configs
 
     register_configs()
@@ -39,7 +40,7 @@ def resolve(runs: list[RunSpec]) -> dict[str, RunInfo]:
                 cfg = OmegaConf.to_object(compose("config", overrides=list(run.overrides)))
             except (HydraException, OmegaConfBaseException) as e:
                 raise SystemExit(f"ufp4-launch study: run {run.name}: "
-                                 f"{str(e).splitlines()[0]}") from None
+                                 f"{describe_error(e)}") from None
             t = cfg.train
             out[run.name] = RunInfo(
                 steps=t.steps, model=cfg.model.name, recipe=cfg.precision.name, seed=t.seed,
