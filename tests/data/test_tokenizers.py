@@ -117,14 +117,12 @@ def test_huggingface_file_errors_name_the_file(tmp_path, bpe_json):
 
 
 def test_data_configs_compose_into_the_schema():
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
     from omegaconf import OmegaConf
 
-    from ufp4_megatron.configs import CONFIG_DIR
-    from ufp4_megatron.train.schema import register_configs
+    from _hydra_configs import package_configs
 
-    register_configs()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+    with package_configs():
         byte = OmegaConf.to_object(compose("config")).data
         bpe = OmegaConf.to_object(compose("config", overrides=["data=embedded_bpe"])).data
         tik = OmegaConf.to_object(compose("config", overrides=[

@@ -12,9 +12,9 @@ import subprocess
 import sys
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose
 
-from ufp4_megatron.configs import CONFIG_DIR
+from _hydra_configs import package_configs
 from ufp4_megatron.cli.launch import ABLATIONS, main, plan_runs
 from ufp4_megatron.scripts import SLURM_SBATCH
 
@@ -39,13 +39,10 @@ def test_compare_dry_run_plans_array_and_dependent_report(tmp_path, capsys):
 
 
 def test_every_planned_run_composes_with_the_trainer_config(tmp_path):
-    from ufp4_megatron.train.schema import register_configs
-
-    register_configs()
     shared = ["model=tiny", "train.seed=3"]
     plan = plan_runs(["bf16", "e2m1", "ufp4"], True, shared, tmp_path)
     seen = {}
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+    with package_configs():
         for run in plan:
             assert run["overrides"][:2] == shared  # identical seed and data for every run
             cfg = compose("config", overrides=[o for o in run["overrides"]

@@ -3,19 +3,17 @@ hydra-submitit-launcher's classes with the settings the comments promise."""
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose
 from omegaconf import OmegaConf
 
+from _hydra_configs import package_configs
 from ufp4_megatron.configs import CONFIG_DIR
 
 
 @pytest.fixture(scope="module")
 def launchers():
-    from ufp4_megatron.train.schema import register_configs
-
-    register_configs()
     out = {}
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+    with package_configs():
         for path in sorted((Path(CONFIG_DIR) / "hydra" / "launcher").glob("*.yaml")):
             cfg = compose("config", overrides=[f"hydra/launcher={path.stem}"],
                           return_hydra_config=True)

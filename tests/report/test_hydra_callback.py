@@ -13,14 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose
 from omegaconf import OmegaConf
 
+from _hydra_configs import package_configs
 from _runs import offline_env, write_run
-from ufp4_megatron.configs import CONFIG_DIR
 from ufp4_megatron.report.hydra_callback import CompareAfterSweep
 from ufp4_megatron.report.wandb_offline import find_run_file, read_run
-from ufp4_megatron.train.schema import register_configs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,8 +49,7 @@ def test_multirun_ends_with_the_comparison(tmp_path):
 
 
 def test_callback_is_a_default_and_can_be_removed():
-    register_configs()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+    with package_configs():
         on = compose("config", return_hydra_config=True).hydra.callbacks
         off = compose("config", overrides=["~hydra/callbacks"], return_hydra_config=True)
     assert on.compare._target_ == "ufp4_megatron.report.hydra_callback.CompareAfterSweep"

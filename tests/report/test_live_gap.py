@@ -18,14 +18,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose
 from omegaconf import OmegaConf
 
+from _hydra_configs import package_configs
 from _runs import offline_env
-from ufp4_megatron.configs import CONFIG_DIR
 from ufp4_megatron.report.wandb_offline import find_run_file, read_run
 from ufp4_megatron.train.live_gap import LiveGap
-from ufp4_megatron.train.schema import register_configs
 
 ROOT = Path(__file__).resolve().parents[2]
 BF16 = [3.0, 2.8, 2.6, 2.5, 2.4, 2.3]
@@ -42,8 +41,7 @@ def _wandb_dirs(tmp_path, monkeypatch):
 
 
 def config(*overrides):
-    register_configs()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+    with package_configs():
         return compose("config", overrides=["experiment=live", *overrides])
 
 

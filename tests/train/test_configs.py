@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from hydra import compose
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -23,18 +23,14 @@ from ufp4_megatron.configs import CONFIG_DIR
 from ufp4_megatron.train.footprint import count_params
 from ufp4_megatron.recipe import list_recipes
 from ufp4_megatron.train.precision import recipe_from_config
-from ufp4_megatron.train.schema import Config, register_configs
+from ufp4_megatron.train.schema import Config
 from ufp4_megatron.train.validate import check_config
 
 MODELS = sorted(p.stem for p in (Path(CONFIG_DIR) / "model").glob("*.yaml"))
 PRECISIONS = sorted(p.stem for p in (Path(CONFIG_DIR) / "precision").glob("*.yaml"))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _hydra():
-    register_configs()  # one Hydra context for the module: composing is then milliseconds
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        yield
+pytestmark = pytest.mark.usefixtures("hydra_configs")  # tests/conftest.py
 
 
 def load(*overrides: str) -> Config:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose
 from omegaconf import OmegaConf
 
 from _cli import run
@@ -27,7 +27,6 @@ from ufp4_megatron.train import identity
 from ufp4_megatron.train.precision import (ABLATION_OVERRIDES, preset_switches,
                                            recipe_from_config, switch_overrides)
 from ufp4_megatron.train.resume_check import plan_start
-from ufp4_megatron.train.schema import register_configs
 
 PRECISION_DIR = Path(CONFIG_DIR) / "precision"
 # Each shipped precision YAML: (its preset, the overrides it states as get_recipe arguments).
@@ -36,12 +35,7 @@ SHIPPED = {"bf16": ("bf16", {}), "e2m1": ("e2m1", {}), "ufp4": ("ufp4", {}),
            "ufp4_int4": ("ufp4_int4", {}), "nvfp4": ("nvfp4", {}), "mxfp4": ("mxfp4", {})}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _hydra():
-    register_configs()
-    identity.register_resolver()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        yield
+pytestmark = pytest.mark.usefixtures("hydra_configs")  # tests/conftest.py
 
 
 def load(*overrides: str):

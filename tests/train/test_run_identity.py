@@ -18,22 +18,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose
 from omegaconf import OmegaConf
 
 from _cli import FAST, run
-from ufp4_megatron.configs import CONFIG_DIR
 from ufp4_megatron.train import identity
-from ufp4_megatron.train.schema import register_configs
 from ufp4_megatron.train.wandb_run import wandb_id
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _hydra():
-    register_configs()
-    identity.register_resolver()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        yield
+pytestmark = pytest.mark.usefixtures("hydra_configs")  # tests/conftest.py
 
 
 def compose_cfg(*overrides: str, hydra: bool = False):
