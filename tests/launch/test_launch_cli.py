@@ -22,7 +22,7 @@ from ufp4_megatron.scripts import SLURM_SBATCH
 def test_compare_dry_run_plans_array_and_dependent_report(tmp_path, capsys):
     assert main(["compare", "--out", str(tmp_path / "sw"), "--ablations", "--nproc-per-node", "1",
                  "--sbatch-arg=--partition=gpu", "--dry-run", "--", "model=tiny",
-                 "+logging.note='a b'"]) == 0
+                 "logging.wandb.project='a b'"]) == 0
     array, report = [shlex.split(line) for line in capsys.readouterr().out.splitlines()]
     n = 3 + len(ABLATIONS)
     assert f"--array=0-{n - 1}" in array and "--partition=gpu" in array

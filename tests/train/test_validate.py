@@ -77,6 +77,10 @@ CASES = [  # (overrides, a fragment of the one-line message)
     (["model=huge"], "In 'config': Could not find 'model/huge'; Available options in "
                      "'model': dense_1p5b, moe_124b, moe_7p9b, moe_small, small, study11m, tiny"),
     (["train.steps=3,4"], "Ambiguous value for argument 'train.steps=3,4'"),
+    # Hydra's own hint for a typo ('+' appends) would add a key nothing reads
+    (["+train.stepz=3"], "train.stepz is not a key of the training config, so nothing would "
+                         "read it"),
+    (["+foo=1"], "check the spelling: the top level has experiment, model, precision"),
 ]
 
 
@@ -115,6 +119,23 @@ def test_compose_errors_see_the_users_config_dir(tmp_path):
     r = run([sys.executable, "-m", "ufp4_megatron.train", f"--config-dir={tmp_path / 'mine'}",
              "model=wider", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     _refused(r, "Could not find 'model/wider'; Available options in 'model': dense_1p5b")
+
+
+@pytest.mark.parametrize("group", ["model", "precision", "data", "optim", "train", "parallel",
+                                   "logging", "checkpoint"])
+def test_every_shipped_config_has_only_schema_keys(group):
+    """Each option of each config group composes with no key outside the schema (the check
+    above would refuse a shipped config otherwise); free-form dicts are exempt."""
+    from pathlib import Path
+
+    from ufp4_megatron.configs import CONFIG_DIR
+    from ufp4_megatron.train.overrides import compose_problem
+
+    options = sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml"))
+    assert options, group
+    for option in options:
+        assert compose_problem([f"{group}={option}"]) is None, f"{group}={option}"
+    assert compose_problem(["precision=ufp4", "+precision.overrides.fprop.x.grid=e2m1"]) is None
 
 
 @pytest.mark.parametrize("argv,expected", [

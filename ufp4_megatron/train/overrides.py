@@ -58,10 +58,34 @@ def compose_problem(overrides: list[str], config_dir: str | None = None) -> str 
         overrides = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]", *overrides]
     try:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            compose("config", overrides=overrides)
+            cfg = compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
         return describe_error(e)
+    unknown = list(_keys_outside_schema(cfg))
+    if unknown:
+        key, fields = unknown[0]
+        return (f"{key} is not a key of the training config, so nothing would read it (a '+' "
+                f"adds it, as Hydra's hint says, but the trainer ignores it); check the "
+                f"spelling: {key.rpartition('.')[0] or 'the top level'} has {', '.join(fields)}")
     return None
+
+
+def _keys_outside_schema(node, prefix: str = ""):
+    """(key, the valid ones) for each key a `+` override put into a dataclass section of the
+    schema (train/schema.py) that the dataclass does not declare; free-form sections (dicts,
+    e.g. precision.overrides) take any key."""
+    import dataclasses
+
+    from omegaconf import DictConfig, OmegaConf
+
+    schema = OmegaConf.get_type(node)
+    names = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else None
+    for key in node.keys():
+        if names is not None and key not in names:
+            yield f"{prefix}{key}", names
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            yield from _keys_outside_schema(child, f"{prefix}{key}.")
 
 
 def precheckable(argv: list[str]) -> tuple[list[str], str | None] | None:
