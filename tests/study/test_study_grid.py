@@ -117,6 +117,9 @@ def test_bad_grids_fail_naming_the_problem(tmp_path):
         load_grid("nope")
     with pytest.raises(SystemExit, match="run bf16-s1: .*model.num_layer"):
         resolve(expand(grid(overrides=["model=tiny", "model.num_layer=3"])))
+    with pytest.raises(SystemExit, match=r"run bf16-s1: model.num_layer is not a key of the "
+                                         r"training config, so nothing would read it"):
+        resolve(expand(grid(overrides=["model=tiny", "+model.num_layer=3"])))
 
 
 def test_runs_confused_in_reports_are_refused():

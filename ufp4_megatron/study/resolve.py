@@ -29,7 +29,7 @@ def resolve(runs: list[RunSpec]) -> dict[str, RunInfo]:
     from omegaconf.errors import OmegaConfBaseException
 
     from ..configs import CONFIG_DIR
-    from ..train.overrides import describe_error
+    from ..train.overrides import describe_error, schema_problem
     from ..train.schema import register_configs
 
     register_configs()
@@ -37,10 +37,13 @@ def resolve(runs: list[RunSpec]) -> dict[str, RunInfo]:
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         for run in runs:
             try:
-                cfg = OmegaConf.to_object(compose("config", overrides=list(run.overrides)))
+                composed = compose("config", overrides=list(run.overrides))
+                cfg = OmegaConf.to_object(composed)
             except (HydraException, OmegaConfBaseException) as e:
                 raise SystemExit(f"ufp4-launch study: run {run.name}: "
                                  f"{describe_error(e)}") from None
+            if problem := schema_problem(composed):
+                raise SystemExit(f"ufp4-launch study: run {run.name}: {problem}")
             t = cfg.train
             out[run.name] = RunInfo(
                 steps=t.steps, model=cfg.model.name, recipe=cfg.precision.name, seed=t.seed,

@@ -61,9 +61,13 @@ def compose_problem(overrides: list[str], config_dir: str | None = None) -> str 
             cfg = compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
         return describe_error(e)
-    unknown = list(_keys_outside_schema(cfg))
-    if unknown:
-        key, fields = unknown[0]
+    return schema_problem(cfg)
+
+
+def schema_problem(cfg) -> str | None:
+    """None, or one line for the first key of a composed config that the schema does not
+    declare (what a `+` override adds: composes, then nothing reads it)."""
+    for key, fields in _keys_outside_schema(cfg):
         return (f"{key} is not a key of the training config, so nothing would read it (a '+' "
                 f"adds it, as Hydra's hint says, but the trainer ignores it); check the "
                 f"spelling: {key.rpartition('.')[0] or 'the top level'} has {', '.join(fields)}")
