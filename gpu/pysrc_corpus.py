@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     manifest = dict(roots=[dict(name=n, root=str(r), version=v) for n, r, v in roots],
                     files=n_files, bytes=n_bytes, sha256=digest.hexdigest())
     Path(f"{out}.manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    print(f"pysrc corpus: {n_files} files, {n_bytes / 1e6:.1f} MB, sha256 {digest.hexdigest()[:16]}")
+    print(f"pysrc corpus: {n_files} files, {n_bytes / 1e6:.1f} MB, "
+          f"sha256 {digest.hexdigest()[:16]}")
     shutil.rmtree(stage)
     return 0
 

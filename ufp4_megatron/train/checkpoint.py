@@ -435,8 +435,9 @@ class StopSignal:
         self._flag = True
 
     def describe(self) -> str:
-        """'SIGTERM after step 6' on the rank that got it; 'a stop signal' on the others."""
-        if self.arrival is None:  # another rank got it; the all-reduce told this one
+        """'SIGTERM after step 6' on a rank that got it; on one that did not (the all-reduce
+        told it), 'a stop signal on another rank'."""
+        if self.arrival is None:
             return "a stop signal on another rank"
         name, done = self.arrival
         return f"{name} after step {done}"

@@ -4,7 +4,10 @@ Hydra reports a mistyped key, a wrong type or an unknown group option in 5-10 li
 failed, OmegaConf's full_key/object_type details, the config search path, a hint about
 HYDRA_FULL_ERROR) and exits 1. The trainer and `describe` compose the overrides first with
 Hydra's own compose API (nothing resolved, nothing written) and print that message as one
-`error:` line with exit status 2, like every other refusal of the trainer.
+`error:` line with exit status 2, like every other refusal of the trainer. Hydra's hint for a
+mistyped key ("To append to your config use +train.stepz=3") leads to a config that composes
+and trains with the key ignored: a key the schema (train/schema.py) does not declare is
+refused too, except inside its free-form dicts (precision.overrides).
 """
 from __future__ import annotations
 
@@ -83,12 +86,16 @@ def _keys_outside_schema(node, prefix: str = ""):
     from omegaconf import DictConfig, OmegaConf
 
     schema = OmegaConf.get_type(node)
-    names = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else None
+    names = None
+    if dataclasses.is_dataclass(schema):
+        names = [f.name for f in dataclasses.fields(schema)]
     for key in node.keys():
         if names is not None and key not in names:
             yield f"{prefix}{key}", names
-        child = node._get_node(key)
-        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+        if OmegaConf.is_missing(node, key) or OmegaConf.is_interpolation(node, key):
+            continue  # nothing under it yet (and an interpolation is not resolved here)
+        child = node[key]
+        if isinstance(child, DictConfig):
             yield from _keys_outside_schema(child, f"{prefix}{key}.")
 
 

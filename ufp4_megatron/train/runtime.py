@@ -22,9 +22,9 @@ facts from it and never ask `torch.cuda.is_available()` again. The table it enco
                                       fully_reshardable, else dp_reshardable; none without it
     optim.adam_kernel=auto|fused      TE's (or Apex's) FusedAdam where installed, as Megatron-Core
                                       picks it; else torch AdamW with fused=True, on either
-                                      device (Megatron's fallback builds it foreach: ~10 passes
-                                      over the optimizer state per step, 23-39% of a small
-                                      GPU step's kernel time, docs/performance.md)
+                                      device (Megatron's fallback builds it foreach: several
+                                      multi-tensor passes over the optimizer state per step;
+                                      what fused saves: docs/performance.md)
     optim.adam_kernel=foreach         torch AdamW foreach; refused where TE/Apex is installed
     checkpoint file format            torch_dist (Megatron 0.19's only save strategy), the
                                       CUDA RNG state saved on GPU only
@@ -133,10 +133,13 @@ def resolve_adam(requested: str, library: str | None) -> str:
     return "torch_foreach" if requested == "foreach" else "torch_fused"
 
 
+INSTALLED = "installed"  # decide()'s default: ask this machine which FusedAdam it has
+
+
 def decide(cfg: Config, *, cuda: bool | None = None,
-           adam_library: str | None | bool = False) -> Runtime:
+           adam_library: str | None = INSTALLED) -> Runtime:
     """The Runtime of `cfg` on a machine with (cuda=True) or without CUDA (None: this one),
-    with `adam_library` installed ('te', 'apex', None; False: look here).
+    with `adam_library` ('te', 'apex', None: neither; INSTALLED: what this machine has).
     Raises ValueError, one line naming the key to change, for what cannot run there."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
     device = resolve_device(cfg.train.device, cuda=cuda)
@@ -167,7 +170,7 @@ def decide(cfg: Config, *, cuda: bool | None = None,
     if p.distributed_optimizer:
         sharding = ("fully_reshardable" if cfg.checkpoint.optim_fully_reshardable
                     else "dp_reshardable")
-    library = fused_adam_library() if adam_library is False else adam_library
+    library = fused_adam_library() if adam_library == INSTALLED else adam_library
     return Runtime(device=device, dtype=dtype, backend=backend,
                    distributed_optimizer=p.distributed_optimizer, optim_sharding=sharding,
                    adam=resolve_adam(cfg.optim.adam_kernel, library))
