@@ -11,7 +11,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 def hydra_configs():
     """One Hydra context over the package's configs for a whole module (composing is then
     milliseconds): `pytestmark = pytest.mark.usefixtures("hydra_configs")`."""
-    from _hydra_configs import package_configs
+    from ufp4_megatron.train.overrides import training_configs
 
-    with package_configs():
+    with training_configs():
         yield

@@ -120,9 +120,9 @@ def test_data_configs_compose_into_the_schema():
     from hydra import compose
     from omegaconf import OmegaConf
 
-    from _hydra_configs import package_configs
+    from ufp4_megatron.train.overrides import training_configs
 
-    with package_configs():
+    with training_configs():
         byte = OmegaConf.to_object(compose("config")).data
         bpe = OmegaConf.to_object(compose("config", overrides=["data=embedded_bpe"])).data
         tik = OmegaConf.to_object(compose("config", overrides=[

@@ -14,7 +14,7 @@ import sys
 import pytest
 from hydra import compose
 
-from _hydra_configs import package_configs
+from ufp4_megatron.train.overrides import training_configs
 from ufp4_megatron.cli.launch import ABLATIONS, main, plan_runs
 from ufp4_megatron.scripts import SLURM_SBATCH
 
@@ -42,7 +42,7 @@ def test_every_planned_run_composes_with_the_trainer_config(tmp_path):
     shared = ["model=tiny", "train.seed=3"]
     plan = plan_runs(["bf16", "e2m1", "ufp4"], True, shared, tmp_path)
     seen = {}
-    with package_configs():
+    with training_configs():
         for run in plan:
             assert run["overrides"][:2] == shared  # identical seed and data for every run
             cfg = compose("config", overrides=[o for o in run["overrides"]

@@ -6,14 +6,14 @@ import pytest
 from hydra import compose
 from omegaconf import OmegaConf
 
-from _hydra_configs import package_configs
+from ufp4_megatron.train.overrides import training_configs
 from ufp4_megatron.configs import CONFIG_DIR
 
 
 @pytest.fixture(scope="module")
 def launchers():
     out = {}
-    with package_configs():
+    with training_configs():
         for path in sorted((Path(CONFIG_DIR) / "hydra" / "launcher").glob("*.yaml")):
             cfg = compose("config", overrides=[f"hydra/launcher={path.stem}"],
                           return_hydra_config=True)

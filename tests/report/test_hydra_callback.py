@@ -16,7 +16,7 @@ import pytest
 from hydra import compose
 from omegaconf import OmegaConf
 
-from _hydra_configs import package_configs
+from ufp4_megatron.train.overrides import training_configs
 from _runs import offline_env, write_run
 from ufp4_megatron.report.hydra_callback import CompareAfterSweep
 from ufp4_megatron.report.wandb_offline import find_run_file, read_run
@@ -49,7 +49,7 @@ def test_multirun_ends_with_the_comparison(tmp_path):
 
 
 def test_callback_is_a_default_and_can_be_removed():
-    with package_configs():
+    with training_configs():
         on = compose("config", return_hydra_config=True).hydra.callbacks
         off = compose("config", overrides=["~hydra/callbacks"], return_hydra_config=True)
     assert on.compare._target_ == "ufp4_megatron.report.hydra_callback.CompareAfterSweep"

@@ -21,7 +21,7 @@ import pytest
 from hydra import compose
 from omegaconf import OmegaConf
 
-from _hydra_configs import package_configs
+from ufp4_megatron.train.overrides import training_configs
 from _runs import offline_env
 from ufp4_megatron.report.wandb_offline import find_run_file, read_run
 from ufp4_megatron.train.live_gap import LiveGap
@@ -41,7 +41,7 @@ def _wandb_dirs(tmp_path, monkeypatch):
 
 
 def config(*overrides):
-    with package_configs():
+    with training_configs():
         return compose("config", overrides=["experiment=live", *overrides])
 
 

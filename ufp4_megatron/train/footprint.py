@@ -7,7 +7,6 @@ the local spec (RMSNorm, SwiGLU, GQA, no biases); tests check them against a bui
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from .schema import Config, ModelConfig
 
@@ -96,16 +95,9 @@ def describe(cfg: Config) -> str:
 def load_config(overrides: list[str], config_dir: str | None = None) -> Config:
     """The training config composed exactly as `python -m ufp4_megatron.train` would
     (`config_dir`: the trainer's --config-dir, a user's own config groups)."""
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from ..configs import CONFIG_DIR
-    from .identity import register_resolver
-    from .schema import register_configs
+    from .overrides import compose_training, training_configs
 
-    register_configs()
-    register_resolver()
-    if config_dir is not None:  # what --config-dir does for the trainer
-        overrides = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]", *overrides]
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return OmegaConf.to_object(compose("config", overrides=overrides))
+    with training_configs():
+        return OmegaConf.to_object(compose_training(overrides, config_dir))

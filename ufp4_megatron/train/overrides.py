@@ -1,4 +1,11 @@
-"""Command-line overrides checked by composing them with Hydra before anything runs.
+"""Command-line overrides, composed as the trainer composes them and checked before anything runs.
+
+    with training_configs(): compose_training(overrides)   the config, as the trainer sees it
+    compose_problem(overrides)                               None, or one line saying what fails
+
+One place registers the schema and opens Hydra's compose API over the package's configs: the
+trainer's pre-check, `describe` and the footprint (train/footprint.py load_config), the study
+runner's plan and the tests all compose through it.
 
 Hydra reports a mistyped key, a wrong type or an unknown group option in 5-10 lines (what
 failed, OmegaConf's full_key/object_type details, the config search path, a hint about
@@ -10,6 +17,9 @@ and trains with the key ignored: a key the schema (train/schema.py) does not dec
 refused too, except inside its free-form dicts (precision.overrides).
 """
 from __future__ import annotations
+
+import contextlib
+from pathlib import Path
 
 _DETAIL = ("full_key:", "object_type=", "reference_type=", "Set the environment variable "
            "HYDRA_FULL_ERROR")
@@ -42,14 +52,11 @@ def describe_error(e: BaseException) -> str:
     return text
 
 
-def compose_problem(overrides: list[str], config_dir: str | None = None) -> str | None:
-    """None if `overrides` compose into the training config; else Hydra's complaint, one line.
-    `config_dir`: the trainer's --config-dir (a user's own config groups)."""
-    from pathlib import Path
-
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+@contextlib.contextmanager
+def training_configs():
+    """Hydra's compose API over the package's configs, with the structured schema and the
+    run-id resolver registered as the trainer registers them; cleared on exit."""
+    from hydra import initialize_config_dir
 
     from ..configs import CONFIG_DIR
     from .identity import register_resolver
@@ -57,11 +64,29 @@ def compose_problem(overrides: list[str], config_dir: str | None = None) -> str 
 
     register_configs()
     register_resolver()
-    if config_dir is not None:
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        yield
+
+
+def compose_training(overrides: list[str], config_dir: str | None = None):
+    """The training config (a DictConfig, unresolved) as `python -m ufp4_megatron.train`
+    composes it, inside `training_configs()`; raises Hydra's errors. `config_dir`: the
+    trainer's --config-dir (a user's own config groups)."""
+    from hydra import compose
+
+    if config_dir is not None:  # what --config-dir does for the trainer
         overrides = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]", *overrides]
+    return compose("config", overrides=list(overrides))
+
+
+def compose_problem(overrides: list[str], config_dir: str | None = None) -> str | None:
+    """None if `overrides` compose into the training config; else Hydra's complaint, one line."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
-        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            cfg = compose("config", overrides=overrides)
+        with training_configs():
+            cfg = compose_training(overrides, config_dir)
     except (HydraException, OmegaConfBaseException) as e:
         return describe_error(e)
     return schema_problem(cfg)
