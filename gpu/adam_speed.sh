@@ -11,8 +11,8 @@ export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
 OUT=${OUT:-runs/gpu/adam_speed}; mkdir -p "$OUT"
 budget=${ADAM_BUDGET:-300}
 t0=$(date +%s)
-for kernel in fused foreach; do  # half the budget each, so both columns get the same rows
-  left=$(( budget / 2 - 10 ))
+left=$(( budget / 2 - 10 ))  # half the budget each, so both columns get the same rows
+for kernel in fused foreach; do
   timeout $(( left + 30 )) python3 -m ufp4_megatron.bench --suite step \
     --models "${ADAM_MODELS:-small,dense_1p5b}" --recipes "${ADAM_RECIPES:-bf16,ufp4}" \
     --set "optim.adam_kernel=$kernel" --deadline "$left" \

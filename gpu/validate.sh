@@ -3,7 +3,8 @@
 # side): every GPU check of record that is not a timing.
 #   1. gpu/kernels_exact.sh: all of tests/kernels on CUDA, compiled Triton kernels vs the
 #      PyTorch references, bitwise (RTNE) or in distribution (SR);
-#   2. the `gpu`-marked numerics, grouped-expert and attention tests;
+#   2. the `gpu`-marked attention test outside tests/kernels (SDPA vs Megatron's attention; the
+#      grouped-expert GPU tests are in tests/kernels, part 1);
 #   3. gpu/checkpoint.sh: SIGKILL / SIGTERM resume bitwise, three optimizer forms;
 #   4. gpu/megatron_lm.sh: the real pretrain_gpt.py, every route, --save/--load;
 #   5. gpu/runtime.sh's decision checks (decide() here, train.device=cpu refused).
@@ -26,8 +27,7 @@ ckpt=$!
 OUT=$W/megatron_lm timeout 480 bash gpu/megatron_lm.sh > "$W/megatron_lm/stdout.txt" 2>&1 &
 mlm=$!
 TRITON_CACHE_DIR=/tmp/triton-cache-tests timeout 300 python3 -m pytest -q -m gpu \
-  -p no:cacheprovider -n 2 tests/numerics tests/test_grouped_ops.py \
-  tests/megatron/test_attention_gpu.py > "$W/tests/tests.log" 2>&1
+  -p no:cacheprovider tests/megatron/test_attention_gpu.py > "$W/tests/tests.log" 2>&1
 tests_rc=$?
 RUNTIME_PARTS=decide,device OUT=$W/runtime bash gpu/runtime.sh > "$W/runtime/stdout.txt" 2>&1
 rt_rc=$?
@@ -39,12 +39,12 @@ wait $mlm; mlm_rc=$?
   echo "# GPU validation ($(date -u +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
   echo; echo "| part | rc |"; echo "| --- | --- |"
   echo "| kernels_exact.sh (tests/kernels on CUDA) | $kx_rc |"
-  echo "| gpu-marked numerics/grouped/attention tests | $tests_rc |"
+  echo "| gpu-marked attention test | $tests_rc |"
   echo "| checkpoint.sh | $ckpt_rc |"
   echo "| megatron_lm.sh | $mlm_rc |"
   echo "| runtime.sh decide,device | $rt_rc |"
   echo; echo "## tests/kernels on CUDA"; tail -12 "$W/kernels_exact/stdout.txt"
-  echo; echo "## gpu-marked numerics, grouped-expert and attention tests"; tail -3 "$W/tests/tests.log"
+  echo; echo "## gpu-marked attention test"; tail -3 "$W/tests/tests.log"
   echo; echo "## checkpoints"; tail -12 "$W/checkpoint/stdout.txt"
   echo; echo "## runtime"; tail -8 "$W/runtime/stdout.txt"
   echo; echo "## Megatron-LM"; tail -25 "$W/megatron_lm/stdout.txt"
