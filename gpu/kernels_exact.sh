@@ -17,19 +17,19 @@ export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
 OUT=${OUT:-runs/gpu/kernels_exact}; mkdir -p "$OUT"
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-# -v: one line per finished test, so a cut-short run still names what did not finish;
+# pytest_finished.py: names the finished tests, so a cut-short run lists the rest;
 # faulthandler_timeout: a test running past 150 s dumps its threads' stacks (where it hangs);
 # SIGINT at the time limit: pytest then prints its summary of what ran.
 python3 -m pytest -q -p no:cacheprovider --collect-only ${KERNELS_TESTS:-tests/kernels} 2>/dev/null \
-  | grep '::' | sort > "$OUT/collected.txt"
-timeout -s INT -k 30 "${KERNELS_TIMEOUT:-560}" python3 -m pytest -v -p no:cacheprovider \
-  -n "${KERNELS_WORKERS:-8}" -o faulthandler_timeout=150 --durations=12 -rf ${KERNELS_TESTS:-tests/kernels} \
+  | grep '::' | LC_ALL=C sort -u > "$OUT/collected.txt"
+rm -f "$OUT/finished.raw"
+FINISHED_TESTS=$OUT/finished.raw PYTHONPATH=$PWD/gpu:$PYTHONPATH \
+  timeout -s INT -k 30 "${KERNELS_TIMEOUT:-560}" python3 -m pytest -v -p no:cacheprovider \
+  -n "${KERNELS_WORKERS:-8}" -p pytest_finished -o faulthandler_timeout=150 --durations=12 -rf ${KERNELS_TESTS:-tests/kernels} \
   > "$OUT/kernels_exact.log" 2>&1
 rc=$?
-# "[gw3] [ 40%] PASSED tests/kernels/..." with xdist, "tests/kernels/... PASSED [ 40%]" without
-grep -oE '(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) tests/kernels/[^ ]+|tests/kernels/[^ ]+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)' \
-  "$OUT/kernels_exact.log" | tr ' ' '\n' | grep '^tests/' | sort -u > "$OUT/finished.txt"
-comm -23 "$OUT/collected.txt" "$OUT/finished.txt" > "$OUT/unfinished.txt"
+LC_ALL=C sort -u "$OUT/finished.raw" > "$OUT/finished.txt" 2>/dev/null || : > "$OUT/finished.txt"
+LC_ALL=C comm -23 "$OUT/collected.txt" "$OUT/finished.txt" > "$OUT/unfinished.txt"
 grep -v -e '^\[gw' -e PytestBenchmarkWarning -e 'warner(' "$OUT/kernels_exact.log" | tail -25
 echo "finished $(wc -l < "$OUT/finished.txt") of $(wc -l < "$OUT/collected.txt") tests;" \
   "not finished: $(wc -l < "$OUT/unfinished.txt") (listed in $OUT/unfinished.txt)"

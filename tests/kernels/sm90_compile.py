@@ -21,6 +21,7 @@ the call ends at the intercepted launch.
 import functools
 import json
 import os
+import re
 import sys
 import time
 import types
@@ -116,6 +117,10 @@ CASES = {
     # nvfp4 fprop, w: 16x16 tiles, e4m3 scales, row layout (x, 1x16, goes first: row16)
     "generic nvfp4 fprop w 2d e4m3": (
         "_qdq_kernel", 1, lambda s: s.ops.fprop(s.x, s.w, s.nvfp4, **s.kw)),
+    # nvfp4 dgrad, w: 16x16 tiles in the column layout (the transposed tile; compiled to a
+    # layout replicating the tile in every thread, 13+ minutes, until 2026-12-01)
+    "generic nvfp4 dgrad w col 2d e4m3": (
+        "_qdq_kernel", 1, lambda s: s.ops.dgrad(s.dy, s.w, s.nvfp4, **s.kw)),
     # the failure class, compiled the same way: must raise
     BROKEN: ("broken_kernel", 0, lambda s: broken_kernel[(1,)](torch.zeros(4, dtype=torch.int32))),
 }
@@ -136,6 +141,17 @@ def _setting():
         w3=torch.randn(2, N, K, **bf))
 
 
+LINEAR = re.compile(r"#ttg\.linear<\{register = (\[\]|\[\[.*?\]\])")
+
+
+def values_per_thread(ttgir: str) -> int:
+    """The most values one thread holds in any linear layout of the kernel: 2^(register
+    bases). A tile the compiler spreads over the CTA holds tile / threads; a layout that
+    replicates the tile in every thread holds all of it (and unrolls the math over it)."""
+    # "[[0, 1], [0, 2]]": one "[" per basis and the list's own
+    return max((2 ** (m.group(1).count("[") - 1) for m in LINEAR.finditer(ttgir)), default=1)
+
+
 def run_case(interceptor, setting, name):
     want, index, call = CASES[name]
     t0 = time.perf_counter()
@@ -145,6 +161,7 @@ def run_case(interceptor, setting, name):
     compiled, signature = compile_launch(launch.kernel, launch.args, launch.kwargs)
     consts = {k: v for k, v in launch.kwargs.items() if k in signature}
     return dict(kernel=want, cubin_bytes=len(compiled.asm["cubin"]),
+                values_per_thread=values_per_thread(compiled.asm["ttgir"]),
                 elf=compiled.asm["cubin"][:4] == b"\x7fELF",
                 target=compiled.metadata.target.arch, num_warps=compiled.metadata.num_warps,
                 constexprs={k: v for k, v in consts.items() if isinstance(v, (int, float))},

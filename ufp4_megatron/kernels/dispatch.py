@@ -326,12 +326,14 @@ def _launch(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> torch
     A, B = t.shape
     plan = lay.plan
     ba, bb, warps = tile or TILES["col" if along_rows else "row"]
+    # 2D blocks: the tile spans exactly one block along the other dim (scaling_triton's
+    # _tile_reduce reduces over it without a reshape that compiles to a replicated layout)
     if along_rows:  # the tile's quantized dim is A
-        ba, bb = max(ba, plan.unit), max(bb, plan.block if plan.block_2d else 1)
+        ba, bb = max(ba, plan.unit), plan.block if plan.block_2d else bb
         out = torch.empty(lay.out_len, B, dtype=plan.out_dtype, device=t.device)
         a_len, b_len = max(A, lay.length), max(B, lay.other)
     else:
-        ba, bb = max(ba, plan.block if plan.block_2d else 1), max(bb, plan.unit)
+        ba, bb = plan.block if plan.block_2d else ba, max(bb, plan.unit)
         out = torch.empty(A, lay.out_len, dtype=plan.out_dtype, device=t.device)
         a_len, b_len = max(A, lay.other), max(B, lay.length)
     _qdq_kernel[(_cdiv(a_len, ba), _cdiv(b_len, bb))](
