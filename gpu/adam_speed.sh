@@ -1,22 +1,48 @@
 #!/usr/bin/env bash
 # Megatron-Core's torch-AdamW fallback (no TE/Apex) as it builds it (foreach) against the fused
-# kernel the runtime now selects (optim.adam_kernel=auto; train/runtime.py), side by side in one
-# run of the step suite on one CUDA GPU: the same shapes, recipes and checkpoint-at-end as
-# docs/performance.md's step table. About 30-60 s per row. From the repo root:
-#   bash gpu/adam_speed.sh                     ADAM_MODELS=small,dense_1p5b ADAM_RECIPES=bf16,ufp4
-# Writes $OUT/adam_{fused,foreach}.{md,json} (default OUT=runs/gpu/adam_speed), prints both tables.
+# kernel the runtime now selects (optim.adam_kernel=auto; train/runtime.py), in one run of the
+# step suite on one CUDA GPU: the same shapes, recipes and checkpoint-at-end as
+# docs/performance.md's step table. A warm-up pass fills the Triton cache first (a cold UFP4
+# row spends its first ~40 s compiling: on 2026-12-01 that cut the fused column's UFP4 row
+# twice, and only the column that ran first); then ADAM_ROUNDS rounds in ABBA order
+# (foreach, fused, fused, foreach, ...), so drift over the run falls on both kernels alike.
+#   bash gpu/adam_speed.sh     ADAM_MODELS=small ADAM_RECIPES=bf16,ufp4 ADAM_ROUNDS=2
+#                              ADAM_COLUMN_S=95 (deadline of one column) ADAM_WARMUP_S=75
+# Writes $OUT/adam_<kernel>_r<round>.{md,json} (default OUT=runs/gpu/adam_speed) and prints
+# each kernel's step times per row over the rounds.
 set -uo pipefail
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
 OUT=${OUT:-runs/gpu/adam_speed}; mkdir -p "$OUT"
-budget=${ADAM_BUDGET:-300}
+models=${ADAM_MODELS:-small} recipes=${ADAM_RECIPES:-bf16,ufp4}
+column=${ADAM_COLUMN_S:-95}
 t0=$(date +%s)
-left=$(( budget / 2 - 10 ))  # half the budget each, so both columns get the same rows
-for kernel in fused foreach; do
-  timeout $(( left + 30 )) python3 -m ufp4_megatron.bench --suite step \
-    --models "${ADAM_MODELS:-small,dense_1p5b}" --recipes "${ADAM_RECIPES:-bf16,ufp4}" \
-    --set "optim.adam_kernel=$kernel" --deadline "$left" \
-    --json "$OUT/adam_$kernel.json" --out "$OUT/adam_$kernel.md" >> "$OUT/adam_speed.log" 2>&1
-  echo "adam_kernel=$kernel: rc=$? ($(( $(date +%s) - t0 )) s elapsed)"
+suite() {  # suite NAME DEADLINE [--set ...]: one step-suite run, its tables under $OUT/NAME.*
+  local name=$1 deadline=$2; shift 2
+  timeout $(( deadline + 30 )) python3 -m ufp4_megatron.bench --suite step --models "$models" \
+    --recipes "$recipes" --deadline "$deadline" "$@" \
+    --json "$OUT/$name.json" --out "$OUT/$name.md" >> "$OUT/adam_speed.log" 2>&1
+  echo "$name: rc=$? ($(( $(date +%s) - t0 )) s elapsed)"
+}
+suite warmup "${ADAM_WARMUP_S:-75}" --set optim.adam_kernel=foreach
+for (( r = 1; r <= ${ADAM_ROUNDS:-2}; r++ )); do
+  if (( r % 2 )); then order="foreach fused"; else order="fused foreach"; fi
+  for kernel in $order; do suite "adam_${kernel}_r$r" "$column" --set "optim.adam_kernel=$kernel"; done
 done
-for kernel in fused foreach; do echo "## optim.adam_kernel=$kernel"; cat "$OUT/adam_$kernel.md"; done
+python3 - "$OUT" <<'PY'
+import json, pathlib, statistics, sys
+rows = {}
+for f in sorted(pathlib.Path(sys.argv[1]).glob("adam_*_r*.json")):
+    kernel = f.stem.split("_")[1]
+    for row in json.loads(f.read_text())["step"]:
+        ms = row.get("step_ms") if row.get("status") == "ok" else None
+        rows.setdefault((row["model"], row["recipe"], kernel), []).append((ms, row.get("tflops_peak")))
+print("| shape | recipe | adam | step ms per round | mean | BF16 GEMM TFLOP/s per round |")
+print("| --- | --- | --- | --- | ---: | --- |")
+for (model, recipe, kernel), got in sorted(rows.items()):
+    ok = [ms for ms, _ in got if ms is not None]
+    each = ", ".join(f"{ms:.1f}" if ms is not None else "cut" for ms, _ in got)
+    mean = f"{statistics.mean(ok):.1f}" if ok else "-"
+    peaks = ", ".join(f"{p:.0f}" for _, p in got if p)
+    print(f"| {model} | {recipe} | {kernel} | {each} | {mean} | {peaks} |")
+PY
