@@ -7,7 +7,10 @@
 # twice, and only the column that ran first); then ADAM_ROUNDS rounds in ABBA order
 # (foreach, fused, fused, foreach, ...), so drift over the run falls on both kernels alike.
 #   bash gpu/adam_speed.sh     ADAM_MODELS=small ADAM_RECIPES=bf16,ufp4 ADAM_ROUNDS=2
-#                              ADAM_COLUMN_S=95 (deadline of one column) ADAM_WARMUP_S=75
+#                              ADAM_COLUMN_S=150 (deadline of one column) ADAM_WARMUP_S=90
+# A column of small bf16+ufp4 needs ~100-150 s (trainer start, 12 steps, the checkpoint at the
+# end): two rounds take ~11 minutes; on a machine lent in 10-minute calls run ADAM_ROUNDS=1
+# twice (the second call's order is then the same: say so where the result is recorded).
 # Writes $OUT/adam_<kernel>_r<round>.{md,json} (default OUT=runs/gpu/adam_speed) and prints
 # each kernel's step times per row over the rounds.
 set -uo pipefail
@@ -15,19 +18,22 @@ export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_N
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
 OUT=${OUT:-runs/gpu/adam_speed}; mkdir -p "$OUT"
 models=${ADAM_MODELS:-small} recipes=${ADAM_RECIPES:-bf16,ufp4}
-column=${ADAM_COLUMN_S:-95}
+column=${ADAM_COLUMN_S:-150}
 t0=$(date +%s)
-suite() {  # suite NAME DEADLINE [--set ...]: one step-suite run, its tables under $OUT/NAME.*
-  local name=$1 deadline=$2; shift 2
+suite() {  # suite NAME RECIPES DEADLINE [--set ...]: one step-suite run, tables in $OUT/NAME.*
+  local name=$1 rows=$2 deadline=$3; shift 3
   timeout $(( deadline + 30 )) python3 -m ufp4_megatron.bench --suite step --models "$models" \
-    --recipes "$recipes" --deadline "$deadline" "$@" \
+    --recipes "$rows" --deadline "$deadline" "$@" \
     --json "$OUT/$name.json" --out "$OUT/$name.md" >> "$OUT/adam_speed.log" 2>&1
   echo "$name: rc=$? ($(( $(date +%s) - t0 )) s elapsed)"
 }
-suite warmup "${ADAM_WARMUP_S:-75}" --set optim.adam_kernel=foreach
+# the warm-up runs the quantized recipes only: BF16 compiles nothing, and with it first the
+# 2026-12-01 warm-up left UFP4 ~10 s, too little to reach its first step
+quantized=$(tr ',' '\n' <<< "$recipes" | grep -vx bf16 | paste -sd, -)
+[[ -n $quantized ]] && suite warmup "$quantized" "${ADAM_WARMUP_S:-90}" --set optim.adam_kernel=foreach
 for (( r = 1; r <= ${ADAM_ROUNDS:-2}; r++ )); do
   if (( r % 2 )); then order="foreach fused"; else order="fused foreach"; fi
-  for kernel in $order; do suite "adam_${kernel}_r$r" "$column" --set "optim.adam_kernel=$kernel"; done
+  for kernel in $order; do suite "adam_${kernel}_r$r" "$recipes" "$column" --set "optim.adam_kernel=$kernel"; done
 done
 python3 - "$OUT" <<'PY'
 import json, pathlib, statistics, sys
