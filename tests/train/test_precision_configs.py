@@ -24,7 +24,8 @@ from ufp4_megatron.configs import CONFIG_DIR
 from ufp4_megatron.recipe import (ABLATION_PRESET, ABLATIONS, PRESETS, GemmSpec, OperandSpec,
                                   Recipe, ablation, get_recipe)
 from ufp4_megatron.train import identity
-from ufp4_megatron.train.precision import (ABLATION_OVERRIDES, preset_switches,
+from ufp4_megatron.train.preset_switches import preset_switches
+from ufp4_megatron.train.precision import (ABLATION_OVERRIDES,
                                            recipe_from_config, switch_overrides)
 from ufp4_megatron.train.resume_check import plan_start
 

@@ -114,7 +114,7 @@ def _from_run_dir(path: Path) -> Run:
             config = OmegaConf.load(path / name)
             # Hydra's copy is unresolved: its rht/sr switches default to `${ufp4.preset:...}`
             # (train/schema.py); resolve them, or compare would read the strings as switches
-            from ..train.precision import register_preset_resolver
+            from ..train.preset_switches import register_preset_resolver
 
             register_preset_resolver()
             try:

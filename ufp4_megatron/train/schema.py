@@ -13,6 +13,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING
 
 from ..data.tokenizers import TokenizerConfig  # `data.tokenizer`; prepare_data builds the same
+from .preset_switches import PRESET_RESOLVER, register_preset_resolver
 
 
 @dataclass(kw_only=True)
@@ -50,7 +51,7 @@ class ModelConfig:
 def _preset(key: str) -> Any:
     # Unset: the value precision.recipe's preset states (train/precision.py), resolved into
     # the run's config.yaml, so a precision YAML that omits rht or sr runs its preset's.
-    return II(f"ufp4.preset:${{..recipe}},{key}")
+    return II(f"{PRESET_RESOLVER}:${{..recipe}},{key}")
 
 
 @dataclass(kw_only=True)
@@ -218,7 +219,5 @@ class Config:
 def register_configs() -> None:
     """Registers the schema as `base_config`, the first entry of ufp4_megatron/configs/config.yaml,
     and the resolver of its preset defaults."""
-    from .precision import register_preset_resolver
-
     register_preset_resolver()
     ConfigStore.instance().store(name="base_config", node=Config)
