@@ -302,6 +302,8 @@ def sass_counts(log):
     from triton.compiler import ASTSource
 
     from ufp4_megatron.kernels import quantize16_triton as k16
+    from ufp4_megatron.numerics.grids import get_grid
+    from ufp4_megatron.numerics.rounding import minifloat_mantissa
 
     ptrs = {"x_ptr", "out_ptr", "lv_ptr", "mid_ptr", "st_ptr", "sign_ptr"}
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
@@ -332,25 +334,38 @@ def sass_counts(log):
         regs = re.search(r"REG:(\d+)", res)
         return collections.Counter(o.split(".")[0] for o in ops), int(regs.group(1))
 
-    base = dict(SCALE=0, NLEV=8, ASYM=False, D=0.25, INV_D=4.0, EXACT_DIV=False, RHT=True,
-                SEG=0)
+    base = dict(SCALE=0, NLEV=8, ASYM=False, D=0.25, INV_D=4.0, FP_M=0, EXACT_DIV=False,
+                RHT=True, SEG=0)
+    # E2M1 is not uniform: it rounds within v's binade (FP_M = 1, what dispatch.py passes),
+    # or by searching the level table ("table": FP_M = 0, the path before 2026-12-01); its
+    # fprop and dgrad take no RHT. The operands of the e2m1 recipe next to UFP4's.
+    e2m1 = dict(D=0.0, INV_D=0.0, FP_M=minifloat_mantissa(get_grid("e2m1").levels_tensor()))
+    grids = (("e1m2 rht16", {}), ("e2m1", dict(e2m1, RHT=False)), ("e2m1 rht16", e2m1),
+             ("e2m1 table", dict(e2m1, FP_M=0, RHT=False)),
+             ("e2m1 table rht16", dict(e2m1, FP_M=0)))
     rows = []
     for name, kernel, tiles in (("row16", k16._row16_kernel, dict(BR=8, BG=16)),
                                 ("col16", k16._col16_kernel, dict(BG=2, BB=128))):
-        for sr in (False, True):
-            ops, regs = compile_(kernel, dict(base, SR=sr, INTERP=False, **tiles))
-            rows.append(dict(what=f"{name} e1m2 rht16 {'sr' if sr else 'rtne'}",
-                             sass=sum(ops.values()), regs=regs, top=dict(ops.most_common(8))))
-            log(rows[-1])
+        for grid, consts in grids:
+            for sr in (False, True):
+                ops, regs = compile_(kernel, dict(base, SR=sr, INTERP=False, **tiles, **consts))
+                rows.append(dict(what=f"{name} {grid} {'sr' if sr else 'rtne'}",
+                                 sass=sum(ops.values()), regs=regs,
+                                 top=dict(ops.most_common(8))))
+                log(rows[-1])
 
-    def job(p, col, sr):
-        d = {p + k: v for k, v in dict(base, SR=sr).items()}
+    def job(p, col, sr, consts):
+        d = {p + k: v for k, v in dict(base, SR=sr, **consts).items()}
         return d | {p + "COL": col, p + "T0": 2 if col else 8, p + "T1": 128 if col else 16}
-    for name, a, b in (("fprop row rtne + row rtne", (False, False), (False, False)),
-                       ("dgrad row sr + col rtne", (False, True), (True, False)),
-                       ("wgrad col sr + col rtne", (True, True), (True, False))):
-        ops, regs = compile_(k16._pair16_kernel, dict(**job("A_", *a), **job("B_", *b),
-                                                      INTERP=False))
+    for name, a, b, consts in (
+            ("fprop row rtne + row rtne", (False, False), (False, False), {}),
+            ("dgrad row sr + col rtne", (False, True), (True, False), {}),
+            ("wgrad col sr + col rtne", (True, True), (True, False), {}),
+            ("e2m1 fprop", (False, False), (False, False), dict(e2m1, RHT=False)),
+            ("e2m1 dgrad", (False, True), (True, False), dict(e2m1, RHT=False)),
+            ("e2m1 wgrad (rht16)", (True, True), (True, False), e2m1)):
+        ops, regs = compile_(k16._pair16_kernel, dict(**job("A_", *a, consts),
+                                                      **job("B_", *b, consts), INTERP=False))
         rows.append(dict(what=f"pair {name}", sass=sum(ops.values()), regs=regs))
         log(rows[-1])
     return rows

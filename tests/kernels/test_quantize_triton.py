@@ -14,6 +14,7 @@ Coverage matrix (each row one test; x: every value of the axis is crossed with t
 | block_options_match                    | e1m2       | fp32   | both     | 16/32 x 2D, keep_padding | none/16/32/64 | row, col x |
 | dtypes_match                           | e2m1       | fp32   | rtne     | 16       | 16         | row; in x out dtype |
 | special_values_match                   | e2m1, e1m2, int4_asym, 16-level x | all x | both | 16, 32 2D | none/16 | row, col x |
+| e2m1_binade_rounding_matches_tables_at_ties | e2m1 (binade path) | fp32 | both x | 16 | none | row, col x; 16-tensor and generic kernels |
 | generic_kernel_matches_on_16_blocks    | e1m2,int4  | fp32/e8m0 | sr    | 16       | none/16    | row, col (generic kernel) |
 | pair_matches_two_single_launches       | e1m2,e2m1,int4_asym,codebook | fp32/e4m3/e8m0 | both | 16 (+32, 2D: two launches) | none/16 | row+row, row+col, col+col |
 | e4m3_nan_stays_in_its_block            | e2m1       | e4m3   | both     | 16, 16 2D | none/16   | row, col      |
@@ -111,6 +112,33 @@ def test_special_values_match(grid, scale, layout):
                dict(block=32, block_2d=True, rounding="sr", seed=8)):
         ran = _check(x, grid, layout, scale=scale, **kw)
         assert ran == (not (scale == "e4m3" and grid == "int4_asym"))
+
+
+def _e2m1_ties() -> torch.Tensor:
+    """fp32 blocks of 16 led by 6.0 (fp32 scale 1: v = |x| exactly), the other 15 cycling
+    through every E2M1 level, tie, the fp32 neighbours of both, and subnormals: where
+    rounding within v's binade (kernels' minifloat path) could part from the level tables."""
+    lv = torch.tensor((0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0))
+    mids = (lv[:-1] + lv[1:]) / 2
+    lo, hi = torch.tensor(0.0), torch.tensor(6.0)
+    pool = torch.cat([lv, mids, torch.nextafter(mids, lo), torch.nextafter(mids, hi),
+                      torch.nextafter(lv[1:], lo), torch.nextafter(lv[:-1], hi),
+                      torch.tensor([1e-45, 1e-40, 1e-30])])
+    pool = torch.cat([pool, -pool])
+    n = 15 * 8
+    body = pool[torch.arange(n) % len(pool)].reshape(8, 15)
+    return torch.cat([torch.full((8, 1), 6.0), body], 1).repeat(2, 2).contiguous()  # [16, 32]
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("rounding", ["rtne", "sr"])
+def test_e2m1_binade_rounding_matches_tables_at_ties(rounding, layout):
+    x = _e2m1_ties()
+    assert _check(x, "e2m1", layout, rounding=rounding, seed=3)  # the 16-tensor kernels
+    view = x if layout == "row" else x.t().contiguous().t()
+    kw = dict(rounding=rounding, seed=3)
+    assert_bitwise(kernels.quantize_view(view, "e2m1", tiles=TILES, **kw),  # the generic one
+                   reference(view, "e2m1", **kw), f"generic e2m1 {layout}")
 
 
 @pytest.mark.parametrize("rht", [None, 16])

@@ -100,3 +100,37 @@ def test_uniform_fast_path_equals_generic_comparisons_bitwise(fmt):
     u = torch.rand(v.shape)
     assert torch.equal(round_rtne(v, lv), round_rtne(v, lv, generic=True))
     assert torch.equal(round_stochastic(v, lv, u), round_stochastic(v, lv, u, generic=True))
+
+
+def _ties_and_neighbours(lv: torch.Tensor) -> torch.Tensor:
+    mids = (lv[:-1] + lv[1:]) / 2
+    lo, hi = torch.tensor(0.0), lv[-1]
+    return torch.cat([lv, mids, torch.nextafter(mids, lo), torch.nextafter(mids, hi),
+                      torch.nextafter(lv, lo).clamp(min=0), torch.nextafter(lv, hi).clamp(max=hi),
+                      torch.tensor([0.0, 1e-45, 1e-40, 1e-30])])
+
+
+@pytest.mark.parametrize("levels", [get_grid("e2m1").levels, (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0),
+                                    (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)], ids=str)
+def test_minifloat_fast_path_equals_generic_comparisons_bitwise(levels):
+    """E2M1 (and codebooks that are its prefixes) round within v's binade: the same codes as
+    the comparisons, at every level, tie, neighbour of either and subnormal v."""
+    from ufp4_megatron.numerics.rounding import minifloat_mantissa
+    lv = torch.tensor(levels)
+    assert minifloat_mantissa(lv) == 1
+    v = torch.cat([torch.rand(50000) * lv[-1], _ties_and_neighbours(lv)])
+    u = torch.cat([torch.rand(v.shape), torch.zeros(v.shape), torch.full(v.shape, 1 - 2**-24)])
+    v3 = v.repeat(3)
+    assert torch.equal(round_rtne(v, lv), round_rtne(v, lv, generic=True))
+    assert torch.equal(round_stochastic(v3, lv, u), round_stochastic(v3, lv, u, generic=True))
+
+
+@pytest.mark.parametrize("levels,m", [
+    (get_grid("e2m1").levels, 1), (get_grid("e1m2").levels, 2),
+    (get_grid("int4").levels, None),  # uniform, step 1: not a minifloat with min normal 1
+    ((0.0, 1.0, 2.0, 4.0), None),  # E3M0: ties across a binade would go to the odd code
+    ((0.0, 0.5, 1.0, 2.0), None), ((0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0), None)], ids=str)
+def test_minifloat_mantissa_names_only_minifloat_grids(levels, m):
+    from ufp4_megatron.numerics.rounding import minifloat_mantissa
+    assert minifloat_mantissa(torch.tensor(levels)) == m
+

@@ -35,7 +35,7 @@ from ..numerics.checks import SEED_LIMIT
 from ..numerics.grids import Grid, codebook_levels, get_grid
 from ..numerics.hadamard import RHT
 from ..numerics.quantize import e4m3_tensor_amax, output_dtype, padded_length
-from ..numerics.rounding import midpoints, uniform_step
+from ..numerics.rounding import midpoints, minifloat_mantissa, uniform_step
 from ..numerics.scaling import E4M3_MAX
 from ..numerics.segments import Segments
 from . import quantize16_triton as k16
@@ -139,13 +139,14 @@ def _build_plan(dtype, device, grid, block, block_2d, scale, rounding, rht, keep
     if g.neg_extra is not None:
         lv = torch.cat([lv, lv.new_tensor([g.neg_extra])])
     d = uniform_step(lv) or 0.0  # the reference's own test, on the same table
+    fp_m = 0 if d else minifloat_mantissa(lv) or 0  # e2m1: rounding within v's binade
     mid = midpoints(lv).to(device)
     lv = torch.cat([lv, lv[-1:]]).to(device)
     sign = rht.signs.to(device) if rht is not None else lv
     log_h = int(math.log2(rht.size)) if rht is not None else 0
     # one set of constexprs of the pipeline (pipeline_triton.py), shared by both kernels
     steps = dict(SCALE=SCALES[scale], SR=rounding == "sr", NLEV=len(lv) - 1,
-                 ASYM=g.neg_extra is not None, D=d, INV_D=1.0 / d if d else 0.0,
+                 ASYM=g.neg_extra is not None, D=d, INV_D=1.0 / d if d else 0.0, FP_M=fp_m,
                  EXACT_DIV=INTERPRETED or g.levels[1] < 2.0**-30)
     consts = dict(steps, BLOCK=block, BLOCK_2D=block_2d, LOG_H=log_h)
     consts16 = prefixed = None

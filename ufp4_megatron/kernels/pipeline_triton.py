@@ -35,7 +35,7 @@ def block_scales(amax, g, st_ptr, SCALE: tl.constexpr):
 @triton.jit
 def clip_round_dequantize(x, v, u, s, lv_ptr, mid_ptr, gmax, gneg, SR: tl.constexpr,
                           NLEV: tl.constexpr, ASYM: tl.constexpr, D: tl.constexpr,
-                          INV_D: tl.constexpr):
+                          INV_D: tl.constexpr, FP_M: tl.constexpr):
     """x's dequantized value from v = |x| / s: clipped to its sign's top level (two's
     complement, ASYM: gneg for negatives), rounded (SR against u), scaled back by s, signed."""
     neg = x < 0
@@ -43,5 +43,5 @@ def clip_round_dequantize(x, v, u, s, lv_ptr, mid_ptr, gmax, gneg, SR: tl.conste
         v = tl.minimum(v, tl.where(neg, gneg, gmax))
     else:
         v = tl.minimum(v, gmax)
-    mag = round_to_grid(v, u, lv_ptr, mid_ptr, gneg, SR, NLEV, D, INV_D) * s
+    mag = round_to_grid(v, u, lv_ptr, mid_ptr, gneg, SR, NLEV, D, INV_D, FP_M) * s
     return tl.where(neg, -mag, mag)

@@ -25,7 +25,7 @@ from .segments_triton import segment_keys
 @triton.jit
 def _qdq16(xs, c4, r, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg,
            SCALE: tl.constexpr, SR: tl.constexpr, RHT: tl.constexpr, NLEV: tl.constexpr,
-           ASYM: tl.constexpr, D: tl.constexpr, INV_D: tl.constexpr,
+           ASYM: tl.constexpr, D: tl.constexpr, INV_D: tl.constexpr, FP_M: tl.constexpr,
            EXACT_DIV: tl.constexpr):
     """QDQ of one block held as a 16-tuple of same-shaped fp32 tensors (element j of every
     block in xs[j]). c4: global view column of element 0, over 4 (Philox counter 0 of
@@ -62,7 +62,7 @@ def _qdq16(xs, c4, r, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg,
                 us = uniforms4(seed, c4 + j // 4, r)
             u = us[j % 4]
         out = out + (clip_round_dequantize(xs[j], vs[j], u, s, lv_ptr, mid_ptr, gmax, gneg,
-                                           SR, NLEV, ASYM, D, INV_D),)
+                                           SR, NLEV, ASYM, D, INV_D, FP_M),)
     return out
 
 
@@ -71,7 +71,8 @@ def _col16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
                sign_ptr, norm, gmax, gneg, seed, org0, org1, sg_idx, sg_n16, sg_seed, sg_start,
                BG: tl.constexpr, BB: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
                RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr, D: tl.constexpr,
-               INV_D: tl.constexpr, EXACT_DIV: tl.constexpr, SEG: tl.constexpr,
+               INV_D: tl.constexpr, FP_M: tl.constexpr, EXACT_DIV: tl.constexpr,
+               SEG: tl.constexpr,
                INTERP: tl.constexpr):
     """Program (p0, p1) of a column job: out [out_len, B] row-major, rows 16 g .. 16 g + 15
     of x quantized as one block. The view is x.t(): view row b, view column 16 g + j; SEG keys
@@ -85,7 +86,7 @@ def _col16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
         xs = xs + (x.to(tl.float32),)
     sd, vr, vc = segment_keys(seed, b, g * 16, sg_idx, sg_n16, sg_seed, sg_start, SEG)
     ys = _qdq16(xs, (vc + org1) >> 2, vr + org0, sd, lv_ptr, mid_ptr, st_ptr, sign_ptr,
-                norm, gmax, gneg, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV)
+                norm, gmax, gneg, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV)
     for j in tl.static_range(16):
         a = g * 16 + j
         tl.store(out_ptr + a.to(tl.int64) * B + b, cast_out(ys[j], out_ptr, INTERP),
@@ -97,20 +98,19 @@ def _col16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_p
                   norm, gmax, gneg, seed, org0, org1, sg_idx, sg_n16, sg_seed, sg_start,
                   BG: tl.constexpr, BB: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
                   RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
-                  D: tl.constexpr, INV_D: tl.constexpr, EXACT_DIV: tl.constexpr,
+                  D: tl.constexpr, INV_D: tl.constexpr, FP_M: tl.constexpr, EXACT_DIV: tl.constexpr,
                   INTERP: tl.constexpr, SEG: tl.constexpr = 0):
     """One column job on a 2D grid of programs."""
     _col16_job(tl.program_id(0), tl.program_id(1), x_ptr, stride_a, A, B, out_ptr, out_len,
                lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg, seed, org0, org1,
                sg_idx, sg_n16, sg_seed, sg_start,
-               BG, BB, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV, SEG, INTERP)
+               BG, BB, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV, SEG, INTERP)
 
 
 @triton.jit
 def _split8(t, BR: tl.constexpr, BG: tl.constexpr):
     """[BR, BG, 8] -> its 8 elements along the last axis as a tuple of [BR, BG] (in-thread)."""
     e0, e1 = tl.split(tl.reshape(t, (BR, BG, 4, 2)))
-    out = ()
     f00, f01 = tl.split(tl.reshape(e0, (BR, BG, 2, 2)))
     f10, f11 = tl.split(tl.reshape(e1, (BR, BG, 2, 2)))
     a0, a4 = tl.split(f00)
@@ -137,7 +137,8 @@ def _row16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
                sign_ptr, norm, gmax, gneg, seed, org0, org1, sg_idx, sg_n16, sg_seed, sg_start,
                BR: tl.constexpr, BG: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
                RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr, D: tl.constexpr,
-               INV_D: tl.constexpr, EXACT_DIV: tl.constexpr, SEG: tl.constexpr,
+               INV_D: tl.constexpr, FP_M: tl.constexpr, EXACT_DIV: tl.constexpr,
+               SEG: tl.constexpr,
                INTERP: tl.constexpr):
     """Program (p0, p1) of a row job: out [A, out_len] row-major, quantized along B in blocks
     of 16. Each block is loaded as two 16-byte halves and split in registers into 16
@@ -154,7 +155,7 @@ def _row16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
     r2 = tl.reshape(r, (BR, 1))
     sd, vr, vc = segment_keys(seed, r2, g2 * 16, sg_idx, sg_n16, sg_seed, sg_start, SEG)
     ys = _qdq16(xs, (vc + org1) >> 2, vr + org0, sd, lv_ptr, mid_ptr, st_ptr, sign_ptr,
-                norm, gmax, gneg, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV)
+                norm, gmax, gneg, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV)
     out = out_ptr + r.to(tl.int64) * out_len
     tl.store(out + c_lo, cast_out(_join8(ys, 0, BR, BG), out_ptr, INTERP),
              mask=(r < A) & (c_lo < out_len))
@@ -167,13 +168,13 @@ def _row16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_p
                   norm, gmax, gneg, seed, org0, org1, sg_idx, sg_n16, sg_seed, sg_start,
                   BR: tl.constexpr, BG: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
                   RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
-                  D: tl.constexpr, INV_D: tl.constexpr, EXACT_DIV: tl.constexpr,
+                  D: tl.constexpr, INV_D: tl.constexpr, FP_M: tl.constexpr, EXACT_DIV: tl.constexpr,
                   INTERP: tl.constexpr, SEG: tl.constexpr = 0):
     """One row job on a 2D grid of programs."""
     _row16_job(tl.program_id(0), tl.program_id(1), x_ptr, stride_a, A, B, out_ptr, out_len,
                lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg, seed, org0, org1,
                sg_idx, sg_n16, sg_seed, sg_start,
-               BR, BG, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV, SEG, INTERP)
+               BR, BG, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV, SEG, INTERP)
 
 
 @triton.jit(noinline=True)
@@ -181,7 +182,8 @@ def _job(p, n1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr
          norm, gmax, gneg, seed, org0, org1, sg_idx, sg_n16, sg_seed, sg_start,
          COL: tl.constexpr, T0: tl.constexpr, T1: tl.constexpr, SCALE: tl.constexpr,
          SR: tl.constexpr, RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
-         D: tl.constexpr, INV_D: tl.constexpr, EXACT_DIV: tl.constexpr, SEG: tl.constexpr,
+         D: tl.constexpr, INV_D: tl.constexpr, FP_M: tl.constexpr, EXACT_DIV: tl.constexpr,
+         SEG: tl.constexpr,
          INTERP: tl.constexpr):
     """Program p of a job whose 2D program grid has n1 columns, on a 1D launch. Not inlined:
     inlined, both jobs of a pair share one register allocation that exceeds either's (sm_90,
@@ -190,12 +192,12 @@ def _job(p, n1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr
         _col16_job(p // n1, p % n1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
                    st_ptr, sign_ptr, norm, gmax, gneg, seed, org0, org1,
                    sg_idx, sg_n16, sg_seed, sg_start,
-                   T0, T1, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV, SEG, INTERP)
+                   T0, T1, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV, SEG, INTERP)
     else:
         _row16_job(p // n1, p % n1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
                    st_ptr, sign_ptr, norm, gmax, gneg, seed, org0, org1,
                    sg_idx, sg_n16, sg_seed, sg_start,
-                   T0, T1, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, EXACT_DIV, SEG, INTERP)
+                   T0, T1, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV, SEG, INTERP)
 
 
 @triton.jit
@@ -208,11 +210,12 @@ def _pair16_kernel(a_x, a_stride, a_A, a_B, a_out, a_out_len, a_lv, a_mid, a_st,
                    A_COL: tl.constexpr, A_T0: tl.constexpr, A_T1: tl.constexpr,
                    A_SCALE: tl.constexpr, A_SR: tl.constexpr, A_RHT: tl.constexpr,
                    A_NLEV: tl.constexpr, A_ASYM: tl.constexpr, A_D: tl.constexpr,
-                   A_INV_D: tl.constexpr, A_EXACT_DIV: tl.constexpr,
+                   A_INV_D: tl.constexpr, A_FP_M: tl.constexpr, A_EXACT_DIV: tl.constexpr,
                    B_COL: tl.constexpr, B_T0: tl.constexpr, B_T1: tl.constexpr,
                    B_SCALE: tl.constexpr, B_SR: tl.constexpr, B_RHT: tl.constexpr,
                    B_NLEV: tl.constexpr, B_ASYM: tl.constexpr, B_D: tl.constexpr,
-                   B_INV_D: tl.constexpr, B_EXACT_DIV: tl.constexpr, INTERP: tl.constexpr,
+                   B_INV_D: tl.constexpr, B_FP_M: tl.constexpr, B_EXACT_DIV: tl.constexpr,
+                   INTERP: tl.constexpr,
                    A_SEG: tl.constexpr = 0, B_SEG: tl.constexpr = 0):
     """Two jobs (the two operands of one GEMM) in one launch: programs [0, a_programs) run
     job a, the rest job b. Each program runs exactly the code of its single-job kernel, so
@@ -223,9 +226,10 @@ def _pair16_kernel(a_x, a_stride, a_A, a_B, a_out, a_out_len, a_lv, a_mid, a_st,
         _job(pid, a_n1, a_x, a_stride, a_A, a_B, a_out, a_out_len, a_lv, a_mid, a_st, a_sign,
              a_norm, a_gmax, a_gneg, a_seed, a_org0, a_org1, a_sg_idx, a_sg_n16, a_sg_seed,
              a_sg_start, A_COL, A_T0, A_T1, A_SCALE, A_SR, A_RHT, A_NLEV, A_ASYM, A_D, A_INV_D,
+             A_FP_M,
              A_EXACT_DIV, A_SEG, INTERP)
     else:
         _job(pid - a_programs, b_n1, b_x, b_stride, b_A, b_B, b_out, b_out_len, b_lv, b_mid,
              b_st, b_sign, b_norm, b_gmax, b_gneg, b_seed, b_org0, b_org1, b_sg_idx, b_sg_n16,
              b_sg_seed, b_sg_start, B_COL, B_T0, B_T1, B_SCALE, B_SR, B_RHT, B_NLEV, B_ASYM,
-             B_D, B_INV_D, B_EXACT_DIV, B_SEG, INTERP)
+             B_D, B_INV_D, B_FP_M, B_EXACT_DIV, B_SEG, INTERP)

@@ -3,6 +3,10 @@
 Uniform grids with a power-of-two step d (e1m2, int4, int4_asym: levels i * d) take a short
 path: v / d is exact, so RTNE is rint(v / d) * d (ties to the even integer = the even code)
 and SR's lo is floor(v / d) * d, hi = min(lo + d, top); the same values the loops find.
+Minifloat grids (e2m1) take the same path with d the spacing of v's binade (a power of two
+read from v's exponent): within a binade the grid is uniform, every binade starts at an even
+code and an even multiple of its d (mantissa bits >= 1), so ties and neighbours agree with
+the tables (numerics.rounding.minifloat_mantissa says when a table is such a grid).
 
 Levels (with g_max repeated at the end) and midpoints are small fp32 tables built by the
 reference's own code; the loops unroll over at most 17 levels. Returns the level value, not
@@ -43,31 +47,46 @@ def round_sr(v, u, lv_ptr, NLEV: tl.constexpr):
 
 @triton.jit
 def round_to_grid(v, u, lv_ptr, mid_ptr, top, SR: tl.constexpr, NLEV: tl.constexpr,
-                  D: tl.constexpr, INV_D: tl.constexpr):
+                  D: tl.constexpr, INV_D: tl.constexpr, FP_M: tl.constexpr):
     """v (clipped to the sign's top level) -> its grid level: SR against u (unused for
     RTNE), else RTNE. top: the largest level (g_max, or the two's-complement extra); D > 0: a
-    uniform grid of power-of-two step D (numerics.rounding.uniform_step), else the tables."""
+    uniform grid of power-of-two step D (numerics.rounding.uniform_step); FP_M > 0: a
+    minifloat grid with FP_M mantissa bits (numerics.rounding.minifloat_mantissa); else the
+    tables."""
+    if D > 0:
+        d = D
+        inv_d = INV_D
+    elif FP_M > 0:
+        d, inv_d = _minifloat_step(v, FP_M)
     if SR:
-        if D > 0:
-            q = round_uniform_sr(v, u, top, D, INV_D)
+        if D > 0 or FP_M > 0:
+            q = _round_stepped_sr(v, u, top, d, inv_d)
         else:
             q = round_sr(v, u, lv_ptr, NLEV)
-    elif D > 0:
-        q = round_uniform_rtne(v, D, INV_D)
+    elif D > 0 or FP_M > 0:
+        q = _rint(v * inv_d) * d
     else:
         q = round_rtne(v, lv_ptr, mid_ptr, NLEV)
     return q
 
 
 @triton.jit
-def round_uniform_rtne(v, D: tl.constexpr, INV_D: tl.constexpr):
-    return _rint(v * INV_D) * D
+def _minifloat_step(v, M: tl.constexpr):
+    """(d, 1/d) at v >= 0 on a minifloat grid whose smallest normal level is 1 (E2M1:
+    0, 0.5, 1, 1.5, 2, 3, 4, 6): d = 2^(max(floor(log2 v), 0) - M), read from v's exponent
+    field (subnormal and zero v have field 0: d = 2^-M, the subnormal step). Powers of two,
+    so v / d = v * (1/d) is exact and the uniform grid's rint/floor give the table's levels."""
+    e = tl.maximum(((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, 0)
+    d = ((e - M + 127) << 23).to(tl.float32, bitcast=True)
+    inv_d = ((M - e + 127) << 23).to(tl.float32, bitcast=True)
+    return d, inv_d
 
 
 @triton.jit
-def round_uniform_sr(v, u, top, D: tl.constexpr, INV_D: tl.constexpr):
-    lo = tl.floor(v * INV_D) * D
-    hi = tl.minimum(lo + D, top)
+def _round_stepped_sr(v, u, top, d, inv_d):
+    """SR where the levels around v are lo = floor(v / d) * d and hi = min(lo + d, top)."""
+    lo = tl.floor(v * inv_d) * d
+    hi = tl.minimum(lo + d, top)
     return tl.where(u * (hi - lo) < v - lo, hi, lo)
 
 

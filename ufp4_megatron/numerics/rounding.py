@@ -31,12 +31,53 @@ def uniform_step(levels: torch.Tensor) -> float | None:
     return step if uniform and mantissa == 0.5 else None
 
 
+def minifloat_mantissa(levels: torch.Tensor) -> int | None:
+    """M when the levels are those of a minifloat with M >= 1 mantissa bits whose smallest
+    normal level is 1 (E2M1: M = 1), up to any top level (clipping and SR's min(lo + step,
+    top) hold the top); else None.
+
+    Such a grid is uniform within each binade [2^e, 2^(e+1)) (step 2^(e-M); below 1 the
+    subnormal step 2^-M), every binade starts at an even code and at an even multiple of its
+    step, so rounding v / step (exact: a power of two) to an integer with rint or floor gives
+    the nearest level with ties to the even code, or SR's lower level, as the comparisons
+    below do. The kernels take that path from this function on the same table
+    (kernels/dispatch.py); M = 0 (E3M0: ties across a binade would go to the odd code) and
+    other tables keep the comparisons.
+    """
+    values = [float(v) for v in levels]
+    for m in range(1, 4):
+        grid = [k * 2.0**-m for k in range(2**m)]
+        e = 0
+        while len(grid) < len(values):
+            grid += [2.0**e * (1 + k * 2.0**-m) for k in range(2**m)]
+            e += 1
+        if grid[:len(values)] == values:
+            return m
+    return None
+
+
+def binade_step(v: torch.Tensor, m: int) -> torch.Tensor:
+    """The level spacing at v >= 0 on minifloat_mantissa's grid: 2^(max(floor(log2 v), 0) - m)
+    (below 1, and at 0, the subnormal step 2^-m). A power of two, so v / step is exact."""
+    _, e = torch.frexp(v)  # v = f * 2^e, f in [0.5, 1): floor(log2 v) = e - 1
+    return torch.ldexp(torch.ones_like(v), (e - 1).clamp(min=0) - m)
+
+
+def _codes(values: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+    """The code of each value that is one of the levels (NaN: any code)."""
+    return torch.searchsorted(levels, values.contiguous()).clamp(max=len(levels) - 1)
+
+
 def round_rtne(v: torch.Tensor, levels: torch.Tensor, *, generic: bool = False) -> torch.Tensor:
     """Code of the nearest level (int64), ties to the even code (NaN: any code; the
     caller masks non-finite blocks)."""
     step = None if generic else uniform_step(levels)
     if step is not None:  # torch.round is round-half-to-even
         return torch.round(v / step).to(torch.int64).clamp(0, len(levels) - 1)
+    m = None if generic else minifloat_mantissa(levels)
+    if m is not None:  # the uniform path within v's binade; the level found is exact
+        d = binade_step(v, m)
+        return _codes(torch.round(v / d) * d, levels)
     mids = midpoints(levels)
     up_on_tie = (torch.arange(1, len(levels), device=v.device) % 2 == 0)
     code = torch.zeros(v.shape, dtype=torch.int64, device=v.device)
@@ -51,8 +92,12 @@ def round_stochastic(v: torch.Tensor, levels: torch.Tensor, u: torch.Tensor, *,
                      generic: bool = False) -> torch.Tensor:
     """Code after unbiased stochastic rounding; u uniform in [0, 1), same shape as v."""
     step = None if generic else uniform_step(levels)
+    m = None if generic or step is not None else minifloat_mantissa(levels)
     if step is not None:
         code_lo = torch.floor(v / step).to(torch.int64).clamp(0, len(levels) - 1)
+    elif m is not None:
+        d = binade_step(v, m)
+        code_lo = _codes(torch.floor(v / d) * d, levels)
     else:
         code_lo = torch.zeros(v.shape, dtype=torch.int64, device=v.device)
         for i in range(1, len(levels)):
