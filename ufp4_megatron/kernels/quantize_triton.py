@@ -49,10 +49,12 @@ def _qdq_tile(x, r, c_start, r_org, c_org, seed, lv_ptr, mid_ptr, st_ptr, sign_p
         v = div_exact(a, s)
     else:  # one exact reciprocal per block
         v = div_fast(a, s, expand(reciprocal(sb), BR, BC, B))
-        bad = expand(fast_div_unsafe_scale(sb), BR, BC, B)
+        # any unsafe block scale, read on the per-block values (expanded, the mask took a
+        # layout replicated over threads in 2D column tiles), or (SR) any unsafe quotient
+        bad = tl.max(fast_div_unsafe_scale(sb).to(tl.int32))
         if SR:
-            bad = bad | fast_div_unsafe_quotient(a, v)
-        if tl.max(bad.to(tl.int32)) > 0:  # the whole tile, so the branch is uniform
+            bad = tl.maximum(bad, tl.max(fast_div_unsafe_quotient(a, v).to(tl.int32)))
+        if bad > 0:  # the whole tile, so the branch is uniform
             v = div_exact(a, s)
     u = v  # SR only
     if SR:
