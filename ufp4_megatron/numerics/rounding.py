@@ -44,7 +44,7 @@ def minifloat_mantissa(levels: torch.Tensor) -> int | None:
     (kernels/dispatch.py); M = 0 (E3M0: ties across a binade would go to the odd code) and
     other tables keep the comparisons.
     """
-    values = [float(v) for v in levels]
+    values = levels.tolist()  # one transfer; a handful of levels
     for m in range(1, 4):
         grid = [k * 2.0**-m for k in range(2**m)]
         e = 0
