@@ -25,6 +25,29 @@ if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
   runuser -u munge -- munged --pid-file="$DIR/munge/munged.pid" --socket=/run/munge/munge.socket.2 --force
 fi
 
+export SLURM_CONF=$CONF
+alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# Ports: 6817/6818 (Slurm's defaults) unless something else listens there (a system Slurm
+# on this node, or daemons a killed run left behind), then the first free pair above. A
+# cluster of ours that is already running keeps its slurm.conf, ports included.
+if alive "$DIR/slurmctld.pid" && alive "$DIR/slurmd.pid" && [ -s "$CONF" ]; then
+  ctld_port=$(sed -n 's/^SlurmctldPort=//p' "$CONF"); d_port=$(sed -n 's/^SlurmdPort=//p' "$CONF")
+else
+  ctld_port=
+  for base in 6817 $(seq 6900 2 6998); do
+    if ! listening "$base" && ! listening $((base + 1)); then ctld_port=$base; break; fi
+  done
+  if [ -z "$ctld_port" ]; then
+    echo "slurm_up.sh: ports 6817-6818 and 6900-6999 are all in use; stop the Slurm daemons" \
+      "holding them (launch/ci/slurm_down.sh with their UFP4_SLURM_DIR)" >&2
+    exit 1
+  fi
+  d_port=$((ctld_port + 1))
+  [ "$ctld_port" = 6817 ] || echo "slurm_up.sh: 6817/6818 in use; this cluster uses" \
+    "$ctld_port/$d_port" >&2
+fi
+
 cat > "$CONF" <<CONF
 ClusterName=ufp4ci
 SlurmctldHost=$NODE
@@ -49,16 +72,14 @@ SlurmctldPidFile=$DIR/slurmctld.pid
 SlurmdPidFile=$DIR/slurmd.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
 SlurmdLogFile=$DIR/log/slurmd.log
-SlurmctldPort=6817
-SlurmdPort=6818
+SlurmctldPort=$ctld_port
+SlurmdPort=$d_port
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 NodeName=$NODE CPUs=$CPUS State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 CONF
 
-export SLURM_CONF=$CONF
-alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 # -c: a CI cluster starts empty, forgetting the jobs of an earlier start.
 alive "$DIR/slurmctld.pid" || slurmctld -c -f "$CONF"
 alive "$DIR/slurmd.pid" || slurmd -f "$CONF"

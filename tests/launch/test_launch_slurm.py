@@ -79,3 +79,33 @@ def test_sbatch_usr1_requeues_the_job(slurm, tmp_path):
     wait_for(lambda: (probe / "rank0.restart1").exists(), 60, "the requeued run")
     subprocess.run(["scancel", job], env=env, timeout=30)
     assert "restart 1" in log.read_text()  # --open-mode=append: one log across restarts
+
+
+def test_slurm_up_moves_off_ports_in_use(slurm, tmp_path):
+    """A second cluster on the node comes up on the next free pair of ports instead of failing
+    to bind the session cluster's (as it would beside a system Slurm or a killed run's
+    daemons), and says which it took."""
+    import os
+    import re
+
+    def ports(conf: str) -> tuple[int, int]:
+        text = open(conf).read()
+        return tuple(int(re.search(rf"^{k}=(\d+)$", text, re.M).group(1))
+                     for k in ("SlurmctldPort", "SlurmdPort"))
+
+    taken = ports(slurm["SLURM_CONF"])
+    state = tmp_path / "second"
+    state.mkdir(mode=0o755)
+    env = {**os.environ, "UFP4_SLURM_DIR": str(state)}
+    try:
+        res = subprocess.run([str(LAUNCH / "ci" / "slurm_up.sh")], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+        got = ports(str(state / "slurm.conf"))
+        assert got[1] == got[0] + 1 and not set(got) & set(taken), (got, taken)
+        assert f"in use; this cluster uses {got[0]}/{got[1]}" in res.stderr
+        info = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
+                              env={**env, "SLURM_CONF": str(state / "slurm.conf")}, timeout=30)
+        assert info.stdout.split() == ["idle"]
+    finally:
+        subprocess.run([str(LAUNCH / "ci" / "slurm_down.sh")], env=env, timeout=60)
