@@ -53,18 +53,17 @@ def round_to_grid(v, u, lv_ptr, mid_ptr, top, SR: tl.constexpr, NLEV: tl.constex
     uniform grid of power-of-two step D (numerics.rounding.uniform_step); FP_M > 0: a
     minifloat grid with FP_M mantissa bits (numerics.rounding.minifloat_mantissa); else the
     tables."""
-    if D > 0:
-        d = D
-        inv_d = INV_D
-    elif FP_M > 0:
-        d, inv_d = _minifloat_step(v, FP_M)
-    if SR:
-        if D > 0 or FP_M > 0:
+    if D > 0 or FP_M > 0:  # a power-of-two step: the grid's own, or v's binade's
+        if D > 0:
+            d, inv_d = D, INV_D
+        else:
+            d, inv_d = _minifloat_step(v, FP_M)
+        if SR:
             q = _round_stepped_sr(v, u, top, d, inv_d)
         else:
-            q = round_sr(v, u, lv_ptr, NLEV)
-    elif D > 0 or FP_M > 0:
-        q = _rint(v * inv_d) * d
+            q = _rint(v * inv_d) * d
+    elif SR:
+        q = round_sr(v, u, lv_ptr, NLEV)
     else:
         q = round_rtne(v, lv_ptr, mid_ptr, NLEV)
     return q

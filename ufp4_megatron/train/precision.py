@@ -6,8 +6,8 @@
 
 A precision YAML names a preset (`recipe:`) and states only what it changes; every rht and sr
 switch it leaves unset resolves to the preset's (`${ufp4.preset:...}`, the schema's
-defaults; train/preset_switches.py), so the run's config.yaml records every switch and a YAML that omits `rht` runs its
-preset's RHT.
+defaults; train/preset_switches.py), so the run's config.yaml records every switch and a YAML
+that omits `rht` runs its preset's RHT.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from .preset_switches import preset_switches
 
 if TYPE_CHECKING:
     from .schema import PrecisionConfig
+
 
 def recipe_from_config(cfg: PrecisionConfig) -> Recipe:
     """The preset `cfg.recipe` with the config's RHT, SR and format fields applied.
