@@ -6,6 +6,7 @@
 # step table last. From the repo root:
 #   bash gpu/perf.sh
 #   PERF_BUDGET=480 PERF_MODELS=small,moe_7p9b PERF_RECIPES=bf16,ufp4 bash gpu/perf.sh
+#   PERF_PROFILES=none (or model:recipe,...) chooses the profiles
 # A failing or out-of-memory run costs its own row only; rows the budget leaves out are listed
 # as "not run (time budget)"; rerun with PERF_MODELS / PERF_RECIPES for them.
 set -uo pipefail
@@ -31,7 +32,8 @@ if [[ ${PERF_TESTS:-1} != 0 ]]; then
 fi
 
 # 2. the step table (leaves ~80 s for the profiles)
-step_budget=$(( $(left) - 80 ))
+reserve=80; [[ ${PERF_PROFILES:-} == none ]] && reserve=0
+step_budget=$(( $(left) - reserve ))
 timeout $(( step_budget + 30 )) python3 -m ufp4_megatron.bench --suite step \
   --models "${PERF_MODELS:-small,dense_1p5b,moe_7p9b,moe_124b}" \
   --recipes "${PERF_RECIPES:-bf16,ufp4,e2m1,ufp4_int4,nvfp4}" \
@@ -39,8 +41,11 @@ timeout $(( step_budget + 30 )) python3 -m ufp4_megatron.bench --suite step \
   >> "$OUT/step.log" 2>&1
 echo "step suite rc=$? ($(( $(date +%s) - t0 )) s elapsed)"
 
-# 3. where a step's time goes (one process per profile; each ~30-40 s)
-for mr in moe_7p9b:ufp4 dense_1p5b:ufp4; do
+# 3. where a step's time goes (one process per profile; each ~30-40 s); PERF_PROFILES=none
+#    skips them (the step budget then takes their 80 s)
+profiles=${PERF_PROFILES:-moe_7p9b:ufp4,dense_1p5b:ufp4}
+for mr in ${profiles//,/ }; do
+  [[ $mr == none ]] && continue
   rem=$(left)
   if (( rem < 25 )); then echo "profile $mr: skipped (time budget)" >> "$OUT/profile.md"; continue; fi
   out=$(timeout "$rem" python3 -m ufp4_megatron.bench --suite profile --model "${mr%%:*}" \
