@@ -127,7 +127,8 @@ def _e2m1_ties() -> torch.Tensor:
     pool = torch.cat([pool, -pool])
     n = 15 * 8
     body = pool[torch.arange(n) % len(pool)].reshape(8, 15)
-    return torch.cat([torch.full((8, 1), 6.0), body], 1).repeat(2, 2).contiguous()  # [16, 32]
+    x = torch.cat([torch.full((8, 1), 6.0), body], 1).repeat(2, 2).contiguous()  # [16, 32]
+    return x.to(DEVICE)
 
 
 @pytest.mark.parametrize("layout", ["row", "col"])
