@@ -193,6 +193,10 @@ def test_cli_errors(tmp_path, capsys):
         study_main(["--out", str(tmp_path), "--resume"])
     with pytest.raises(SystemExit, match="give --grid, or --arms and --seeds"):
         study_main(["--out", str(tmp_path), "--arms", "bf16"])
+    with pytest.raises(SystemExit, match="--time-limit 0.0 must be a positive number"):
+        study_main(["--out", str(tmp_path), "--grid", "demo", "--time-limit", "0", "--dry-run"])
+    with pytest.raises(SystemExit, match="--stop-grace -5.0 must be a positive number"):
+        study_main(["--out", str(tmp_path), "--grid", "demo", "--stop-grace", "-5", "--dry-run"])
     with pytest.raises(SystemExit, match="--gpus ','"):
         study_main(["--out", str(tmp_path), "--grid", "demo", "--gpus", ",", "--dry-run"])
     # the subcommand of ufp4-launch is the same parser

@@ -10,6 +10,9 @@
     test_time_limit_leaves_runs_for_the_next_round   exit 3: the run in progress at the
         limit is stopped, the one that would not fit is left pending
     test_time_limit_sheds_the_least_advanced_runs   the shedding decision on real processes
+    test_shed_stops_the_highest_seed_first   whole seeds complete, not the fastest recipe
+    test_no_start_without_time_for_it_when_nothing_runs   the last measured rate stands in
+    test_an_invocation_trains_its_own_runs   --seeds 1 leaves an earlier invocation's seed 2
     test_sigterm_stops_cleanly_and_resume_finishes   the trainer saves where it is; --resume
 """
 from __future__ import annotations
@@ -164,6 +167,87 @@ def test_time_limit_sheds_the_least_advanced_runs(tmp_path):
         for p in procs:
             p.kill()
             p.wait()
+
+
+def _sleeping_runner(tmp_path, records, positions, left_s, rate_window=20):
+    """A Runner whose active runs are `sleep` processes at the given steps, each measured at
+    (step - 40) rate_window seconds ago, warm; left_s seconds to its time limit."""
+    from ufp4_megatron.study.packing import Slot
+    from ufp4_megatron.study.runner import Active, Options, Runner
+
+    runner = Runner(tmp_path, {"name": "t", "runs": records}, {},
+                    [Slot(i, None, (0,)) for i in range(len(records))],
+                    Options(time_limit=100.0))
+    now = time.monotonic()
+    runner.t0 = now - (100.0 - left_s)
+    procs = []
+    for i, step in enumerate(positions):
+        proc = subprocess.Popen(["sleep", "60"])
+        procs.append(proc)
+        runner.active[i] = Active(record=records[i], proc=proc, slot=Slot(i, None, (0,)),
+                                  log=None, launched=now - 40, start_step=0,
+                                  first_seen=now - 30, first_step=step - 60, step=step,
+                                  warm_at=now - 30,
+                                  history=[(now - rate_window, step - 40), (now, step)])
+    return runner, procs
+
+
+def test_shed_stops_the_highest_seed_first(tmp_path):
+    """Both pysrc rounds on the H200 shed E2M1's runs (its kernels compile longest, so it was
+    always furthest behind), leaving E2M1 seeds 1, 3, 5 against UFP4's 1-4. Now the highest
+    seed goes first: 6 steps/s in all, 200 s left; steps left 600 (seed 1), 100 (seed 2), 500
+    (seed 3) need 200 s x 1.15: seed 3 stops (the old rule stopped seed 1, the furthest
+    behind), and 700 steps fit."""
+    records = [{"name": f"e2m1-s{s}", "seed": s, "steps": 1000, "status": "running"}
+               for s in (1, 2, 3)]
+    runner, procs = _sleeping_runner(tmp_path, records, (400, 900, 500), left_s=200)
+    try:
+        assert runner._aggregate_rate() == pytest.approx(6.0, rel=0.01)
+        runner._shed()
+        procs[2].wait(timeout=10)
+        assert [p.poll() for p in procs] == [None, None, -signal.SIGTERM]
+        assert [a.stop_sent for a in runner.active.values()] == [False, False, True]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_no_start_without_time_for_it_when_nothing_runs(tmp_path):
+    """pysrc round 2: the runs ended 56 s before the limit, nothing was running, so nothing
+    was measured and 8 new runs started "regardless"; all were stopped. The latest rate
+    measured now stands in: a 1000-step run at 40 steps/s with a 30-s start-up needs 55 s x
+    1.15, more than 56 s; with 100 s left it starts. Before any measurement, runs start."""
+    from ufp4_megatron.study.packing import Slot
+    from ufp4_megatron.study.runner import Options, Runner
+
+    new = {"name": "bf16-s6", "seed": 6, "steps": 1000, "status": "pending"}
+    runner = Runner(tmp_path, {"name": "t", "runs": [new]}, {}, [Slot(0, None, (0,))],
+                    Options(time_limit=100.0))
+    runner.t0 = time.monotonic() - 44
+    assert runner._fits(new)  # nothing measured in this study yet: the first runs start
+    runner._last_rate, runner.startups = 40.0, [30.0]
+    assert not runner._fits(new)
+    runner.t0 = time.monotonic()
+    assert runner._fits(new)
+
+
+def test_an_invocation_trains_its_own_runs(tmp_path):
+    """An invocation with --seeds 1 trains seed 1 only, though the study holds seed 2 from an
+    earlier one (pysrc round 2 asked for seeds 1-5 and got 6-8 started too); it says what it
+    left, and its exit status is about its own runs."""
+    out = tmp_path / "study"
+    args = ["--arms", "bf16", "--no-compare", "--", *FAST, "train.steps=3"]
+    plan = subprocess.run(study_cmd(out, "--seeds", "1-2", "--time-limit", "0.001", *args),
+                          cwd=ROOT, env=env(tmp_path), capture_output=True, text=True,
+                          timeout=300)
+    assert plan.returncode == 3, plan.stdout[-3000:] + plan.stderr[-3000:]
+    assert status(out) == {"bf16-s1": "pending", "bf16-s2": "pending"}
+    one = subprocess.run(study_cmd(out, "--seeds", "1", *args), cwd=ROOT, env=env(tmp_path),
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
+    assert status(out) == {"bf16-s1": "done", "bf16-s2": "pending"}
+    assert "1 runs of earlier invocations left as they are (bf16-s2)" in one.stdout
 
 
 def test_warm_up_and_shed_do_not_cascade(tmp_path):

@@ -7,8 +7,12 @@ machine, resumable, then the loss-gap comparison over every complete run.
     ufp4-launch study --out runs/study --arms bf16,e2m1,ufp4 --seeds 1-3 -- model=tiny ...
     ufp4-launch study --out runs/study --resume [--compare-only]
 
-Exit status: 0 every run done, 3 some runs left for a later invocation (time limit or a
-stop), 1 some run failed (its log: <out>/logs/<run>.log).
+An invocation with a grid (or --arms/--seeds) trains that grid's runs, adding the new ones to
+the study; runs an earlier invocation planned and left are trained by --resume (or by asking
+for them again). Compare covers every complete run of the study.
+
+Exit status: 0 every run asked for done, 3 some left for a later invocation (time limit or
+a stop), 1 some run failed (its log: <out>/logs/<run>.log).
 """
 from __future__ import annotations
 
@@ -99,6 +103,10 @@ def study(args) -> int:
     warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine|apex|absl).*")
     if args.overrides and args.overrides[0] == "--":
         args.overrides = args.overrides[1:]
+    for flag, value in (("--time-limit", args.time_limit), ("--stop-grace", args.stop_grace)):
+        if value is not None and not value > 0:  # also NaN
+            raise SystemExit(f"ufp4-launch study: {flag} {value} must be a positive number of "
+                             "seconds")
     existing, grid, runs = plan(args)
     infos = resolve(runs)
     manifest = existing if grid is None else mf.merge(existing, grid, runs, infos)
@@ -127,14 +135,20 @@ def study(args) -> int:
     options = Options(time_limit=args.time_limit, stop_grace=args.stop_grace,
                       threads=args.threads, hide_gpus=args.gpus == "none",
                       wandb_mode=args.wandb_mode, progress=args.progress)
-    runner = Runner(args.out, manifest, infos, slots, options)
+    names = None if grid is None else {s.name for s in runs}  # this invocation's runs
+    runner = Runner(args.out, manifest, infos, slots, options, names=names)
     manifest = runner.run()
     print(summary(manifest))
+    left = [r["name"] for r in manifest["runs"]
+            if names is not None and r["name"] not in names and r["status"] != "done"]
+    if left:
+        print(f"{len(left)} runs of earlier invocations left as they are ({', '.join(left[:6])}"
+              f"{', ...' if len(left) > 6 else ''}): --resume trains every run of the study")
     if runner.stop_reason not in (None, "time limit"):
         return 3
     if not args.no_compare:
         compare_study(args.out, manifest, last=args.last, wandb_mode=args.wandb_mode)
-    statuses = {r["status"] for r in manifest["runs"]}
+    statuses = {r["status"] for r in manifest["runs"] if names is None or r["name"] in names}
     return 1 if "failed" in statuses else 0 if statuses == {"done"} else 3
 
 

@@ -10,9 +10,10 @@ study resumes them from <run>/checkpoints and skips every run that is complete o
 
 With a time limit, a run starts only if it and the running ones are estimated to end before
 the limit (from the steps/s this machine is measured to train in all, see Runner._fits); runs
-that would not end are stopped early, least advanced first, so that the others do; at the
-limit every trainer still running is stopped. Runs not started stay pending for the next
-round, stopped ones resume there from their checkpoints.
+that would not end are stopped early, the highest seed first, so that the others do and the
+runs that complete are paired by seed; at the limit every trainer still running is stopped.
+Runs not started stay pending for the next round, stopped ones resume there from their
+checkpoints.
 
 The lock (<study>/study.lock, flock) is inherited by every trainer: while any trainer of a
 killed runner still runs, a second runner on the same study waits instead of starting the
@@ -123,13 +124,16 @@ def prepare_data(study: Path, records: list[dict], infos: dict[str, RunInfo]) ->
 
 class Runner:
     def __init__(self, study: Path, manifest: dict, infos: dict[str, RunInfo],
-                 slots: list[Slot], options: Options):
+                 slots: list[Slot], options: Options, names: set[str] | None = None):
+        """names: the runs this invocation trains (its grid's; None: every run of the
+        manifest, as --resume); the manifest's other runs keep their status."""
         self.study, self.manifest, self.infos = Path(study), manifest, infos
-        self.slots, self.opt = slots, options
+        self.slots, self.opt, self.names = slots, options, names
         self.active: dict[int, Active] = {}  # slot index -> its run
         self.startups: list[float] = []  # seconds from launch to the first new step
         self.stop_reason: str | None = None
         self._shed_at: float | None = None  # when the last run was shed
+        self._last_rate: float | None = None  # the latest aggregate steps/s measured
         self._stop_deadline: float | None = None
         self.t0 = time.monotonic()
         self._last_print = 0.0
@@ -146,7 +150,8 @@ class Runner:
         return mf.is_complete(self.study, r)
 
     def todo(self) -> list[dict]:
-        """Runs not complete on disk, in manifest order; marks complete ones done."""
+        """This invocation's runs not complete on disk, in manifest order; marks complete
+        ones done (every run of the manifest: its status is what is on disk)."""
         out = []
         for r in self._records():
             if self._complete(r):
@@ -154,7 +159,8 @@ class Runner:
             else:
                 if r["status"] == "done":  # its files were removed: train it again
                     r["status"] = "pending"
-                out.append(r)
+                if self.names is None or r["name"] in self.names:
+                    out.append(r)
         return out
 
     # -- starting runs -------------------------------------------------------------------
@@ -178,6 +184,13 @@ class Runner:
     # a shed (the stopped trainers still hold their CPUs and the GPU while they save). So a
     # trainer's rate counts only after WARMUP_STEPS new steps, and after a shed the rate is
     # measured afresh, from SETTLE seconds of steps after it, before anything else is shed.
+    # While nothing is measurable (all runs starting, or none running), the latest rate
+    # measured stands in: round 2 on the pysrc corpus started 8 runs 56 s before its limit
+    # once the running ones had ended (nothing running, so "nothing measured"), all stopped.
+    # What is shed: the runs of the highest seed first (then the most steps left), so that
+    # what completes is whole seeds, paired across recipes. Shedding the most steps left
+    # first stopped E2M1's runs in both pysrc rounds (its kernels compile longest, so it is
+    # always furthest behind early), leaving E2M1 seeds 1, 3, 5 against UFP4's 1-4: two pairs.
     MARGIN = 1.15
 
     WINDOW = 60.0  # seconds of recent progress a trainer's rate is measured over
@@ -200,7 +213,10 @@ class Runner:
             t, step = next(((t, s) for t, s in a.history if t >= since),
                            a.history[-1])  # none recent: it stalled, rate 0
             total += (a.step - step) / max(now - t, 1e-9)
-        return total if running and total > 0 else None
+        if running and total > 0:
+            self._last_rate = total
+            return total
+        return None
 
     def _time_left(self) -> float:
         return self.opt.time_limit - (time.monotonic() - self.t0)
@@ -221,23 +237,30 @@ class Runner:
         if self._time_left() <= 0:
             return False
         rate = self._aggregate_rate()
+        running = [a for a in self.active.values() if not a.stop_sent]
+        if rate is None and running and self._shed_at is not None \
+                and time.monotonic() - self._shed_at < self.SETTLE:
+            return False  # re-measuring after a shed: nothing new starts meanwhile
+        if rate is None:
+            rate = self._last_rate
         if rate is None:  # nothing measured yet: the first runs start regardless
             return not self.active or all(a.first_seen is None for a in self.active.values())
-        return self._needed(list(self.active.values()), r, rate) * self.MARGIN < self._time_left()
+        return self._needed(running, r, rate) * self.MARGIN < self._time_left()
 
     def _shed(self) -> None:
-        """Stops the runs that would not end within the limit, least advanced first, so the
-        others can: a round on a machine that is given back keeps only complete runs."""
+        """Stops the runs that would not end within the limit, the highest seed first (the
+        most steps left within a seed), so the others can and the complete runs are whole
+        seeds: a round on a machine that is given back keeps only complete runs."""
         if self.opt.time_limit is None or self.stop_reason or len(self.active) < 2:
             return
         rate = self._aggregate_rate()
         if rate is None:
             return
         running = sorted((a for a in self.active.values() if not a.stop_sent),
-                         key=lambda a: a.record["steps"] - a.step)
+                         key=lambda a: (a.record.get("seed", 0), a.record["steps"] - a.step))
         while (len(running) > 1
                and self._needed(running, None, rate) * self.MARGIN > self._time_left()):
-            a = running.pop()  # the most steps left
+            a = running.pop()  # the highest seed; within it, the most steps left
             a.proc.send_signal(signal.SIGTERM)
             a.stop_sent = True
             self._shed_at = time.monotonic()  # measure afresh before shedding again
