@@ -6,6 +6,7 @@
     test_fieller_three_pairs_by_hand       a closed form exists when x and y are linear in i
     test_fieller_bounds_are_where_the_paired_t_test_rejects   the defining property, on data
     test_fieller_unbounded_when_denominator_unresolved
+    test_welch_difference_by_hand_and_against_scipy   unpaired: 1,2,3 vs 4,6
     test_bad_input_is_refused
     test_t_band_is_t_interval_per_column   the plot's band = the table's interval, per step
 """
@@ -13,7 +14,8 @@ import math
 
 import pytest
 
-from ufp4_megatron.report.stats import fieller_ratio, t_band, t_interval, t_quantile
+from ufp4_megatron.report.stats import (fieller_ratio, t_band, t_interval, t_quantile,
+                                        welch_difference)
 
 T975_DF2 = 4.302652729749462  # Student t, 97.5% quantile, 2 dof (tables: 4.303)
 T975_DF3 = 3.182446305283708  # 3 dof (tables: 3.182)
@@ -102,6 +104,28 @@ def test_bad_input_is_refused(args, match):
         fieller_ratio(*args)
     with pytest.raises(ValueError, match="between 0 and 1"):
         t_interval([1.0, 2.0], confidence=95)
+
+
+def test_welch_difference_by_hand_and_against_scipy():
+    """x = 1, 2, 3 (mean 2, s^2 1), y = 4, 6 (mean 5, s^2 2): se^2 = 1/3 + 2/2 = 4/3,
+    df = (4/3)^2 / ((1/3)^2 / 2 + 1^2 / 1) = 1.684211; the interval is -3 +- t(df) * 1.154701,
+    the same as scipy's Welch test gives."""
+    from scipy import stats
+
+    d = welch_difference([1.0, 2.0, 3.0], [4.0, 6.0])
+    half = t_quantile(0.95, 1.684211) * math.sqrt(4 / 3)
+    assert (d.mean, d.lo, d.hi, d.n) == pytest.approx((-3.0, -3 - half, -3 + half, 5), abs=1e-5)
+    ci = stats.ttest_ind([1.0, 2.0, 3.0], [4.0, 6.0], equal_var=False).confidence_interval(0.95)
+    assert (d.lo, d.hi) == pytest.approx((ci.low, ci.high), abs=1e-9)
+    assert not d.resolved  # 1.7 df: wide
+    same = welch_difference([1.0, 1.0], [3.0, 3.0])  # both constant: the difference exactly
+    assert (same.mean, same.lo, same.hi, same.resolved) == (-2.0, -2.0, -2.0, True)
+    one = welch_difference([1.0], [3.0, 4.0])
+    assert (one.mean, one.lo, one.hi, one.resolved) == (-2.5, None, None, False)
+    with pytest.raises(ValueError, match="non-finite"):
+        welch_difference([1.0, float("nan")], [1.0, 2.0])
+    with pytest.raises(ValueError, match="no values"):
+        welch_difference([], [1.0, 2.0])
 
 
 def test_t_band_is_t_interval_per_column():

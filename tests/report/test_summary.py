@@ -8,6 +8,8 @@ gaps below are the hand-computed cases of test_stats.py.
     test_one_seed_says_no_interval
     test_json_is_strict_and_complete           no NaN; per-seed values, n, CI, run ids
     test_baseline_with_two_settings_gives_no_ratio
+    test_incomplete_pairing_is_said_with_the_unpaired_difference   e2m1 on seeds 1, 3, 5,
+        ufp4 on 1-4 (the pysrc study): 2 pairs, and Welch over every seed of each
 """
 import json
 
@@ -53,6 +55,9 @@ def test_intervals_and_ratio_paired_by_seed():
     assert "not resolved at this size: +2.000% [-0.484%, +4.484%]" in row(table, "ufp4")
     assert "+3.000% [+0.516%, +5.484%]" in row(table, "e2m1")  # resolved: no words
     assert "(baseline)" in row(table, "e2m1")
+    assert "paired with" not in table  # every seed paired: no pairing note
+    d = ufp4.vs_baseline_unpaired
+    assert (d.mean, d.n) == pytest.approx((-0.01, 6))
 
 
 def test_unresolved_is_said_in_words():
@@ -100,3 +105,34 @@ def test_baseline_with_two_settings_gives_no_ratio():
     summaries, notes = summarize(compare(runs, last=2))
     assert all(s.vs_baseline is None for s in summaries)
     assert any("baseline 'e2m1' names 2 settings" in n for n in notes)
+
+
+def test_incomplete_pairing_is_said_with_the_unpaired_difference():
+    from scipy import stats
+
+    e2m1 = {1: 0.02, 3: 0.03, 5: 0.04}
+    ufp4 = {1: 0.0, 2: 0.01, 3: -0.01, 4: 0.0}
+    runs = [mk("bf16", 0.0, s) for s in range(1, 6)]
+    runs += [mk("e2m1", g, s) for s, g in e2m1.items()] + [mk("ufp4", g, s) for s, g in ufp4.items()]
+    cmp = compare(runs, last=2)
+    summaries, notes = summarize(cmp)
+    table = markdown(cmp, summaries, reference="bf16", baseline="e2m1", confidence=0.95,
+                     window_text="the latest 2 steps", notes=notes)
+    u = next(s for s in summaries if s.recipe == "ufp4")
+    assert u.vs_baseline.n == 2 and sorted(u.baseline_gaps) == [1, 3]
+    ci = stats.ttest_ind(list(ufp4.values()), list(e2m1.values()),
+                         equal_var=False).confidence_interval(0.95)
+    d = u.vs_baseline_unpaired
+    assert (d.mean, d.lo, d.hi) == pytest.approx((-0.03, ci.low, ci.high), abs=1e-12)
+    assert d.resolved
+    note = (f"tiny ufp4: 2 of its 4 seeds are paired with e2m1 (3 seeds); the reduction rests on "
+            f"those. Train gap minus e2m1's over every seed of each, not paired (Welch): -3.00 "
+            f"points [{ci.low * 100:+.2f}, {ci.high * 100:+.2f}]")
+    assert f"- {note}" in table
+    data = to_json(cmp, summaries, reference="bf16", baseline="e2m1", confidence=0.95,
+                   last=2, last_fraction=None, notes=notes)
+    j = next(r for r in data["recipes"] if r["recipe"] == "ufp4")["vs_baseline_unpaired"]
+    assert (j["n_seeds"], j["n_baseline_seeds"], j["resolved"]) == (4, 3, True)
+    assert (j["difference"], j["lo"], j["hi"]) == pytest.approx((-0.03, ci.low, ci.high))
+    assert next(r for r in data["recipes"] if r["recipe"] == "e2m1")["vs_baseline_unpaired"] is None
+    assert "Welch" in data["methods"]["difference"]

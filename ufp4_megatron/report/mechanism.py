@@ -26,8 +26,6 @@ import math
 import warnings
 from pathlib import Path
 
-import torch
-
 from .. import diagnostics as dg
 from ..numerics.grids import get_grid
 from ..recipe import GEMMS, OPERANDS, reduction_dim
@@ -74,7 +72,7 @@ def _capture(cfg, rt, ckpt_dir: Path, step: int, run_dir: Path, batch: int | Non
     from ..train.probes import LayerProbes
 
     device = rt.device
-    env = distributed.init(cfg.parallel, rt, cfg.train.seed)
+    distributed.init(cfg.parallel, rt, cfg.train.seed)  # the process group the model needs
     recipe = recipe_from_config(cfg.precision)
     model, policy = model_lib.build_model(cfg, recipe, rt.dtype, device)
     opt = optim.build_optimizer(model, cfg, rt)

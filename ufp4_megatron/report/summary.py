@@ -10,13 +10,15 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from .gap import Comparison, SeedGap
-from .stats import Interval, Ratio, fieller_ratio, t_interval
+from .stats import Interval, Ratio, fieller_ratio, t_interval, welch_difference
 
 SCHEMA_VERSION = 1
 GAP_METHOD = "Student t over seeds: mean +- t(n-1) * sd / sqrt(n)"
 RATIO_METHOD = ("Fieller, paired by seed: the ratios rho whose paired t-test of "
                 "gap_recipe - rho * gap_baseline = 0 does not reject; unbounded when the "
                 "baseline's own gap is not resolved")
+DIFFERENCE_METHOD = ("Welch, not paired: mean gap_recipe - mean gap_baseline over every seed "
+                     "of each, Welch-Satterthwaite degrees of freedom")
 
 
 @dataclass
@@ -29,6 +31,9 @@ class RecipeSummary:
     vs_baseline: Ratio | None  # None for the baseline itself or when it has no paired seed
     baseline: str
     baseline_gaps: dict[int, float]  # seed -> the paired baseline run's train gap
+    # mean train gap minus the baseline's, over every seed of each (Welch); None for the
+    # baseline itself or without baseline runs
+    vs_baseline_unpaired: Interval | None = None
 
     @property
     def reduction_resolved(self) -> bool:
@@ -69,12 +74,17 @@ def summarize(cmp: Comparison, baseline: str = "e2m1",
                 ratio = fieller_ratio([g.train_gap for g, _ in pairs],
                                       [b.train_gap for _, b in pairs], confidence)
             vals = [g.val_gap for g in seeds]
+            base_all = [b.train_gap for b in base.values()]
+            unpaired = None
+            if base_all and recipe != base_label:
+                unpaired = welch_difference([g.train_gap for g in seeds], base_all, confidence)
             out.append(RecipeSummary(
                 model=model, recipe=recipe, seeds=seeds,
                 train=t_interval([g.train_gap for g in seeds], confidence),
                 val=t_interval(vals, confidence) if None not in vals else None,
                 vs_baseline=ratio, baseline=base_label or baseline,
-                baseline_gaps={g.seed: b.train_gap for g, b in pairs}))
+                baseline_gaps={g.seed: b.train_gap for g, b in pairs},
+                vs_baseline_unpaired=unpaired))
     out.sort(key=lambda s: (s.model, s.recipe != s.baseline, s.recipe))
     return out, notes
 
@@ -96,6 +106,15 @@ def _ratio(s: RecipeSummary) -> dict | None:
             "resolved": s.reduction_resolved}
 
 
+def _difference(s: RecipeSummary) -> dict | None:
+    d = s.vs_baseline_unpaired
+    if d is None:
+        return None
+    return {"baseline": s.baseline, "difference": d.mean, "lo": d.lo, "hi": d.hi,
+            "n_seeds": len(s.seeds), "n_baseline_seeds": d.n - len(s.seeds),
+            "resolved": d.resolved}
+
+
 def to_json(cmp: Comparison, summaries: list[RecipeSummary], *, reference: str, baseline: str,
             confidence: float, last: int | None, last_fraction: float | None,
             notes: list[str]) -> dict:
@@ -103,7 +122,7 @@ def to_json(cmp: Comparison, summaries: list[RecipeSummary], *, reference: str, 
         "schema_version": SCHEMA_VERSION,
         "reference": reference, "baseline": baseline, "confidence": confidence,
         "window": {"last": last, "last_fraction": last_fraction},
-        "methods": {"gap": GAP_METHOD, "ratio": RATIO_METHOD},
+        "methods": {"gap": GAP_METHOD, "ratio": RATIO_METHOD, "difference": DIFFERENCE_METHOD},
         "notes": notes,
         "models": [{"model": w.model, "last_common_step": w.last_common,
                     "window_first_step": w.first, "window_logged_steps": len(w.steps),
@@ -116,6 +135,7 @@ def to_json(cmp: Comparison, summaries: list[RecipeSummary], *, reference: str, 
             "seeds": [g.seed for g in s.seeds],
             "train_gap": _interval(s.train), "val_gap": _interval(s.val),
             "vs_baseline": _ratio(s),
+            "vs_baseline_unpaired": _difference(s),
             "per_seed": [{"seed": g.seed, "train_gap": g.train_gap, "val_gap": g.val_gap,
                           "baseline_train_gap": s.baseline_gaps.get(g.seed),
                           "source": g.run.source, "run_id": g.run.run_id,

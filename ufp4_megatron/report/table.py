@@ -35,9 +35,35 @@ def reduction_cell(s: RecipeSummary) -> str:
     if r.n == 1:
         return f"{UNRESOLVED} ({ONE_SEED}; point value {point})"
     if not r.bounded:
-        return f"{UNRESOLVED}: {point} [unbounded: {s.baseline}'s own gap is not resolved]"
+        some = r.n < len(s.seeds) or r.n < _baseline_seeds(s)
+        over = f" over the {r.n} paired seeds" if some else ""
+        return f"{UNRESOLVED}: {point} [unbounded: {s.baseline}'s own gap is not resolved{over}]"
     text = f"{point} [{1 - r.hi:+.1%}, {1 - r.lo:+.1%}]"
     return text if s.reduction_resolved else f"{UNRESOLVED}: {text}"
+
+
+def _baseline_seeds(s: RecipeSummary) -> int:
+    d = s.vs_baseline_unpaired
+    return 0 if d is None else d.n - len(s.seeds)
+
+
+def pairing_note(s: RecipeSummary) -> str | None:
+    """When a recipe and its baseline do not share all their seeds, how many pairs the
+    reduction rests on, and the difference of the two mean gaps over every seed (Welch)."""
+    r, d = s.vs_baseline, s.vs_baseline_unpaired
+    if d is None or s.recipe == s.baseline:
+        return None
+    paired = 0 if r is None else r.n
+    if paired == len(s.seeds) == _baseline_seeds(s):
+        return None
+    if d.lo is None:
+        diff = f"{d.mean * 100:+.2f} points ({ONE_SEED} on one side)"
+    else:
+        diff = f"{d.mean * 100:+.2f} points [{d.lo * 100:+.2f}, {d.hi * 100:+.2f}]"
+        diff = diff if d.resolved else f"{UNRESOLVED}: {diff}"
+    return (f"{s.model} {s.recipe}: {paired} of its {len(s.seeds)} seeds are paired with "
+            f"{s.baseline} ({_baseline_seeds(s)} seeds); the reduction rests on those. Train "
+            f"gap minus {s.baseline}'s over every seed of each, not paired (Welch): {diff}")
 
 
 def markdown(cmp: Comparison, summaries: list[RecipeSummary], *, reference: str, baseline: str,
@@ -66,6 +92,7 @@ def markdown(cmp: Comparison, summaries: list[RecipeSummary], *, reference: str,
             lines.append(f"| {s.model} | {s.recipe} | {g.seed} | {g.train_gap:+.3%} | {val} | "
                          f"{'-' if base is None else f'{base:+.3%}'} | {g.run.source} | "
                          f"{g.reference.source} |")
+    notes = notes + [n for n in map(pairing_note, summaries) if n]
     if notes:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines)
