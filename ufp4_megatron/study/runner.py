@@ -378,9 +378,10 @@ class Runner:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             queue = self.todo()
-            for r in queue:
+            for r in self._records():
                 if r["status"] == "running":  # a runner was killed holding it
                     r["status"] = "stopped"
+            for r in queue:
                 if r["status"] == "failed":
                     self._say(f"{r['name']} failed before (exit {r['returncode']}): trying again")
             self._save()
