@@ -403,6 +403,23 @@ def seed_stream() -> dict:
         layer(x.requires_grad_())
         out[label] = (eval_draws, binding.seeds.draws)
 
+    # Under CUDA-graph capture (simulated: there is no capture on CPU; the GPU test captures
+    # for real) a forward that draws an SR seed refuses; one without SR runs
+    from unittest import mock
+
+    from ufp4_megatron.megatron import seeds as seeds_module
+
+    out["capture"] = {}
+    for label, overrides in (("sr", {}), ("no_sr", {"sr": ()})):
+        layer = _make_linear("column", UFP4ColumnParallelLinear, config,
+                             _binding("ufp4", **overrides))
+        with mock.patch.object(seeds_module, "_capturing", lambda: True):
+            try:
+                layer(torch.randn(16, 2, 64).requires_grad_())
+                out["capture"][label] = None
+            except seeds_module.SRCaptureError as e:
+                out["capture"][label] = str(e)
+
     # Resume: step 2 after restoring the stream saved after step 1 == step 2 of the original;
     # dense, and MoE with either expert host (their experts draw once per role and forward)
     for prefix, cfg, experts in (("", config, 0), ("moe_", tiny_config(moe=True), 4),

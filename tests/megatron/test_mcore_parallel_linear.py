@@ -98,6 +98,12 @@ def test_sr_seeds_drawn_only_by_forwards_that_will_backward_with_sr(mcore_result
     assert seeds["no_sr"] == (0, 0)
 
 
+def test_sr_forward_refuses_under_cuda_graph_capture(mcore_results):
+    capture = mcore_results["seeds"]["capture"]
+    assert capture["sr"].startswith("stochastic rounding inside a CUDA graph: its seed is a host")
+    assert capture["no_sr"] is None  # RTNE everywhere: nothing drawn, nothing refused
+
+
 @pytest.mark.parametrize("model", ("", "moe_", "moe_grouped_"))  # dense; SequentialMLP; grouped
 def test_restoring_sr_seed_state_resumes_bit_exactly(mcore_results, model):
     seeds = mcore_results["seeds"]

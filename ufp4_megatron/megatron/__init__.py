@@ -11,8 +11,8 @@ check_megatron_core()
 from .cpu_compat import enable_cpu_compat, seed_model_parallel  # noqa: E402
 from .linear import UFP4ColumnParallelLinear, UFP4RowParallelLinear  # noqa: E402
 from .policy import UFP4Binding, UFP4Policy  # noqa: E402
-from .seeds import SRSeeds  # noqa: E402
+from .seeds import SRCaptureError, SRSeeds  # noqa: E402
 
 __all__ = ["MEGATRON_CORE_VERSION", "enable_cpu_compat", "seed_model_parallel",
            "UFP4ColumnParallelLinear", "UFP4RowParallelLinear", "UFP4Binding",
-           "UFP4Policy", "SRSeeds"]
+           "UFP4Policy", "SRSeeds", "SRCaptureError"]

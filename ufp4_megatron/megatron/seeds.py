@@ -11,12 +11,26 @@ the global expert index and the data-parallel rank (`mix_seed`, splitmix64). Inv
   - `state_dict()` / `load_state_dict()` restore the stream exactly, for bit-exact resume.
 Activation recompute re-runs forwards and so draws again: still deterministic, but a run
 with recompute does not reproduce the SR bits of one without.
+
+CUDA graphs: a seed is a host integer handed to the kernel, so a captured graph would replay
+the seed it captured on every step (the same rounding noise each step: correlated, no longer
+the unbiased noise SR is for), and the stream would stop advancing. A draw during capture
+therefore refuses (SRCaptureError) instead of training on frozen noise; recipes without SR
+draw nothing and are not affected.
 """
 from __future__ import annotations
 
 import torch
 
 from ..numerics.philox import mix_seed
+
+
+class SRCaptureError(RuntimeError):
+    """An SR seed drawn while a CUDA graph is being captured (module docstring)."""
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 class SRSeeds:
@@ -30,6 +44,12 @@ class SRSeeds:
 
     def draw(self, *salt: int) -> int:
         """The next seed, mixed with `salt` (layer, role, expert, data-parallel rank)."""
+        if _capturing():
+            raise SRCaptureError(
+                "stochastic rounding inside a CUDA graph: its seed is a host value the graph "
+                "would replay every step (the same rounding noise each step); run without CUDA "
+                "graphs (Megatron: drop --enable-cuda-graph / --cuda-graph-impl, "
+                "cuda_graph_impl='none') or with a recipe without SR")
         base = int(torch.randint(0, 2**62, (1,), generator=self._gen).item())
         self.draws += 1
         return mix_seed(base, *salt)
