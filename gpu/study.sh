@@ -13,7 +13,9 @@
 # Every round first unpacks the runs of earlier rounds (docs/results/study/round*.tar.gz, as
 # the lead commits them), so runs complete there are skipped and their seeds are not trained
 # twice; the runner then starts, seed by seed, only runs it estimates to end within the
-# budget, and stops the ones that would not (only complete runs come back).
+# budget, and stops the ones that would not, highest seed first (only complete runs come
+# back, and they are whole seeds). A round trains the runs its grid, ARMS and SEEDS name; the
+# runs of earlier rounds' grids that are not complete wait until a round asks for them.
 #
 # OUT (default runs/gpu/study) gets (at most 8 files): roundN.tar.gz (study.json, and for each
 # run completed in this round runs/<run>/{metrics.jsonl,config.yaml} and its log), loss_gap.md/.json/.png (compare
@@ -22,8 +24,12 @@
 # Env: BUDGET seconds from start to the end of training (default 400; the mechanism, compare
 # and archives take up to ~120 s more: keep BUDGET <= 420 in a 600-s call), PER_DEVICE, SEEDS, ARMS.
 # CORPUS=stdlib (default: the embedded corpus, the rounds in docs/results/study/) or pysrc (the
-# stdlib plus torch's sources, ~53 MB, prepared here by gpu/pysrc_corpus.py: no byte seen twice
-# in a run; its rounds are a separate study, archived under docs/results/study-pysrc/).
+# stdlib plus torch's sources, 46.4 MB with torch 2.11, prepared here by gpu/pysrc_corpus.py: no
+# byte seen twice in a run; its rounds are a separate study, archived under
+# docs/results/study-pysrc/; rounds 1-2 ran on 2026-12-01, gpu/README says what comes next).
+# Packing (pysrc rounds 1-2, from the runner's progress lines): 12 runs trained ~36 steps/s in
+# all, 8-9 runs ~39, 4 runs ~27; a UFP4 step took 0.195 s packed 12 and 0.142 s packed 8, so
+# with 8 each run ends ~1.4x sooner and fewer are shed in a 600-s call: PER_DEVICE=8 there.
 set -uo pipefail
 T0=$(date +%s)
 ROUND=${1:?usage: gpu/study.sh ROUND (1-9, see the header) or a grid name}
