@@ -38,6 +38,7 @@ def test_trainer_run_becomes_a_row(tmp_path):
     assert step._status(run) == "ok", run["tail"]
     assert [m["step"] for m in run["metrics"]] == [1, 2, 3]
     assert step._steady(run["metrics"], "step_time", 1) > 0
+    assert len(step._steady_values(run["metrics"], "step_time", 1)) == 2  # steps 2, 3
     assert step._checkpoint(run["run_dir"], "end").startswith("end: saved")
     failed = step.run_trainer("bad", ["model=tiny", "precision=fp3"], runs=tmp_path,
                               log=tmp_path / "step.log", timeout=120)
@@ -54,7 +55,8 @@ def test_oom_and_missing_rows_render():
     done = {"rc": 1, "tail": "CheckpointingException", "metrics": [{}] * 12}
     assert step._status(done, 12) == "steps ok, then failed (rc=1)"
     rows = [dict(model="small", recipe="bf16", status="ok", steps=12, step_ms=100.0, tokens_per_s=1.0,
-                 mfu=0.3, peak_mem_gib=10.0, checkpoint="end: saved 1.0 GiB", final_loss=5.0),
+                 mfu=0.3, peak_mem_gib=10.0, checkpoint="end: saved 1.0 GiB", final_loss=5.0,
+                 step_min_ms=97.31, step_max_ms=104.0),
             dict(model="small", recipe="ufp4", status="ok", steps=12, step_ms=110.0, tokens_per_s=1.0,
                  mfu=0.27, peak_mem_gib=10.5, checkpoint="end: saved 1.0 GiB", final_loss=5.1),
             dict(model="small", recipe="nvfp4", status="OOM", steps=0, step_ms=float("nan"),
@@ -65,7 +67,8 @@ def test_oom_and_missing_rows_render():
     assert abs(rows[1]["x_bf16"] - 1.1) < 1e-12 and abs(rows[1]["mem_x_bf16"] - 1.05) < 1e-12
     text = step.table(rows)
     assert text.count("\n") == len(rows) + 1
-    assert "| small | ufp4 | ok | 110.0 | 1.100 |" in text
+    assert "| small | ufp4 | ok | 110.0 | - | 1.100 |" in text  # a row without the spread
+    assert "| small | bf16 | ok | 100.0 | 97.3-104.0 | 1.000 |" in text
     assert "| small | nvfp4 | OOM |" in text and "not run (time budget)" in text
 
 

@@ -4,7 +4,8 @@
 
 Each (shape, recipe) is one `python -m ufp4_megatron.train` subprocess with a timeout, so a
 failing or out-of-memory configuration costs its own row only. Per row: the median step time
-of the steady steps (metrics.jsonl, steps after `skip`), its ratio to the BF16 row of the same
+of the steady steps (metrics.jsonl, steps after `skip`) with their fastest and slowest (a
+host-bound step moves by 20-25% from one step to the next), its ratio to the BF16 row of the same
 shape (same run), tokens/s, MFU against the BF16 GEMM rate measured in this process at the
 start, peak allocated memory and its ratio to BF16, the checkpoint written at the end of the
 run (outside the timed steps) and the last loss.
@@ -128,8 +129,12 @@ def _status(run: dict, steps: int | None = None) -> str:
     return "timeout" if run["rc"] == 124 else f"failed (rc={run['rc']})"
 
 
+def _steady_values(rows: list[dict], key: str, skip: int) -> list[float]:
+    return [r[key] for r in rows if r["step"] > skip and r.get(key) is not None]
+
+
 def _steady(rows: list[dict], key: str, skip: int) -> float:
-    vals = [r[key] for r in rows if r["step"] > skip and r.get(key) is not None]
+    vals = _steady_values(rows, key, skip)
     return statistics.median(vals) if vals else float("nan")
 
 
@@ -189,7 +194,9 @@ def run_suite(out: Path, *, models=tuple(SHAPES), recipes=RECIPES, steps: int = 
                           timeout=int(min(timeout, left)))
         metrics = run["metrics"]
         st = _steady(metrics, "step_time", skip)
+        steady = _steady_values(metrics, "step_time", skip) or [float("nan")]
         row |= dict(status=_status(run, steps), steps=len(metrics), step_ms=st * 1e3,
+                    step_min_ms=min(steady) * 1e3, step_max_ms=max(steady) * 1e3,
                     tokens_per_s=tokens / st,
                     mfu=model_flops_per_token * tokens / st / (peak * 1e12),
                     peak_mem_gib=max((m.get("mem_gib", float("nan")) for m in metrics),
@@ -217,15 +224,18 @@ def _add_ratios(rows: list[dict]) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| shape | recipe | status | step (ms) | x BF16 | tokens/s | MFU | peak mem (GiB) "
-           "| x BF16 | checkpoint | loss @ last |",
-           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+    out = ["| shape | recipe | status | step (ms) | steady steps (ms) | x BF16 | tokens/s | MFU "
+           "| peak mem (GiB) | x BF16 | checkpoint | loss @ last |",
+           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for r in rows:
         if "step_ms" not in r:
-            out.append(f"| {r['model']} | {r['recipe']} | {r['status']} | | | | | | | | |")
+            out.append(f"| {r['model']} | {r['recipe']} | {r['status']} | | | | | | | | | |")
             continue
         f = lambda k, fmt: format(r[k], fmt) if r.get(k) is not None else "-"  # noqa: E731
+        spread = (f"{r['step_min_ms']:.1f}-{r['step_max_ms']:.1f}" if "step_min_ms" in r
+                  else "-")
         out.append(f"| {r['model']} | {r['recipe']} | {r['status']} | {f('step_ms', '.1f')} | "
+                   f"{spread} | "
                    f"{f('x_bf16', '.3f')} | {f('tokens_per_s', ',.0f')} | {f('mfu', '.1%')} | "
                    f"{f('peak_mem_gib', '.2f')} | {f('mem_x_bf16', '.3f')} | "
                    f"{r.get('checkpoint', '-')} | {f('final_loss', '.4f')} |")
