@@ -6,7 +6,8 @@
 # step table last. From the repo root:
 #   bash gpu/perf.sh
 #   PERF_BUDGET=480 PERF_MODELS=small,moe_7p9b PERF_RECIPES=bf16,ufp4 bash gpu/perf.sh
-#   PERF_PROFILES=none (or model:recipe,...) chooses the profiles
+#   PERF_PROFILES=none (or model:recipe,...) chooses the profiles; PERF_REPEATS=2 runs every
+#   row twice, one pass after the other (the table then shows each run: the spread)
 # A failing or out-of-memory run costs its own row only; rows the budget leaves out are listed
 # as "not run (time budget)"; rerun with PERF_MODELS / PERF_RECIPES for them.
 set -uo pipefail
@@ -37,6 +38,7 @@ step_budget=$(( $(left) - reserve ))
 timeout $(( step_budget + 30 )) python3 -m ufp4_megatron.bench --suite step \
   --models "${PERF_MODELS:-small,dense_1p5b,moe_7p9b,moe_124b}" \
   --recipes "${PERF_RECIPES:-bf16,ufp4,e2m1,ufp4_int4,nvfp4}" \
+  --repeats "${PERF_REPEATS:-1}" \
   --deadline "$step_budget" --json "$OUT/step.json" --out "$OUT/step.md" \
   >> "$OUT/step.log" 2>&1
 echo "step suite rc=$? ($(( $(date +%s) - t0 )) s elapsed)"

@@ -9,6 +9,8 @@
 """
 import sys
 
+import pytest
+
 from ufp4_megatron.bench import step
 
 
@@ -72,6 +74,38 @@ def test_oom_and_missing_rows_render():
     assert "| small | nvfp4 | OOM |" in text and "not run (time budget)" in text
 
 
+def _run(step_ms, lo, hi, status="ok", mem=10.0, loss=5.0):
+    return dict(status=status, steps=12, step_ms=step_ms, step_min_ms=lo, step_max_ms=hi,
+                peak_mem_gib=mem, checkpoint="end: saved 1.0 GiB", wall_s=60.0, final_loss=loss)
+
+
+def test_repeated_runs_aggregate_and_show_their_spread():
+    """Two passes: a row is the median of its runs' medians, each run's shown, the ratio to
+    BF16 per pass (run i against BF16's run i), steady-step range over both runs."""
+    tokens, flops, peak = 1000, 1e9, 100.0
+    bf16 = step._aggregate([_run(80.0, 78.0, 84.0), _run(90.0, 85.0, 95.0)], tokens, flops, peak)
+    ufp4 = step._aggregate([_run(120.0, 100.0, 130.0), _run(110.0, 104.0, 126.0, mem=10.5)],
+                           tokens, flops, peak)
+    assert (bf16["step_ms"], bf16["runs_ms"], bf16["runs"]) == (85.0, [80.0, 90.0], 2)
+    assert (ufp4["step_min_ms"], ufp4["step_max_ms"], ufp4["peak_mem_gib"]) == (100.0, 130.0, 10.5)
+    assert abs(ufp4["tokens_per_s"] - tokens / 0.115) < 1e-6
+    rows = [dict(model="small", recipe="bf16") | bf16, dict(model="small", recipe="ufp4") | ufp4]
+    step._add_ratios(rows)
+    assert abs(rows[1]["x_bf16"] - 115 / 85) < 1e-12
+    assert rows[1]["x_bf16_runs"] == [120 / 80, 110 / 90]
+    text = step.table(rows)
+    assert "| small | ufp4 | ok | 115.0 (120.0, 110.0) | 100.0-130.0 | 1.353 (1.500, 1.222) |" in text
+    # a failed run is said, the others still count; no runs: not run
+    mixed = step._aggregate([_run(80.0, 78.0, 84.0), _run(float("nan"), float("nan"),
+                             float("nan"), status="OOM", mem=float("nan"))], tokens, flops, peak)
+    assert mixed["status"] == "1 of 2 ok; OOM" and mixed["step_ms"] == 80.0
+    assert mixed["peak_mem_gib"] == 10.0  # the OOM run's NaN memory does not hide the other
+    assert step._aggregate([], tokens, flops, peak) == {"status": "not run (time budget)"}
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="whole number of runs per row"):
+            step.run_suite(None, repeats=bad)
+
+
 def test_bench_cli_names_what_is_wrong():
     import subprocess
 
@@ -86,6 +120,7 @@ def test_bench_cli_names_what_is_wrong():
     assert run("--suite", "steps").startswith("unknown suite(s) ['steps']; valid:")
     assert "unknown model(s) ['moe_1t']; valid: small, dense_1p5b" in run("--models", "moe_1t")
     assert "unknown recipe(s) ['fp3']" in run("--suite", "step", "--recipes", "bf16,fp3")
+    assert run("--suite", "step", "--repeats", "0") == "--repeats 0: give 1 or more runs per row"
     if not torch.cuda.is_available():
         assert run("--suite", "step") == "the benchmarks need a CUDA device"
 

@@ -52,6 +52,8 @@ def main(argv=None) -> None:
                       help="end: every run saves a checkpoint after its last step")
     step.add_argument("--deadline", type=float, help="seconds for the whole step suite")
     step.add_argument("--timeout", type=int, default=240, help="seconds per trainer run")
+    step.add_argument("--repeats", type=int, default=1,
+                      help="runs per row, one pass over all rows after another (spread)")
     step.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="extra trainer override for every run (repeatable)")
     prof = p.add_argument_group("profile")
@@ -70,6 +72,8 @@ def main(argv=None) -> None:
         bad = [n for n in names if n not in valid]
         if bad:
             sys.exit(f"unknown {what}(s) {bad}; valid: {', '.join(valid)}")
+    if args.repeats < 1:
+        sys.exit(f"--repeats {args.repeats}: give 1 or more runs per row")
     if not torch.cuda.is_available():
         sys.exit("the benchmarks need a CUDA device")
     log = lambda row: print({k: (round(v, 4) if isinstance(v, float) else v)  # noqa: E731
@@ -96,10 +100,12 @@ def main(argv=None) -> None:
         raw["step"] = step_suite.run_suite(
             out, models=_csv(args.models), recipes=_csv(args.recipes), steps=args.steps,
             skip=args.skip, checkpoint=args.checkpoint, deadline_s=args.deadline,
-            timeout=args.timeout, extra=tuple(args.set), log=print)
+            timeout=args.timeout, extra=tuple(args.set), repeats=args.repeats, log=print)
         peak = raw["step"][0]["tflops_peak"] if raw["step"] else float("nan")
+        runs = (f"; {args.repeats} runs per row, one pass after another: the median of their "
+                "medians, each run's in parentheses" if args.repeats > 1 else "")
         text += [f"### Step (trainer, one GPU; BF16 GEMM rate measured in the same run: "
-                 f"{peak:.0f} TFLOP/s; median of steps {args.skip + 1}-{args.steps}; "
+                 f"{peak:.0f} TFLOP/s; median of steps {args.skip + 1}-{args.steps}{runs}; "
                  f"checkpoint: {args.checkpoint})", "", step_suite.table(raw["step"]), ""]
     if "profile" in parts:
         from . import profile

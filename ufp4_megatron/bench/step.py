@@ -19,6 +19,7 @@ as PaLM does; a causal kernel does half of that work).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import statistics
@@ -150,67 +151,108 @@ def _checkpoint(run_dir: Path, planned: str) -> str:
 
 def run_suite(out: Path, *, models=tuple(SHAPES), recipes=RECIPES, steps: int = 12,
               skip: int = 4, checkpoint: str = "end", deadline_s: float | None = None,
-              timeout: int = 240, extra: tuple[str, ...] = (), log=print) -> list[dict]:
-    """Rows of the step table; a row for every (shape, recipe), run or not."""
+              timeout: int = 240, extra: tuple[str, ...] = (), repeats: int = 1,
+              log=print) -> list[dict]:
+    """Rows of the step table; a row for every (shape, recipe), run or not. With repeats > 1
+    every row runs that many times, one pass over all rows after the other (so drift shows
+    as spread, not as a difference between recipes), and a row aggregates its runs."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r}: give a whole number of runs per row, 1 or more")
     runs = Path(os.environ.get("RUNS_DIR", "/tmp/ufp4-bench-runs"))
     runs.mkdir(parents=True, exist_ok=True)
     logfile = out / "step.log"
     t_end = time.time() + deadline_s if deadline_s else None
     peak = gemm_tflops()
     log(f"BF16 GEMM rate measured now: {peak:.0f} TFLOP/s (8192^3, median of 10)")
-    rows = []
     flops = {m: model_flops(SHAPES[m]) for m in models}
     # BF16 and UFP4 of every shape first (the targets), then the other recipes: a deadline
-    # cuts the least important rows
+    # cuts the least important rows (and, with repeats, the later passes)
     first = [r for r in recipes if r in ("bf16", "ufp4")]
     order = [(m, r) for tier in (first, [r for r in recipes if r not in first])
              for m in models for r in tier]
+    done: dict[tuple[str, str], list[dict]] = {key: [] for key in order}
+    for rep in range(repeats):
+        for model, recipe in order:
+            left = t_end - time.time() if t_end else timeout
+            if left < 30:
+                continue
+            run = _one_run(model, recipe, rep, runs=runs, logfile=logfile, steps=steps,
+                           skip=skip, checkpoint=checkpoint, timeout=int(min(timeout, left)),
+                           extra=extra)
+            done[model, recipe].append(run)
+            log(json.dumps({"model": model, "recipe": recipe, "repeat": rep + 1,
+                            **{k: v for k, v in run.items() if k != "error"}}, default=str))
+    rows = []
     for model, recipe in order:
         shape = SHAPES[model]
         model_flops_per_token, n_params = flops[model]
-        tokens = shape.seq_len * shape.micro_batch
         row = dict(model=model, recipe=recipe, seq_len=shape.seq_len,
                    micro_batch=shape.micro_batch, params=n_params, tflops_peak=peak)
-        left = t_end - time.time() if t_end else timeout
-        if left < 30:
-            rows.append(row | dict(status="not run (time budget)"))
-            continue
-        plan = checkpoint
-        if checkpoint == "end":
-            need = CKPT_BYTES_PER_PARAM * n_params
-            free = shutil.disk_usage(runs).free
-            if need > 0.8 * free:
-                plan = f"off: needs ~{need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"
-        overrides = [*shape.overrides, f"precision={recipe}", f"train.steps={steps}",
-                     f"train.seq_len={shape.seq_len}",
-                     f"train.micro_batch={shape.micro_batch}",
-                     f"train.global_batch={shape.micro_batch}", "optim.warmup_steps=2",
-                     f"checkpoint.save_at_end={'true' if plan == 'end' else 'false'}",
-                     "checkpoint.resume=false", "checkpoint.keep=1",
-                     f"data.cache_dir={runs / 'data'}", *extra]
-        name = f"step-{model}-{recipe}"
-        shutil.rmtree(runs / name, ignore_errors=True)
-        run = run_trainer(name, overrides, runs=runs, log=logfile,
-                          timeout=int(min(timeout, left)))
-        metrics = run["metrics"]
-        st = _steady(metrics, "step_time", skip)
-        steady = _steady_values(metrics, "step_time", skip) or [float("nan")]
-        row |= dict(status=_status(run, steps), steps=len(metrics), step_ms=st * 1e3,
-                    step_min_ms=min(steady) * 1e3, step_max_ms=max(steady) * 1e3,
-                    tokens_per_s=tokens / st,
-                    mfu=model_flops_per_token * tokens / st / (peak * 1e12),
-                    peak_mem_gib=max((m.get("mem_gib", float("nan")) for m in metrics),
-                                     default=float("nan")),
-                    checkpoint=_checkpoint(run["run_dir"], plan), wall_s=run["wall_s"],
-                    final_loss=metrics[-1]["loss"] if metrics else None)
-        if run["rc"] != 0:
-            row["error"] = run["tail"].strip().splitlines()[-1][:300] if run["tail"] else ""
-        shutil.rmtree(runs / name, ignore_errors=True)  # checkpoints are large
-        rows.append(row)
-        log(json.dumps({k: v for k, v in row.items() if k != "error"}, default=str))
+        rows.append(row | _aggregate(done[model, recipe], shape.seq_len * shape.micro_batch,
+                                     model_flops_per_token, peak))
     _add_ratios(rows)
     rows.sort(key=lambda r: (list(models).index(r["model"]), list(recipes).index(r["recipe"])))
     return rows
+
+
+def _one_run(model: str, recipe: str, rep: int, *, runs: Path, logfile: Path, steps: int,
+             skip: int, checkpoint: str, timeout: int, extra: tuple[str, ...]) -> dict:
+    """One trainer run of a row: its status, steady step times, memory, checkpoint, loss."""
+    shape = SHAPES[model]
+    plan = checkpoint
+    if checkpoint == "end":
+        need = CKPT_BYTES_PER_PARAM * model_flops(shape)[1]
+        free = shutil.disk_usage(runs).free
+        if need > 0.8 * free:
+            plan = f"off: needs ~{need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"
+    overrides = [*shape.overrides, f"precision={recipe}", f"train.steps={steps}",
+                 f"train.seq_len={shape.seq_len}", f"train.micro_batch={shape.micro_batch}",
+                 f"train.global_batch={shape.micro_batch}", "optim.warmup_steps=2",
+                 f"checkpoint.save_at_end={'true' if plan == 'end' else 'false'}",
+                 "checkpoint.resume=false", "checkpoint.keep=1",
+                 f"data.cache_dir={runs / 'data'}", *extra]
+    name = f"step-{model}-{recipe}" + (f"-r{rep + 1}" if rep else "")
+    shutil.rmtree(runs / name, ignore_errors=True)
+    run = run_trainer(name, overrides, runs=runs, log=logfile, timeout=timeout)
+    metrics = run["metrics"]
+    steady = _steady_values(metrics, "step_time", skip)
+    out = dict(status=_status(run, steps), steps=len(metrics),
+               step_ms=statistics.median(steady) * 1e3 if steady else float("nan"),
+               step_min_ms=min(steady) * 1e3 if steady else float("nan"),
+               step_max_ms=max(steady) * 1e3 if steady else float("nan"),
+               peak_mem_gib=max((m.get("mem_gib", float("nan")) for m in metrics),
+                                default=float("nan")),
+               checkpoint=_checkpoint(run["run_dir"], plan), wall_s=run["wall_s"],
+               final_loss=metrics[-1]["loss"] if metrics else None)
+    if run["rc"] != 0:
+        out["error"] = run["tail"].strip().splitlines()[-1][:300] if run["tail"] else ""
+    shutil.rmtree(runs / name, ignore_errors=True)  # checkpoints are large
+    return out
+
+
+def _aggregate(runs: list[dict], tokens: int, flops_per_token: float, peak: float) -> dict:
+    """A row from its runs: the median of the runs' median steps (and each run's), the
+    fastest and slowest steady step of any run, the largest peak memory, the last checkpoint
+    and the first run's loss; a failed run's status is the row's."""
+    if not runs:
+        return dict(status="not run (time budget)")
+    timed = [r for r in runs if not math.isnan(r["step_ms"])]
+    mems = [r["peak_mem_gib"] for r in runs if not math.isnan(r["peak_mem_gib"])]
+    bad = [r for r in runs if r["status"] != "ok"]
+    st = statistics.median(r["step_ms"] for r in timed) / 1e3 if timed else float("nan")
+    row = dict(status=bad[0]["status"] if bad else "ok", steps=max(r["steps"] for r in runs),
+               runs=len(runs), runs_ms=[r["step_ms"] for r in runs], step_ms=st * 1e3,
+               step_min_ms=min((r["step_min_ms"] for r in timed), default=float("nan")),
+               step_max_ms=max((r["step_max_ms"] for r in timed), default=float("nan")),
+               tokens_per_s=tokens / st, mfu=flops_per_token * tokens / st / (peak * 1e12),
+               peak_mem_gib=max(mems, default=float("nan")),
+               checkpoint=runs[-1]["checkpoint"], wall_s=sum(r["wall_s"] for r in runs),
+               final_loss=runs[0]["final_loss"])
+    if bad and len(bad) < len(runs):
+        row["status"] = f"{len(runs) - len(bad)} of {len(runs)} ok; {bad[0]['status']}"
+    if bad and "error" in bad[0]:
+        row["error"] = bad[0]["error"]
+    return row
 
 
 def _add_ratios(rows: list[dict]) -> None:
@@ -221,6 +263,9 @@ def _add_ratios(rows: list[dict]) -> None:
         if b is not None and "step_ms" in r:
             r["x_bf16"] = r["step_ms"] / b["step_ms"]
             r["mem_x_bf16"] = r["peak_mem_gib"] / b["peak_mem_gib"]
+            # per pass: each run against the BF16 run of the same pass
+            pairs = zip(r.get("runs_ms", []), b.get("runs_ms", []))
+            r["x_bf16_runs"] = [ms / bms for ms, bms in pairs]
 
 
 def table(rows: list[dict]) -> str:
@@ -234,9 +279,14 @@ def table(rows: list[dict]) -> str:
         f = lambda k, fmt: format(r[k], fmt) if r.get(k) is not None else "-"  # noqa: E731
         spread = (f"{r['step_min_ms']:.1f}-{r['step_max_ms']:.1f}" if "step_min_ms" in r
                   else "-")
-        out.append(f"| {r['model']} | {r['recipe']} | {r['status']} | {f('step_ms', '.1f')} | "
+        step_cell, x_cell = f("step_ms", ".1f"), f("x_bf16", ".3f")
+        if len(r.get("runs_ms", ())) > 1:  # each run's median, in pass order
+            step_cell += " (" + ", ".join(f"{v:.1f}" for v in r["runs_ms"]) + ")"
+        if len(r.get("x_bf16_runs", ())) > 1:
+            x_cell += " (" + ", ".join(f"{v:.3f}" for v in r["x_bf16_runs"]) + ")"
+        out.append(f"| {r['model']} | {r['recipe']} | {r['status']} | {step_cell} | "
                    f"{spread} | "
-                   f"{f('x_bf16', '.3f')} | {f('tokens_per_s', ',.0f')} | {f('mfu', '.1%')} | "
+                   f"{x_cell} | {f('tokens_per_s', ',.0f')} | {f('mfu', '.1%')} | "
                    f"{f('peak_mem_gib', '.2f')} | {f('mem_x_bf16', '.3f')} | "
                    f"{r.get('checkpoint', '-')} | {f('final_loss', '.4f')} |")
     return "\n".join(out)
