@@ -4,9 +4,11 @@
   input embedding lookup and norms left out, top-k experts only);
 - a real trainer subprocess (tiny, 3 steps, checkpoint at the end): its metrics, median step
   time and checkpoint come back as a row; a run that fails comes back as a row that says so;
+- run_suite end to end on CPU (real trainers, tiny shape, 2 passes); repeated runs aggregate;
 - out-of-memory output is reported as OOM; rows that did not run still render in the table;
   ratios are taken to the BF16 row of the same shape.
 """
+import json
 import sys
 
 import pytest
@@ -105,6 +107,26 @@ def test_repeated_runs_aggregate_and_show_their_spread():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="whole number of runs per row"):
             step.run_suite(None, repeats=bad)
+
+
+def test_suite_runs_real_trainers_in_passes(tmp_path, monkeypatch):
+    """run_suite end to end on CPU with real trainer subprocesses: a tiny shape, bf16 and
+    ufp4, 2 passes, checkpoint at the end; only the GEMM-rate probe (CUDA) is replaced."""
+    monkeypatch.setitem(step.SHAPES, "tiny", step.Shape(("model=tiny",), 64, 2))
+    monkeypatch.setattr(step, "gemm_tflops", lambda: 1.0)
+    monkeypatch.setenv("RUNS_DIR", str(tmp_path / "runs"))
+    logged = []
+    rows = step.run_suite(tmp_path, models=("tiny",), recipes=("bf16", "ufp4"), steps=3, skip=1,
+                          extra=("train.device=cpu",), repeats=2, log=logged.append)
+    assert [(r["model"], r["recipe"], r["status"], r["runs"]) for r in rows] == [
+        ("tiny", "bf16", "ok", 2), ("tiny", "ufp4", "ok", 2)]
+    ufp4 = rows[1]
+    assert len(ufp4["runs_ms"]) == 2 and len(ufp4["x_bf16_runs"]) == 2
+    assert ufp4["step_min_ms"] <= ufp4["step_ms"] <= ufp4["step_max_ms"]
+    assert ufp4["checkpoint"].startswith("end: saved")
+    passes = [json.loads(m)["repeat"] for m in logged if m.startswith("{")]
+    assert passes == [1, 1, 2, 2]  # one pass over all rows, then the next
+    assert not any((tmp_path / "runs").glob("step-*"))  # run dirs (checkpoints) removed
 
 
 def test_bench_cli_names_what_is_wrong():
