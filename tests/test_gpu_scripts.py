@@ -1,4 +1,4 @@
-"""The GPU suites under gpu/ run as a user's runs would (issue 10: "every GPU run of record keeps
+"""The GPU suites under gpu/ (and the benchmark code they drive) run as a user's runs would (issue 10: "every GPU run of record keeps
 checkpointing on; a GPU script that turns it off to pass is a defect"): no script may switch
 the trainer's saving off. Checked on the scripts' text, since they only run on a GPU."""
 from __future__ import annotations
@@ -12,7 +12,9 @@ OFF = re.compile(r"checkpoint\.(save_at_end=false|interval=0\b|resume=false)")
 
 
 def test_no_gpu_script_switches_checkpointing_off():
-    scripts = sorted(p for p in (ROOT / "gpu").rglob("*") if p.suffix in (".sh", ".py"))
+    # gpu/'s scripts and the benchmark code they drive (ufp4_megatron/bench: the step table)
+    scripts = sorted(p for d in ("gpu", "ufp4_megatron/bench") for p in (ROOT / d).rglob("*")
+                     if p.suffix in (".sh", ".py"))
     assert scripts, "gpu/ holds no scripts: this test looks in the wrong place"
     offenders = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in scripts
                  for i, line in enumerate(p.read_text().splitlines(), 1) if OFF.search(line)]

@@ -134,11 +134,6 @@ def _steady_values(rows: list[dict], key: str, skip: int) -> list[float]:
     return [r[key] for r in rows if r["step"] > skip and r.get(key) is not None]
 
 
-def _steady(rows: list[dict], key: str, skip: int) -> float:
-    vals = _steady_values(rows, key, skip)
-    return statistics.median(vals) if vals else float("nan")
-
-
 def _checkpoint(run_dir: Path, planned: str) -> str:
     if planned != "end":
         return planned
@@ -176,9 +171,9 @@ def run_suite(out: Path, *, models=tuple(SHAPES), recipes=RECIPES, steps: int = 
             left = t_end - time.time() if t_end else timeout
             if left < 30:
                 continue
-            run = _one_run(model, recipe, rep, runs=runs, logfile=logfile, steps=steps,
-                           skip=skip, checkpoint=checkpoint, timeout=int(min(timeout, left)),
-                           extra=extra)
+            run = _one_run(model, recipe, rep, n_params=flops[model][1], runs=runs,
+                           logfile=logfile, steps=steps, skip=skip, checkpoint=checkpoint,
+                           timeout=int(min(timeout, left)), extra=extra)
             done[model, recipe].append(run)
             log(json.dumps({"model": model, "recipe": recipe, "repeat": rep + 1,
                             **{k: v for k, v in run.items() if k != "error"}}, default=str))
@@ -195,13 +190,14 @@ def run_suite(out: Path, *, models=tuple(SHAPES), recipes=RECIPES, steps: int = 
     return rows
 
 
-def _one_run(model: str, recipe: str, rep: int, *, runs: Path, logfile: Path, steps: int,
-             skip: int, checkpoint: str, timeout: int, extra: tuple[str, ...]) -> dict:
+def _one_run(model: str, recipe: str, rep: int, *, n_params: int, runs: Path, logfile: Path,
+             steps: int, skip: int, checkpoint: str, timeout: int,
+             extra: tuple[str, ...]) -> dict:
     """One trainer run of a row: its status, steady step times, memory, checkpoint, loss."""
     shape = SHAPES[model]
     plan = checkpoint
     if checkpoint == "end":
-        need = CKPT_BYTES_PER_PARAM * model_flops(shape)[1]
+        need = CKPT_BYTES_PER_PARAM * n_params
         free = shutil.disk_usage(runs).free
         if need > 0.8 * free:
             plan = f"off: needs ~{need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"
@@ -209,9 +205,9 @@ def _one_run(model: str, recipe: str, rep: int, *, runs: Path, logfile: Path, st
                  f"train.seq_len={shape.seq_len}", f"train.micro_batch={shape.micro_batch}",
                  f"train.global_batch={shape.micro_batch}", "optim.warmup_steps=2",
                  f"checkpoint.save_at_end={'true' if plan == 'end' else 'false'}",
-                 "checkpoint.resume=false", "checkpoint.keep=1",
                  f"data.cache_dir={runs / 'data'}", *extra]
     name = f"step-{model}-{recipe}" + (f"-r{rep + 1}" if rep else "")
+    # a fresh run dir: the trainer's defaults (resume, keep) then act as in a user's first run
     shutil.rmtree(runs / name, ignore_errors=True)
     run = run_trainer(name, overrides, runs=runs, log=logfile, timeout=timeout)
     metrics = run["metrics"]
