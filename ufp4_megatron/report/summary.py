@@ -36,6 +36,12 @@ class RecipeSummary:
     vs_baseline_unpaired: Interval | None = None
 
     @property
+    def n_baseline_seeds(self) -> int:
+        """The baseline's seeds (all of them, paired or not); 0 without a difference."""
+        d = self.vs_baseline_unpaired
+        return 0 if d is None else d.n - len(self.seeds)
+
+    @property
     def reduction_resolved(self) -> bool:
         return self.vs_baseline is not None and self.vs_baseline.excludes(1.0)
 
@@ -111,7 +117,7 @@ def _difference(s: RecipeSummary) -> dict | None:
     if d is None:
         return None
     return {"baseline": s.baseline, "difference": d.mean, "lo": d.lo, "hi": d.hi,
-            "n_seeds": len(s.seeds), "n_baseline_seeds": d.n - len(s.seeds),
+            "n_seeds": len(s.seeds), "n_baseline_seeds": s.n_baseline_seeds,
             "resolved": d.resolved}
 
 

@@ -35,16 +35,11 @@ def reduction_cell(s: RecipeSummary) -> str:
     if r.n == 1:
         return f"{UNRESOLVED} ({ONE_SEED}; point value {point})"
     if not r.bounded:
-        some = r.n < len(s.seeds) or r.n < _baseline_seeds(s)
+        some = r.n < len(s.seeds) or r.n < s.n_baseline_seeds
         over = f" over the {r.n} paired seeds" if some else ""
         return f"{UNRESOLVED}: {point} [unbounded: {s.baseline}'s own gap is not resolved{over}]"
     text = f"{point} [{1 - r.hi:+.1%}, {1 - r.lo:+.1%}]"
     return text if s.reduction_resolved else f"{UNRESOLVED}: {text}"
-
-
-def _baseline_seeds(s: RecipeSummary) -> int:
-    d = s.vs_baseline_unpaired
-    return 0 if d is None else d.n - len(s.seeds)
 
 
 def pairing_note(s: RecipeSummary) -> str | None:
@@ -54,7 +49,7 @@ def pairing_note(s: RecipeSummary) -> str | None:
     if d is None or s.recipe == s.baseline:
         return None
     paired = 0 if r is None else r.n
-    if paired == len(s.seeds) == _baseline_seeds(s):
+    if paired == len(s.seeds) == s.n_baseline_seeds:
         return None
     if d.lo is None:
         diff = f"{d.mean * 100:+.2f} points ({ONE_SEED} on one side)"
@@ -62,7 +57,7 @@ def pairing_note(s: RecipeSummary) -> str | None:
         diff = f"{d.mean * 100:+.2f} points [{d.lo * 100:+.2f}, {d.hi * 100:+.2f}]"
         diff = diff if d.resolved else f"{UNRESOLVED}: {diff}"
     return (f"{s.model} {s.recipe}: {paired} of its {len(s.seeds)} seeds are paired with "
-            f"{s.baseline} ({_baseline_seeds(s)} seeds); the reduction rests on those. Train "
+            f"{s.baseline} ({s.n_baseline_seeds} seeds); the reduction rests on those. Train "
             f"gap minus {s.baseline}'s over every seed of each, not paired (Welch): {diff}")
 
 
