@@ -25,3 +25,18 @@ def test_the_check_sees_an_offending_line():
     assert OFF.search('run_trainer(name, ["checkpoint.save_at_end=false", *overrides])')
     assert OFF.search("python -m ufp4_megatron.train checkpoint.resume=false")
     assert not OFF.search("checkpoint.interval=10 checkpoint.keep=1")
+
+
+def _study_sh(*args, **env):
+    import os
+    import subprocess
+    return subprocess.run(["bash", "gpu/study.sh", *args], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, **env}, timeout=30)
+
+
+def test_study_sh_refuses_a_bad_round_or_grid_before_setting_up():
+    # both refusals happen before gpu/setup.sh (nothing is installed or trained)
+    bad_round = _study_sh("12")
+    assert bad_round.returncode == 2 and "unknown round 12" in bad_round.stderr
+    bad_grid = _study_sh("4", GRID="mian")
+    assert bad_grid.returncode == 2 and "GRID=mian; give main, ablation or depth" in bad_grid.stderr
