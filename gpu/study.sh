@@ -92,12 +92,20 @@ if [[ $CORPUS == pysrc ]]; then
   data=("data.prefixes=[/tmp/corpus/pysrc]" data.tokenizer.type=byte-level)
 fi
 
+# A node still warm from an earlier call keeps that call's study dir: its study.json is newer
+# than any committed archive's, so the archives do not overwrite it (the runner trusts the
+# files on disk for what is complete either way). What goes back at the end is every run
+# complete on the node that no committed archive holds, also one an earlier call on this
+# node left stopped and this round resumed (round 4 of pysrc, 2026-12-01, returned none of
+# its 6 completed runs: they had run dirs before it started).
 shopt -s nullglob
+keep=(); [[ -f $STUDY/study.json ]] && keep=(--exclude=study.json) \
+  && echo "keeping this node's $STUDY/study.json (an earlier call's)"
+: > /tmp/runs-archived.txt
 while IFS= read -r a; do
-  tar -xzf "$a" -C "$STUDY" && echo "unpacked $a"
+  tar -xzf "$a" -C "$STUDY" "${keep[@]}" && echo "unpacked $a"
+  tar -tzf "$a" | sed -n 's#^runs/\([^/]*\)/metrics\.jsonl$#\1#p' >> /tmp/runs-archived.txt
 done < <(find "$ARCHIVES" -maxdepth 1 -name 'round*.tar.gz' 2>/dev/null | sort -V)
-find "$STUDY/runs" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' 2>/dev/null | sort \
-  > /tmp/runs-before.txt
 
 LIMIT=$(( BUDGET - ($(date +%s) - T0) ))
 echo "round $ROUND: grid $GRID arms ${ARMS:-all} seeds $SEEDS, $PER_DEVICE per GPU, training stops in $LIMIT s"
@@ -118,11 +126,11 @@ for r in mf.load(sys.argv[1])["runs"]:
         print(r["name"])
 EOF
 
-# what completed in this round goes back, packed at once so that a call cut short during the
-# mechanism still returns it; earlier rounds' runs are already in the repo
+# what no committed archive holds goes back, packed at once so that a call cut short during
+# the mechanism still returns it
 new=()
 while IFS= read -r name; do
-  grep -qx "$name" /tmp/runs-before.txt || [[ ! -f $STUDY/runs/$name/config.yaml ]] || new+=("$name")
+  grep -qx "$name" /tmp/runs-archived.txt || [[ ! -f $STUDY/runs/$name/config.yaml ]] || new+=("$name")
 done < /tmp/runs-complete.txt
 files=(study.json "runner-round$ROUND.log")
 [[ -f $STUDY/corpus.manifest.json ]] && files+=(corpus.manifest.json)
@@ -175,7 +183,7 @@ counts = defaultdict(int)
 for r in m["runs"]:
     counts[r["status"]] += 1
 print(f"# Study round {rnd} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
-print(f"{len(new)} runs completed this round; study: "
+print(f"{len(new)} runs new to the archives (completed in this round, or on this node earlier and not archived); study: "
       + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f" of {len(m['runs'])}.")
 print(f"Runner wall time {t_train - t0} s ({per_device} runs per GPU); completed runs "
       f"trained {tokens / max(1, t_train - t0):,.0f} tokens/s in all over it.\n")
