@@ -24,15 +24,20 @@
 # run completed in this round runs/<run>/{metrics.jsonl,config.yaml} and its log), loss_gap.md/.json/.png (compare
 # over every complete run so far), mechanism.md (round 1: bf16, e2m1, ufp4 of seed 1; plots in
 # the archive) and roundN.md (what ran, the measured throughput; printed last).
-# Env: BUDGET seconds from start to the end of training (default 400; the mechanism, compare
-# and archives take up to ~120 s more: keep BUDGET <= 420 in a 600-s call), PER_DEVICE, SEEDS, ARMS.
+# Env: BUDGET seconds from start to the end of training (default 400), PER_DEVICE, SEEDS, ARMS,
+# GRID. After training: the mechanism (round 1, or a round whose seed-1 models are new) up to
+# ~120 s, compare and archives ~25 s; so BUDGET <= 420 for round 1 in a 600-s call, ~520 for
+# the others. Before training (inside BUDGET): ~115 s on a fresh node (set-up, preflight,
+# corpus), ~50 s on a warm one.
 # CORPUS=stdlib (default: the embedded corpus, the rounds in docs/results/study/) or pysrc (the
 # stdlib plus torch's sources, 46.4 MB with torch 2.11, prepared here by gpu/pysrc_corpus.py: no
 # byte seen twice in a run; its rounds are a separate study, archived under
-# docs/results/study-pysrc/; rounds 1-2 ran on 2026-12-01, gpu/README says what comes next).
-# Packing (pysrc rounds 1-2, from the runner's progress lines): 12 runs trained ~36 steps/s in
-# all, 8-9 runs ~39, 4 runs ~27; a UFP4 step took 0.195 s packed 12 and 0.142 s packed 8, so
-# with 8 each run ends ~1.4x sooner and fewer are shed in a 600-s call: PER_DEVICE=8 there.
+# docs/results/study-pysrc/; rounds 1-5 ran on 2026-12-01, docs/results.md lists them).
+# Packing (pysrc rounds, from the runner's progress lines): 12 runs trained ~36-42 steps/s in
+# all, 8-9 runs ~39, 4 runs ~27; a UFP4 step took 0.155-0.195 s packed 12 and 0.142 s packed 8.
+# Round 3 (12 per GPU, 12 runs, BUDGET=430) completed 6 in one wave; with 8 per GPU a second
+# wave does not fit a call either, so 12 per GPU and a BUDGET that lets the wave end is best.
+# nvfp4 is the exception: 2.5 s per step packed 12 (docs/performance.md), do not pack it yet.
 set -uo pipefail
 T0=$(date +%s)
 ROUND=${1:?usage: gpu/study.sh ROUND (1-9, see the header) or a grid name}
