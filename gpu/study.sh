@@ -76,6 +76,14 @@ mkdir -p "$OUT" "$STUDY"
 source gpu/setup.sh || exit 1
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 
+# The pysrc corpus is prepared (CPU, tens of seconds) while the preflight runs; a node still
+# warm from an earlier call has it already (its manifest is written last, so it is complete).
+corpus_pid=
+if [[ $CORPUS == pysrc && ! -f /tmp/corpus/pysrc.manifest.json ]]; then
+  python3 gpu/pysrc_corpus.py --out /tmp/corpus/pysrc --packages torch > /tmp/corpus.log 2>&1 &
+  corpus_pid=$!
+fi
+
 # Preflight (~20 s): a 4-step GPU run that saves two checkpoints. Without working GPU
 # checkpoints (issue 10) every study run would die at its first save; stop here instead.
 if ! python3 -m ufp4_megatron.train model=tiny precision=ufp4 train.steps=4 checkpoint.interval=2 \
@@ -83,16 +91,18 @@ if ! python3 -m ufp4_megatron.train model=tiny precision=ufp4 train.steps=4 chec
     data.cache_dir=/tmp/preflight/data logging.wandb.mode=disabled > /tmp/preflight.log 2>&1; then
   tail -5 /tmp/preflight.log
   echo "gpu_study: preflight failed: a 4-step GPU run with checkpoints did not complete; not starting"
+  [[ -n $corpus_pid ]] && kill "$corpus_pid" 2>/dev/null
   exit 1
 fi
 echo "preflight: GPU run with checkpoints ok ($(( $(date +%s) - T0 )) s)"
 
 data=()  # the runs' data overrides (none: the grid's embedded corpus)
 if [[ $CORPUS == pysrc ]]; then
-  if ! python3 gpu/pysrc_corpus.py --out /tmp/corpus/pysrc --packages torch > /tmp/corpus.log 2>&1; then
+  if [[ -n $corpus_pid ]] && ! wait "$corpus_pid"; then
     tail -5 /tmp/corpus.log; echo "gpu_study: the pysrc corpus could not be prepared"; exit 1
   fi
-  tail -1 /tmp/corpus.log
+  [[ -n $corpus_pid ]] && tail -1 /tmp/corpus.log || echo "pysrc corpus: prepared by an earlier call on this node"
+  echo "corpus ready ($(( $(date +%s) - T0 )) s)"
   cp /tmp/corpus/pysrc.manifest.json "$STUDY/corpus.manifest.json"
   data=("data.prefixes=[/tmp/corpus/pysrc]" data.tokenizer.type=byte-level)
 fi
