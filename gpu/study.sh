@@ -33,6 +33,11 @@
 # stdlib plus torch's sources, 46.4 MB with torch 2.11, prepared here by gpu/pysrc_corpus.py: no
 # byte seen twice in a run; its rounds are a separate study, archived under
 # docs/results/study-pysrc/; rounds 1-5 ran on 2026-12-01, docs/results.md lists them).
+# STEPS=N: every run trains N steps (cosine to the last), a study of its own (/tmp/study-pysrc-
+# Nsteps, archives under docs/results/study-pysrc-Nsteps/). PACKAGES=torch,numpy,... (pysrc):
+# the packages whose sources join the stdlib's, another corpus and so another study (suffix
+# -torch+numpy...). A 1000-step run takes 32.8M tokens: pysrc with torch holds 45.4M training
+# bytes (1380 steps seen once); torch,megatron.core,wandb,pydantic,numpy add ~20 MB here.
 # Packing (pysrc rounds, from the runner's progress lines): 12 runs trained ~36-42 steps/s in
 # all, 8-9 runs ~39, 4 runs ~27; a UFP4 step took 0.155-0.195 s packed 12 and 0.142 s packed 8.
 # Round 3 (12 per GPU, 12 runs, BUDGET=430) completed 6 in one wave; with 8 per GPU a second
@@ -64,11 +69,30 @@ PER_DEVICE=${PER_DEVICE:-$PER_DEFAULT}
 BUDGET=${BUDGET:-400}
 OUT=${OUT:-runs/gpu/study}
 CORPUS=${CORPUS:-stdlib}
+PACKAGES=${PACKAGES:-torch}
 case $CORPUS in
   stdlib) ARCHIVES=docs/results/study; STUDY=/tmp/study ;;
   pysrc) ARCHIVES=docs/results/study-pysrc; STUDY=/tmp/study-pysrc ;;
   *) echo "gpu/study.sh: CORPUS=$CORPUS; give stdlib or pysrc" >&2; exit 2 ;;
 esac
+# PACKAGES (pysrc): the installed packages whose sources join the stdlib's (default torch);
+# other packages make another corpus, so another study (its own dir and archive folder)
+CORPUS_PREFIX=/tmp/corpus/pysrc
+if [[ $PACKAGES != torch ]]; then
+  [[ $CORPUS == pysrc ]] || { echo "gpu/study.sh: PACKAGES is for CORPUS=pysrc" >&2; exit 2; }
+  [[ $PACKAGES =~ ^[A-Za-z_][A-Za-z0-9_.]*(,[A-Za-z_][A-Za-z0-9_.]*)*$ ]] || {
+    echo "gpu/study.sh: PACKAGES=$PACKAGES; give importable names separated by commas, e.g. torch,numpy" >&2; exit 2; }
+  tag=${PACKAGES//,/+}
+  CORPUS_PREFIX=/tmp/corpus/pysrc-$tag; ARCHIVES+=-$tag; STUDY+=-$tag
+fi
+# STEPS: train.steps of every run (default the grid's, 1000; the cosine schedule follows it);
+# runs of another length are another study, with their own dir and archive folder
+STEPS=${STEPS:-}
+steps=()
+if [[ -n $STEPS ]]; then
+  [[ $STEPS =~ ^[1-9][0-9]*$ ]] || { echo "gpu/study.sh: STEPS=$STEPS; give a positive step count, e.g. 2000" >&2; exit 2; }
+  steps=("train.steps=$STEPS"); ARCHIVES+=-${STEPS}steps; STUDY+=-${STEPS}steps
+fi
 # STUDY: checkpoints stay on the node; only results come back
 mkdir -p "$OUT" "$STUDY"
 
@@ -79,8 +103,8 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 # The pysrc corpus is prepared (CPU, tens of seconds) while the preflight runs; a node still
 # warm from an earlier call has it already (its manifest is written last, so it is complete).
 corpus_pid=
-if [[ $CORPUS == pysrc && ! -f /tmp/corpus/pysrc.manifest.json ]]; then
-  python3 gpu/pysrc_corpus.py --out /tmp/corpus/pysrc --packages torch > /tmp/corpus.log 2>&1 &
+if [[ $CORPUS == pysrc && ! -f $CORPUS_PREFIX.manifest.json ]]; then
+  python3 gpu/pysrc_corpus.py --out "$CORPUS_PREFIX" --packages "$PACKAGES" > /tmp/corpus.log 2>&1 &
   corpus_pid=$!
 fi
 
@@ -103,9 +127,10 @@ if [[ $CORPUS == pysrc ]]; then
   fi
   [[ -n $corpus_pid ]] && tail -1 /tmp/corpus.log || echo "pysrc corpus: prepared by an earlier call on this node"
   echo "corpus ready ($(( $(date +%s) - T0 )) s)"
-  cp /tmp/corpus/pysrc.manifest.json "$STUDY/corpus.manifest.json"
-  data=("data.prefixes=[/tmp/corpus/pysrc]" data.tokenizer.type=byte-level)
+  cp "$CORPUS_PREFIX.manifest.json" "$STUDY/corpus.manifest.json"
+  data=("data.prefixes=[$CORPUS_PREFIX]" data.tokenizer.type=byte-level)
 fi
+data+=("${steps[@]}")
 
 # A node still warm from an earlier call keeps that call's study dir: its study.json is newer
 # than any committed archive's, so the archives do not overwrite it (the runner trusts the

@@ -40,3 +40,13 @@ def test_study_sh_refuses_a_bad_round_or_grid_before_setting_up():
     assert bad_round.returncode == 2 and "unknown round 12" in bad_round.stderr
     bad_grid = _study_sh("4", GRID="mian")
     assert bad_grid.returncode == 2 and "GRID=mian; give main, ablation or depth" in bad_grid.stderr
+
+
+def test_study_sh_refuses_bad_steps_and_packages_before_setting_up():
+    steps = _study_sh("3", STEPS="2k", CORPUS="pysrc")
+    assert steps.returncode == 2 and "STEPS=2k; give a positive step count" in steps.stderr
+    assert _study_sh("3", STEPS="0").returncode == 2
+    pkgs = _study_sh("3", CORPUS="pysrc", PACKAGES="torch;rm")
+    assert pkgs.returncode == 2 and "give importable names separated by commas" in pkgs.stderr
+    stdlib = _study_sh("3", PACKAGES="numpy")
+    assert stdlib.returncode == 2 and "PACKAGES is for CORPUS=pysrc" in stdlib.stderr
