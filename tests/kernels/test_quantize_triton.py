@@ -168,6 +168,9 @@ PAIRS = {  # (a spec, b spec, a layout, b layout): the GEMMs of the presets and 
                  dict(grid="e1m2", rounding="sr", seed=7), "row", "col"),
     "generic kernel (two launches)": (dict(grid="e1m2", block=32),
                                       dict(grid="e2m1", block_2d=True), "row", "col"),
+    "nvfp4 fprop (two launches, e4m3 tensor scales)": (
+        dict(grid="e2m1", scale="e4m3"), dict(grid="e2m1", scale="e4m3", block_2d=True),
+        "row", "row"),
 }
 
 
@@ -180,6 +183,22 @@ def test_pair_matches_two_single_launches(name):
     qa, qb = kernels.quantize_pair(views[0], dict(a_kw), views[1], dict(b_kw))
     assert_bitwise(qa, reference(views[0], **a_kw), f"{name} a")
     assert_bitwise(qb, reference(views[1], **b_kw), f"{name} b")
+
+
+def test_pair_takes_each_e4m3_tensor_amax_once(monkeypatch):
+    # the amax is a pass of torch ops over the whole operand; a pair that falls back to two
+    # launches computed it twice for each operand (nvfp4: 10 passes per linear, not 6)
+    import ufp4_megatron.kernels.dispatch as dispatch
+    calls = []
+    real = dispatch.e4m3_tensor_amax
+    monkeypatch.setattr(dispatch, "e4m3_tensor_amax",
+                        lambda x, **kw: calls.append(kw) or real(x, **kw))
+    a, b = _data(32, 64, seed=3), _data(48, 64, seed=4)
+    a_kw, b_kw = dict(grid="e2m1", scale="e4m3"), dict(grid="e2m1", scale="e4m3", block_2d=True)
+    qa, qb = kernels.quantize_pair(a, dict(a_kw), b, dict(b_kw))
+    assert len(calls) == 2
+    assert_bitwise(qa, reference(a, **a_kw), "a")
+    assert_bitwise(qb, reference(b, **b_kw), "b")
 
 
 @pytest.mark.parametrize("layout", ["row", "col"])

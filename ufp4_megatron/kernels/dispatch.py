@@ -357,6 +357,12 @@ def quantize_view(x: torch.Tensor, grid, *, tiles=None, strict: bool = True,
     lay = _layout(x, grid, strict=strict, **kw)
     if lay is None:
         return None
+    return _quantize_laid_out(x, lay, tiles)
+
+
+def _quantize_laid_out(x: torch.Tensor, lay: _Layout, tiles=None) -> torch.Tensor:
+    """quantize_view once its layout is computed (quantize_pair reuses its two layouts: an
+    e4m3 layout holds the tensor amax, a full pass of torch ops over the operand)."""
     t, along_rows = _orient(x)
     tiles = tiles or {}
     generic = "col" if along_rows else "row"
@@ -381,13 +387,13 @@ def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *, t
     tiles = tiles or {}
     forced = "row" in tiles or "col" in tiles
     if la.plan.consts16 is None or lb.plan.consts16 is None or forced:
-        return quantize_view(a, tiles=tiles, **a_kw), quantize_view(b, tiles=tiles, **b_kw)
+        return _quantize_laid_out(a, la, tiles), _quantize_laid_out(b, lb, tiles)
     _, va, na, wa, args_a, (a0, a1) = _job16(ta, la, a_rows,
                                              tiles.get("col16" if a_rows else "row16"))
     _, vb, nb, wb, args_b, (b0, b1) = _job16(tb, lb, b_rows,
                                              tiles.get("col16" if b_rows else "row16"))
     if wa != wb:  # one launch has one warp count
-        return quantize_view(a, tiles=tiles, **a_kw), quantize_view(b, tiles=tiles, **b_kw)
+        return _quantize_laid_out(a, la, tiles), _quantize_laid_out(b, lb, tiles)
     programs_a = na[0] * na[1]
     k16._pair16_kernel[(programs_a + nb[0] * nb[1],)](
         *args_a, na[1], programs_a, *args_b, nb[1],
