@@ -114,13 +114,22 @@ CASES = {
     # mxfp4 wgrad, dy^T: 1x32 blocks, e8m0 scales, RHT16, SR, column layout
     "generic mxfp4 wgrad dy col sr": (
         "_qdq_kernel", 0, lambda s: s.ops.wgrad(s.dy, s.x, s.mxfp4, **s.kw)),
-    # nvfp4 fprop, w: 16x16 tiles, e4m3 scales, row layout (x, 1x16, goes first: row16)
+    # nvfp4 fprop, w: 16x16 tiles, e4m3 scales, row layout (launches: the tensor amax of x,
+    # of w, then x through row16, then w)
     "generic nvfp4 fprop w 2d e4m3": (
-        "_qdq_kernel", 1, lambda s: s.ops.fprop(s.x, s.w, s.nvfp4, **s.kw)),
+        "_qdq_kernel", 3, lambda s: s.ops.fprop(s.x, s.w, s.nvfp4, **s.kw)),
     # nvfp4 dgrad, w: 16x16 tiles in the column layout (the transposed tile; compiled to a
     # layout replicating the tile in every thread, 13+ minutes, until 2026-12-01)
     "generic nvfp4 dgrad w col 2d e4m3": (
-        "_qdq_kernel", 1, lambda s: s.ops.dgrad(s.dy, s.w, s.nvfp4, **s.kw)),
+        "_qdq_kernel", 3, lambda s: s.ops.dgrad(s.dy, s.w, s.nvfp4, **s.kw)),
+    # the e4m3 tensor amax (amax_triton.py): nvfp4's x (1x16, row), its w in the column
+    # layout with 16x16 tiles (dgrad), its dY^T in the column layout with RHT16 (wgrad)
+    "amax nvfp4 fprop x row": (
+        "_tensor_amax_kernel", 0, lambda s: s.ops.fprop(s.x, s.w, s.nvfp4, **s.kw)),
+    "amax nvfp4 dgrad w col 2d": (
+        "_tensor_amax_kernel", 1, lambda s: s.ops.dgrad(s.dy, s.w, s.nvfp4, **s.kw)),
+    "amax nvfp4 wgrad dy col rht16": (
+        "_tensor_amax_kernel", 0, lambda s: s.ops.wgrad(s.dy, s.x, s.nvfp4, **s.kw)),
     # the failure class, compiled the same way: must raise
     BROKEN: ("broken_kernel", 0, lambda s: broken_kernel[(1,)](torch.zeros(4, dtype=torch.int32))),
 }
@@ -188,7 +197,8 @@ def main(argv):
     from ufp4_megatron.kernels import dispatch, quantize16_triton as k16
 
     interceptor = Interceptor((k16._row16_kernel, k16._col16_kernel, k16._pair16_kernel,
-                               dispatch._qdq_kernel, broken_kernel))
+                               dispatch._qdq_kernel, dispatch._tensor_amax_kernel,
+                               broken_kernel))
     # Every launch is intercepted before anything runs, so CPU tensors stand in for CUDA ones.
     dispatch.check_device = lambda x: None
     setting = _setting()

@@ -186,19 +186,49 @@ def test_pair_matches_two_single_launches(name):
 
 
 def test_pair_takes_each_e4m3_tensor_amax_once(monkeypatch):
-    # the amax is a pass of torch ops over the whole operand; a pair that falls back to two
-    # launches computed it twice for each operand (nvfp4: 10 passes per linear, not 6)
+    # a pair that falls back to two launches computed each operand's tensor amax twice
+    # (nvfp4: 10 amax passes per linear forward+backward instead of 6)
     import ufp4_megatron.kernels.dispatch as dispatch
     calls = []
-    real = dispatch.e4m3_tensor_amax
-    monkeypatch.setattr(dispatch, "e4m3_tensor_amax",
-                        lambda x, **kw: calls.append(kw) or real(x, **kw))
+    real = dispatch._tensor_amax
+    monkeypatch.setattr(dispatch, "_tensor_amax", lambda *a: calls.append(a) or real(*a))
     a, b = _data(32, 64, seed=3), _data(48, 64, seed=4)
     a_kw, b_kw = dict(grid="e2m1", scale="e4m3"), dict(grid="e2m1", scale="e4m3", block_2d=True)
     qa, qb = kernels.quantize_pair(a, dict(a_kw), b, dict(b_kw))
     assert len(calls) == 2
     assert_bitwise(qa, reference(a, **a_kw), "a")
     assert_bitwise(qb, reference(b, **b_kw), "b")
+
+
+AMAX_CASES = {  # (block, block_2d, rht): nvfp4's operands (x, dY; 16x16 weights; wgrad RHT16)
+    "1x16": (16, False, None), "16x16 tiles": (16, True, None), "1x16 rht16": (16, False, 16),
+    "1x32 rht32": (32, False, 32), "32x32 tiles": (32, True, None), "1x16 rht64": (16, False, 64)}
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("case", list(AMAX_CASES))
+def test_tensor_amax_kernel_is_the_reference_bit_for_bit(case, layout):
+    import ufp4_megatron.kernels.dispatch as dispatch
+    from ufp4_megatron.numerics.quantize import e4m3_tensor_amax
+    block, block_2d, rht = AMAX_CASES[case]
+    rht = RHT(rht, 5) if rht else None
+    specials = _special(12, 64)  # NaN and Inf blocks (left out), zeros, subnormals, huge
+    shapes = {"special": specials.to(DEVICE), "ragged 37x70": _data(37, 70, seed=8),
+              "one row": _data(1, 40, seed=9, dtype=torch.float16),
+              "all NaN": torch.full((16, 32), float("nan"), device=DEVICE),
+              "huge, fp32": _data(20, 48, seed=10, dtype=torch.float32) * 1e30}
+    for name, x in shapes.items():
+        view = x if layout == "row" else x.t().contiguous().t()
+        plan = dispatch._plan(view.dtype, view.device, "e2m1", block, block_2d, "e4m3",
+                              "rtne", rht, False, None)
+        R, C = view.shape
+        length = -(-C // plan.unit) * plan.unit
+        other = -(-R // block) * block if block_2d else R
+        got = dispatch._tensor_amax(view, plan, length, other)
+        want = e4m3_tensor_amax(view, block=block, block_2d=block_2d, rht=rht)
+        assert got.dtype == torch.float32 and got.shape == ()
+        assert got.cpu().view(torch.int32).item() == want.cpu().float().view(torch.int32).item(), \
+            f"{case} {layout} {name}: {got.item()} != {want.item()}"
 
 
 @pytest.mark.parametrize("layout", ["row", "col"])

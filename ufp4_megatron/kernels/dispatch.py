@@ -13,7 +13,8 @@ measured slower than two passes (docs/kernel-notes.md) and is gone.
 Host time is what small and medium layers pay per QDQ (docs/kernel-notes.md). Everything that
 depends only on the settings, the input dtype and the device (level tables, signs, constexpr
 arguments) is built once into a cached `_Plan`; a call computes only the shapes, the output
-and its scalars (seed, origin, the e4m3 tensor scale).
+and its scalars (seed, origin, the e4m3 tensor scale: its amax in one read by
+amax_triton.py, bit for bit the reference's).
 
 Segment-keyed SR (`segments=`, numerics/segments.py: one seed and origin per row or column
 range, the experts of a grouped GEMM) passes three small device tables per layout
@@ -34,11 +35,12 @@ from triton.runtime.interpreter import InterpretedFunction
 from ..numerics.checks import SEED_LIMIT
 from ..numerics.grids import Grid, codebook_levels, get_grid
 from ..numerics.hadamard import RHT
-from ..numerics.quantize import e4m3_tensor_amax, output_dtype, padded_length
+from ..numerics.quantize import output_dtype, padded_length
 from ..numerics.rounding import midpoints, minifloat_mantissa, uniform_step
 from ..numerics.scaling import E4M3_MAX
 from ..numerics.segments import Segments
 from . import quantize16_triton as k16
+from .amax_triton import _tensor_amax_kernel
 from .quantize_triton import _qdq_kernel
 
 SCALES = {"fp32": 0, "e4m3": 1, "e8m0": 2}
@@ -236,12 +238,12 @@ def _layout(view: torch.Tensor, grid, block=16, block_2d=False, scale="fp32", ro
     check_device(view)
     R, C = view.shape
     length = -(-C // plan.unit) * plan.unit
-    st = plan.lv
-    if plan.g_top is not None:  # the e4m3 tensor scale, by the reference's own torch ops
-        if tensor_amax is None:
-            tensor_amax = e4m3_tensor_amax(view, block=block, block_2d=block_2d, rht=rht)
-        st = (tensor_amax.to(torch.float32) / (E4M3_MAX * plan.g_top)).reshape(1)
     other = -(-R // block) * block if block_2d else R
+    st = plan.lv
+    if plan.g_top is not None:  # the e4m3 tensor scale, its amax in one pass of a kernel
+        if tensor_amax is None:
+            tensor_amax = _tensor_amax(view, plan, length, other)
+        st = (tensor_amax.to(torch.float32) / (E4M3_MAX * plan.g_top)).reshape(1)
     seg = 0 if segments is None or rounding != "sr" else 1 + segments.axis
     tables = (_segment_tables(segments, other if seg == 1 else length, view.device) if seg
               else (plan.lv, 1, plan.lv, plan.lv))  # unused without segments
@@ -321,26 +323,48 @@ def _launch16(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> tor
     return view
 
 
-def _launch(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> torch.Tensor:
-    """One layout of row-major t [A, B] through the generic tile kernel (quantize_triton):
-    along B ([A, B'] out) or, along_rows, along A (the [B, A'] view of its output)."""
-    A, B = t.shape
-    plan = lay.plan
+def _generic_grid(shape, plan: _Plan, length: int, other: int, along_rows: bool, tile=None):
+    """(BA, BB, warps, program grid) of the generic tile kernels on row-major [A, B]: tiles
+    widened to the padding unit along the quantized dim; the grid covers the padded lengths
+    (length along the quantized dim, other along the other one)."""
+    A, B = shape
     ba, bb, warps = tile or TILES["col" if along_rows else "row"]
     # 2D blocks: the tile spans exactly one block along the other dim (scaling_triton's
     # _tile_reduce reduces over it without a reshape that compiles to a replicated layout)
     if along_rows:  # the tile's quantized dim is A
         ba, bb = max(ba, plan.unit), plan.block if plan.block_2d else bb
-        out = torch.empty(lay.out_len, B, dtype=plan.out_dtype, device=t.device)
-        a_len, b_len = max(A, lay.length), max(B, lay.other)
+        a_len, b_len = max(A, length), max(B, other)
     else:
         ba, bb = plan.block if plan.block_2d else ba, max(bb, plan.unit)
-        out = torch.empty(A, lay.out_len, dtype=plan.out_dtype, device=t.device)
-        a_len, b_len = max(A, lay.other), max(B, lay.length)
-    _qdq_kernel[(_cdiv(a_len, ba), _cdiv(b_len, bb))](
+        a_len, b_len = max(A, other), max(B, length)
+    return ba, bb, warps, (_cdiv(a_len, ba), _cdiv(b_len, bb))
+
+
+def _launch(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> torch.Tensor:
+    """One layout of row-major t [A, B] through the generic tile kernel (quantize_triton):
+    along B ([A, B'] out) or, along_rows, along A (the [B, A'] view of its output)."""
+    A, B = t.shape
+    plan = lay.plan
+    ba, bb, warps, grid = _generic_grid(t.shape, plan, lay.length, lay.other, along_rows, tile)
+    shape = (lay.out_len, B) if along_rows else (A, lay.out_len)
+    out = torch.empty(shape, dtype=plan.out_dtype, device=t.device)
+    _qdq_kernel[grid](
         t, t.stride(0), A, B, out, lay.out_len, *lay.args, BA=ba, BB=bb, COL=along_rows,
         SEG=lay.seg, INTERP=INTERPRETED, num_warps=warps, **plan.consts)
     return out.t() if along_rows else out
+
+
+def _tensor_amax(view: torch.Tensor, plan: _Plan, length: int, other: int) -> torch.Tensor:
+    """e4m3's tensor amax of a view (numerics.quantize.e4m3_tensor_amax, bit for bit) in one
+    read (amax_triton.py): a fp32 device scalar."""
+    t, along_rows = _orient(view)
+    ba, bb, warps, grid = _generic_grid(t.shape, plan, length, other, along_rows)
+    per_program = torch.empty(grid[0] * grid[1], dtype=torch.float32, device=t.device)
+    _tensor_amax_kernel[grid](t, t.stride(0), t.shape[0], t.shape[1], plan.sign,
+                              plan.scalars[0], per_program, BA=ba, BB=bb, COL=along_rows,
+                              BLOCK=plan.block, BLOCK_2D=plan.block_2d,
+                              LOG_H=plan.consts["LOG_H"], num_warps=warps)
+    return per_program.amax()
 
 
 def quantize_view(x: torch.Tensor, grid, *, tiles=None, strict: bool = True,
@@ -362,7 +386,7 @@ def quantize_view(x: torch.Tensor, grid, *, tiles=None, strict: bool = True,
 
 def _quantize_laid_out(x: torch.Tensor, lay: _Layout, tiles=None) -> torch.Tensor:
     """quantize_view once its layout is computed (quantize_pair reuses its two layouts: an
-    e4m3 layout holds the tensor amax, a full pass of torch ops over the operand)."""
+    e4m3 layout holds the tensor amax, a pass over the whole operand)."""
     t, along_rows = _orient(x)
     tiles = tiles or {}
     generic = "col" if along_rows else "row"

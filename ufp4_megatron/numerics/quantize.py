@@ -57,7 +57,7 @@ def source(x: torch.Tensor, *, block: int, block_2d: bool, rht: RHT | None) -> t
 def e4m3_tensor_amax(x: torch.Tensor, *, block: int, block_2d: bool,
                      rht: RHT | None) -> torch.Tensor:
     """The per-tensor amax the e4m3 scale mode uses: the largest finite block amax of the
-    padded, rotated source (kernels call this too, so both sides agree by construction)."""
+    padded, rotated source (kernels/amax_triton.py is its one-pass twin, tested bit for bit)."""
     return finite_tensor_amax(block_amax(source(x, block=block, block_2d=block_2d, rht=rht),
                                          block, block_2d))
 

@@ -1,0 +1,48 @@
+"""Triton twin of numerics.quantize.e4m3_tensor_amax: the per-tensor amax of e4m3 scales.
+
+NVFP4's block scales are e4m3 values under one fp32 tensor scale, so every e4m3 operand
+needs its tensor amax before its QDQ: the largest finite block amax of the padded, rotated
+source. The reference computes it with about a dozen torch ops and several full passes
+(an fp32 copy, the RHT, abs, NaN masks, two reductions); this kernel reads the tensor once,
+in the generic QDQ kernel's tiles and layouts (quantize_triton.py), with the same RHT and
+block amax (hadamard_triton.rht_rows, scaling_triton.block_amax), and writes one maximum per
+program; the host takes the max of those. Max is exact in any order, so the result is the
+reference's bit for bit. A block holding NaN or Inf has a non-finite amax and is left out,
+as in the reference's finite_tensor_amax; none finite gives 0.
+"""
+import triton
+import triton.language as tl
+
+from .hadamard_triton import rht_rows
+from .scaling_triton import block_amax
+
+
+@triton.jit
+def _tile_finite_amax(x, sign_ptr, norm, BR: tl.constexpr, BC: tl.constexpr, B: tl.constexpr,
+                      BLOCK_2D: tl.constexpr, LOG_H: tl.constexpr):
+    """The largest finite block amax of the [BR, BC] fp32 tile x, blocks along axis 1."""
+    if LOG_H > 0:
+        signs = tl.load(sign_ptr + tl.arange(0, BC) % (1 << LOG_H))[None, :]
+        x = rht_rows(x, signs, norm, BR, BC, LOG_H)
+    amax = block_amax(x, BR, BC, B, BLOCK_2D)
+    finite = tl.abs(amax) < float("inf")  # false for NaN too
+    return tl.max(tl.where(finite, amax, 0.0))
+
+
+@triton.jit
+def _tensor_amax_kernel(x_ptr, stride_a, A, B, sign_ptr, norm, out_ptr,
+                        BA: tl.constexpr, BB: tl.constexpr, COL: tl.constexpr,
+                        BLOCK: tl.constexpr, BLOCK_2D: tl.constexpr, LOG_H: tl.constexpr):
+    """One BA x BB tile of a row-major [A, B] tensor, quantized along B (COL false) or A;
+    out[program] = the tile's largest finite block amax (padding loads as zeros)."""
+    a0 = tl.program_id(0) * BA
+    b0 = tl.program_id(1) * BB
+    a = a0 + tl.arange(0, BA)[:, None]
+    b = b0 + tl.arange(0, BB)[None, :]
+    x = tl.load(x_ptr + a.to(tl.int64) * stride_a + b, mask=(a < A) & (b < B), other=0.0)
+    x = x.to(tl.float32)
+    if COL:
+        m = _tile_finite_amax(tl.trans(x), sign_ptr, norm, BB, BA, BLOCK, BLOCK_2D, LOG_H)
+    else:
+        m = _tile_finite_amax(x, sign_ptr, norm, BA, BB, BLOCK, BLOCK_2D, LOG_H)
+    tl.store(out_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), m)
