@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from .numerics.checks import check_bool, check_seed
-from .numerics.grids import GRIDS, Grid, codebook_levels, get_grid
+from .numerics.grids import Grid, codebook_levels, get_grid
 from .numerics.hadamard import SIZES as RHT_SIZES
 from .numerics.scaling import SCALE_MODES
 

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import triton
 from triton.runtime.interpreter import InterpretedFunction
 
 from ..numerics.checks import SEED_LIMIT

@@ -19,7 +19,6 @@ import contextlib
 import math
 from typing import Optional
 
-import torch
 import torch.nn.functional as F
 from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
