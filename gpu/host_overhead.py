@@ -174,6 +174,17 @@ def layer_section(rows, log):
                          ("dgrad", lambda a: ops.dgrad(a[2], a[1], recipe, seed=7)),
                          ("wgrad", lambda a: ops.wgrad(a[2], a[0], recipe, seed=7))):
             measure(f"ops.{gemm} ufp4", fn, ins, rows, log, shape=shape)
+        # ops.fprop's host time was ~170 us above the pair launch's plus the GEMM's (H200,
+        # 2026-12-01): these two rows bisect it (ops' operand glue with the launch, and the
+        # product alone on the quantized operands)
+        measure("fprop operands: ops._gemm_operands",
+                lambda a: ops._gemm_operands("fprop", recipe, (a[0], a[1]), ((0, 0), (0, 0)),
+                                             seed=7, backend="auto"), ins, rows, log,
+                shape=shape)
+        q = ops._gemm_operands("fprop", recipe, (ins[0][0], ins[0][1]), ((0, 0), (0, 0)),
+                               seed=7, backend="auto")
+        measure("fprop product on quantized operands", lambda a: (q[0] @ q[1].t()).to(a[0].dtype),
+                ins, rows, log, shape=shape)
         measure("fprop operands: pair (1 launch)",
                 lambda a: quantize_pair(a[0], kw, a[1], kw), ins, rows, log, shape=shape)
         measure("fprop operands: 2 launches",
