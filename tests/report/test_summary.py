@@ -136,3 +136,42 @@ def test_incomplete_pairing_is_said_with_the_unpaired_difference():
     assert (j["difference"], j["lo"], j["hi"]) == pytest.approx((-0.03, ci.low, ci.high))
     assert next(r for r in data["recipes"] if r["recipe"] == "e2m1")["vs_baseline_unpaired"] is None
     assert "Welch" in data["methods"]["difference"]
+
+
+def test_a_gap_still_moving_in_the_window_is_said():
+    # 4 logged steps, window of 4: drift = mean gap of steps 3-4 minus steps 1-2
+    def run(recipe, seed, gaps):
+        return Run(source=f"{recipe}-s{seed}", model="tiny", recipe=recipe, seed=seed,
+                   loss={i + 1: 2 * (1 + g) for i, g in enumerate(gaps)},
+                   tokens={i + 1: 64 * (i + 1) for i in range(len(gaps))},
+                   config={"model": {"name": "tiny"}, "precision": {"name": recipe},
+                           "train": {"seed": seed}})
+    growing = {1: [0.0, 0.0, 0.01, 0.01], 2: [0.01, 0.01, 0.022, 0.022],
+               3: [0.0, 0.02, 0.011, 0.031]}  # drifts 0.010, 0.012, 0.011
+    flat = {1: [0.02, 0.03, 0.03, 0.02], 2: [0.01, 0.01, 0.0, 0.0], 3: [0.0, 0.0, 0.01, 0.01]}
+    runs = [run("bf16", s, [0.0] * 4) for s in (1, 2, 3)]
+    runs += [run("ufp4", s, g) for s, g in growing.items()]
+    runs += [run("e2m1", s, g) for s, g in flat.items()]
+    cmp = compare(runs, last=4)
+    summaries, notes = summarize(cmp)
+    e2m1, ufp4 = summaries
+    assert [g.drift for g in ufp4.seeds] == pytest.approx([0.010, 0.012, 0.011])
+    half = 4.302653 * 0.001 / 3 ** 0.5  # t(0.975, 2) * sd / sqrt(3)
+    assert (ufp4.drift.mean, ufp4.drift.lo, ufp4.drift.hi) == pytest.approx(
+        (0.011, 0.011 - half, 0.011 + half))
+    assert ufp4.drift.resolved and not e2m1.drift.resolved  # e2m1: 0, -0.01, +0.01
+    table = markdown(cmp, summaries, reference="bf16", baseline="e2m1", confidence=0.95,
+                     window_text="the latest 4 steps", notes=notes)
+    assert (f"- tiny ufp4: its gap is still moving where it is measured: the mean over the "
+            f"latest 2 logged steps minus the 2 before is +1.10 points "
+            f"[{(0.011 - half) * 100:+.2f}, {(0.011 + half) * 100:+.2f}] over 3 seeds") in table
+    assert "tiny e2m1: its gap is still moving" not in table
+    data = to_json(cmp, summaries, reference="bf16", baseline="e2m1", confidence=0.95,
+                   last=4, last_fraction=None, notes=notes)
+    j = next(r for r in data["recipes"] if r["recipe"] == "ufp4")
+    assert j["drift"]["resolved"] is True and j["drift"]["n"] == 3
+    assert [p["drift"] for p in j["per_seed"]] == pytest.approx([0.010, 0.012, 0.011])
+    # a one-step window has no halves: no drift, no note
+    one = compare(runs, last=1)
+    s1, _ = summarize(one)
+    assert all(s.drift is None for s in s1) and all(g.drift is None for g in one.gaps)

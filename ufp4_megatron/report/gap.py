@@ -53,6 +53,19 @@ class SeedGap:
     train_gap: float  # mean relative training-loss gap over the window
     val_gap: float | None  # mean relative validation-loss gap over the window's eval steps
     series: dict[int, float]  # step -> gap on the model's common steps (plots, W&B)
+    # mean train gap over the window's later half minus its earlier half: whether the gap is
+    # still moving where it is measured (None for a window of one logged step)
+    drift: float | None = None
+
+
+def window_drift(series: dict[int, float], steps: list[int]) -> float | None:
+    """Mean of the gap over the latest half of `steps` minus over the half before (equal
+    halves; the middle step of an odd count in neither)."""
+    h = len(steps) // 2
+    if h == 0:
+        return None
+    late, early = steps[len(steps) - h:], steps[:h]
+    return sum(series[s] for s in late) / h - sum(series[s] for s in early) / h
 
 
 @dataclass
@@ -157,5 +170,5 @@ def compare(runs: list[Run], reference: str = "bf16", last: int | None = 1000,
             model=r.model, recipe=r.label, seed=r.seed, run=r, reference=ref,
             train_gap=sum(series[s] for s in w.steps) / len(w.steps),
             val_gap=(sum(val[s] for s in w.val_steps) / len(w.val_steps)) if w.val_steps else None,
-            series=series))
+            series=series, drift=window_drift(series, w.steps)))
     return Comparison(windows=windows, gaps=gaps, notes=notes)

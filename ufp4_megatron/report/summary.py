@@ -34,6 +34,8 @@ class RecipeSummary:
     # mean train gap minus the baseline's, over every seed of each (Welch); None for the
     # baseline itself or without baseline runs
     vs_baseline_unpaired: Interval | None = None
+    # the gap's drift within the window over seeds (gap.window_drift); None without it
+    drift: Interval | None = None
 
     @property
     def n_baseline_seeds(self) -> int:
@@ -90,7 +92,9 @@ def summarize(cmp: Comparison, baseline: str = "e2m1",
                 val=t_interval(vals, confidence) if None not in vals else None,
                 vs_baseline=ratio, baseline=base_label or baseline,
                 baseline_gaps={g.seed: b.train_gap for g, b in pairs},
-                vs_baseline_unpaired=unpaired))
+                vs_baseline_unpaired=unpaired,
+                drift=(t_interval([g.drift for g in seeds], confidence)
+                       if None not in [g.drift for g in seeds] else None)))
     out.sort(key=lambda s: (s.model, s.recipe != s.baseline, s.recipe))
     return out, notes
 
@@ -142,7 +146,9 @@ def to_json(cmp: Comparison, summaries: list[RecipeSummary], *, reference: str, 
             "train_gap": _interval(s.train), "val_gap": _interval(s.val),
             "vs_baseline": _ratio(s),
             "vs_baseline_unpaired": _difference(s),
+            "drift": _interval(s.drift),
             "per_seed": [{"seed": g.seed, "train_gap": g.train_gap, "val_gap": g.val_gap,
+                          "drift": g.drift,
                           "baseline_train_gap": s.baseline_gaps.get(g.seed),
                           "source": g.run.source, "run_id": g.run.run_id,
                           "reference_source": g.reference.source} for g in s.seeds],

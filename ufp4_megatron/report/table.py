@@ -6,7 +6,7 @@ shows the point value only beside its interval.
 """
 from __future__ import annotations
 
-from .gap import Comparison
+from .gap import Comparison, Window
 from .stats import Interval
 from .summary import RecipeSummary
 
@@ -61,6 +61,19 @@ def pairing_note(s: RecipeSummary) -> str | None:
             f"gap minus {s.baseline}'s over every seed of each, not paired (Welch): {diff}")
 
 
+def drift_note(s: RecipeSummary, window: Window) -> str | None:
+    """When the gap still moves within the window (its drift interval excludes zero): the
+    mean gap then depends on where the runs stop, and a longer run may give another one."""
+    d = s.drift
+    if d is None or not d.resolved:
+        return None
+    h = len(window.steps) // 2
+    return (f"{s.model} {s.recipe}: its gap is still moving where it is measured: the mean "
+            f"over the latest {h} logged steps minus the {h} before is {d.mean * 100:+.2f} "
+            f"points [{d.lo * 100:+.2f}, {d.hi * 100:+.2f}] over {d.n} seeds; the gap depends "
+            f"on where the runs stop, and longer runs may give another")
+
+
 def markdown(cmp: Comparison, summaries: list[RecipeSummary], *, reference: str, baseline: str,
              confidence: float, window_text: str, notes: list[str]) -> str:
     pct = f"{confidence:.0%}"
@@ -88,6 +101,7 @@ def markdown(cmp: Comparison, summaries: list[RecipeSummary], *, reference: str,
                          f"{'-' if base is None else f'{base:+.3%}'} | {g.run.source} | "
                          f"{g.reference.source} |")
     notes = notes + [n for n in map(pairing_note, summaries) if n]
+    notes += [n for s in summaries if (n := drift_note(s, cmp.windows[s.model]))]
     if notes:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines)
