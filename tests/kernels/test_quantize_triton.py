@@ -216,7 +216,9 @@ def test_tensor_amax_kernel_is_the_reference_bit_for_bit(case, layout):
     shapes = {"special": specials.to(DEVICE), "ragged 37x70": _data(37, 70, seed=8),
               "one row": _data(1, 40, seed=9, dtype=torch.float16),
               "all NaN": torch.full((16, 32), float("nan"), device=DEVICE),
-              "huge, fp32": _data(20, 48, seed=10, dtype=torch.float32) * 1e30}
+              "huge, fp32": _data(20, 48, seed=10, dtype=torch.float32) * 1e30,
+              "column slice": _data(20, 128, seed=12)[:, ::2],
+              "expanded rows": _data(1, 64, seed=13).expand(18, 64)}
     for name, x in shapes.items():
         view = x if layout == "row" else x.t().contiguous().t()
         plan = dispatch._plan(view.dtype, view.device, "e2m1", block, block_2d, "e4m3",
