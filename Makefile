@@ -27,6 +27,10 @@ test: install
 test-gpu: install
 	$(PYTEST) -q -m gpu -p no:cacheprovider
 
+# Long CPU tests kept out of `make test` (its 20-minute budget on a 2-core machine)
+test-slow: install
+	$(PYTEST) -q -m "slow and not gpu" -p no:cacheprovider
+
 # Part of `make test`; alone: build the wheel, install it into a fresh venv (reusing this
 # venv's dependencies, offline), train/describe/launch from outside the checkout.
 test-wheel: install
