@@ -26,7 +26,7 @@
 # the archive) and roundN.md (what ran, the measured throughput; printed last).
 # Env: BUDGET seconds from start to the end of training (default 400), PER_DEVICE, SEEDS, ARMS,
 # GRID. After training: the mechanism (round 1, or a round whose seed-1 models are new) up to
-# ~120 s, compare and archives ~25 s; so BUDGET <= 420 for round 1 in a 600-s call, ~520 for
+# ~120 s, compare and archives ~25 s; so BUDGET <= 420 for round 1 in a 600-s call, ~500 for
 # the others. Before training (inside BUDGET): ~115 s on a fresh node (set-up, preflight,
 # corpus), ~50 s on a warm one.
 # CORPUS=stdlib (default: the embedded corpus, the rounds in docs/results/study/) or pysrc (the
