@@ -13,6 +13,7 @@ as in the reference's finite_tensor_amax; none finite gives 0.
 import triton
 import triton.language as tl
 
+from .fp32_triton import load_tile
 from .hadamard_triton import rht_rows
 from .scaling_triton import block_amax
 
@@ -35,12 +36,7 @@ def _tensor_amax_kernel(x_ptr, stride_a, A, B, sign_ptr, norm, out_ptr,
                         BLOCK: tl.constexpr, BLOCK_2D: tl.constexpr, LOG_H: tl.constexpr):
     """One BA x BB tile of a row-major [A, B] tensor, quantized along B (COL false) or A;
     out[program] = the tile's largest finite block amax (padding loads as zeros)."""
-    a0 = tl.program_id(0) * BA
-    b0 = tl.program_id(1) * BB
-    a = a0 + tl.arange(0, BA)[:, None]
-    b = b0 + tl.arange(0, BB)[None, :]
-    x = tl.load(x_ptr + a.to(tl.int64) * stride_a + b, mask=(a < A) & (b < B), other=0.0)
-    x = x.to(tl.float32)
+    x = load_tile(x_ptr, stride_a, A, B, BA, BB)[0]
     if COL:
         m = _tile_finite_amax(tl.trans(x), sign_ptr, norm, BB, BA, BLOCK, BLOCK_2D, LOG_H)
     else:

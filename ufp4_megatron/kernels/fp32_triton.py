@@ -1,4 +1,4 @@
-"""fp32 arithmetic the QDQ kernels share: the division |x| / s and the output cast.
+"""fp32 arithmetic the QDQ kernels share: the tile load, the division |x| / s, the output cast.
 
 The reference divides with torch's correctly rounded `/`. `div_exact` is that division on a
 GPU (`div_rn`, a slow multi-instruction sequence); `div_fast` reaches the same result from one
@@ -68,3 +68,16 @@ def cast_out(y, ptr, INTERP: tl.constexpr):
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
         y = tl.where(y != y, y, bits.to(tl.float32, bitcast=True))
     return y.to(ptr.dtype.element_ty)
+
+
+@triton.jit
+def load_tile(x_ptr, stride_a, A, B, BA: tl.constexpr, BB: tl.constexpr):
+    """This program's BA x BB tile of a row-major [A, B] tensor, in fp32, padding as zeros;
+    with its first row a0, first column b0 and the [BA, 1], [1, BB] index grids a, b (the
+    generic tile kernels: quantize_triton, amax_triton)."""
+    a0 = tl.program_id(0) * BA
+    b0 = tl.program_id(1) * BB
+    a = a0 + tl.arange(0, BA)[:, None]
+    b = b0 + tl.arange(0, BB)[None, :]
+    x = tl.load(x_ptr + a.to(tl.int64) * stride_a + b, mask=(a < A) & (b < B), other=0.0)
+    return x.to(tl.float32), a0, b0, a, b

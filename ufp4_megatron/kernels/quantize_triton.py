@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .fp32_triton import (cast_out, div_exact, div_fast, fast_div_unsafe_quotient,
-                          fast_div_unsafe_scale, reciprocal)
+                          fast_div_unsafe_scale, load_tile, reciprocal)
 from .hadamard_triton import rht_rows
 from .philox_triton import tile_uniforms
 from .pipeline_triton import block_scales, clip_round_dequantize
@@ -76,12 +76,7 @@ def _qdq_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr
                 SEG: tl.constexpr = 0):
     """Program (BA x BB tile) of one layout: row (COL false, out [A, out_len]) or col (out
     [out_len, B]); the runtime arguments are those of the 16-tensor kernels."""
-    a0 = tl.program_id(0) * BA
-    b0 = tl.program_id(1) * BB
-    a = a0 + tl.arange(0, BA)[:, None]
-    b = b0 + tl.arange(0, BB)[None, :]
-    x = tl.load(x_ptr + a.to(tl.int64) * stride_a + b, mask=(a < A) & (b < B), other=0.0)
-    x = x.to(tl.float32)
+    x, a0, b0, a, b = load_tile(x_ptr, stride_a, A, B, BA, BB)
     if COL:
         at = a0 + tl.arange(0, BA)[None, :]
         bt = b0 + tl.arange(0, BB)[:, None]
