@@ -82,6 +82,7 @@ def summarize(cmp: Comparison, baseline: str = "e2m1",
                 ratio = fieller_ratio([g.train_gap for g, _ in pairs],
                                       [b.train_gap for _, b in pairs], confidence)
             vals = [g.val_gap for g in seeds]
+            drifts = [g.drift for g in seeds]
             base_all = [b.train_gap for b in base.values()]
             unpaired = None
             if base_all and recipe != base_label:
@@ -93,8 +94,7 @@ def summarize(cmp: Comparison, baseline: str = "e2m1",
                 vs_baseline=ratio, baseline=base_label or baseline,
                 baseline_gaps={g.seed: b.train_gap for g, b in pairs},
                 vs_baseline_unpaired=unpaired,
-                drift=(t_interval([g.drift for g in seeds], confidence)
-                       if None not in [g.drift for g in seeds] else None)))
+                drift=t_interval(drifts, confidence) if None not in drifts else None))
     out.sort(key=lambda s: (s.model, s.recipe != s.baseline, s.recipe))
     return out, notes
 
