@@ -141,7 +141,10 @@ data+=("${steps[@]}")
 shopt -s nullglob
 keep=(); [[ -f $STUDY/study.json ]] && keep=(--exclude=study.json) \
   && echo "keeping this node's $STUDY/study.json (an earlier call's)"
-: > /tmp/runs-archived.txt
+# runs an earlier call on this node already returned count as archived too: chained calls
+# whose archives are not committed yet return each run once (round 7 of pysrc, 2026-12-02,
+# returned round 6's 11 runs again); delete $STUDY/returned.txt to get them all back
+cp "$STUDY/returned.txt" /tmp/runs-archived.txt 2>/dev/null || : > /tmp/runs-archived.txt
 while IFS= read -r a; do
   tar -xzf "$a" -C "$STUDY" "${keep[@]}" && echo "unpacked $a"
   tar -tzf "$a" | sed -n 's#^runs/\([^/]*\)/metrics\.jsonl$#\1#p' >> /tmp/runs-archived.txt
@@ -175,7 +178,8 @@ done < /tmp/runs-complete.txt
 files=(study.json "runner-round$ROUND.log")
 [[ -f $STUDY/corpus.manifest.json ]] && files+=(corpus.manifest.json)
 for n in "${new[@]}"; do files+=("runs/$n/metrics.jsonl" "runs/$n/config.yaml" "logs/$n.log"); done
-tar -czf "$OUT/round$ROUND.tar.gz" -C "$STUDY" "${files[@]}"
+tar -czf "$OUT/round$ROUND.tar.gz" -C "$STUDY" "${files[@]}" \
+  && { (( ${#new[@]} )) && printf '%s\n' "${new[@]}" >> "$STUDY/returned.txt"; :; }
 
 # the mechanism on seed 1's trained bf16, e2m1 and ufp4 models, while their checkpoints exist
 mech=()

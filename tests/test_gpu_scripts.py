@@ -50,3 +50,25 @@ def test_study_sh_refuses_bad_steps_and_packages_before_setting_up():
     assert pkgs.returncode == 2 and "give importable names separated by commas" in pkgs.stderr
     stdlib = _study_sh("3", PACKAGES="numpy")
     assert stdlib.returncode == 2 and "PACKAGES is for CORPUS=pysrc" in stdlib.stderr
+
+
+def _scripts_without_setup(paths):
+    # a script that runs the package's modules needs the trainer's dependencies, which a CUDA
+    # image lacks until gpu/setup.sh installs them (2026-12-02: `bash gpu/perf.sh` alone on a
+    # fresh H200 died on `import hydra`)
+    return [p.name for p in paths
+            if re.search(r"-m ufp4_megatron\b", p.read_text()) and "source gpu/setup.sh" not in p.read_text()]
+
+
+def test_every_gpu_script_that_runs_the_package_sets_up_its_dependencies():
+    scripts = sorted((ROOT / "gpu").glob("*.sh"))
+    assert any(re.search(r"-m ufp4_megatron\b", p.read_text()) for p in scripts)
+    assert _scripts_without_setup(scripts) == []
+
+
+def test_the_setup_check_sees_a_script_without_it(tmp_path):
+    bare = tmp_path / "bare.sh"
+    bare.write_text("set -uo pipefail\npython3 -m ufp4_megatron.bench --suite step\n")
+    guarded = tmp_path / "guarded.sh"
+    guarded.write_text("python3 -c 'import hydra' || source gpu/setup.sh\npython3 -m ufp4_megatron.bench\n")
+    assert _scripts_without_setup([bare, guarded]) == ["bare.sh"]
