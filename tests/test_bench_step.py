@@ -101,7 +101,6 @@ def test_repeated_runs_aggregate_and_show_their_spread():
             step.run_suite(None, repeats=bad)
 
 
-@pytest.mark.slow  # 34 s of real trainers: `make test-slow` (make test stays under 20 minutes)
 def test_suite_runs_real_trainers_in_passes(tmp_path, monkeypatch):
     """run_suite end to end on CPU with real trainer subprocesses: a tiny shape, bf16 and
     ufp4, 2 passes, checkpoint at the end; only the GEMM-rate probe (CUDA) is replaced."""

@@ -59,6 +59,15 @@ def slurm(apt_tools):
         shutil.rmtree(state, ignore_errors=True)
 
 
+def pytest_collection_modifyitems(config, items):
+    # The Slurm cluster is a session fixture, and under pytest-xdist every worker is a session:
+    # two clusters on one node would race for the same ports, munge socket and node name. The
+    # tests that use it share one worker (make test runs --dist loadgroup).
+    for item in items:
+        if "slurm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 def which_or_fail(name: str) -> str:
     path = shutil.which(name)
     if path is None:

@@ -78,9 +78,7 @@ def unbroken(tmp_path_factory, cache):
     return out
 
 
-# the plain optimizer's variant (18 s) runs in `make test-slow` (make test's 20-minute budget)
-@pytest.mark.parametrize("name, opt", [("distributed", [FULLY]),
-                                       pytest.param("plain", [PLAIN], marks=pytest.mark.slow)],
+@pytest.mark.parametrize("name, opt", [("distributed", [FULLY]), ("plain", [PLAIN])],
                          ids=["distributed-fully_reshardable", "plain"])
 def test_tp2_resumes_at_tp1(unbroken, tmp_path, cache, name, opt):
     run_dir = killed_after_step3(tmp_path, cache, *UFP4, "parallel.tp=2", "parallel.sp=true",

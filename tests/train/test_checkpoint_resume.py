@@ -77,11 +77,10 @@ def test_checkpoint_is_megatron_dist_checkpointing(unbroken):
     assert checkpoint.damage(step_dir) is None and checkpoint.latest_step(ckpt) == STEPS
 
 
-# each phase a kill point of the save protocol; two (15 s each) run in `make test-slow`: each
-# between two neighbours make test keeps, resuming from the same step as one of them
+# each phase a kill point of the save protocol
 @pytest.mark.parametrize("phase, resumes_from", [
-    ("tmp_created", 2), pytest.param("shards_written", 2, marks=pytest.mark.slow),
-    ("renamed", 4), pytest.param("latest_written", 4, marks=pytest.mark.slow), ("pruning", 4)])
+    ("tmp_created", 2), ("shards_written", 2), ("renamed", 4), ("latest_written", 4),
+    ("pruning", 4)])
 def test_sigkill_during_save_leaves_a_resumable_state(unbroken, tmp_path, cache, phase,
                                                       resumes_from):
     cmd, run_dir = _killed(tmp_path, cache, f"{phase}:4")
@@ -143,9 +142,7 @@ def test_extending_steps_keeps_the_checkpoints_schedule(tmp_path, cache):
     assert [row["lr"] for row in rows[3:]] == pytest.approx([3e-5] * 3)  # at min_lr
 
 
-# the plain optimizer's variant (23 s) runs in `make test-slow`; the distributed one, the
-# trainer's default, in make test (its 20-minute budget)
-@pytest.mark.parametrize("optimizer", ["distributed", pytest.param("plain", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("optimizer", ["distributed", "plain"])
 def test_bf16_params_resume_exactly_with_either_optimizer(tmp_path, cache, optimizer):
     """The GPU runs' dtype: bf16 parameters (norms too, as Megatron-LM's Float16Module casts
     them), whose non-distributed optimizer is Megatron's Float16Optimizer: its checkpoint
