@@ -9,8 +9,9 @@
 #   2-3    main      all six          1-8    12       the main table; each round continues
 #   4-5    ablation  all ten          1-4    12       the paper's ablations (bf16/e2m1/ufp4 reused)
 #   6-9    depth     bf16,e2m1,ufp4   1-4    6        the gap against depth (L24: 4x L6's memory)
+#   -      small     bf16,e2m1,ufp4   1-3    9        the main question at 125M (GRID=small only)
 #
-# GRID=main|ablation|depth with any round number trains that grid under that number (a study
+# GRID=main|ablation|depth|small with any round number trains that grid under that number (a study
 # whose rounds follow another plan, e.g. pysrc's: docs/results.md); SEEDS, ARMS, PER_DEVICE
 # then default to the grid's.
 # Every round first unpacks the runs of earlier rounds (docs/results/study/round*.tar.gz, as
@@ -47,10 +48,10 @@ set -uo pipefail
 T0=$(date +%s)
 ROUND=${1:?usage: gpu/study.sh ROUND (1-9, see the header) or a grid name}
 ARMS_DEFAULT=""
-GRID_ASKED=${GRID:-}  # GRID=main|ablation|depth: this round trains that grid (any round number)
+GRID_ASKED=${GRID:-}  # GRID=main|ablation|depth|small: this round trains that grid (any round number)
 case $GRID_ASKED in
-  ""|main|ablation|depth) ;;
-  *) echo "gpu/study.sh: GRID=$GRID_ASKED; give main, ablation or depth" >&2; exit 2 ;;
+  ""|main|ablation|depth|small) ;;
+  *) echo "gpu/study.sh: GRID=$GRID_ASKED; give main, ablation, depth or small" >&2; exit 2 ;;
 esac
 [[ -n $GRID_ASKED && $ROUND =~ ^[1-9][0-9]*$ ]] && ROUND_ARG=$ROUND && ROUND=${GRID_ASKED}
 case $ROUND in
@@ -60,7 +61,8 @@ case $ROUND in
   6|7|8|9) GRID=depth; SEEDS_DEFAULT=1-4; PER_DEFAULT=6 ;;
   main|ablation|depth) GRID=$ROUND; SEEDS_DEFAULT=1-8; PER_DEFAULT=12
      [[ $GRID == main ]] || SEEDS_DEFAULT=1-4; [[ $GRID == depth ]] && PER_DEFAULT=6 ;;
-  *) echo "gpu/study.sh: unknown round $ROUND; give 1-9 or main|ablation|depth (or GRID=... and any round number)" >&2; exit 2 ;;
+  small) GRID=small; SEEDS_DEFAULT=1-3; PER_DEFAULT=9 ;;
+  *) echo "gpu/study.sh: unknown round $ROUND; give 1-9 or main|ablation|depth|small (or GRID=... and any round number)" >&2; exit 2 ;;
 esac
 ROUND=${ROUND_ARG:-$ROUND}  # the archive's name: roundN.tar.gz
 SEEDS=${SEEDS:-$SEEDS_DEFAULT}

@@ -39,7 +39,7 @@ def test_study_sh_refuses_a_bad_round_or_grid_before_setting_up():
     bad_round = _study_sh("12")
     assert bad_round.returncode == 2 and "unknown round 12" in bad_round.stderr
     bad_grid = _study_sh("4", GRID="mian")
-    assert bad_grid.returncode == 2 and "GRID=mian; give main, ablation or depth" in bad_grid.stderr
+    assert bad_grid.returncode == 2 and "GRID=mian; give main, ablation, depth or small" in bad_grid.stderr
 
 
 def test_study_sh_refuses_bad_steps_and_packages_before_setting_up():
