@@ -7,6 +7,7 @@
     test_fieller_bounds_are_where_the_paired_t_test_rejects   the defining property, on data
     test_fieller_unbounded_when_denominator_unresolved
     test_welch_difference_by_hand_and_against_scipy   unpaired: 1,2,3 vs 4,6
+    test_paired_difference_by_hand_and_against_scipy  paired: d = -1, -1, -2
     test_bad_input_is_refused
     test_t_band_is_t_interval_per_column   the plot's band = the table's interval, per step
 """
@@ -14,8 +15,8 @@ import math
 
 import pytest
 
-from ufp4_megatron.report.stats import (fieller_ratio, t_band, t_interval, t_quantile,
-                                        welch_difference)
+from ufp4_megatron.report.stats import (fieller_ratio, paired_difference, t_band, t_interval,
+                                        t_quantile, welch_difference)
 
 T975_DF2 = 4.302652729749462  # Student t, 97.5% quantile, 2 dof (tables: 4.303)
 T975_DF3 = 3.182446305283708  # 3 dof (tables: 3.182)
@@ -126,6 +127,30 @@ def test_welch_difference_by_hand_and_against_scipy():
         welch_difference([1.0, float("nan")], [1.0, 2.0])
     with pytest.raises(ValueError, match="no values"):
         welch_difference([], [1.0, 2.0])
+
+
+def test_paired_difference_by_hand_and_against_scipy():
+    """x = 1, 2, 3, y = 2, 3, 5: d = -1, -1, -2 (mean -4/3, sd 1/sqrt(3), se 1/3); the
+    interval is -4/3 +- 4.302653 / 3, t = -4 on 2 dof, p = 2 * P(T_2 > 4) = 0.057191: what
+    scipy's paired test gives."""
+    from scipy import stats
+
+    d, p = paired_difference([1.0, 2.0, 3.0], [2.0, 3.0, 5.0])
+    assert (d.mean, d.lo, d.hi, d.n) == pytest.approx(
+        (-4 / 3, -4 / 3 - T975_DF2 / 3, -4 / 3 + T975_DF2 / 3, 3))
+    assert p == pytest.approx(0.057191, abs=1e-6)
+    ref = stats.ttest_rel([1.0, 2.0, 3.0], [2.0, 3.0, 5.0])
+    assert (d.lo, d.hi, p) == pytest.approx((*ref.confidence_interval(0.95), ref.pvalue), abs=1e-12)
+    assert not d.resolved
+    same, p_same = paired_difference([1.0, 2.0], [2.0, 3.0])  # every difference -1: exact
+    assert (same.lo, same.hi, same.resolved, p_same) == (-1.0, -1.0, True, 0.0)
+    assert paired_difference([1.0, 2.0], [1.0, 2.0])[1] == 1.0
+    one, p_one = paired_difference([1.0], [3.0])
+    assert (one.mean, one.lo, p_one) == (-2.0, None, None)
+    with pytest.raises(ValueError, match="pairs needed"):
+        paired_difference([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="non-finite"):
+        paired_difference([1.0, float("inf")], [1.0, 2.0])
 
 
 def test_t_band_is_t_interval_per_column():

@@ -10,6 +10,7 @@ gaps below are the hand-computed cases of test_stats.py.
     test_baseline_with_two_settings_gives_no_ratio
     test_incomplete_pairing_is_said_with_the_unpaired_difference   e2m1 on seeds 1, 3, 5,
         ufp4 on 1-4 (the pysrc study): 2 pairs, and Welch over every seed of each
+    test_the_paired_difference_is_in_the_table_and_json   d = -1, -1, -2 points (test_stats)
 """
 import json
 
@@ -175,3 +176,35 @@ def test_a_gap_still_moving_in_the_window_is_said():
     one = compare(runs, last=1)
     s1, _ = summarize(one)
     assert all(s.drift is None for s in s1) and all(g.drift is None for g in one.gaps)
+
+
+def test_the_paired_difference_is_in_the_table_and_json():
+    from scipy import stats
+
+    cmp, summaries, table = study({"e2m1": [0.02, 0.03, 0.05], "ufp4": [0.01, 0.02, 0.03]})
+    e2m1, ufp4 = summaries
+    ref = stats.ttest_rel([0.01, 0.02, 0.03], [0.02, 0.03, 0.05])
+    lo, hi = ref.confidence_interval(0.95)
+    d = ufp4.vs_baseline_paired
+    assert (d.train.mean, d.train.lo, d.train.hi, d.train.n) == pytest.approx((-0.04 / 3, lo, hi, 3))
+    assert d.train_p == pytest.approx(ref.pvalue) and d.val is None
+    assert e2m1.vs_baseline_paired is None
+    cells = row(table, "ufp4").split("|")
+    assert cells[7].strip() == (f"not resolved at this size: -1.33 points [{lo * 100:+.2f}, "
+                                f"{hi * 100:+.2f}], p = 0.057")
+    assert row(table, "e2m1").split("|")[7].strip() == "(baseline)"
+    assert "train gap minus e2m1's, paired [95% CI]" in table
+    _, _, resolved = study({"e2m1": [0.02, 0.03, 0.04], "ufp4": [0.01, 0.02, 0.025]})
+    assert row(resolved, "ufp4").split("|")[7].strip().startswith("-1.17 points [")
+    _, _, one = study({"e2m1": [0.02], "ufp4": [0.01]})
+    assert row(one, "ufp4").split("|")[7].strip() == "-1.00 points (1 seed: no interval)"
+    data = json.loads(json.dumps(to_json(cmp, summaries, reference="bf16", baseline="e2m1",
+                                         confidence=0.95, last=2, last_fraction=None, notes=[]),
+                                 allow_nan=False))
+    j = next(r for r in data["recipes"] if r["recipe"] == "ufp4")["vs_baseline_paired"]
+    assert (j["baseline"], j["n_pairs"], j["val"], j["val_p"]) == ("e2m1", 3, None, None)
+    assert (j["train"]["mean"], j["train"]["lo"], j["train"]["hi"], j["train_p"]) == pytest.approx(
+        (-0.04 / 3, lo, hi, ref.pvalue))
+    assert j["train"]["resolved"] is False
+    assert next(r for r in data["recipes"] if r["recipe"] == "e2m1")["vs_baseline_paired"] is None
+    assert "paired t" in data["methods"]["paired_difference"]

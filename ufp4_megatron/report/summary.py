@@ -1,5 +1,6 @@
-"""Per recipe and model, over seeds: the mean gap with its interval, and the ratio to the
-baseline's gap (the paper's "reduction" = 1 - ratio) with Fieller's interval, paired by seed.
+"""Per recipe and model, over seeds: the mean gap with its interval, the ratio to the
+baseline's gap (the paper's "reduction" = 1 - ratio) with Fieller's interval, paired by seed,
+and the paired difference of the two gaps (points, paired t).
 
 `to_json` is the machine-readable result (`loss_gap.json`); its keys are documented in
 docs/training.md ("Comparing runs") and versioned by SCHEMA_VERSION.
@@ -10,7 +11,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from .gap import Comparison, SeedGap
-from .stats import Interval, Ratio, fieller_ratio, t_interval, welch_difference
+from .stats import (Interval, Ratio, fieller_ratio, paired_difference, t_interval,
+                    welch_difference)
 
 SCHEMA_VERSION = 1
 GAP_METHOD = "Student t over seeds: mean +- t(n-1) * sd / sqrt(n)"
@@ -19,6 +21,19 @@ RATIO_METHOD = ("Fieller, paired by seed: the ratios rho whose paired t-test of 
                 "baseline's own gap is not resolved")
 DIFFERENCE_METHOD = ("Welch, not paired: mean gap_recipe - mean gap_baseline over every seed "
                      "of each, Welch-Satterthwaite degrees of freedom")
+PAIRED_METHOD = ("paired t over the seeds both have: mean of gap_recipe - gap_baseline per "
+                 "seed, t(n-1) interval, two-sided p of a zero mean difference")
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """gap_recipe - gap_baseline on the seeds both have (train; val where every pair has it),
+    each with its paired t-interval and p-value (None for one pair)."""
+
+    train: Interval
+    train_p: float | None
+    val: Interval | None
+    val_p: float | None
 
 
 @dataclass
@@ -36,6 +51,8 @@ class RecipeSummary:
     vs_baseline_unpaired: Interval | None = None
     # the gap's drift within the window over seeds (gap.window_drift); None without it
     drift: Interval | None = None
+    # gap minus the baseline's gap on the paired seeds; None for the baseline or without pairs
+    vs_baseline_paired: PairedDifference | None = None
 
     @property
     def n_baseline_seeds(self) -> int:
@@ -77,10 +94,11 @@ def summarize(cmp: Comparison, baseline: str = "e2m1",
             seeds.sort(key=lambda g: g.seed)
             pairs = [(g, base[g.run.sibling]) for g in seeds
                      if g.run.sibling in base and recipe != base_label]
-            ratio = None
+            ratio = paired = None
             if pairs:
                 ratio = fieller_ratio([g.train_gap for g, _ in pairs],
                                       [b.train_gap for _, b in pairs], confidence)
+                paired = _paired(pairs, confidence)
             vals = [g.val_gap for g in seeds]
             drifts = [g.drift for g in seeds]
             base_all = [b.train_gap for b in base.values()]
@@ -94,9 +112,20 @@ def summarize(cmp: Comparison, baseline: str = "e2m1",
                 vs_baseline=ratio, baseline=base_label or baseline,
                 baseline_gaps={g.seed: b.train_gap for g, b in pairs},
                 vs_baseline_unpaired=unpaired,
-                drift=t_interval(drifts, confidence) if None not in drifts else None))
+                drift=t_interval(drifts, confidence) if None not in drifts else None,
+                vs_baseline_paired=paired))
     out.sort(key=lambda s: (s.model, s.recipe != s.baseline, s.recipe))
     return out, notes
+
+
+def _paired(pairs, confidence: float) -> PairedDifference:
+    train, train_p = paired_difference([g.train_gap for g, _ in pairs],
+                                       [b.train_gap for _, b in pairs], confidence)
+    val = val_p = None
+    if all(g.val_gap is not None and b.val_gap is not None for g, b in pairs):
+        val, val_p = paired_difference([g.val_gap for g, _ in pairs],
+                                       [b.val_gap for _, b in pairs], confidence)
+    return PairedDifference(train, train_p, val, val_p)
 
 
 def _interval(iv: Interval | None) -> dict | None:
@@ -125,6 +154,14 @@ def _difference(s: RecipeSummary) -> dict | None:
             "resolved": d.resolved}
 
 
+def _paired_json(s: RecipeSummary) -> dict | None:
+    p = s.vs_baseline_paired
+    if p is None:
+        return None
+    return {"baseline": s.baseline, "n_pairs": p.train.n, "train": _interval(p.train),
+            "train_p": p.train_p, "val": _interval(p.val), "val_p": p.val_p}
+
+
 def to_json(cmp: Comparison, summaries: list[RecipeSummary], *, reference: str, baseline: str,
             confidence: float, last: int | None, last_fraction: float | None,
             notes: list[str]) -> dict:
@@ -132,7 +169,8 @@ def to_json(cmp: Comparison, summaries: list[RecipeSummary], *, reference: str, 
         "schema_version": SCHEMA_VERSION,
         "reference": reference, "baseline": baseline, "confidence": confidence,
         "window": {"last": last, "last_fraction": last_fraction},
-        "methods": {"gap": GAP_METHOD, "ratio": RATIO_METHOD, "difference": DIFFERENCE_METHOD},
+        "methods": {"gap": GAP_METHOD, "ratio": RATIO_METHOD, "difference": DIFFERENCE_METHOD,
+                    "paired_difference": PAIRED_METHOD},
         "notes": notes,
         "models": [{"model": w.model, "last_common_step": w.last_common,
                     "window_first_step": w.first, "window_logged_steps": len(w.steps),
@@ -146,6 +184,7 @@ def to_json(cmp: Comparison, summaries: list[RecipeSummary], *, reference: str, 
             "train_gap": _interval(s.train), "val_gap": _interval(s.val),
             "vs_baseline": _ratio(s),
             "vs_baseline_unpaired": _difference(s),
+            "vs_baseline_paired": _paired_json(s),
             "drift": _interval(s.drift),
             "per_seed": [{"seed": g.seed, "train_gap": g.train_gap, "val_gap": g.val_gap,
                           "drift": g.drift,

@@ -1,6 +1,7 @@
 """loss_gap.md: the recipe table with intervals in words, the per-seed table, and the notes.
 
-No "gap reduction" is quoted from noise: where an interval contains zero (or there is one
+Beside the reduction (a ratio, wide whenever the baseline's own gap is small), the paired
+difference of the two gaps in points. No "gap reduction" is quoted from noise: where an interval contains zero (or there is one
 seed, or the baseline's own gap is unresolved) the cell says "not resolved at this size" and
 shows the point value only beside its interval.
 """
@@ -42,6 +43,20 @@ def reduction_cell(s: RecipeSummary) -> str:
     return text if s.reduction_resolved else f"{UNRESOLVED}: {text}"
 
 
+def difference_cell(s: RecipeSummary) -> str:
+    """The train gap minus the baseline's on the same seeds, in points, paired t."""
+    if s.recipe == s.baseline:
+        return "(baseline)"
+    p = s.vs_baseline_paired
+    if p is None:
+        return "-"
+    d = p.train
+    if d.lo is None:
+        return f"{d.mean * 100:+.2f} points ({ONE_SEED})"
+    text = f"{d.mean * 100:+.2f} points [{d.lo * 100:+.2f}, {d.hi * 100:+.2f}], p = {p.train_p:.2g}"
+    return text if d.resolved else f"{UNRESOLVED}: {text}"
+
+
 def pairing_note(s: RecipeSummary) -> str | None:
     """When a recipe and its baseline do not share all their seeds, how many pairs the
     reduction rests on, and the difference of the two mean gaps over every seed (Welch)."""
@@ -79,17 +94,19 @@ def markdown(cmp: Comparison, summaries: list[RecipeSummary], *, reference: str,
     pct = f"{confidence:.0%}"
     lines = [f"BF16-relative loss gap (L - L_{reference}) / L_{reference}, mean over {window_text} "
              f"of the steps every run of the model logged; {pct} intervals over seeds "
-             f"(Student t); reduction = 1 - gap / gap_{baseline}, paired by seed (Fieller).", ""]
+             f"(Student t); reduction = 1 - gap / gap_{baseline}, paired by seed (Fieller); "
+             f"difference = gap - gap_{baseline} on the same seeds, in points (paired t).", ""]
     for w in cmp.windows.values():
         lines.append(f"- {w.model}: mean over steps {w.first}-{w.last_common} "
                      f"({len(w.steps)} logged steps), validation at steps "
                      f"{', '.join(map(str, w.val_steps)) or 'none'}")
     lines += ["", f"| model | recipe | seeds | train gap vs {reference} [{pct} CI] | val gap vs "
-              f"{reference} [{pct} CI] | gap reduction vs {baseline} [{pct} CI] |",
-              "| --- | --- | --- | --- | --- | --- |"]
+              f"{reference} [{pct} CI] | gap reduction vs {baseline} [{pct} CI] | train gap "
+              f"minus {baseline}'s, paired [{pct} CI] |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
     for s in summaries:
         lines.append(f"| {s.model} | {s.recipe} | {len(s.seeds)} | {gap_cell(s.train)} | "
-                     f"{gap_cell(s.val)} | {reduction_cell(s)} |")
+                     f"{gap_cell(s.val)} | {reduction_cell(s)} | {difference_cell(s)} |")
     lines += ["", "Per seed:", "", f"| model | recipe | seed | train gap | val gap | "
               f"{baseline} train gap (same seed) | run | reference |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -5,7 +5,9 @@ training runs (the experiment), so they sit together.
     gap/<model>/<recipe>/s<seed>          per seed, x = tokens (smoothed as the plot)
     gap/<model>/<recipe>/{mean,lo,hi}     over seeds, the pointwise band
     loss_gap_table, loss_gap_per_seed     wandb.Table: the latest-N means with intervals
-    loss_gap/<model>/<recipe>/{mean,lo,hi}, reduction/<model>/<recipe>/{value,lo,hi}  summary
+    loss_gap/<model>/<recipe>/{mean,lo,hi}, reduction/<model>/<recipe>/{value,lo,hi},
+    difference/<model>/<recipe>/{value,lo,hi,p}   summary (difference: minus the baseline's gap,
+                                                  paired by seed)
 """
 from __future__ import annotations
 
@@ -15,20 +17,24 @@ from .gap import Comparison
 from .plot import seed_curves
 from .summary import RecipeSummary
 from .stats import t_band
-from .table import gap_cell, reduction_cell
+from .table import difference_cell, gap_cell, reduction_cell
 
 TABLE_COLUMNS = ["model", "recipe", "n_seeds", "train_gap", "train_lo", "train_hi",
                  "train_resolved", "val_gap", "val_lo", "val_hi", "reduction", "reduction_lo",
-                 "reduction_hi", "reduction_resolved", "train_gap_text", "reduction_text"]
+                 "reduction_hi", "reduction_resolved", "train_gap_text", "reduction_text",
+                 "difference", "difference_lo", "difference_hi", "difference_p",
+                 "difference_text"]
 
 
 def _rows(s: RecipeSummary) -> list:
-    v, r = s.val, s.vs_baseline
+    v, r, p = s.val, s.vs_baseline, s.vs_baseline_paired
+    d = p and p.train
     flip = (lambda x: None if x is None else 1 - x)
     return [s.model, s.recipe, len(s.seeds), s.train.mean, s.train.lo, s.train.hi,
             s.train.resolved, v and v.mean, v and v.lo, v and v.hi,
             r and flip(r.ratio), r and flip(r.hi), r and flip(r.lo), s.reduction_resolved,
-            gap_cell(s.train), reduction_cell(s)]
+            gap_cell(s.train), reduction_cell(s),
+            d and d.mean, d and d.lo, d and d.hi, p and p.train_p, difference_cell(s)]
 
 
 def log_compare(cmp: Comparison, summaries: list[RecipeSummary], *, table_md: str, png: Path,
@@ -69,6 +75,11 @@ def log_compare(cmp: Comparison, summaries: list[RecipeSummary], *, table_md: st
             run.summary[f"reduction/{s.model}/{s.recipe}/value"] = 1 - r.ratio
             run.summary[f"reduction/{s.model}/{s.recipe}/lo"] = None if r.hi is None else 1 - r.hi
             run.summary[f"reduction/{s.model}/{s.recipe}/hi"] = None if r.lo is None else 1 - r.lo
+        if s.vs_baseline_paired is not None:
+            p = s.vs_baseline_paired
+            for key, value in (("value", p.train.mean), ("lo", p.train.lo),
+                               ("hi", p.train.hi), ("p", p.train_p)):
+                run.summary[f"difference/{s.model}/{s.recipe}/{key}"] = value
     run.log({"loss_gap_table": table, "loss_gap_per_seed": per_seed,
              "loss_gap_plot": wandb.Image(str(png)),
              "loss_gap_markdown": wandb.Html(f"<pre>{table_md}</pre>")})
