@@ -23,11 +23,12 @@ $(STAMP): Makefile pyproject.toml scripts/install.sh $(wildcard requirements/*.t
 # The CPU suite: what CI runs. GPU-only and long tests have their own targets. Two xdist
 # workers by default (most tests wait on trainer subprocesses: 2 workers on the 2-core CI
 # machine took 11:49 against ~21 minutes in one process, 2026-12-02); TEST_WORKERS=0 runs
-# them in this process. loadgroup keeps the tests of one Slurm cluster on one worker.
+# them in this process. The tests on the local Slurm cluster run after, alone.
 TEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 test: install
-	$(PYTEST) -q -m "not gpu and not slow" -p no:cacheprovider $(XDIST)
+	$(PYTEST) -q -m "not gpu and not slow and not slurm" -p no:cacheprovider $(XDIST)
+	$(PYTEST) -q -m "slurm and not gpu and not slow" -p no:cacheprovider
 
 test-gpu: install
 	$(PYTEST) -q -m gpu -p no:cacheprovider

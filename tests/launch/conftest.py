@@ -59,13 +59,15 @@ def slurm(apt_tools):
         shutil.rmtree(state, ignore_errors=True)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects: make test runs these on their own
 def pytest_collection_modifyitems(config, items):
-    # The Slurm cluster is a session fixture, and under pytest-xdist every worker is a session:
-    # two clusters on one node would race for the same ports, munge socket and node name. The
-    # tests that use it share one worker (make test runs --dist loadgroup).
+    # A test on the Slurm cluster is marked `slurm` even where its author forgot: make test
+    # runs them in a second, serial pytest (one cluster per session, and under pytest-xdist
+    # every worker is a session; with a second worker's trainers beside it a job failed,
+    # 2026-12-02), the rest on two workers.
     for item in items:
         if "slurm" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+            item.add_marker(pytest.mark.slurm)
 
 
 def which_or_fail(name: str) -> str:

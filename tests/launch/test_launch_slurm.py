@@ -9,6 +9,7 @@
 import json
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +21,12 @@ pytestmark = pytest.mark.slurm
 def sbatch(env, *args) -> str:
     res = subprocess.run(["sbatch", "--parsable", *args], env=env, capture_output=True,
                          text=True, timeout=180)
-    assert res.returncode == 0, res.stderr
+    if res.returncode != 0:  # with --wait: the job failed; its own log says why
+        job = res.stdout.strip().split(";")[0]
+        out = next((a.split("=", 1)[1] for a in args if a.startswith("--output=")), None)
+        log = Path(out.replace("%j", job)) if out and job else None
+        text = log.read_text()[-3000:] if log and log.is_file() else "(no job log)"
+        raise AssertionError(f"sbatch {args[:3]}: rc {res.returncode}\n{res.stderr}\n{text}")
     return res.stdout.strip().split(";")[0]
 
 
