@@ -19,8 +19,9 @@ Rows for an 8192x8192 bf16 tensor (e1m2, 1x16 fp32 scales): the bare Triton laun
 arguments precomputed: the launcher's own cost), kernels.quantize_view, public quantize();
 then ops.fprop/dgrad/wgrad (ufp4) at the dense_1p5b layer shapes with 8192 tokens and the
 bf16 GEMM alone; the pair kernel (both operands of a GEMM in one launch) against two
-launches; and the SR kernels against the copy roofline. The target: public quantize() loop
-within 1.2x of the bare kernel's.
+launches; kernels/launch.py's cached launch against Triton's (host time, identical
+outputs; `--only cached`); and the SR kernels against the copy roofline. The target:
+public quantize() loop within 1.2x of the bare kernel's.
 """
 from __future__ import annotations
 
@@ -235,6 +236,48 @@ def direct_launch_probe(rows, log):
             device=False, shape="256x256")
 
 
+def cached_launch_section(rows, log):
+    """kernels/launch.py's cached launch against Triton's own, the same calls in one process
+    (launch.ENABLED toggled): host time per call, and whether the outputs are identical."""
+    from ufp4_megatron import get_recipe, ops, quantize
+    from ufp4_megatron.kernels import launch, quantize_pair
+    from ufp4_megatron.numerics.hadamard import get_rht
+
+    recipe = get_recipe("ufp4")
+    kw = dict(grid="e1m2", rht=get_rht(16, 0), keep_padding=True)
+    sr = dict(kw, rounding="sr", seed=3)
+    tokens, k, n = 8192, 2048, 3072  # dense_1p5b's qkv at 8192 tokens
+
+    def make():
+        return (torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16),
+                torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5,
+                torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16))
+    ins = rotating(make, 2 * (tokens * k + n * k + tokens * n))
+    cases = {
+        "quantize() col rtne+rht16 8192x2048": lambda a: (quantize(a[0], "e1m2", rht=16, dim=0),),
+        "fprop operands: pair (1 launch)": lambda a: quantize_pair(a[0], kw, a[1], kw),
+        "wgrad operands: pair, SR dY": lambda a: quantize_pair(a[2].t(), sr, a[0].t(), kw),
+        "ops.fprop ufp4": lambda a: (ops.fprop(a[0], a[1], recipe, seed=7),),
+        "ops.wgrad ufp4": lambda a: (ops.wgrad(a[2], a[0], recipe, seed=7),),
+    }
+    before = launch.ENABLED
+    try:
+        for name, fn in cases.items():
+            outs = {}
+            for on in (False, True):
+                launch.ENABLED = on
+                outs[on] = [t.clone() for t in fn(ins[0])]
+                measure(f"{name}, {'cached' if on else 'Triton'} launch", fn, ins, rows, log,
+                        shape=f"qkv {k}x{n}")
+            rows[-1]["same_as_triton_launch"] = all(
+                torch.equal(a, b) for a, b in zip(outs[False], outs[True]))
+            log(dict(what=name, same_as_triton_launch=rows[-1]["same_as_triton_launch"]))
+    finally:
+        launch.ENABLED = before
+    del ins
+    torch.cuda.empty_cache()
+
+
 def table(rows) -> str:
     out = ["| shape | what | host us | loop us | device us | loop / bare |",
            "| --- | --- | ---: | ---: | ---: | ---: |"]
@@ -247,6 +290,58 @@ def table(rows) -> str:
     return "\n".join(out)
 
 
+def launch_key_cost(log, pair_kernel):
+    """Per call, Python only: Triton 3.6's binding of the pair kernel (its generated binder,
+    cache key and knob reads: what JITFunction.run does before it launches) against
+    kernels/launch.py's key, on the arguments of a dense_1p5b qkv fprop pair call (captured
+    with the launch stubbed)."""
+    import timeit
+
+    from triton import knobs
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    from ufp4_megatron.kernels import dispatch
+    from ufp4_megatron.kernels import launch as cached
+    from ufp4_megatron.numerics.hadamard import get_rht
+
+    jit = JITFunction(pair_kernel.fn)  # the interpreter's wrapper holds the Python function
+    binder = create_function_from_signature(jit.signature, jit.params, BaseBackend)
+    seen = {}
+    real, real_check = dispatch.launch, dispatch.check_device
+    dispatch.launch = lambda kernel, grid, *a, **k: seen.update(args=a, kwargs=k)
+    dispatch.check_device = lambda x: None
+    try:
+        kw = dict(grid="e1m2", rht=get_rht(16, 0), keep_padding=True)
+        dispatch.quantize_pair(torch.randn(8192, 2048, dtype=torch.bfloat16), kw,
+                               torch.randn(3072, 2048, dtype=torch.bfloat16), kw)
+    finally:
+        dispatch.launch, dispatch.check_device = real, real_check
+    args, kwargs = seen["args"], seen["kwargs"]
+    options = dict(kwargs, debug=False, instrumentation_mode="")
+    lookup: dict = {}
+
+    def tritons():
+        bound, spec, opts = binder(*args, **options)
+        lookup.get((tuple(spec), str(opts)))
+        knobs.runtime.debug, knobs.compilation.instrumentation_mode
+        knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        return tuple(bound.values())
+
+    def ours():
+        lookup.get((id(jit), 0, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
+                    tuple(kwargs.items()), tuple(map(cached._spec, args))))
+        return args
+
+    rows = []
+    for name, fn in ((f"Triton bind + key, pair kernel ({len(jit.params)} parameters)", tritons),
+                     ("kernels/launch.py key, pair kernel", ours)):
+        best = min(timeit.repeat(fn, number=2000, repeat=5)) / 2000 * 1e6
+        rows.append(dict(what=name, host_us=best))
+        log(rows[-1])
+    return rows
+
+
 def cpu_glue(log):
     """Host glue of the kernel path on CPU tensors, Triton's launcher stubbed out."""
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -256,6 +351,9 @@ def cpu_glue(log):
 
     import ufp4_megatron.kernels as kernels_pkg
     from ufp4_megatron import get_recipe, ops, quantize
+    from ufp4_megatron.kernels import quantize16_triton
+
+    rows = launch_key_cost(log, quantize16_triton._pair16_kernel)
 
     class NoLaunch:  # kernel[grid](...) does nothing: what remains is our host code
         def __getitem__(self, grid):
@@ -289,7 +387,6 @@ def cpu_glue(log):
         "reference: ops.fprop ufp4 64x64": lambda: ops.fprop(xs, ws, r, seed=1),
         "reference: ops.wgrad ufp4 64x64": lambda: ops.wgrad(dys, xs, r, seed=1),
     }
-    rows = []
     for name, fn in cases.items():
         for _ in range(20):
             fn()
@@ -387,7 +484,8 @@ def main(argv=None):
     p.add_argument("--cpu", action="store_true", help="CPU-only host glue and reference rows")
     p.add_argument("--sass", action="store_true",
                    help="CPU-only: sm_90 SASS instruction and register counts of the kernels")
-    p.add_argument("--only", default="kernels,layer,direct")
+    p.add_argument("--only", default="kernels,layer,direct,cached",
+                   help="sections, comma-separated: kernels, layer, direct, cached")
     args = p.parse_args(argv)
     log = lambda row: print({k: (round(v, 2) if isinstance(v, float) else v)  # noqa: E731
                              for k, v in row.items()}, flush=True)
@@ -415,6 +513,8 @@ def main(argv=None):
         layer_section(rows, log)
     if "direct" in parts:
         direct_launch_probe(rows, log)
+    if "cached" in parts:
+        cached_launch_section(rows, log)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                 seconds=round(time.time() - T0, 1), n_calls=N_CALLS)
     with open(os.path.join(out_dir, "host_overhead.json"), "w") as f:

@@ -40,6 +40,7 @@ from ..numerics.scaling import E4M3_MAX
 from ..numerics.segments import Segments
 from . import quantize16_triton as k16
 from .amax_triton import _tensor_amax_kernel
+from .launch import launch
 from .quantize_triton import _qdq_kernel
 
 SCALES = {"fp32": 0, "e4m3": 1, "e8m0": 2}
@@ -314,11 +315,11 @@ def _launch16(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> tor
     """One layout of row-major t [A, B] through the 16-tensor kernels (quantize16_triton)."""
     _, view, n, warps, args, (t0, t1) = _job16(t, lay, along_rows, tile)
     if along_rows:
-        k16._col16_kernel[n](*args, BG=t0, BB=t1, num_warps=warps, INTERP=INTERPRETED,
-                             SEG=lay.seg, **lay.plan.consts16)
+        launch(k16._col16_kernel, n, *args, BG=t0, BB=t1, num_warps=warps,
+               INTERP=INTERPRETED, SEG=lay.seg, **lay.plan.consts16)
     else:
-        k16._row16_kernel[n](*args, BR=t0, BG=t1, num_warps=warps, INTERP=INTERPRETED,
-                             SEG=lay.seg, **lay.plan.consts16)
+        launch(k16._row16_kernel, n, *args, BR=t0, BG=t1, num_warps=warps,
+               INTERP=INTERPRETED, SEG=lay.seg, **lay.plan.consts16)
     return view
 
 
@@ -347,9 +348,9 @@ def _launch(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> torch
     ba, bb, warps, grid = _generic_grid(t.shape, plan, lay.length, lay.other, along_rows, tile)
     shape = (lay.out_len, B) if along_rows else (A, lay.out_len)
     out = torch.empty(shape, dtype=plan.out_dtype, device=t.device)
-    _qdq_kernel[grid](
-        t, t.stride(0), A, B, out, lay.out_len, *lay.args, BA=ba, BB=bb, COL=along_rows,
-        SEG=lay.seg, INTERP=INTERPRETED, num_warps=warps, **plan.consts)
+    launch(_qdq_kernel, grid,
+           t, t.stride(0), A, B, out, lay.out_len, *lay.args, BA=ba, BB=bb, COL=along_rows,
+           SEG=lay.seg, INTERP=INTERPRETED, num_warps=warps, **plan.consts)
     return out.t() if along_rows else out
 
 
@@ -359,10 +360,9 @@ def _tensor_amax(view: torch.Tensor, plan: _Plan, length: int, other: int) -> to
     t, along_rows = _orient(view)
     ba, bb, warps, grid = _generic_grid(t.shape, plan, length, other, along_rows)
     per_program = torch.empty(grid[0] * grid[1], dtype=torch.float32, device=t.device)
-    _tensor_amax_kernel[grid](t, t.stride(0), t.shape[0], t.shape[1], plan.sign,
-                              plan.scalars[0], per_program, BA=ba, BB=bb, COL=along_rows,
-                              BLOCK=plan.block, BLOCK_2D=plan.block_2d,
-                              LOG_H=plan.consts["LOG_H"], num_warps=warps)
+    launch(_tensor_amax_kernel, grid, t, t.stride(0), t.shape[0], t.shape[1], plan.sign,
+           plan.scalars[0], per_program, BA=ba, BB=bb, COL=along_rows, BLOCK=plan.block,
+           BLOCK_2D=plan.block_2d, LOG_H=plan.consts["LOG_H"], num_warps=warps)
     return per_program.amax()
 
 
@@ -418,9 +418,9 @@ def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *, t
     if wa != wb:  # one launch has one warp count
         return _quantize_laid_out(a, la, tiles), _quantize_laid_out(b, lb, tiles)
     programs_a = na[0] * na[1]
-    k16._pair16_kernel[(programs_a + nb[0] * nb[1],)](
-        *args_a, na[1], programs_a, *args_b, nb[1],
-        A_COL=a_rows, A_T0=a0, A_T1=a1, A_SEG=la.seg, **la.plan.prefixed["A_"],
-        B_COL=b_rows, B_T0=b0, B_T1=b1, B_SEG=lb.seg, **lb.plan.prefixed["B_"],
-        INTERP=INTERPRETED, num_warps=wa)
+    launch(k16._pair16_kernel, (programs_a + nb[0] * nb[1],),
+           *args_a, na[1], programs_a, *args_b, nb[1],
+           A_COL=a_rows, A_T0=a0, A_T1=a1, A_SEG=la.seg, **la.plan.prefixed["A_"],
+           B_COL=b_rows, B_T0=b0, B_T1=b1, B_SEG=lb.seg, **lb.plan.prefixed["B_"],
+           INTERP=INTERPRETED, num_warps=wa)
     return va, vb

@@ -1,0 +1,106 @@
+"""Kernel launches with Triton's per-call binding done once per specialization (issue 11).
+
+`kernel[grid](*args, **kw)` spends most of its host time before the launch itself: Triton
+binds all parameters into a dict, specializes each (dtype, 16-byte alignment, an int equal
+to 1 or divisible by 16), builds its cache key from all of them and looks the kernel up,
+on every call. For the pair kernel (70 parameters) that Python path measured 60 us per
+call on the CPU machine against 14 us for the key below (2026-12-02, docs/performance.md
+"Host cost"); the launch proper (CompiledKernel.run) measured 12.8 us on the H200.
+
+`launch` keys the compiled kernel by everything Triton's key depends on: the kernel, the
+device, Triton's debug and instrumentation knobs, the keyword arguments (constexprs and
+options such as num_warps) and, per positional argument, a specialization at least as fine
+as Triton's (`_spec`; tests/kernels/test_launch.py checks it against Triton's own
+native_specialize_impl), so one key never stands for two compiled kernels. A miss goes
+through `kernel[grid]` (compiling exactly as Triton would) and keeps the CompiledKernel it
+returns; a hit calls that kernel's launcher directly with every parameter in signature
+order, as JITFunction.run does, without the launch metadata and the empty hook chains
+(the launcher skips hooks passed as None).
+
+Off unless UFP4_CACHED_LAUNCH=1: not yet run on a GPU (the launcher's argument list is
+Triton 3.6's, read from its source: runtime/jit.py JITFunction.run). Always off on other
+Triton versions, in Triton's CPU interpreter, while a launch hook is set (a profiler's), and
+for a kernel called with a constexpr positionally.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+from triton import knobs
+from triton.runtime.driver import driver
+from triton.runtime.interpreter import InterpretedFunction
+
+ENABLED = os.environ.get("UFP4_CACHED_LAUNCH", "0") == "1"
+SUPPORTED = triton.__version__.split(".")[:2] == ["3", "6"]
+MAX_ENTRIES = 4096  # layouts change with shapes; never grow without bound
+
+_cache: dict = {}
+_UNCACHEABLE = (None, None, None)
+
+
+def _spec(a):
+    """A positional argument's class for the key: at least as fine as Triton's
+    specialization (tensors: dtype, 16-byte alignment; ints: equal to 1, divisible by 16,
+    32-bit, below 2^63; anything else: its type)."""
+    if isinstance(a, torch.Tensor):
+        return a.dtype, a.data_ptr() % 16 == 0
+    if type(a) is int:
+        return a == 1, a % 16 == 0, -2 ** 31 <= a < 2 ** 31, a < 2 ** 63
+    return type(a)
+
+
+def _tail(kernel, n_positional: int, kwargs: dict):
+    """The values of the parameters after the positional ones, in signature order (keyword
+    or default), or None when a positional argument is a constexpr (its value would have to
+    be in the key, which only holds its class)."""
+    params = kernel.params
+    if any(p.is_constexpr for p in params[:n_positional]):
+        return None
+    tail = []
+    for p in params[n_positional:]:
+        if p.name in kwargs:
+            tail.append(kwargs[p.name])
+        elif p.has_default:
+            tail.append(p.default)
+        else:  # Triton refused this call already; never reached
+            return None
+    return tuple(tail)
+
+
+def _hooked() -> bool:
+    """Whether a launch hook would run: Triton 3.6 keeps them in (normally empty) HookChains
+    and calls them around every launch; a plain callable counts as set."""
+    return any(h is not None and getattr(h, "calls", True)
+               for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+
+
+def launch(kernel, grid: tuple, *args, **kwargs) -> None:
+    """kernel[grid](*args, **kwargs), with Triton's binding skipped after the first call of
+    a specialization (module docstring)."""
+    if not (ENABLED and SUPPORTED) or isinstance(kernel, InterpretedFunction) or _hooked():
+        kernel[grid](*args, **kwargs)
+        return
+    device = driver.active.get_current_device()
+    # id: a JITFunction hashes its source's sha256 under a lock; the entry keeps the kernel
+    # alive, so its id is not reused while the entry exists
+    key = (id(kernel), device, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
+           tuple(kwargs.items()), tuple(map(_spec, args)))
+    hit = _cache.get(key)
+    if hit is None:
+        compiled = kernel[grid](*args, **kwargs)
+        if hasattr(compiled, "result"):  # an asynchronous compile's future
+            compiled = compiled.result()
+        tail = _tail(kernel, len(args), kwargs)
+        if len(_cache) >= MAX_ENTRIES:
+            _cache.clear()
+        _cache[key] = _UNCACHEABLE if tail is None else (compiled, tail, kernel)
+        return
+    compiled, tail, _ = hit
+    if compiled is None:
+        kernel[grid](*args, **kwargs)
+        return
+    g = (*grid, 1, 1)
+    compiled.run(g[0], g[1], g[2], driver.active.get_current_stream(device), compiled.function,
+                 compiled.packed_metadata, None, None, None, *args, *tail)
