@@ -32,7 +32,7 @@ def test_spec_is_at_least_as_fine_as_tritons():
     base = {dt: torch.zeros(64, dtype=dt) for dt in (torch.float32, torch.bfloat16,
                                                       torch.float16, torch.int32)}
     tensors = [t[k:] for t in base.values() for k in (0, 1, 2, 4, 8)]
-    values = [*ints, *tensors, 0.5, 1.0, -3.0, True, False, None]
+    values = [*ints, *tensors, 0.5, 1.0, -3.0, True, False, None]  # (numpy ints: Triton refuses)
     classes: dict = {}
     for v in values:
         classes.setdefault(L._spec(v), []).append(v)
@@ -156,3 +156,10 @@ def test_it_is_off_unless_asked():
         out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                              text=True, timeout=120)
         assert out.stdout.strip() == want, out.stderr[-2000:]
+
+
+def test_an_unhashable_argument_takes_tritons_path(cached):
+    k = _Kernel()
+    for _ in range(2):
+        L.launch(k, (1,), [1, 2], 16, BLOCK=16)
+    assert len(k.compiles) == 2 and L._cache == {}

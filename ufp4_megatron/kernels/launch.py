@@ -43,12 +43,16 @@ _UNCACHEABLE = (None, None, None)
 def _spec(a):
     """A positional argument's class for the key: at least as fine as Triton's
     specialization (tensors: dtype, 16-byte alignment; ints: equal to 1, divisible by 16,
-    32-bit, below 2^63; anything else: its type)."""
+    32-bit, below 2^63; floats, bools, None: their type, which Triton does not specialize
+    on; anything else, e.g. a numpy integer: its value)."""
     if isinstance(a, torch.Tensor):
         return a.dtype, a.data_ptr() % 16 == 0
-    if type(a) is int:
+    t = type(a)
+    if t is int:
         return a == 1, a % 16 == 0, -2 ** 31 <= a < 2 ** 31, a < 2 ** 63
-    return type(a)
+    if t is float or t is bool or a is None:
+        return t
+    return t, a
 
 
 def _tail(kernel, n_positional: int, kwargs: dict):
@@ -87,7 +91,11 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     # alive, so its id is not reused while the entry exists
     key = (id(kernel), device, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
            tuple(kwargs.items()), tuple(map(_spec, args)))
-    hit = _cache.get(key)
+    try:
+        hit = _cache.get(key)
+    except TypeError:  # an unhashable argument: Triton's own path
+        kernel[grid](*args, **kwargs)
+        return
     if hit is None:
         compiled = kernel[grid](*args, **kwargs)
         if hasattr(compiled, "result"):  # an asynchronous compile's future
