@@ -8,6 +8,7 @@
     test_fieller_unbounded_when_denominator_unresolved
     test_welch_difference_by_hand_and_against_scipy   unpaired: 1,2,3 vs 4,6
     test_paired_difference_by_hand_and_against_scipy  paired: d = -1, -1, -2
+    test_seeds_for_power_is_the_first_n_with_the_power   noncentral t, checked at n and n - 1
     test_bad_input_is_refused
     test_t_band_is_t_interval_per_column   the plot's band = the table's interval, per step
 """
@@ -15,8 +16,9 @@ import math
 
 import pytest
 
-from ufp4_megatron.report.stats import (fieller_ratio, paired_difference, t_band, t_interval,
-                                        t_quantile, welch_difference)
+from ufp4_megatron.report.stats import (MOST_SEEDS, fieller_ratio, paired_difference,
+                                        seeds_for_power, t_band, t_interval, t_quantile,
+                                        welch_difference)
 
 T975_DF2 = 4.302652729749462  # Student t, 97.5% quantile, 2 dof (tables: 4.303)
 T975_DF3 = 3.182446305283708  # 3 dof (tables: 3.182)
@@ -151,6 +153,30 @@ def test_paired_difference_by_hand_and_against_scipy():
         paired_difference([1.0, 2.0], [1.0])
     with pytest.raises(ValueError, match="non-finite"):
         paired_difference([1.0, float("inf")], [1.0, 2.0])
+
+
+def test_seeds_for_power_is_the_first_n_with_the_power():
+    from scipy.stats import nct, t
+
+    def power(n, d, sd):
+        crit = t.ppf(0.975, n - 1)
+        ncp = abs(d) / (sd / math.sqrt(n))
+        return nct.sf(crit, n - 1, ncp) + nct.cdf(-crit, n - 1, ncp)
+
+    for d, sd in ((1.33, 2.77), (-1.33, 2.77), (0.51, 2.77), (5.0, 1.0), (2.0, 1.0)):
+        n = seeds_for_power(d, sd)
+        assert power(n, d, sd) >= 0.8 > (power(n - 1, d, sd) if n > 2 else 0.0), (d, sd, n)
+    # the pysrc study's numbers (docs/results.md): ~36 seeds for UFP4's -1.33 points at sd
+    # 2.77 (37 at these rounded values), ~240 for the paper's 20% of E2M1's gap (0.51 points)
+    assert seeds_for_power(-1.33, 2.77) == 37
+    assert 230 <= seeds_for_power(0.51, 2.77) <= 240
+    assert seeds_for_power(0.0, 2.0) is None and seeds_for_power(1.0, 0.0) is None
+    assert seeds_for_power(0.01, 5.0) is None  # past MOST_SEEDS
+    assert seeds_for_power(0.2, 1.0, most=MOST_SEEDS) == 199
+    with pytest.raises(ValueError, match="power"):
+        seeds_for_power(1.0, 1.0, power=1.5)
+    with pytest.raises(ValueError, match="non-finite"):
+        seeds_for_power(float("nan"), 1.0)
 
 
 def test_t_band_is_t_interval_per_column():

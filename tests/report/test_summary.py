@@ -208,3 +208,29 @@ def test_the_paired_difference_is_in_the_table_and_json():
     assert j["train"]["resolved"] is False
     assert next(r for r in data["recipes"] if r["recipe"] == "e2m1")["vs_baseline_paired"] is None
     assert "paired t" in data["methods"]["paired_difference"]
+
+
+def test_an_unresolved_difference_says_how_many_seeds_would_resolve_it():
+    from ufp4_megatron.report.stats import seeds_for_power
+
+    # d = -1, -1, -2 points (the case above): sd 0.577 points, not resolved at 3 seeds
+    cmp, summaries, table = study({"e2m1": [0.02, 0.03, 0.05], "ufp4": [0.01, 0.02, 0.03]})
+    p = summaries[1].vs_baseline_paired
+    assert p.train_sd == pytest.approx(3 ** -0.5 / 100)
+    assert p.seeds_for_power == seeds_for_power(-0.04 / 3, 3 ** -0.5 / 100) == 4
+    note = ("- tiny ufp4: to resolve a difference from e2m1 of -1.33 points at the spread of "
+            "these 3 seeds (sd 0.58 points) would take ~4 paired seeds (80% power, paired t at "
+            "95%): a planning number for a next study, not a result")
+    assert note in table
+    j = next(r for r in to_json(cmp, summaries, reference="bf16", baseline="e2m1",
+                                confidence=0.95, last=2, last_fraction=None, notes=[])["recipes"]
+             if r["recipe"] == "ufp4")["vs_baseline_paired"]
+    assert (j["seeds_for_power"], j["power"]) == (4, 0.8)
+    # a resolved difference, or one seed, gets no such note
+    _, _, resolved = study({"e2m1": [0.02, 0.03, 0.04], "ufp4": [0.01, 0.02, 0.025]})
+    assert "to resolve a difference" not in resolved
+    _, one, one_table = study({"e2m1": [0.02], "ufp4": [0.01]})
+    assert one[1].vs_baseline_paired.seeds_for_power is None and "to resolve" not in one_table
+    # too small to ever resolve here: said as such
+    _, _, tiny = study({"e2m1": [0.02, 0.03, 0.05], "ufp4": [0.03, 0.02, 0.0501]})
+    assert "would take more than 10,000 paired seeds" in tiny

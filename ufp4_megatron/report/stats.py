@@ -148,6 +148,36 @@ def paired_difference(x, y, confidence: float = 0.95) -> tuple[Interval, float |
     return iv, float(2 * t.sf(abs(stat), iv.n - 1))
 
 
+MOST_SEEDS = 10_000  # seeds_for_power looks no further
+
+
+def seeds_for_power(diff: float, sd: float, power: float = 0.8, confidence: float = 0.95,
+                    most: int = MOST_SEEDS) -> int | None:
+    """The fewest pairs n at which a paired t-test at `confidence` (two-sided) detects a true
+    mean difference `diff` with probability `power`, when the differences have standard
+    deviation `sd`: the noncentral t with n - 1 dof and noncentrality diff / (sd / sqrt n).
+    None when diff or sd is 0, or when more than `most` pairs would be needed. A planning
+    number for the next study, not a result of this one."""
+    from scipy.stats import norm, nct, t
+
+    if not 0 < power < 1:
+        raise ValueError(f"power={power}; must be between 0 and 1")
+    _check([diff, sd], confidence)
+    if diff == 0 or sd == 0:
+        return None
+    alpha = 1 - confidence
+    # the normal approximation, which the t-based answer never undercuts, is where to start
+    z = (norm.ppf(1 - alpha / 2) + norm.ppf(power)) * sd / abs(diff)
+    n = max(2, math.floor(z * z))
+    while n <= most:
+        crit = t.ppf(1 - alpha / 2, n - 1)
+        ncp = abs(diff) / (sd / math.sqrt(n))
+        if nct.sf(crit, n - 1, ncp) + nct.cdf(-crit, n - 1, ncp) >= power:
+            return n
+        n += 1
+    return None
+
+
 def welch_difference(x, y, confidence: float = 0.95) -> Interval:
     """mean(x) - mean(y) from independent samples, with Welch's interval: half width
     t_{(1+c)/2, df} * se, se^2 = s_x^2 / n_x + s_y^2 / n_y, df by Welch-Satterthwaite

@@ -11,8 +11,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from .gap import Comparison, SeedGap
-from .stats import (Interval, Ratio, fieller_ratio, paired_difference, t_interval,
-                    welch_difference)
+from .stats import (Interval, Ratio, fieller_ratio, paired_difference, seeds_for_power,
+                    t_interval, welch_difference)
 
 SCHEMA_VERSION = 1
 GAP_METHOD = "Student t over seeds: mean +- t(n-1) * sd / sqrt(n)"
@@ -22,7 +22,10 @@ RATIO_METHOD = ("Fieller, paired by seed: the ratios rho whose paired t-test of 
 DIFFERENCE_METHOD = ("Welch, not paired: mean gap_recipe - mean gap_baseline over every seed "
                      "of each, Welch-Satterthwaite degrees of freedom")
 PAIRED_METHOD = ("paired t over the seeds both have: mean of gap_recipe - gap_baseline per "
-                 "seed, t(n-1) interval, two-sided p of a zero mean difference")
+                 "seed, t(n-1) interval, two-sided p of a zero mean difference; "
+                 "seeds_for_power: the pairs a paired t-test would need to detect the observed "
+                 "mean difference at the observed spread (noncentral t), a planning number")
+POWER = 0.8  # the power the planning number is for
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,10 @@ class PairedDifference:
     train_p: float | None
     val: Interval | None
     val_p: float | None
+    train_sd: float | None = None  # sd of the per-seed differences (None for one pair)
+    # pairs a paired t-test would need to detect train.mean at train_sd with POWER; None for
+    # one pair, a zero difference or spread, or more than stats.seeds_for_power's `most`
+    seeds_for_power: int | None = None
 
 
 @dataclass
@@ -119,13 +126,19 @@ def summarize(cmp: Comparison, baseline: str = "e2m1",
 
 
 def _paired(pairs, confidence: float) -> PairedDifference:
+    import statistics
+
     train, train_p = paired_difference([g.train_gap for g, _ in pairs],
                                        [b.train_gap for _, b in pairs], confidence)
     val = val_p = None
     if all(g.val_gap is not None and b.val_gap is not None for g, b in pairs):
         val, val_p = paired_difference([g.val_gap for g, _ in pairs],
                                        [b.val_gap for _, b in pairs], confidence)
-    return PairedDifference(train, train_p, val, val_p)
+    sd = seeds = None
+    if len(pairs) > 1:
+        sd = statistics.stdev(g.train_gap - b.train_gap for g, b in pairs)
+        seeds = seeds_for_power(train.mean, sd, POWER, confidence)
+    return PairedDifference(train, train_p, val, val_p, sd, seeds)
 
 
 def _interval(iv: Interval | None) -> dict | None:
@@ -159,7 +172,8 @@ def _paired_json(s: RecipeSummary) -> dict | None:
     if p is None:
         return None
     return {"baseline": s.baseline, "n_pairs": p.train.n, "train": _interval(p.train),
-            "train_p": p.train_p, "val": _interval(p.val), "val_p": p.val_p}
+            "train_p": p.train_p, "val": _interval(p.val), "val_p": p.val_p,
+            "train_sd": p.train_sd, "power": POWER, "seeds_for_power": p.seeds_for_power}
 
 
 def to_json(cmp: Comparison, summaries: list[RecipeSummary], *, reference: str, baseline: str,

@@ -8,8 +8,8 @@ shows the point value only beside its interval.
 from __future__ import annotations
 
 from .gap import Comparison, Window
-from .stats import Interval
-from .summary import RecipeSummary
+from .stats import MOST_SEEDS, Interval
+from .summary import POWER, RecipeSummary
 
 UNRESOLVED = "not resolved at this size"
 ONE_SEED = "1 seed: no interval"
@@ -76,6 +76,21 @@ def pairing_note(s: RecipeSummary) -> str | None:
             f"gap minus {s.baseline}'s over every seed of each, not paired (Welch): {diff}")
 
 
+def power_note(s: RecipeSummary, confidence: float) -> str | None:
+    """For an unresolved paired difference: how many paired seeds would resolve one of the
+    observed size at the observed spread (a planning number for the next study)."""
+    p = s.vs_baseline_paired
+    if p is None or p.train.resolved or p.train_sd is None or not p.train_sd or not p.train.mean:
+        return None
+    need = p.seeds_for_power
+    seeds = (f"~{need} paired seeds" if need is not None
+             else f"more than {MOST_SEEDS:,} paired seeds")
+    return (f"{s.model} {s.recipe}: to resolve a difference from {s.baseline} of "
+            f"{p.train.mean * 100:+.2f} points at the spread of these {p.train.n} seeds (sd "
+            f"{p.train_sd * 100:.2f} points) would take {seeds} ({POWER:.0%} power, paired t "
+            f"at {confidence:.0%}): a planning number for a next study, not a result")
+
+
 def drift_note(s: RecipeSummary, window: Window) -> str | None:
     """When the gap still moves within the window (its drift interval excludes zero): the
     mean gap then depends on where the runs stop, and a longer run may give another one."""
@@ -119,6 +134,7 @@ def markdown(cmp: Comparison, summaries: list[RecipeSummary], *, reference: str,
                          f"{g.reference.source} |")
     notes = notes + [n for n in map(pairing_note, summaries) if n]
     notes += [n for s in summaries if (n := drift_note(s, cmp.windows[s.model]))]
+    notes += [n for s in summaries if (n := power_note(s, confidence))]
     if notes:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines)
