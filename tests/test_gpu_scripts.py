@@ -39,7 +39,8 @@ def test_study_sh_refuses_a_bad_round_or_grid_before_setting_up():
     bad_round = _study_sh("12")
     assert bad_round.returncode == 2 and "unknown round 12" in bad_round.stderr
     bad_grid = _study_sh("4", GRID="mian")
-    assert bad_grid.returncode == 2 and "GRID=mian; give main, ablation, depth or small" in bad_grid.stderr
+    assert bad_grid.returncode == 2
+    assert "GRID=mian; give main, ablation, depth or small" in bad_grid.stderr
 
 
 def test_study_sh_refuses_bad_steps_and_packages_before_setting_up():
@@ -56,8 +57,8 @@ def _scripts_without_setup(paths):
     # a script that runs the package's modules needs the trainer's dependencies, which a CUDA
     # image lacks until gpu/setup.sh installs them (2026-12-02: `bash gpu/perf.sh` alone on a
     # fresh H200 died on `import hydra`)
-    return [p.name for p in paths
-            if re.search(r"-m ufp4_megatron\b", p.read_text()) and "source gpu/setup.sh" not in p.read_text()]
+    return [p.name for p in paths if re.search(r"-m ufp4_megatron\b", p.read_text())
+            and "source gpu/setup.sh" not in p.read_text()]
 
 
 def test_every_gpu_script_that_runs_the_package_sets_up_its_dependencies():

@@ -66,7 +66,8 @@ def test_compare_writes_outputs_and_an_offline_wandb_run(tmp_path):
     assert wb["summary"]["reduction/tiny/ufp4/value"] == pytest.approx(1 / 3)
     assert wb["summary"]["difference/tiny/ufp4/value"] == pytest.approx(
         ufp4["vs_baseline_paired"]["train"]["mean"])
-    assert wb["summary"]["difference/tiny/ufp4/p"] == pytest.approx(ufp4["vs_baseline_paired"]["train_p"])
+    assert wb["summary"]["difference/tiny/ufp4/p"] == pytest.approx(
+        ufp4["vs_baseline_paired"]["train_p"])
     assert wb["config"]["last"] == 2 and len(wb["config"]["runs"]) == 9
 
     ws = json.loads((out / "wandb_workspace.json").read_text())

@@ -186,7 +186,8 @@ def test_the_paired_difference_is_in_the_table_and_json():
     ref = stats.ttest_rel([0.01, 0.02, 0.03], [0.02, 0.03, 0.05])
     lo, hi = ref.confidence_interval(0.95)
     d = ufp4.vs_baseline_paired
-    assert (d.train.mean, d.train.lo, d.train.hi, d.train.n) == pytest.approx((-0.04 / 3, lo, hi, 3))
+    assert (d.train.mean, d.train.lo, d.train.hi, d.train.n) == pytest.approx(
+        (-0.04 / 3, lo, hi, 3))
     assert d.train_p == pytest.approx(ref.pvalue) and d.val is None
     assert e2m1.vs_baseline_paired is None
     cells = row(table, "ufp4").split("|")

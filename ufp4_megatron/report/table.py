@@ -1,9 +1,9 @@
 """loss_gap.md: the recipe table with intervals in words, the per-seed table, and the notes.
 
 Beside the reduction (a ratio, wide whenever the baseline's own gap is small), the paired
-difference of the two gaps in points. No "gap reduction" is quoted from noise: where an interval contains zero (or there is one
-seed, or the baseline's own gap is unresolved) the cell says "not resolved at this size" and
-shows the point value only beside its interval.
+difference of the two gaps in points. No "gap reduction" is quoted from noise: where an
+interval contains zero (or there is one seed, or the baseline's own gap is unresolved) the
+cell says "not resolved at this size" and shows the point value only beside its interval.
 """
 from __future__ import annotations
 
