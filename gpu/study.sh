@@ -184,27 +184,29 @@ tar -czf "$OUT/round$ROUND.tar.gz" -C "$STUDY" "${files[@]}" \
   && { (( ${#new[@]} )) && printf '%s\n' "${new[@]}" >> "$STUDY/returned.txt"; :; }
 
 # the mechanism on seed 1's trained bf16, e2m1 and ufp4 models, while their checkpoints exist
+# (the small grid's runs are named <arm>-small-s<seed>; its 125M models get 120 s)
+tag=""; mech_s=60; [[ $GRID == small ]] && tag="-small" && mech_s=120
 mech=()
 for arm in bf16 e2m1 ufp4; do
-  run="$STUDY/runs/$arm-s1"
+  name="$arm$tag-s1"; run="$STUDY/runs/$name"
   # only a complete run's model says something (a stopped one is barely trained)
-  if grep -qx "$arm-s1" /tmp/runs-complete.txt && [[ -f $run/checkpoints/latest \
-      && ! -f $STUDY/mechanism/$arm-s1/mechanism.md ]]; then
-    timeout 60 python3 -m ufp4_megatron.report.mechanism "$run" --out "$STUDY/mechanism/$arm-s1" \
-      > "$STUDY/mechanism-$arm.log" 2>&1 &
-    mech+=("$arm")
+  if grep -qx "$name" /tmp/runs-complete.txt && [[ -f $run/checkpoints/latest \
+      && ! -f $STUDY/mechanism/$name/mechanism.md ]]; then
+    timeout "$mech_s" python3 -m ufp4_megatron.report.mechanism "$run" --out "$STUDY/mechanism/$name" \
+      > "$STUDY/mechanism-$name.log" 2>&1 &
+    mech+=("$name")
   fi
 done
 wait
-for arm in "${mech[@]}"; do
-  md="$STUDY/mechanism/$arm-s1/mechanism.md"
-  { echo "## $arm-s1"; echo
-    if [[ -f $md ]]; then sed '/^## Per layer/,$d' "$md"; else tail -5 "$STUDY/mechanism-$arm.log"; fi
+for name in "${mech[@]}"; do
+  md="$STUDY/mechanism/$name/mechanism.md"
+  { echo "## $name"; echo
+    if [[ -f $md ]]; then sed '/^## Per layer/,$d' "$md"; else tail -5 "$STUDY/mechanism-$name.log"; fi
   } >> "$OUT/mechanism.md"
 done
 
 if (( ${#mech[@]} )); then  # the same archive again, with the mechanism's files
-  for arm in "${mech[@]}"; do [[ -d $STUDY/mechanism/$arm-s1 ]] && files+=("mechanism/$arm-s1"); done
+  for name in "${mech[@]}"; do [[ -d $STUDY/mechanism/$name ]] && files+=("mechanism/$name"); done
   tar -czf "$OUT/round$ROUND.tar.gz" -C "$STUDY" "${files[@]}"
 fi
 for f in loss_gap.md loss_gap.json loss_gap.png; do
