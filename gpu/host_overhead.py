@@ -329,8 +329,7 @@ def launch_key_cost(log, pair_kernel):
         return tuple(bound.values())
 
     def ours():
-        lookup.get((id(jit), 0, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
-                    tuple(kwargs.items()), tuple(map(cached._spec, args))))
+        lookup.get(cached._key(jit, 0, args, kwargs))
         return args
 
     rows = []

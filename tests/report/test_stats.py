@@ -137,18 +137,19 @@ def test_paired_difference_by_hand_and_against_scipy():
     scipy's paired test gives."""
     from scipy import stats
 
-    d, p = paired_difference([1.0, 2.0, 3.0], [2.0, 3.0, 5.0])
+    d, p, sd = paired_difference([1.0, 2.0, 3.0], [2.0, 3.0, 5.0])
+    assert sd == pytest.approx(3 ** -0.5)
     assert (d.mean, d.lo, d.hi, d.n) == pytest.approx(
         (-4 / 3, -4 / 3 - T975_DF2 / 3, -4 / 3 + T975_DF2 / 3, 3))
     assert p == pytest.approx(0.057191, abs=1e-6)
     ref = stats.ttest_rel([1.0, 2.0, 3.0], [2.0, 3.0, 5.0])
     assert (d.lo, d.hi, p) == pytest.approx((*ref.confidence_interval(0.95), ref.pvalue), abs=1e-12)
     assert not d.resolved
-    same, p_same = paired_difference([1.0, 2.0], [2.0, 3.0])  # every difference -1: exact
+    same, p_same, _ = paired_difference([1.0, 2.0], [2.0, 3.0])  # every difference -1: exact
     assert (same.lo, same.hi, same.resolved, p_same) == (-1.0, -1.0, True, 0.0)
     assert paired_difference([1.0, 2.0], [1.0, 2.0])[1] == 1.0
-    one, p_one = paired_difference([1.0], [3.0])
-    assert (one.mean, one.lo, p_one) == (-2.0, None, None)
+    one, p_one, sd_one = paired_difference([1.0], [3.0])
+    assert (one.mean, one.lo, p_one, sd_one) == (-2.0, None, None, None)
     with pytest.raises(ValueError, match="pairs needed"):
         paired_difference([1.0, 2.0], [1.0])
     with pytest.raises(ValueError, match="non-finite"):

@@ -3,8 +3,8 @@
 `kernel[grid](*args, **kw)` spends most of its host time before the launch itself: Triton
 binds all parameters into a dict, specializes each (dtype, 16-byte alignment, an int equal
 to 1 or divisible by 16), builds its cache key from all of them and looks the kernel up,
-on every call. For the pair kernel (70 parameters) that Python path measured 60 us per
-call on the CPU machine against 14 us for the key below (2026-12-02, docs/performance.md
+on every call. For the pair kernel (70 parameters) that Python path measured ~30 us per
+call on the CPU machine against ~13 us for the key below (2026-12-02, docs/performance.md
 "Host cost"); the launch proper (CompiledKernel.run) measured 12.8 us on the H200.
 
 `launch` keys the compiled kernel by everything Triton's key depends on: the kernel, the
@@ -80,6 +80,14 @@ def _hooked() -> bool:
                for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
 
 
+def _key(kernel, device, args: tuple, kwargs: dict) -> tuple:
+    """What a compiled kernel is cached under (module docstring). id: a JITFunction hashes
+    its source's sha256 under a lock; the entry keeps the kernel alive, so its id is not
+    reused while the entry exists."""
+    return (id(kernel), device, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
+            tuple(kwargs.items()), tuple(map(_spec, args)))
+
+
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """kernel[grid](*args, **kwargs), with Triton's binding skipped after the first call of
     a specialization (module docstring)."""
@@ -87,10 +95,7 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         kernel[grid](*args, **kwargs)
         return
     device = driver.active.get_current_device()
-    # id: a JITFunction hashes its source's sha256 under a lock; the entry keeps the kernel
-    # alive, so its id is not reused while the entry exists
-    key = (id(kernel), device, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
-           tuple(kwargs.items()), tuple(map(_spec, args)))
+    key = _key(kernel, device, args, kwargs)
     try:
         hit = _cache.get(key)
     except TypeError:  # an unhashable argument: Triton's own path

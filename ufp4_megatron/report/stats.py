@@ -128,10 +128,12 @@ def fieller_ratio(x, y, confidence: float = 0.95) -> Ratio:
     return Ratio(ratio, (b - root) / a, (b + root) / a, n)
 
 
-def paired_difference(x, y, confidence: float = 0.95) -> tuple[Interval, float | None]:
+def paired_difference(x, y, confidence: float = 0.95
+                      ) -> tuple[Interval, float | None, float | None]:
     """mean(x_i - y_i) over n pairs with the paired t-interval (t_interval of the
-    differences), and the two-sided p-value of the paired t-test of a zero mean difference
-    (None for one pair; 0 or 1 when every difference is the same, nonzero or zero)."""
+    differences), the two-sided p-value of the paired t-test of a zero mean difference (None
+    for one pair; 0 or 1 when every difference is the same, nonzero or zero), and the
+    differences' sample standard deviation (None for one pair)."""
     from scipy.stats import t
 
     xs, ys = _check(x, confidence), _check(y, confidence)
@@ -140,12 +142,12 @@ def paired_difference(x, y, confidence: float = 0.95) -> tuple[Interval, float |
     d = [u - v for u, v in zip(xs, ys)]
     iv = t_interval(d, confidence)
     if iv.n == 1:
-        return iv, None
+        return iv, None, None
     sd = math.sqrt(sum((v - iv.mean) ** 2 for v in d) / (iv.n - 1))
     if sd == 0:
-        return iv, 0.0 if iv.mean != 0 else 1.0
+        return iv, 0.0 if iv.mean != 0 else 1.0, sd
     stat = iv.mean / (sd / math.sqrt(iv.n))
-    return iv, float(2 * t.sf(abs(stat), iv.n - 1))
+    return iv, float(2 * t.sf(abs(stat), iv.n - 1)), sd
 
 
 MOST_SEEDS = 10_000  # seeds_for_power looks no further

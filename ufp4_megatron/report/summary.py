@@ -126,18 +126,13 @@ def summarize(cmp: Comparison, baseline: str = "e2m1",
 
 
 def _paired(pairs, confidence: float) -> PairedDifference:
-    import statistics
-
-    train, train_p = paired_difference([g.train_gap for g, _ in pairs],
-                                       [b.train_gap for _, b in pairs], confidence)
+    train, train_p, sd = paired_difference([g.train_gap for g, _ in pairs],
+                                           [b.train_gap for _, b in pairs], confidence)
     val = val_p = None
     if all(g.val_gap is not None and b.val_gap is not None for g, b in pairs):
-        val, val_p = paired_difference([g.val_gap for g, _ in pairs],
-                                       [b.val_gap for _, b in pairs], confidence)
-    sd = seeds = None
-    if len(pairs) > 1:
-        sd = statistics.stdev(g.train_gap - b.train_gap for g, b in pairs)
-        seeds = seeds_for_power(train.mean, sd, POWER, confidence)
+        val, val_p, _ = paired_difference([g.val_gap for g, _ in pairs],
+                                          [b.val_gap for _, b in pairs], confidence)
+    seeds = None if sd is None else seeds_for_power(train.mean, sd, POWER, confidence)
     return PairedDifference(train, train_p, val, val_p, sd, seeds)
 
 

@@ -80,7 +80,7 @@ def power_note(s: RecipeSummary, confidence: float) -> str | None:
     """For an unresolved paired difference: how many paired seeds would resolve one of the
     observed size at the observed spread (a planning number for the next study)."""
     p = s.vs_baseline_paired
-    if p is None or p.train.resolved or p.train_sd is None or not p.train_sd or not p.train.mean:
+    if p is None or p.train.resolved or not p.train_sd or not p.train.mean:
         return None
     need = p.seeds_for_power
     seeds = (f"~{need} paired seeds" if need is not None
