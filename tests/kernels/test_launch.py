@@ -4,10 +4,11 @@
         one specialization from Triton's own native_specialize_impl (else a cached kernel
         compiled for one could run the other)
     test_a_hit_launches_with_every_parameter_in_signature_order   a stand-in kernel (the
-        real launcher needs a GPU: gpu/kernels_exact.sh with UFP4_CACHED_LAUNCH=1 runs every
-        kernel test through it)
+        real launcher needs a GPU: gpu/kernels_exact.sh runs every kernel test through it,
+        as it is on by default)
     test_a_new_specialization_compiles_again
     test_the_plain_path_where_caching_is_off
+    test_it_is_on_unless_turned_off   and a bad UFP4_CACHED_LAUNCH says what to give
 """
 from __future__ import annotations
 
@@ -144,18 +145,22 @@ def test_the_plain_path_where_caching_is_off(cached, monkeypatch):
     assert len(k.compiles) == 8
 
 
-def test_it_is_off_unless_asked():
+def test_it_is_on_unless_turned_off():
     import os
     import subprocess
     import sys
     probe = "from ufp4_megatron.kernels import launch; print(launch.ENABLED)"
-    for value, want in ((None, "False"), ("0", "False"), ("1", "True")):
+    for value, want in ((None, "True"), ("1", "True"), ("0", "False"), ("yes", None)):
         env = {k: v for k, v in os.environ.items() if k != "UFP4_CACHED_LAUNCH"}
         if value is not None:
             env["UFP4_CACHED_LAUNCH"] = value
         out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                              text=True, timeout=120)
-        assert out.stdout.strip() == want, out.stderr[-2000:]
+        if want is None:  # a value that is neither: refused, saying what to give
+            assert out.returncode != 0
+            assert "UFP4_CACHED_LAUNCH='yes': give 1" in out.stderr, out.stderr[-2000:]
+        else:
+            assert out.stdout.strip() == want, out.stderr[-2000:]
 
 
 def test_an_unhashable_argument_takes_tritons_path(cached):

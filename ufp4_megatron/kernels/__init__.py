@@ -9,7 +9,7 @@ launch where it can. Modules, each importing only those above it:
   pipeline_triton    the QDQ steps both kernel families share, in the reference's order;
   quantize_triton    the generic tile kernel; quantize16_triton the 16-tensor kernels;
   launch             kernel[grid](...) with Triton's per-call binding cached per
-                     specialization (UFP4_CACHED_LAUNCH=1; off by default);
+                     specialization (on by default; UFP4_CACHED_LAUNCH=0 turns it off);
   dispatch           host side: what the kernels cover, cached launch plans, the launches.
 """
 from .dispatch import INTERPRETED, check_device, quantize_pair, quantize_view, supports, unsupported
