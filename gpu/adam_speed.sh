@@ -14,9 +14,9 @@
 # Writes $OUT/adam_<kernel>_r<round>.{md,json} (default OUT=runs/gpu/adam_speed) and prints
 # each kernel's step times per row over the rounds.
 set -uo pipefail
-# the trainer's dependencies (hydra, megatron-core, wandb): gpu/setup.sh installs them from
-# the wheelhouse where the image lacks them (perf.sh alone on a fresh node: no hydra)
-python3 -c 'import hydra, megatron.core, wandb' 2>/dev/null || source gpu/setup.sh || exit 1
+# the trainer's dependencies (hydra, megatron-core, wandb), from the wheelhouse where the
+# image lacks them (2026-12-02: perf.sh alone on a fresh node died on `import hydra`)
+source gpu/setup.sh || exit 1
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
 OUT=${OUT:-runs/gpu/adam_speed}; mkdir -p "$OUT"

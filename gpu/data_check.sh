@@ -11,9 +11,9 @@
 # Writes to OUT (default runs/gpu/data_check): $OUT/data_check.md and one log per step; about
 # 2 minutes. Exit 1 if a check fails.
 set -uo pipefail
-# the trainer's dependencies (hydra, megatron-core, wandb): gpu/setup.sh installs them from
-# the wheelhouse where the image lacks them (perf.sh alone on a fresh node: no hydra)
-python3 -c 'import hydra, megatron.core, wandb' 2>/dev/null || source gpu/setup.sh || exit 1
+# the trainer's dependencies (hydra, megatron-core, wandb), from the wheelhouse where the
+# image lacks them (2026-12-02: perf.sh alone on a fresh node died on `import hydra`)
+source gpu/setup.sh || exit 1
 OUT=${OUT:-runs/gpu/data_check}
 mkdir -p "$OUT"
 W=$(mktemp -d)

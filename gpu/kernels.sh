@@ -3,9 +3,9 @@
 # Usage, from the repo root: [BENCH_ARGS=...] bash gpu/kernels.sh [test,overhead,sweep,bench]
 # Logs go to OUT (default runs/gpu/kernels).
 set -uo pipefail
-# the trainer's dependencies (hydra, megatron-core, wandb): gpu/setup.sh installs them from
-# the wheelhouse where the image lacks them (perf.sh alone on a fresh node: no hydra)
-python3 -c 'import hydra, megatron.core, wandb' 2>/dev/null || source gpu/setup.sh || exit 1
+# the trainer's dependencies (hydra, megatron-core, wandb), from the wheelhouse where the
+# image lacks them (2026-12-02: perf.sh alone on a fresh node died on `import hydra`)
+source gpu/setup.sh || exit 1
 export PYTHONPATH=. PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache
 OUT=${OUT:-runs/gpu/kernels}; mkdir -p "$OUT"
 steps=${1:-test,sweep,bench}

@@ -11,9 +11,9 @@
 # A failing or out-of-memory run costs its own row only; rows the budget leaves out are listed
 # as "not run (time budget)"; rerun with PERF_MODELS / PERF_RECIPES for them.
 set -uo pipefail
-# the trainer's dependencies (hydra, megatron-core, wandb): gpu/setup.sh installs them from
-# the wheelhouse where the image lacks them (perf.sh alone on a fresh node: no hydra)
-python3 -c 'import hydra, megatron.core, wandb' 2>/dev/null || source gpu/setup.sh || exit 1
+# the trainer's dependencies (hydra, megatron-core, wandb), from the wheelhouse where the
+# image lacks them (2026-12-02: perf.sh alone on a fresh node died on `import hydra`)
+source gpu/setup.sh || exit 1
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache} OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 OUT=${OUT:-runs/gpu/perf}; mkdir -p "$OUT"

@@ -73,3 +73,56 @@ def test_the_setup_check_sees_a_script_without_it(tmp_path):
     guarded = tmp_path / "guarded.sh"
     guarded.write_text("python3 -c 'import hydra' || source gpu/setup.sh\npython3 -m ufp4_megatron.bench\n")
     assert _scripts_without_setup([bare, guarded]) == ["bare.sh"]
+
+
+def _source_setup(tmp_path, *, imports: bool = True):
+    """`source gpu/setup.sh` with a stand-in python3 on PATH that logs its calls, makes pip's
+    --target dir, and imports megatron-core/Hydra/W&B or not."""
+    import os
+    import subprocess
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "python3"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'echo "$*" >> "$FAKE_LOG"\n'
+        'if [[ $1 == -m && $2 == pip ]]; then\n'
+        '  while (( $# )); do [[ $1 == --target ]] && mkdir -p "$2"; shift; done; exit 0\n'
+        "fi\n"
+        '[[ $FAKE_IMPORTS == 1 ]]\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path / "log"),
+           "FAKE_IMPORTS": "1" if imports else "0", "UFP4_SITE": str(tmp_path / "site"),
+           "WHEELHOUSE": str(tmp_path / "wheelhouse")}
+    (tmp_path / "log").write_text("")
+    out = subprocess.run(["bash", "-c", 'source gpu/setup.sh && echo "PYTHONPATH=$PYTHONPATH"'],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    return out, (tmp_path / "log").read_text()
+
+
+def test_setup_installs_a_wheelhouse_once_per_node(tmp_path):
+    # chained calls and several scripts in one call source it again: the install (seconds of
+    # pip per call) runs only when /tmp/site does not hold this wheelhouse yet
+    (tmp_path / "wheelhouse").mkdir()
+    wheel = tmp_path / "wheelhouse" / "hydra_core-1.3.8-py3-none-any.whl"
+    wheel.write_bytes(b"x" * 10)
+    (tmp_path / "wheelhouse" / "unrelated-1.0-py3-none-any.whl").write_bytes(b"y")
+    first, log = _source_setup(tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "pip install" in log and "hydra_core-1.3.8" in log and "unrelated" not in log
+    assert f"PYTHONPATH={tmp_path / 'site'}:{ROOT}" in first.stdout
+    again, log = _source_setup(tmp_path)
+    assert again.returncode == 0 and "pip" not in log
+    assert "holds this wheelhouse already" in again.stdout
+    wheel.write_bytes(b"x" * 11)  # another build of the wheel: installed again
+    changed, log = _source_setup(tmp_path)
+    assert changed.returncode == 0 and "pip install" in log
+
+
+def test_setup_without_a_wheelhouse_uses_what_is_installed_or_says_what_to_build(tmp_path):
+    ok, log = _source_setup(tmp_path, imports=True)
+    assert ok.returncode == 0 and "using the installed megatron-core, Hydra and W&B" in ok.stdout
+    assert "pip" not in log
+    missing, _ = _source_setup(tmp_path, imports=False)
+    assert missing.returncode == 1
+    assert "build the wheels with make wheelhouse PY=3.12" in missing.stderr
