@@ -82,6 +82,7 @@ def cached(monkeypatch):
     monkeypatch.setattr(L, "ENABLED", True)
     monkeypatch.setattr(L, "SUPPORTED", True)
     monkeypatch.setattr(L, "_cache", {})
+    monkeypatch.setattr(L, "_cuda", lambda: True)  # the stand-in driver below is the device
 
     class Active:
         get_current_device = staticmethod(lambda: 0)
@@ -143,6 +144,12 @@ def test_the_plain_path_where_caching_is_off(cached, monkeypatch):
     for _ in range(2):
         L.launch(k, (1,), x, 16, BLOCK=16)
     assert len(k.compiles) == 8
+    monkeypatch.setattr(L, "ENABLED", True)
+    monkeypatch.setattr(L, "_cuda", lambda: False)  # no CUDA driver: sm90_compile.py's case
+    monkeypatch.setattr(L, "driver", None)  # (the cached path would ask it for the device)
+    for _ in range(2):
+        L.launch(k, (1,), x, 16, BLOCK=16)
+    assert len(k.compiles) == 10
 
 
 def test_it_is_on_unless_turned_off():

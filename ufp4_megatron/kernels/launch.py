@@ -23,11 +23,13 @@ through it (`UFP4_CACHED_LAUNCH=1 bash gpu/kernels_exact.sh`: 189 of 192 tests f
 the call's time, all passed, among them tests/kernels/test_launch_gpu.py's cache hits bit for
 bit), and `gpu/host_overhead.py --only cached`: identical outputs, 25-108 us less host time
 per quantize()/ops call. The launcher's argument list is Triton 3.6's (runtime/jit.py
-JITFunction.run). Always off on other Triton versions, in Triton's CPU interpreter, while a
-launch hook is set (a profiler's), and for a kernel called with a constexpr positionally.
+JITFunction.run). Always off on other Triton versions, in Triton's CPU interpreter, without a
+CUDA driver, while a launch hook is set (a profiler's), and for a kernel called with a
+constexpr positionally.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -102,10 +104,19 @@ def _key(kernel, device, args: tuple, kwargs: dict) -> tuple:
             tuple(kwargs.items()), tuple(map(_spec, args)))
 
 
+@functools.cache
+def _cuda() -> bool:
+    """Whether a CUDA driver is there to ask for the current device: tests/kernels/
+    sm90_compile.py drives real JIT kernels on a machine without one, to intercept their
+    first launch at Triton's own JITFunction.run and compile it for sm_90."""
+    return torch.cuda.is_available()
+
+
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """kernel[grid](*args, **kwargs), with Triton's binding skipped after the first call of
     a specialization (module docstring)."""
-    if not (ENABLED and SUPPORTED) or isinstance(kernel, InterpretedFunction) or _hooked():
+    if (not (ENABLED and SUPPORTED) or isinstance(kernel, InterpretedFunction) or _hooked()
+            or not _cuda()):
         kernel[grid](*args, **kwargs)
         return
     device = driver.active.get_current_device()
