@@ -8,6 +8,8 @@
 #   PERF_BUDGET=480 PERF_MODELS=small,moe_7p9b PERF_RECIPES=bf16,ufp4 bash gpu/perf.sh
 #   PERF_PROFILES=none (or model:recipe,...) chooses the profiles; PERF_REPEATS=2 runs every
 #   row twice, one pass after the other (the table then shows each run: the spread)
+#   PERF_MICRO_BATCHES=8: 8 micro-batches per optimizer step (gradient accumulation, as a
+#   user's global batch of many sequences has; default 1: the optimizer after every one)
 # A failing or out-of-memory run costs its own row only; rows the budget leaves out are listed
 # as "not run (time budget)"; rerun with PERF_MODELS / PERF_RECIPES for them.
 set -uo pipefail
@@ -41,7 +43,7 @@ step_budget=$(( $(left) - reserve ))
 timeout $(( step_budget + 30 )) python3 -m ufp4_megatron.bench --suite step \
   --models "${PERF_MODELS:-small,dense_1p5b,moe_7p9b,moe_124b}" \
   --recipes "${PERF_RECIPES:-bf16,ufp4,e2m1,ufp4_int4,nvfp4}" \
-  --repeats "${PERF_REPEATS:-1}" \
+  --repeats "${PERF_REPEATS:-1}" --micro-batches "${PERF_MICRO_BATCHES:-1}" \
   --deadline "$step_budget" --json "$OUT/step.json" --out "$OUT/step.md" \
   >> "$OUT/step.log" 2>&1
 echo "step suite rc=$? ($(( $(date +%s) - t0 )) s elapsed)"
@@ -54,6 +56,7 @@ for mr in ${profiles//,/ }; do
   rem=$(left)
   if (( rem < 25 )); then echo "profile $mr: skipped (time budget)" >> "$OUT/profile.md"; continue; fi
   out=$(timeout "$rem" python3 -m ufp4_megatron.bench --suite profile --model "${mr%%:*}" \
+    --micro-batches "${PERF_MICRO_BATCHES:-1}" \
     --recipe "${mr##*:}" 2>&1); rc=$?
   fence='```'
   if (( rc == 0 )); then sed -n '/^### Profile/,$p' <<< "$out" >> "$OUT/profile.md"

@@ -99,23 +99,32 @@ def test_repeated_runs_aggregate_and_show_their_spread():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="whole number of runs per row"):
             step.run_suite(None, repeats=bad)
+    for bad in (0, -2, 2.0, True):
+        with pytest.raises(ValueError, match="whole number of micro-batches per step"):
+            step.run_suite(None, micro_batches=bad)
 
 
 def test_suite_runs_real_trainers_in_passes(tmp_path, monkeypatch):
     """run_suite end to end on CPU with real trainer subprocesses: a tiny shape, bf16 and
-    ufp4, 2 passes, checkpoint at the end; only the GEMM-rate probe (CUDA) is replaced."""
+    ufp4, 2 passes, 2 micro-batches per step, checkpoint at the end; only the GEMM-rate probe
+    (CUDA) is replaced."""
     monkeypatch.setitem(step.SHAPES, "tiny", step.Shape(("model=tiny",), 64, 2))
     monkeypatch.setattr(step, "gemm_tflops", lambda: 1.0)
     monkeypatch.setenv("RUNS_DIR", str(tmp_path / "runs"))
     logged = []
     rows = step.run_suite(tmp_path, models=("tiny",), recipes=("bf16", "ufp4"), steps=3, skip=1,
-                          extra=("train.device=cpu",), repeats=2, log=logged.append)
+                          extra=("train.device=cpu",), repeats=2, micro_batches=2,
+                          log=logged.append)
     assert [(r["model"], r["recipe"], r["status"], r["runs"], r["steps"]) for r in rows] == [
         ("tiny", "bf16", "ok", 2, 3), ("tiny", "ufp4", "ok", 2, 3)]
     ufp4 = rows[1]
     assert len(ufp4["runs_ms"]) == 2 and len(ufp4["x_bf16_runs"]) == 2
     assert ufp4["step_min_ms"] <= ufp4["step_ms"] <= ufp4["step_max_ms"]
     assert ufp4["checkpoint"].startswith("end: saved")
+    # the trainer accumulated 2 micro-batches of 2 x 64 tokens per step, and the row's
+    # throughput and MFU count all of them
+    assert [(r["global_batch"], r["tokens_per_step"]) for r in rows] == [(4, 256), (4, 256)]
+    assert abs(ufp4["tokens_per_s"] - 256 / (ufp4["step_ms"] / 1e3)) < 1e-6
     passes = [json.loads(m)["repeat"] for m in logged if m.startswith("{")]
     assert passes == [1, 1, 2, 2]  # one pass over all rows, then the next
     assert not any((tmp_path / "runs").glob("step-*"))  # run dirs (checkpoints) removed
@@ -136,6 +145,8 @@ def test_bench_cli_names_what_is_wrong():
     assert "unknown model(s) ['moe_1t']; valid: small, dense_1p5b" in run("--models", "moe_1t")
     assert "unknown recipe(s) ['fp3']" in run("--suite", "step", "--recipes", "bf16,fp3")
     assert run("--suite", "step", "--repeats", "0") == "--repeats 0: give 1 or more runs per row"
+    assert (run("--suite", "step", "--micro-batches", "0")
+            == "--micro-batches 0: give 1 or more micro-batches per step")
     if not torch.cuda.is_available():
         assert run("--suite", "step") == "the benchmarks need a CUDA device"
 

@@ -54,6 +54,9 @@ def main(argv=None) -> None:
     step.add_argument("--timeout", type=int, default=240, help="seconds per trainer run")
     step.add_argument("--repeats", type=int, default=1,
                       help="runs per row, one pass over all rows after another (spread)")
+    step.add_argument("--micro-batches", type=int, default=1, metavar="N",
+                      help="micro-batches per optimizer step (gradient accumulation: global "
+                           "batch N x the shape's micro batch); also for --suite profile")
     step.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="extra trainer override for every run (repeatable)")
     prof = p.add_argument_group("profile")
@@ -74,6 +77,8 @@ def main(argv=None) -> None:
             sys.exit(f"unknown {what}(s) {bad}; valid: {', '.join(valid)}")
     if args.repeats < 1:
         sys.exit(f"--repeats {args.repeats}: give 1 or more runs per row")
+    if args.micro_batches < 1:
+        sys.exit(f"--micro-batches {args.micro_batches}: give 1 or more micro-batches per step")
     if not torch.cuda.is_available():
         sys.exit("the benchmarks need a CUDA device")
     log = lambda row: print({k: (round(v, 4) if isinstance(v, float) else v)  # noqa: E731
@@ -100,20 +105,23 @@ def main(argv=None) -> None:
         raw["step"] = step_suite.run_suite(
             out, models=_csv(args.models), recipes=_csv(args.recipes), steps=args.steps,
             skip=args.skip, checkpoint=args.checkpoint, deadline_s=args.deadline,
-            timeout=args.timeout, extra=tuple(args.set), repeats=args.repeats, log=print)
+            timeout=args.timeout, extra=tuple(args.set), repeats=args.repeats,
+            micro_batches=args.micro_batches, log=print)
         peak = raw["step"][0]["tflops_peak"] if raw["step"] else float("nan")
         runs = (f"; {args.repeats} runs per row, one pass after another: the median of their "
                 "medians, each run's in parentheses" if args.repeats > 1 else "")
         text += [f"### Step (trainer, one GPU; BF16 GEMM rate measured in the same run: "
                  f"{peak:.0f} TFLOP/s; median of steps {args.skip + 1}-{args.steps}{runs}; "
-                 f"checkpoint: {args.checkpoint})", "", step_suite.table(raw["step"]), ""]
+                 f"checkpoint: {args.checkpoint}; {args.micro_batches} micro-batch(es) per "
+                 "optimizer step)", "", step_suite.table(raw["step"]), ""]
     if "profile" in parts:
         from . import profile
 
         shape = step_suite.SHAPES[args.model]
         overrides = [*shape.overrides, f"precision={args.recipe}",
                      f"train.seq_len={shape.seq_len}", f"train.micro_batch={shape.micro_batch}",
-                     f"train.global_batch={shape.micro_batch}", "logging.wandb.mode=disabled",
+                     f"train.global_batch={shape.micro_batch * args.micro_batches}",
+                     "logging.wandb.mode=disabled",
                      "data.cache_dir=/tmp/ufp4-bench-runs/data", *args.set]
         raw["profile"] = profile.profile_step(overrides)
         text += [f"### Profile: {args.model} {args.recipe}", "", raw["profile"], ""]

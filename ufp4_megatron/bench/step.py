@@ -147,12 +147,18 @@ def _checkpoint(run_dir: Path, planned: str) -> str:
 def run_suite(out: Path, *, models=tuple(SHAPES), recipes=RECIPES, steps: int = 12,
               skip: int = 4, checkpoint: str = "end", deadline_s: float | None = None,
               timeout: int = 240, extra: tuple[str, ...] = (), repeats: int = 1,
-              log=print) -> list[dict]:
+              micro_batches: int = 1, log=print) -> list[dict]:
     """Rows of the step table; a row for every (shape, recipe), run or not. With repeats > 1
     every row runs that many times, one pass over all rows after the other (so drift shows
-    as spread, not as a difference between recipes), and a row aggregates its runs."""
+    as spread, not as a difference between recipes), and a row aggregates its runs.
+    micro_batches: micro-batches per optimizer step (gradient accumulation, global batch =
+    micro_batches x the shape's micro batch), as a user's run of many sequences per step
+    has; 1 steps the optimizer after every micro-batch, where it weighs most."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r}: give a whole number of runs per row, 1 or more")
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+        raise ValueError(f"micro_batches={micro_batches!r}: give a whole number of micro-batches "
+                         "per step, 1 or more")
     runs = Path(os.environ.get("RUNS_DIR", "/tmp/ufp4-bench-runs"))
     runs.mkdir(parents=True, exist_ok=True)
     logfile = out / "step.log"
@@ -173,7 +179,8 @@ def run_suite(out: Path, *, models=tuple(SHAPES), recipes=RECIPES, steps: int = 
                 continue
             run = _one_run(model, recipe, rep, n_params=flops[model][1], runs=runs,
                            logfile=logfile, steps=steps, skip=skip, checkpoint=checkpoint,
-                           timeout=int(min(timeout, left)), extra=extra)
+                           timeout=int(min(timeout, left)), extra=extra,
+                           micro_batches=micro_batches)
             done[model, recipe].append(run)
             log(json.dumps({"model": model, "recipe": recipe, "repeat": rep + 1,
                             **{k: v for k, v in run.items() if k != "error"}}, default=str))
@@ -182,9 +189,11 @@ def run_suite(out: Path, *, models=tuple(SHAPES), recipes=RECIPES, steps: int = 
         shape = SHAPES[model]
         model_flops_per_token, n_params = flops[model]
         row = dict(model=model, recipe=recipe, seq_len=shape.seq_len,
-                   micro_batch=shape.micro_batch, params=n_params, tflops_peak=peak)
-        rows.append(row | _aggregate(done[model, recipe], shape.seq_len * shape.micro_batch,
-                                     model_flops_per_token, peak))
+                   micro_batch=shape.micro_batch, micro_batches=micro_batches,
+                   global_batch=shape.micro_batch * micro_batches, params=n_params,
+                   tflops_peak=peak)
+        tokens = shape.seq_len * shape.micro_batch * micro_batches  # per optimizer step
+        rows.append(row | _aggregate(done[model, recipe], tokens, model_flops_per_token, peak))
     _add_ratios(rows)
     rows.sort(key=lambda r: (list(models).index(r["model"]), list(recipes).index(r["recipe"])))
     return rows
@@ -192,7 +201,7 @@ def run_suite(out: Path, *, models=tuple(SHAPES), recipes=RECIPES, steps: int = 
 
 def _one_run(model: str, recipe: str, rep: int, *, n_params: int, runs: Path, logfile: Path,
              steps: int, skip: int, checkpoint: str, timeout: int,
-             extra: tuple[str, ...]) -> dict:
+             extra: tuple[str, ...], micro_batches: int = 1) -> dict:
     """One trainer run of a row: its status, steady step times, memory, checkpoint, loss."""
     shape = SHAPES[model]
     plan = checkpoint
@@ -203,7 +212,7 @@ def _one_run(model: str, recipe: str, rep: int, *, n_params: int, runs: Path, lo
             plan = f"off: needs ~{need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"
     overrides = [*shape.overrides, f"precision={recipe}", f"train.steps={steps}",
                  f"train.seq_len={shape.seq_len}", f"train.micro_batch={shape.micro_batch}",
-                 f"train.global_batch={shape.micro_batch}", "optim.warmup_steps=2",
+                 f"train.global_batch={shape.micro_batch * micro_batches}", "optim.warmup_steps=2",
                  f"checkpoint.save_at_end={'true' if plan == 'end' else 'false'}",
                  f"data.cache_dir={runs / 'data'}", *extra]
     name = f"step-{model}-{recipe}" + (f"-r{rep + 1}" if rep else "")
@@ -219,7 +228,8 @@ def _one_run(model: str, recipe: str, rep: int, *, n_params: int, runs: Path, lo
                peak_mem_gib=max((m.get("mem_gib", float("nan")) for m in metrics),
                                 default=float("nan")),
                checkpoint=_checkpoint(run["run_dir"], plan), wall_s=run["wall_s"],
-               final_loss=metrics[-1]["loss"] if metrics else None)
+               final_loss=metrics[-1]["loss"] if metrics else None,
+               tokens_per_step=metrics[0].get("tokens") if metrics else None)  # as trained
     if run["rc"] != 0:
         out["error"] = run["tail"].strip().splitlines()[-1][:300] if run["tail"] else ""
     shutil.rmtree(runs / name, ignore_errors=True)  # checkpoints are large
@@ -243,7 +253,7 @@ def _aggregate(runs: list[dict], tokens: int, flops_per_token: float, peak: floa
                tokens_per_s=tokens / st, mfu=flops_per_token * tokens / st / (peak * 1e12),
                peak_mem_gib=max(mems, default=float("nan")),
                checkpoint=runs[-1]["checkpoint"], wall_s=sum(r["wall_s"] for r in runs),
-               final_loss=runs[0]["final_loss"])
+               final_loss=runs[0]["final_loss"], tokens_per_step=runs[0].get("tokens_per_step"))
     if bad and len(bad) < len(runs):
         row["status"] = f"{len(runs) - len(bad)} of {len(runs)} ok; {bad[0]['status']}"
     if bad and "error" in bad[0]:
