@@ -107,7 +107,8 @@ def test_bad_grids_fail_naming_the_problem(tmp_path):
 
     with pytest.raises(SystemExit, match="sets train.seed, which the runner sets"):
         check_grid(grid(overrides=["train.seed=3"]))
-    with pytest.raises(SystemExit, match="reference 'bf16' is not among the arms"):
+    with pytest.raises(SystemExit, match=r"reference 'bf16' is not among the arms \['ufp4'\]; "
+                       r".*add it \(e.g. --arms bf16,ufp4; its runs complete on disk"):
         check_grid(grid(arms=["ufp4"]))
     bad = tmp_path / "g.yaml"
     bad.write_text("name: g\narms: [bf16]\nseeds: [1]\nseed: 4\n")

@@ -129,7 +129,9 @@ def check_grid(grid: StudyGrid) -> None:
     if not grid.seeds:
         fail("no seeds; list them under `seeds` or pass --seeds")
     if grid.reference not in grid.arms:
-        fail(f"reference {grid.reference!r} is not among the arms {grid.arms}")
+        fail(f"reference {grid.reference!r} is not among the arms {grid.arms}; every gap is "
+             f"measured against it: add it (e.g. --arms {','.join([grid.reference, *grid.arms])}; "
+             f"its runs complete on disk are not trained again)")
     if not 0 < grid.last_frac <= 1:
         fail(f"last_frac={grid.last_frac} must be in (0, 1]")
     for o in grid.overrides:
