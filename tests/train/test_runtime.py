@@ -173,6 +173,17 @@ def test_what_cannot_run_here_is_refused(cuda, keys, fragments):
         assert fragment in message, message
 
 
+def test_a_wrong_cached_launch_setting_is_refused_at_the_start(monkeypatch):
+    from ufp4_megatron.train.validate import ConfigError, check_machine
+    for ok in ("0", "1"):
+        monkeypatch.setenv("UFP4_CACHED_LAUNCH", ok)
+        check_machine(_cfg())
+    monkeypatch.setenv("UFP4_CACHED_LAUNCH", "true")
+    with pytest.raises(ConfigError, match=r"^UFP4_CACHED_LAUNCH='true': give 1 \(cached kernel "
+                       r"launches, the default\) or 0 .*, or unset it$"):
+        check_machine(_cfg())
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_trainer_refuses_nccl_on_cpu(tmp_path):
     cmd = [sys.executable, "-m", "ufp4_megatron.train", *FAST, "logging.wandb.mode=disabled",

@@ -21,7 +21,7 @@ On by default; UFP4_CACHED_LAUNCH=0 turns it off (Triton's own path for every la
 Checked on an H200 on 2026-12-02 (docs/performance.md "Host cost"): the CUDA kernel suite
 through it (`UFP4_CACHED_LAUNCH=1 bash gpu/kernels_exact.sh`: 189 of 192 tests finished in
 the call's time, all passed, among them tests/kernels/test_launch_gpu.py's cache hits bit for
-bit), and `gpu/host_overhead.py --only cached`: identical outputs, 25-108 us less host time
+bit), and `gpu/host_overhead.py --only cached`: identical outputs, 19-108 us less host time
 per quantize()/ops call. The launcher's argument list is Triton 3.6's (runtime/jit.py
 JITFunction.run). Always off on other Triton versions, in Triton's CPU interpreter, without a
 CUDA driver, while a launch hook is set (a profiler's), and for a kernel called with a
@@ -39,8 +39,9 @@ from triton.runtime.driver import driver
 from triton.runtime.interpreter import InterpretedFunction
 
 
-
 def _enabled_from_env() -> bool:
+    # a wrong value fails here, at import, for a library user; the trainer refuses it at its
+    # start (train/validate.py check_machine), before the kernels are imported
     value = os.environ.get("UFP4_CACHED_LAUNCH", "1")
     if value not in ("0", "1"):
         raise ValueError(f"UFP4_CACHED_LAUNCH={value!r}: give 1 (cached kernel launches, the "

@@ -15,6 +15,7 @@ exits 0, or an assertion deep inside Megatron.
 """
 from __future__ import annotations
 
+import os
 from math import gcd
 
 from .optim import check_schedule
@@ -50,7 +51,13 @@ def check_config(cfg: Config, world_size: int | None = None) -> None:
 
 def check_machine(cfg: Config) -> None:
     """The checks that depend on this machine, not on the config alone: what the runtime
-    decision (train/runtime.py) refuses here."""
+    decision (train/runtime.py) refuses here, and the environment's UFP4_CACHED_LAUNCH
+    (kernels/launch.py reads it when the kernels are first imported, deep in a GPU run: here
+    a wrong value stops the start in one line instead)."""
+    launch = os.environ.get("UFP4_CACHED_LAUNCH")
+    if launch not in (None, "0", "1"):
+        raise ConfigError(f"UFP4_CACHED_LAUNCH={launch!r}: give 1 (cached kernel launches, the "
+                          "default) or 0 (Triton's own launch path for every call), or unset it")
     try:
         decide(cfg)
     except ValueError as e:
