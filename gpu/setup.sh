@@ -5,7 +5,7 @@
 # image's torch/triton/numpy stay. Every gpu/*.sh that runs the package sources it first.
 #   source gpu/setup.sh            WHEELHOUSE=dir (default wheelhouse) to read another folder
 # Sourcing it again on the same node (chained calls, several scripts in one call) skips the
-# install when /tmp/site already holds this wheelhouse (a stamp of the wheels' names and sizes).
+# install when /tmp/site already holds this wheelhouse (a checksum of the wheels' names and bytes).
 # A node whose Python imports megatron-core, Hydra and W&B already (a user's cluster image)
 # needs no wheelhouse: without one it uses what is installed.
 set -u
@@ -26,7 +26,7 @@ if [[ ${#wheels[@]} -eq 0 ]]; then
     return 1 2>/dev/null || exit 1
   fi
 else
-  stamp=$(for w in "${wheels[@]}"; do echo "$(basename "$w") $(stat -c %s "$w")"; done | cksum)
+  stamp=$(printf '%s\n' "${wheels[@]##*/}" | cksum)-$(cat "${wheels[@]}" | cksum)  # names, bytes
   if [[ -f $SITE/.ufp4-wheelhouse && $(cat "$SITE/.ufp4-wheelhouse") == "$stamp" ]]; then
     echo "gpu/setup.sh: $SITE holds this wheelhouse already"
   else

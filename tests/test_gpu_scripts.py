@@ -114,7 +114,7 @@ def test_setup_installs_a_wheelhouse_once_per_node(tmp_path):
     again, log = _source_setup(tmp_path)
     assert again.returncode == 0 and "pip" not in log
     assert "holds this wheelhouse already" in again.stdout
-    wheel.write_bytes(b"x" * 11)  # another build of the wheel: installed again
+    wheel.write_bytes(b"z" * 10)  # another build of the wheel, same name and size: again
     changed, log = _source_setup(tmp_path)
     assert changed.returncode == 0 and "pip install" in log
 
