@@ -166,3 +166,12 @@ def test_profile_families_name_the_kernels_of_record():
     assert _family("Memcpy DtoD (Device -> Device)") == "copies and casts"
     assert _family("void at::native::vectorized_elementwise_kernel<4, AUnaryFunctor>") \
         .startswith("other")
+
+
+def test_shape_overrides_are_the_step_rows_and_the_profiles():
+    # one list for both (bench --suite step's runs and --suite profile), with the
+    # accumulated global batch
+    assert step.shape_overrides(step.SHAPES["moe_7p9b"], 8) == [
+        "model=moe_7p9b", "model.num_layers=4", "train.seq_len=4096", "train.micro_batch=1",
+        "train.global_batch=8"]
+    assert step.shape_overrides(step.SHAPES["small"])[-1] == "train.global_batch=8"

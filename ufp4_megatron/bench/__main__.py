@@ -118,10 +118,8 @@ def main(argv=None) -> None:
         from . import profile
 
         shape = step_suite.SHAPES[args.model]
-        overrides = [*shape.overrides, f"precision={args.recipe}",
-                     f"train.seq_len={shape.seq_len}", f"train.micro_batch={shape.micro_batch}",
-                     f"train.global_batch={shape.micro_batch * args.micro_batches}",
-                     "logging.wandb.mode=disabled",
+        overrides = [*step_suite.shape_overrides(shape, args.micro_batches),
+                     f"precision={args.recipe}", "logging.wandb.mode=disabled",
                      "data.cache_dir=/tmp/ufp4-bench-runs/data", *args.set]
         raw["profile"] = profile.profile_step(overrides)
         text += [f"### Profile: {args.model} {args.recipe}", "", raw["profile"], ""]

@@ -49,6 +49,14 @@ SHAPES = {
     # of weights, grads and Adam state on one H200
     "moe_124b": Shape(("model=moe_124b", "model.num_layers=1"), 4096, 1),
 }
+def shape_overrides(shape: Shape, micro_batches: int = 1) -> list[str]:
+    """The trainer overrides of a shape with `micro_batches` micro-batches per optimizer step
+    (the step table's runs and the profile's)."""
+    return [*shape.overrides, f"train.seq_len={shape.seq_len}",
+            f"train.micro_batch={shape.micro_batch}",
+            f"train.global_batch={shape.micro_batch * micro_batches}"]
+
+
 RECIPES = ("bf16", "ufp4", "e2m1", "ufp4_int4", "nvfp4")  # bf16 and ufp4 first: the targets
 CKPT_BYTES_PER_PARAM = 14  # bf16 weights + fp32 master weights + two Adam moments
 
@@ -210,9 +218,8 @@ def _one_run(model: str, recipe: str, rep: int, *, n_params: int, runs: Path, lo
         free = shutil.disk_usage(runs).free
         if need > 0.8 * free:
             plan = f"off: needs ~{need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"
-    overrides = [*shape.overrides, f"precision={recipe}", f"train.steps={steps}",
-                 f"train.seq_len={shape.seq_len}", f"train.micro_batch={shape.micro_batch}",
-                 f"train.global_batch={shape.micro_batch * micro_batches}", "optim.warmup_steps=2",
+    overrides = [*shape_overrides(shape, micro_batches), f"precision={recipe}",
+                 f"train.steps={steps}", "optim.warmup_steps=2",
                  f"checkpoint.save_at_end={'true' if plan == 'end' else 'false'}",
                  f"data.cache_dir={runs / 'data'}", *extra]
     name = f"step-{model}-{recipe}" + (f"-r{rep + 1}" if rep else "")
