@@ -26,7 +26,8 @@
 # over every complete run so far), mechanism.md (round 1: bf16, e2m1, ufp4 of seed 1; plots in
 # the archive) and roundN.md (what ran, the measured throughput; printed last).
 # Env: BUDGET seconds from start to the end of training (default 400), PER_DEVICE, SEEDS, ARMS,
-# GRID. After training: the mechanism (round 1, or a round whose seed-1 models are new) up to
+# GRID, PAUSE=1 (runs longer than one call: the budget pauses them, the next warm call goes
+# on; STOP_GRACE seconds for their checkpoint saves, default 60 with PAUSE=1, else 20). After training: the mechanism (round 1, or a round whose seed-1 models are new) up to
 # ~120 s, compare and archives ~25 s; so BUDGET <= 420 for round 1 in a 600-s call, ~500 for
 # the others. Before training (inside BUDGET): ~115 s on a fresh node (set-up, preflight,
 # corpus), ~50 s on a warm one.
@@ -69,6 +70,16 @@ SEEDS=${SEEDS:-$SEEDS_DEFAULT}
 ARMS=${ARMS:-$ARMS_DEFAULT}
 PER_DEVICE=${PER_DEVICE:-$PER_DEFAULT}
 BUDGET=${BUDGET:-400}
+# PAUSE=1: the budget pauses the runs instead of ending them (runs longer than one call, e.g.
+# the small grid's 125M models): every run trains until it and saves a checkpoint, nothing is
+# shed; the next call on the still-warm node continues them (the checkpoints stay on the node)
+PAUSE=${PAUSE:-0}
+case $PAUSE in
+  0) pause=(); STOP_GRACE_DEFAULT=20 ;;
+  1) pause=(--pause-at-limit); STOP_GRACE_DEFAULT=60 ;;  # every run saves at once
+  *) echo "gpu/study.sh: PAUSE=$PAUSE; give 1 (the budget pauses the runs) or 0" >&2; exit 2 ;;
+esac
+STOP_GRACE=${STOP_GRACE:-$STOP_GRACE_DEFAULT}
 OUT=${OUT:-runs/gpu/study}
 CORPUS=${CORPUS:-stdlib}
 PACKAGES=${PACKAGES:-torch}
@@ -104,18 +115,24 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 
 # The pysrc corpus is prepared (CPU, tens of seconds) while the preflight runs; a node still
 # warm from an earlier call has it already (its manifest is written last, so it is complete).
+# Under a lock, so that a second study started beside this one waits for it and then skips.
 corpus_pid=
 if [[ $CORPUS == pysrc && ! -f $CORPUS_PREFIX.manifest.json ]]; then
-  python3 gpu/pysrc_corpus.py --out "$CORPUS_PREFIX" --packages "$PACKAGES" > /tmp/corpus.log 2>&1 &
+  mkdir -p "$(dirname "$CORPUS_PREFIX")"
+  ( flock 9; [[ -f $CORPUS_PREFIX.manifest.json ]] && { echo "pysrc corpus: prepared beside this study"; exit 0; }
+    python3 gpu/pysrc_corpus.py --out "$CORPUS_PREFIX" --packages "$PACKAGES"
+  ) 9>"$CORPUS_PREFIX.lock" > "$STUDY/corpus.log" 2>&1 &
   corpus_pid=$!
 fi
 
 # Preflight (~20 s): a 4-step GPU run that saves two checkpoints. Without working GPU
 # checkpoints (issue 10) every study run would die at its first save; stop here instead.
+# Its own dir, so that two studies started side by side do not share one.
+PREFLIGHT=$(mktemp -d /tmp/preflight.XXXXXX)
 if ! python3 -m ufp4_megatron.train model=tiny precision=ufp4 train.steps=4 checkpoint.interval=2 \
-    train.seq_len=64 train.global_batch=2 hydra.run.dir=/tmp/preflight \
-    data.cache_dir=/tmp/preflight/data logging.wandb.mode=disabled > /tmp/preflight.log 2>&1; then
-  tail -5 /tmp/preflight.log
+    train.seq_len=64 train.global_batch=2 hydra.run.dir="$PREFLIGHT" \
+    data.cache_dir="$PREFLIGHT/data" logging.wandb.mode=disabled > "$PREFLIGHT.log" 2>&1; then
+  tail -5 "$PREFLIGHT.log"
   echo "gpu_study: preflight failed: a 4-step GPU run with checkpoints did not complete; not starting"
   [[ -n $corpus_pid ]] && kill "$corpus_pid" 2>/dev/null
   exit 1
@@ -125,9 +142,9 @@ echo "preflight: GPU run with checkpoints ok ($(( $(date +%s) - T0 )) s)"
 data=()  # the runs' data overrides (none: the grid's embedded corpus)
 if [[ $CORPUS == pysrc ]]; then
   if [[ -n $corpus_pid ]] && ! wait "$corpus_pid"; then
-    tail -5 /tmp/corpus.log; echo "gpu_study: the pysrc corpus could not be prepared"; exit 1
+    tail -5 "$STUDY/corpus.log"; echo "gpu_study: the pysrc corpus could not be prepared"; exit 1
   fi
-  [[ -n $corpus_pid ]] && tail -1 /tmp/corpus.log || echo "pysrc corpus: prepared by an earlier call on this node"
+  [[ -n $corpus_pid ]] && tail -1 "$STUDY/corpus.log" || echo "pysrc corpus: prepared by an earlier call on this node"
   echo "corpus ready ($(( $(date +%s) - T0 )) s)"
   cp "$CORPUS_PREFIX.manifest.json" "$STUDY/corpus.manifest.json"
   data=("data.prefixes=[$CORPUS_PREFIX]" data.tokenizer.type=byte-level)
@@ -157,7 +174,7 @@ echo "round $ROUND: grid $GRID arms ${ARMS:-all} seeds $SEEDS, $PER_DEVICE per G
 T_START=$(date +%s)
 extra=(); (( ${#data[@]} )) && extra=(-- "${data[@]}")
 python3 -m ufp4_megatron.study --out "$STUDY" --grid "$GRID" --seeds "$SEEDS" ${ARMS:+--arms "$ARMS"} \
-  --per-device "$PER_DEVICE" --time-limit "$LIMIT" --stop-grace 20 --wandb-mode disabled \
+  --per-device "$PER_DEVICE" --time-limit "$LIMIT" "${pause[@]}" --stop-grace "$STOP_GRACE" --wandb-mode disabled \
   --progress plain "${extra[@]}" 2>&1 | tee "$STUDY/runner-round$ROUND.log"
 T_TRAIN=$(date +%s)
 [[ -f $STUDY/study.json ]] || { echo "gpu_study: the runner wrote no study.json (see above)"; exit 1; }

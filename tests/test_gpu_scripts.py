@@ -51,6 +51,8 @@ def test_study_sh_refuses_bad_steps_and_packages_before_setting_up():
     assert pkgs.returncode == 2 and "give importable names separated by commas" in pkgs.stderr
     stdlib = _study_sh("3", PACKAGES="numpy")
     assert stdlib.returncode == 2 and "PACKAGES is for CORPUS=pysrc" in stdlib.stderr
+    pause = _study_sh("3", PAUSE="yes")
+    assert pause.returncode == 2 and "PAUSE=yes; give 1 (the budget pauses" in pause.stderr
 
 
 def _scripts_without_setup(paths):

@@ -200,12 +200,36 @@ def test_cli_errors(tmp_path, capsys):
         study_main(["--out", str(tmp_path), "--grid", "demo", "--stop-grace", "-5", "--dry-run"])
     with pytest.raises(SystemExit, match="--gpus ','"):
         study_main(["--out", str(tmp_path), "--grid", "demo", "--gpus", ",", "--dry-run"])
+    with pytest.raises(SystemExit, match="--pause-at-limit needs --time-limit SECONDS"):
+        study_main(["--out", str(tmp_path), "--grid", "demo", "--pause-at-limit", "--dry-run"])
     # the subcommand of ufp4-launch is the same parser
     assert launch_main(["study", "--out", str(tmp_path / "s"), "--grid", "demo", "--gpus", "none",
                         "--seeds", "4", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "study demo: 3 runs" in out and "ufp4-s4 [pending]" in out
     assert not (tmp_path / "s").exists()  # a dry run writes nothing
+
+
+def test_pause_at_limit_reaches_the_runner(tmp_path, monkeypatch):
+    """The flag's wiring (its behaviour: test_study_runs.py::test_a_pause_at_the_limit_...)."""
+    from ufp4_megatron.study import cli
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, study, manifest, infos, slots, options, names=None):
+            seen.append(options)
+            self.manifest, self.stop_reason = manifest, None
+
+        def run(self):
+            return self.manifest
+
+    monkeypatch.setattr(cli, "Runner", Recorder)
+    for flags, pause in ((["--time-limit", "60", "--pause-at-limit"], True),
+                         (["--time-limit", "60"], False)):
+        study_main(["--out", str(tmp_path / str(pause)), "--grid", "demo", "--gpus", "none",
+                    "--no-compare", *flags])
+        assert (seen[-1].time_limit, seen[-1].pause_at_limit) == (60.0, pause)
 
 
 def test_lock_refuses_a_second_runner(tmp_path):

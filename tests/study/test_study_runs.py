@@ -169,7 +169,7 @@ def test_time_limit_sheds_the_least_advanced_runs(tmp_path):
             p.wait()
 
 
-def _sleeping_runner(tmp_path, records, positions, left_s, rate_window=20):
+def _sleeping_runner(tmp_path, records, positions, left_s, rate_window=20, pause=False):
     """A Runner whose active runs are `sleep` processes at the given steps, each measured at
     (step - 40) rate_window seconds ago, warm; left_s seconds to its time limit."""
     from ufp4_megatron.study.packing import Slot
@@ -177,7 +177,7 @@ def _sleeping_runner(tmp_path, records, positions, left_s, rate_window=20):
 
     runner = Runner(tmp_path, {"name": "t", "runs": records}, {},
                     [Slot(i, None, (0,)) for i in range(len(records))],
-                    Options(time_limit=100.0))
+                    Options(time_limit=100.0, pause_at_limit=pause))
     now = time.monotonic()
     runner.t0 = now - (100.0 - left_s)
     procs = []
@@ -207,6 +207,30 @@ def test_shed_stops_the_highest_seed_first(tmp_path):
         procs[2].wait(timeout=10)
         assert [p.poll() for p in procs] == [None, None, -signal.SIGTERM]
         assert [a.stop_sent for a in runner.active.values()] == [False, False, True]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_a_pause_at_the_limit_sheds_nothing_and_starts_while_there_is_time(tmp_path):
+    """--pause-at-limit (runs longer than one allocation: the 125M grid on 10-minute leases):
+    the same runs that test_shed_stops_the_highest_seed_first sheds keep training, and a new
+    run starts however far it is from its end, as long as it trains 30 s after its start-up."""
+    records = [{"name": f"e2m1-s{s}", "seed": s, "steps": 1000, "status": "running"}
+               for s in (1, 2, 3)]
+    new = {"name": "e2m1-s4", "seed": 4, "steps": 1000, "status": "pending"}
+    runner, procs = _sleeping_runner(tmp_path, records + [new], (400, 900, 500), left_s=200,
+                                     pause=True)
+    try:
+        runner._shed()
+        time.sleep(0.2)
+        assert [p.poll() for p in procs] == [None, None, None]
+        assert not any(a.stop_sent for a in runner.active.values())
+        runner.startups = [20.0]
+        assert runner._fits(new)  # 200 s left > 20 s start-up + 30 s
+        runner.t0 = time.monotonic() - 55  # 45 s left
+        assert not runner._fits(new)
     finally:
         for p in procs:
             p.kill()

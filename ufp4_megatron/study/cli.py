@@ -2,8 +2,8 @@
 machine, resumable, then the loss-gap comparison over every complete run.
 
     ufp4-launch study --out runs/study --grid main [--seeds 1-8] [--arms bf16,e2m1,ufp4]
-                      [--per-device N] [--gpus auto|none|0,1] [--time-limit SECONDS]
-                      [--dry-run] [-- OVERRIDES ...]
+                      [--per-device N] [--gpus auto|none|0,1] [--time-limit SECONDS
+                      [--pause-at-limit]] [--dry-run] [-- OVERRIDES ...]
     ufp4-launch study --out runs/study --arms bf16,e2m1,ufp4 --seeds 1-3 -- model=tiny ...
     ufp4-launch study --out runs/study --resume [--compare-only]
 
@@ -55,6 +55,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="start no run that would end after this; stop the rest at it")
     p.add_argument("--stop-grace", type=float, default=90.0, metavar="SECONDS",
                    help="time a stopped trainer has to save its checkpoint")
+    p.add_argument("--pause-at-limit", action="store_true",
+                   help="the time limit pauses the study: every run trains until it and saves "
+                        "a checkpoint for a later invocation (runs longer than one allocation); "
+                        "nothing is shed or held back")
     p.add_argument("--wandb-mode", default=None, help="logging.wandb.mode of every run")
     p.add_argument("--progress", default="auto", choices=("auto", "bar", "plain"))
     p.add_argument("--last", type=int, default=None,
@@ -103,6 +107,9 @@ def study(args) -> int:
     warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine|apex|absl).*")
     if args.overrides and args.overrides[0] == "--":
         args.overrides = args.overrides[1:]
+    if args.pause_at_limit and args.time_limit is None:
+        raise SystemExit("ufp4-launch study: --pause-at-limit needs --time-limit SECONDS (the "
+                         "limit it pauses at)")
     for flag, value in (("--time-limit", args.time_limit), ("--stop-grace", args.stop_grace)):
         if value is not None and not value > 0:  # also NaN
             raise SystemExit(f"ufp4-launch study: {flag} {value} must be a positive number of "
@@ -132,7 +139,8 @@ def study(args) -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     mf.save(args.out, manifest)
-    options = Options(time_limit=args.time_limit, stop_grace=args.stop_grace,
+    options = Options(time_limit=args.time_limit, pause_at_limit=args.pause_at_limit,
+                      stop_grace=args.stop_grace,
                       threads=args.threads, hide_gpus=args.gpus == "none",
                       wandb_mode=args.wandb_mode, progress=args.progress)
     names = None if grid is None else {s.name for s in runs}  # this invocation's runs

@@ -13,7 +13,9 @@ the limit (from the steps/s this machine is measured to train in all, see Runner
 that would not end are stopped early, the highest seed first, so that the others do and the
 runs that complete are paired by seed; at the limit every trainer still running is stopped.
 Runs not started stay pending for the next round, stopped ones resume there from their
-checkpoints.
+checkpoints. With pause_at_limit the limit is a pause, not an end (runs longer than one
+allocation, e.g. a 125M model on a 10-minute GPU lease): every run starts and trains until
+the limit, nothing is shed, and the next invocation continues them.
 
 The lock (<study>/study.lock, flock) is inherited by every trainer: while any trainer of a
 killed runner still runs, a second runner on the same study waits instead of starting the
@@ -42,6 +44,9 @@ TRAIN_MODULE = "ufp4_megatron.train"
 @dataclass
 class Options:
     time_limit: float | None = None  # seconds from the runner's start
+    # the limit pauses the study instead of ending it: runs longer than one allocation train
+    # until it and stop with a checkpoint for a later invocation; nothing is shed or held back
+    pause_at_limit: bool = False
     stop_grace: float = 90.0  # seconds a stopped trainer has to save before SIGKILL
     threads: int = 1  # OpenMP threads per run (packing.py says why 1)
     hide_gpus: bool = False  # CUDA_VISIBLE_DEVICES="" for CPU slots on a GPU machine
@@ -196,6 +201,7 @@ class Runner:
     WINDOW = 60.0  # seconds of recent progress a trainer's rate is measured over
     SETTLE = 20.0  # seconds of steady progress before a rate counts
     WARMUP_STEPS = 20  # a trainer's first new steps, not counted in its rate
+    PAUSE_MIN_TRAIN = 30.0  # pause_at_limit: seconds of training a start must leave
 
     def _aggregate_rate(self) -> float | None:
         """Steps/s of all running trainers together over their recent steady steps; None
@@ -236,6 +242,9 @@ class Runner:
             return True
         if self._time_left() <= 0:
             return False
+        if self.opt.pause_at_limit:  # worth starting if it trains a while after its start-up
+            startup = statistics.median(self.startups) if self.startups else 0.0
+            return self._time_left() > startup + self.PAUSE_MIN_TRAIN
         rate = self._aggregate_rate()
         running = [a for a in self.active.values() if not a.stop_sent]
         if rate is None and running and self._shed_at is not None \
@@ -251,7 +260,8 @@ class Runner:
         """Stops the runs that would not end within the limit, the highest seed first (the
         most steps left within a seed), so the others can and the complete runs are whole
         seeds: a round on a machine that is given back keeps only complete runs."""
-        if self.opt.time_limit is None or self.stop_reason or len(self.active) < 2:
+        if (self.opt.time_limit is None or self.opt.pause_at_limit or self.stop_reason
+                or len(self.active) < 2):
             return
         rate = self._aggregate_rate()
         if rate is None:
@@ -429,7 +439,8 @@ class Runner:
                     a.proc.kill()
             time.sleep(0.5)
         if waiting:
-            self._say(f"{len(waiting)} runs not started"
-                      + (" (they would not finish within the time limit)"
-                         if self.stop_reason is None else "") + "; run the study again to "
-                      "continue")
+            why = ""
+            if self.stop_reason is None:
+                why = (" (too little time left to start them)" if self.opt.pause_at_limit
+                       else " (they would not finish within the time limit)")
+            self._say(f"{len(waiting)} runs not started{why}; run the study again to continue")
