@@ -106,8 +106,11 @@ if [[ -n $STEPS ]]; then
   [[ $STEPS =~ ^[1-9][0-9]*$ ]] || { echo "gpu/study.sh: STEPS=$STEPS; give a positive step count, e.g. 2000" >&2; exit 2; }
   steps=("train.steps=$STEPS"); ARCHIVES+=-${STEPS}steps; STUDY+=-${STEPS}steps
 fi
-# STUDY: checkpoints stay on the node; only results come back
+# STUDY: checkpoints stay on the node; only results come back. SCRATCH: this call's own lists
+# (two studies side by side on one node shared /tmp's on 2026-12-02: one emptied the other's
+# list of archived runs, which then returned 28 runs again)
 mkdir -p "$OUT" "$STUDY"
+SCRATCH=$(mktemp -d /tmp/study-scratch.XXXXXX)
 
 # shellcheck source=gpu/setup.sh
 source gpu/setup.sh || exit 1
@@ -163,10 +166,10 @@ keep=(); [[ -f $STUDY/study.json ]] && keep=(--exclude=study.json) \
 # runs an earlier call on this node already returned count as archived too: chained calls
 # whose archives are not committed yet return each run once (round 7 of pysrc, 2026-12-02,
 # returned round 6's 11 runs again); delete $STUDY/returned.txt to get them all back
-cp "$STUDY/returned.txt" /tmp/runs-archived.txt 2>/dev/null || : > /tmp/runs-archived.txt
+cp "$STUDY/returned.txt" "$SCRATCH/runs-archived.txt" 2>/dev/null || : > "$SCRATCH/runs-archived.txt"
 while IFS= read -r a; do
   tar -xzf "$a" -C "$STUDY" "${keep[@]}" && echo "unpacked $a"
-  tar -tzf "$a" | sed -n 's#^runs/\([^/]*\)/metrics\.jsonl$#\1#p' >> /tmp/runs-archived.txt
+  tar -tzf "$a" | sed -n 's#^runs/\([^/]*\)/metrics\.jsonl$#\1#p' >> "$SCRATCH/runs-archived.txt"
 done < <(find "$ARCHIVES" -maxdepth 1 -name 'round*.tar.gz' 2>/dev/null | sort -V)
 
 LIMIT=$(( BUDGET - ($(date +%s) - T0) ))
@@ -180,7 +183,7 @@ T_TRAIN=$(date +%s)
 [[ -f $STUDY/study.json ]] || { echo "gpu_study: the runner wrote no study.json (see above)"; exit 1; }
 
 # the runs complete on disk (study.manifest.is_complete), named once for both uses below
-python3 - "$STUDY" > /tmp/runs-complete.txt <<'EOF'
+python3 - "$STUDY" > "$SCRATCH/runs-complete.txt" <<'EOF'
 import sys
 from ufp4_megatron.study import manifest as mf
 for r in mf.load(sys.argv[1])["runs"]:
@@ -192,8 +195,8 @@ EOF
 # the mechanism still returns it
 new=()
 while IFS= read -r name; do
-  grep -qx "$name" /tmp/runs-archived.txt || [[ ! -f $STUDY/runs/$name/config.yaml ]] || new+=("$name")
-done < /tmp/runs-complete.txt
+  grep -qx "$name" "$SCRATCH/runs-archived.txt" || [[ ! -f $STUDY/runs/$name/config.yaml ]] || new+=("$name")
+done < "$SCRATCH/runs-complete.txt"
 files=(study.json "runner-round$ROUND.log")
 [[ -f $STUDY/corpus.manifest.json ]] && files+=(corpus.manifest.json)
 for n in "${new[@]}"; do files+=("runs/$n/metrics.jsonl" "runs/$n/config.yaml" "logs/$n.log"); done
@@ -207,7 +210,7 @@ mech=()
 for arm in bf16 e2m1 ufp4; do
   name="$arm$tag-s1"; run="$STUDY/runs/$name"
   # only a complete run's model says something (a stopped one is barely trained)
-  if grep -qx "$name" /tmp/runs-complete.txt && [[ -f $run/checkpoints/latest \
+  if grep -qx "$name" "$SCRATCH/runs-complete.txt" && [[ -f $run/checkpoints/latest \
       && ! -f $STUDY/mechanism/$name/mechanism.md ]]; then
     timeout "$mech_s" python3 -m ufp4_megatron.report.mechanism "$run" --out "$STUDY/mechanism/$name" \
       > "$STUDY/mechanism-$name.log" 2>&1 &
@@ -230,35 +233,7 @@ for f in loss_gap.md loss_gap.json loss_gap.png; do
   [[ -f $STUDY/compare/$f ]] && cp "$STUDY/compare/$f" "$OUT/"
 done
 
-python3 - "$STUDY" "$ROUND" "$T_START" "$T_TRAIN" "$PER_DEVICE" "${new[@]}" > "$OUT/round$ROUND.md" <<'EOF'
-import json, statistics, sys, time
-from collections import defaultdict
-from ufp4_megatron.study import manifest as mf
-study, rnd, t0, t_train, per_device = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-new = sys.argv[6:]
-m = mf.load(study)
-runs = {r["name"]: r for r in m["runs"]}
-per = defaultdict(list)
-tokens = 0
-for n in new:
-    rows = [json.loads(l) for l in open(f"{study}/runs/{n}/metrics.jsonl") if l.strip()]
-    per[runs[n]["arm"]].append(statistics.median(r["step_time"] for r in rows[10:] or rows))
-    tokens += rows[-1]["tokens"]
-counts = defaultdict(int)
-for r in m["runs"]:
-    counts[r["status"]] += 1
-print(f"# Study round {rnd} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
-print(f"{len(new)} runs new to the archives (completed in this round, or on this node earlier and not archived); study: "
-      + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f" of {len(m['runs'])}.")
-print(f"Runner wall time {t_train - t0} s ({per_device} runs per GPU); completed runs "
-      f"trained {tokens / max(1, t_train - t0):,.0f} tokens/s in all over it.\n")
-print("| arm | runs this round | median step time (s), packed |")
-print("| --- | --- | --- |")
-for arm, times in sorted(per.items()):
-    print(f"| {arm} | {len(times)} | {statistics.median(times):.3f} |")
-done = sorted(r["name"] for r in m["runs"] if r["status"] == "done")
-print(f"\ndone: {' '.join(done)}")
-EOF
+python3 gpu/round_report.py "$STUDY" "$ROUND" "$T_START" "$T_TRAIN" "$PER_DEVICE" "${new[@]}" > "$OUT/round$ROUND.md"
 cat "$OUT/round$ROUND.md"
 [[ -f $OUT/loss_gap.md ]] && cat "$OUT/loss_gap.md"
 echo "gpu_study round $ROUND: $(( $(date +%s) - T0 )) s wall; files in $OUT:" "$OUT"/*

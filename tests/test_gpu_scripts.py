@@ -154,3 +154,47 @@ def test_kernels_exact_leaves_two_files_in_out(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["kernels_exact.log", "unfinished.txt"]
     assert (out / "unfinished.txt").read_text() == "t.py::b\n"
     assert "finished 1 of 2 tests" in res.stdout
+
+
+def test_study_sh_keeps_no_fixed_scratch_files():
+    # two studies side by side on one node (2026-12-02) shared /tmp/runs-archived.txt: one
+    # emptied the other's list of archived runs, which then returned 28 archived runs again.
+    # Scratch files live in the call's own mktemp dir; only the study dirs and the corpus
+    # (prepared under a lock) are fixed paths.
+    text = (ROOT / "gpu" / "study.sh").read_text()
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    fixed = set(re.findall(r"/tmp/[\w.-]+", code))
+    assert fixed <= {"/tmp/study", "/tmp/study-pysrc", "/tmp/corpus", "/tmp/preflight.XXXXXX",
+                     "/tmp/study-scratch.XXXXXX"}, fixed
+
+
+def test_round_report_counts_only_the_steps_trained_in_the_round(tmp_path):
+    # a run resumed at step 100 and stopped at 250 trained 150 steps in this round, not 250;
+    # one that ran 0 -> 300 and completed, 300; steps logged after the end line do not count
+    import importlib.util
+    import json
+
+    from ufp4_megatron.study import manifest as mf
+
+    spec = importlib.util.spec_from_file_location("round_report", ROOT / "gpu" / "round_report.py")
+    rr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rr)
+    mf.save(tmp_path, {"version": mf.VERSION, "name": "t", "runs": [
+        {"name": "bf16-s1", "arm": "bf16", "status": "stopped"},
+        {"name": "ufp4-s1", "arm": "ufp4", "status": "done"}]})
+    for name, last in (("bf16-s1", 400), ("ufp4-s1", 300)):
+        d = mf.run_dir(tmp_path, name)
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": s, "tokens": 1000 * s, "step_time": 0.5}) + "\n"
+            for s in range(1, last + 1)))
+    (tmp_path / "runner-round2.log").write_text(
+        "start bf16-s1 on slot 0 (gpu 0, cpus [0, 1]), resuming at step 100\n"
+        "start ufp4-s1 on slot 1 (gpu 0, cpus [2, 3])\n"
+        "done ufp4-s1 at step 300 (exit 0, 90 s)\n"
+        "stopped bf16-s1 at step 250 (exit 0, 95 s)\n")
+    assert rr.steps_in_round(tmp_path / "runner-round2.log") == {
+        "bf16-s1": (100, 250), "ufp4-s1": (0, 300)}
+    text = rr.report(tmp_path, "2", 0, 100, "2", ["ufp4-s1"])
+    assert "the runs trained 450,000 tokens in it (4,500 tokens/s in all" in text
+    assert "| ufp4 | 1 | 0.500 |" in text and "1 done, 1 stopped of 2" in text

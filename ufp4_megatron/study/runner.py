@@ -336,7 +336,8 @@ class Runner:
             r["status"] = "failed"
         self._save()
         took = time.time() - r["started"]
-        self._say(f"{r['status']} {r['name']} (exit {rc}, {took:.0f} s)")
+        step = mf.last_step(mf.run_dir(self.study, r["name"]) / "metrics.jsonl")  # its last line
+        self._say(f"{r['status']} {r['name']} at step {step} (exit {rc}, {took:.0f} s)")
         if r["status"] == "failed":
             tail = (self.study / "logs" / f"{r['name']}.log").read_text(errors="replace")
             self._say("  " + "\n  ".join(tail.strip().splitlines()[-15:]))
