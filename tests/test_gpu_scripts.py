@@ -198,3 +198,17 @@ def test_round_report_counts_only_the_steps_trained_in_the_round(tmp_path):
     text = rr.report(tmp_path, "2", 0, 100, "2", ["ufp4-s1"])
     assert "the runs trained 450,000 tokens in it (4,500 tokens/s in all" in text
     assert "| ufp4 | 1 | 0.500 |" in text and "1 done, 1 stopped of 2" in text
+
+
+def test_host_path_probe_runs_and_finds_the_pair_launch_cacheable():
+    # docs/performance.md quotes it ("The small step, per recipe"); a renamed ops or kernel
+    # argument would otherwise leave it broken until the next reader runs it
+    import os
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "gpu/host_path_probe.py", "--calls", "2"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 6 and all("[('_pair16_kernel', True)]" in line for line in lines), lines
