@@ -34,7 +34,7 @@ test-gpu: install
 	$(PYTEST) -q -m gpu -p no:cacheprovider
 
 # Long CPU tests kept out of `make test` (its 20-minute budget on a 2-core machine)
-test-slow: install  # exit 5 of pytest is "no tests collected": none are marked slow now
+test-slow: install  # exit 5 of pytest is "no tests collected"; marked slow: the fused-loss trainer run
 	$(PYTEST) -q -m "slow and not gpu" -p no:cacheprovider $(XDIST) || [ $$? -eq 5 ]
 
 # Part of `make test`; alone: build the wheel, install it into a fresh venv (reusing this

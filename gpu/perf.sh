@@ -10,9 +10,17 @@
 #   row twice, one pass after the other (the table then shows each run: the spread)
 #   PERF_MICRO_BATCHES=8: 8 micro-batches per optimizer step (gradient accumulation, as a
 #   user's global batch of many sequences has; default 1: the optimizer after every one)
+#   PERF_SET="model.cross_entropy_fusion=true ...": trainer overrides for every run (step rows
+#   and profiles alike), space-separated
 # A failing or out-of-memory run costs its own row only; rows the budget leaves out are listed
 # as "not run (time budget)"; rerun with PERF_MODELS / PERF_RECIPES for them.
 set -uo pipefail
+sets=()  # PERF_SET, checked before anything is installed
+read -ra kvs <<< "${PERF_SET:-}"
+for kv in "${kvs[@]}"; do
+  [[ $kv == *=* ]] || { echo "gpu/perf.sh: PERF_SET entry '$kv'; give KEY=VALUE overrides separated by spaces" >&2; exit 2; }
+  sets+=(--set "$kv")
+done
 # the trainer's dependencies (hydra, megatron-core, wandb), from the wheelhouse where the
 # image lacks them (2026-12-02: perf.sh alone on a fresh node died on `import hydra`)
 source gpu/setup.sh || exit 1
@@ -43,7 +51,7 @@ step_budget=$(( $(left) - reserve ))
 timeout $(( step_budget + 30 )) python3 -m ufp4_megatron.bench --suite step \
   --models "${PERF_MODELS:-small,dense_1p5b,moe_7p9b,moe_124b}" \
   --recipes "${PERF_RECIPES:-bf16,ufp4,e2m1,ufp4_int4,nvfp4}" \
-  --repeats "${PERF_REPEATS:-1}" --micro-batches "${PERF_MICRO_BATCHES:-1}" \
+  --repeats "${PERF_REPEATS:-1}" --micro-batches "${PERF_MICRO_BATCHES:-1}" "${sets[@]}" \
   --deadline "$step_budget" --json "$OUT/step.json" --out "$OUT/step.md" \
   >> "$OUT/step.log" 2>&1
 echo "step suite rc=$? ($(( $(date +%s) - t0 )) s elapsed)"
@@ -56,7 +64,7 @@ for mr in ${profiles//,/ }; do
   rem=$(left)
   if (( rem < 25 )); then echo "profile $mr: skipped (time budget)" >> "$OUT/profile.md"; continue; fi
   out=$(timeout "$rem" python3 -m ufp4_megatron.bench --suite profile --model "${mr%%:*}" \
-    --micro-batches "${PERF_MICRO_BATCHES:-1}" \
+    --micro-batches "${PERF_MICRO_BATCHES:-1}" "${sets[@]}" \
     --recipe "${mr##*:}" 2>&1); rc=$?
   fence='```'
   if (( rc == 0 )); then sed -n '/^### Profile/,$p' <<< "$out" >> "$OUT/profile.md"

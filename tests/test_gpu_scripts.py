@@ -55,6 +55,16 @@ def test_study_sh_refuses_bad_steps_and_packages_before_setting_up():
     assert pause.returncode == 2 and "PAUSE=yes; give 1 (the budget pauses" in pause.stderr
 
 
+def test_perf_sh_refuses_a_bad_override_before_setting_up():
+    import os
+    import subprocess
+    bad = subprocess.run(["bash", "gpu/perf.sh"], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PERF_SET": "model.cross_entropy_fusion=true oops"},
+                         timeout=30)
+    assert bad.returncode == 2
+    assert "PERF_SET entry 'oops'; give KEY=VALUE overrides" in bad.stderr
+
+
 def _scripts_without_setup(paths):
     # a script that runs the package's modules needs the trainer's dependencies, which a CUDA
     # image lacks until gpu/setup.sh installs them (2026-12-02: `bash gpu/perf.sh` alone on a

@@ -90,8 +90,19 @@ def test_bf16_layers_reach_megatron_config():
     assert tc.num_layers_at_start_in_bf16 == 0
 
 
+def test_cross_entropy_fusion_reaches_megatron_config():
+    from ufp4_megatron.train.model import transformer_config
+
+    off = transformer_config(load("model=tiny"), torch.float32, torch.device("cpu"))
+    on = transformer_config(load("model=tiny", "model.cross_entropy_fusion=true"), torch.float32,
+                            torch.device("cpu"))
+    assert not off.cross_entropy_loss_fusion  # Megatron's default, the studies' runs
+    assert on.cross_entropy_loss_fusion and on.cross_entropy_fusion_impl == "native"
+
+
 @pytest.mark.parametrize("override,named", [
     ("train.stepz=3", "stepz"),                 # typo in a key
+    ("model.cross_entropy_fusion=maybe", "model.cross_entropy_fusion"),
     ("train.steps=many", "train.steps"),        # wrong type
     ("precision.rht.fprop=maybe", "precision.rht.fprop"),
     ("parallel.tp=1.5", "parallel.tp"),

@@ -44,6 +44,9 @@ def transformer_config(cfg: Config, dtype: torch.dtype, device: torch.device):
         # the fused kernels need apex/TE or CUDA extensions this package does not install
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
+        # the loss over the logits in fewer passes (unfused: an estimated ~12 ms of the BF16
+        # small step's ~60 ms of kernels, fp32 passes over its logits; docs/performance.md)
+        cross_entropy_loss_fusion=m.cross_entropy_fusion, cross_entropy_fusion_impl="native",
         **moe,
     )
 

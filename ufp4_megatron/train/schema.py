@@ -37,6 +37,10 @@ class ModelConfig:
     # tensor), te (TransformerEngine, when installed), megatron (unfused, materialised mask)
     attention_backend: str = "sdpa"
     sdpa_kernels: Optional[list[str]] = None  # e.g. [cudnn, flash]; None: PyTorch's choice
+    # Megatron's fused cross entropy (--cross-entropy-loss-fusion, the native impl: torch.compile
+    # of its vocab-parallel loss), the same for every recipe. Off by default, as in Megatron:
+    # the studies' runs were trained with the unfused loss, whose fp32 sums round differently
+    cross_entropy_fusion: bool = False
     # MoE (num_experts None: dense). Routed experts use moe_ffn_hidden_size, one shared expert
     # of moe_shared_expert_size runs on every token, the first moe_first_dense layers are dense.
     num_experts: Optional[int] = None
