@@ -27,7 +27,8 @@
 # the archive) and roundN.md (what ran, the measured throughput; printed last).
 # Env: BUDGET seconds from start to the end of training (default 400), PER_DEVICE, SEEDS, ARMS,
 # GRID, PAUSE=1 (runs longer than one call: the budget pauses them, the next warm call goes
-# on; STOP_GRACE seconds for their checkpoint saves, default 60 with PAUSE=1, else 20). After training: the mechanism (round 1, or a round whose seed-1 models are new) up to
+# on; STOP_GRACE seconds for their checkpoint saves, default 60 with PAUSE=1, else 20).
+# After training: the mechanism (round 1, or a round whose seed-1 models are new) up to
 # ~120 s, compare and archives ~25 s; so BUDGET <= 420 for round 1 in a 600-s call, ~500 for
 # the others. Before training (inside BUDGET): ~115 s on a fresh node (set-up, preflight,
 # corpus), ~50 s on a warm one.
