@@ -66,6 +66,11 @@ class Interval:
         return self.lo is not None and (self.lo > 0 or self.hi < 0)
 
 
+def _sample_sd(vals, mean: float) -> float:
+    """The sample standard deviation (ddof 1) of two or more values about their mean."""
+    return math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+
+
 def t_interval(values, confidence: float = 0.95) -> Interval:
     """mean +- t_{(1+c)/2, n-1} * s / sqrt(n), s the sample standard deviation (ddof 1)."""
     vals = _check(values, confidence)
@@ -73,7 +78,7 @@ def t_interval(values, confidence: float = 0.95) -> Interval:
     mean = sum(vals) / n
     if n == 1:
         return Interval(mean, None, None, 1)
-    sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
+    sd = _sample_sd(vals, mean)
     half = t_quantile(confidence, n - 1) * sd / math.sqrt(n)
     return Interval(mean, mean - half, mean + half, n)
 
@@ -143,7 +148,7 @@ def paired_difference(x, y, confidence: float = 0.95
     iv = t_interval(d, confidence)
     if iv.n == 1:
         return iv, None, None
-    sd = math.sqrt(sum((v - iv.mean) ** 2 for v in d) / (iv.n - 1))
+    sd = _sample_sd(d, iv.mean)
     if sd == 0:
         return iv, 0.0 if iv.mean != 0 else 1.0, sd
     stat = iv.mean / (sd / math.sqrt(iv.n))
