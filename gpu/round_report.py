@@ -10,7 +10,6 @@ tokens/s for a call in which the 125M grid trained about a tenth of that).
 """
 from __future__ import annotations
 
-import json
 import re
 import statistics
 import sys
@@ -19,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ufp4_megatron.study import manifest as mf
+from ufp4_megatron.train.metrics import read_metrics
 
 START = re.compile(r"^start (\S+) on slot \d+.*?(?:, resuming at step (\d+))?$")
 END = re.compile(r"^(?:done|stopped|failed) (\S+) at step (\d+) \(exit")
@@ -38,9 +38,7 @@ def steps_in_round(log: Path) -> dict[str, tuple[int, int | None]]:
 
 def rows(study: Path, name: str) -> list[dict]:
     path = mf.run_dir(study, name) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_metrics(path) if path.exists() else []  # a paused run's cut last line skipped
 
 
 def report(study: Path, rnd: str, t0: int, t_train: int, per_device: str, new: list[str]) -> str:
@@ -49,8 +47,8 @@ def report(study: Path, rnd: str, t0: int, t_train: int, per_device: str, new: l
     tokens = 0  # trained in this round by every run it started
     for name, (start, end) in steps_in_round(study / f"runner-round{rnd}.log").items():
         got = [r for r in rows(study, name) if start < r["step"] <= (end or r["step"])]
-        if got:
-            tokens += got[-1]["tokens"] - (got[0]["tokens"] - got[0]["tokens"] // got[0]["step"])
+        if got:  # every step of a run trains the same tokens
+            tokens += len(got) * got[0]["tokens"] // got[0]["step"]
     per = defaultdict(list)
     for name in new:
         got = rows(study, name)
