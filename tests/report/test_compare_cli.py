@@ -163,7 +163,7 @@ BAD = {
     "two dirs of one identical run": (_copy, [], "the same run was given twice"),
     "no bf16 run of that seed": (_no_sibling, [], "has no 'bf16' run of the same model"),
     "no bf16 run at all": (lambda tmp: _pair(tmp)[1:], [], "no 'bf16' run among the 1 given"),
-    "corrupt metrics line": (_partial_metrics, [], "metrics.jsonl:2: not a JSON line"),
+    "corrupt metrics line": (_partial_metrics, [], "metrics.jsonl:2: not a JSON step record"),
 }
 
 

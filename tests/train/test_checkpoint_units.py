@@ -111,8 +111,16 @@ def test_read_metrics_skips_a_line_being_written(tmp_path):
 def test_read_metrics_names_a_damaged_line(tmp_path):
     f = tmp_path / "metrics.jsonl"
     f.write_text('{"step": 1}\n{"st\n{"step": 3}\n')
-    with pytest.raises(ValueError, match=r"metrics.jsonl: unreadable line\(s\) 2"):
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON step record \(1 "):
         read_metrics(f)
+
+
+def test_read_metrics_notes_a_cut_last_line_before_trailing_blank_lines(tmp_path):
+    f = tmp_path / "metrics.jsonl"
+    f.write_text('{"step": 1}\n{"st\n\n')
+    notes = []
+    assert read_metrics(f, note=notes.append) == [{"step": 1}]
+    assert notes == [f"{f}: skipped a partial last line (a run killed mid-write)"]
 
 
 def test_unreadable_config_yaml_is_one_line(tmp_path):

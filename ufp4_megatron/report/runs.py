@@ -10,7 +10,6 @@ part is not a local directory either (so a mistyped `runs/default/tiny-bf16-s1` 
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..train import identity
+from ..train.metrics import read_metrics
 from . import wandb_offline
 from .errors import BadInput
 
@@ -94,18 +94,12 @@ def _from_rows(source: str, config: dict, rows: list[dict], step_key: str) -> Ru
 
 
 def _read_metrics(path: Path) -> list[dict]:
-    """metrics.jsonl; a partial last line (a run killed mid-write) is skipped."""
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    rows = []
-    for i, line in enumerate(lines):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                print(f"note: {path}: skipped a partial last line (a run killed mid-write)")
-                continue
-            raise BadInput(f"{path}:{i + 1}: not a JSON line; repair or remove that line")
-    return rows
+    """The trainer's own reader (a partial last line skipped with a note); a damaged line is
+    bad input here."""
+    try:
+        return read_metrics(path, note=print)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
 
 
 def _from_run_dir(path: Path) -> Run:

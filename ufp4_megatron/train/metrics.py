@@ -52,14 +52,19 @@ def _parse(path: Path) -> tuple[list[tuple[str, dict]], list[int]]:
     return rows, bad
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl; a last line still being written (or cut by a kill) is
-    skipped, an unreadable line elsewhere is an error naming the file and line."""
+def read_metrics(path: Path, note=None) -> list[dict]:
+    """The records of a metrics.jsonl, for every reader (resume, compare, round reports): a
+    last line still being written (or cut by a kill) is skipped, with `note(message)` called
+    when given; an unreadable line elsewhere is a ValueError naming the file and line."""
     rows, bad = _parse(path)
-    n_lines = len(Path(path).read_text().splitlines())
-    if bad and bad != [n_lines]:
-        raise ValueError(f"{path}: unreadable line(s) {', '.join(map(str, bad))}; the file is "
-                         "damaged (a resume of its run drops them)")
+    lines = Path(path).read_text().splitlines()
+    last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
+    if bad == [last]:
+        if note is not None:
+            note(f"{path}: skipped a partial last line (a run killed mid-write)")
+    elif bad:
+        raise ValueError(f"{path}:{bad[0]}: not a JSON step record ({len(bad)} unreadable "
+                         "line(s)); repair or remove it (a resume of its run drops them)")
     return [row for _, row in rows]
 
 
