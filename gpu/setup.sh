@@ -4,6 +4,8 @@
 # checkout) that its CUDA image lacks into /tmp/site, and puts the checkout on PYTHONPATH; the
 # image's torch/triton/numpy stay. Every gpu/*.sh that runs the package sources it first.
 #   source gpu/setup.sh            WHEELHOUSE=dir (default wheelhouse) to read another folder
+# A Triton cache saved on an earlier node ($WHEELHOUSE/triton-cache.tgz) is unpacked into
+# TRITON_CACHE_DIR (UFP4_TRITON_CACHE, default /tmp/triton-cache) once per node.
 # Sourcing it again on the same node (chained calls, several scripts in one call) skips the
 # install when /tmp/site already holds this wheelhouse (a checksum of the wheels' names and bytes).
 # A node whose Python imports megatron-core, Hydra and W&B already (a user's cluster image)
@@ -35,6 +37,21 @@ else
     echo "$stamp" > "$SITE/.ufp4-wheelhouse"
   fi
 fi
-export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache
+TRITON_CACHE=${UFP4_TRITON_CACHE:-/tmp/triton-cache}
+# Kernels compiled on an earlier node, carried in as $WHEELHOUSE/triton-cache.tgz (gpu/README,
+# "A fresh node's set-up"): unpacked once per node, before anything compiles, through a temp
+# dir so that a damaged archive leaves no half-written entry. Triton checks each entry's key
+# (source, options, target) itself: an entry of another build is only unused.
+if [[ -f $WHEELHOUSE/triton-cache.tgz && ! -e $TRITON_CACHE ]]; then
+  unpack=$(mktemp -d "${TRITON_CACHE%/*}/.triton-cache.XXXXXX")
+  if tar -xzf "$WHEELHOUSE/triton-cache.tgz" -C "$unpack" --no-same-owner 2>/dev/null \
+      && mv "$unpack" "$TRITON_CACHE"; then
+    echo "gpu/setup.sh: Triton cache from $WHEELHOUSE/triton-cache.tgz ($(ls "$TRITON_CACHE" | wc -l) entries)"
+  else
+    rm -rf "$unpack"
+    echo "gpu/setup.sh: $WHEELHOUSE/triton-cache.tgz does not unpack; the kernels compile afresh" >&2
+  fi
+fi
+export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$TRITON_CACHE
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -c 'import megatron.core, hydra, wandb, torch; print("gpu_setup ok:", megatron.core.__version__, torch.__version__, torch.cuda.device_count(), "GPUs")'

@@ -105,7 +105,8 @@ def _source_setup(tmp_path, *, imports: bool = True):
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path / "log"),
            "FAKE_IMPORTS": "1" if imports else "0", "UFP4_SITE": str(tmp_path / "site"),
-           "WHEELHOUSE": str(tmp_path / "wheelhouse")}
+           "WHEELHOUSE": str(tmp_path / "wheelhouse"),
+           "UFP4_TRITON_CACHE": str(tmp_path / "triton-cache")}
     (tmp_path / "log").write_text("")
     out = subprocess.run(["bash", "-c", 'source gpu/setup.sh && echo "PYTHONPATH=$PYTHONPATH"'],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -129,6 +130,29 @@ def test_setup_installs_a_wheelhouse_once_per_node(tmp_path):
     wheel.write_bytes(b"z" * 10)  # another build of the wheel, same name and size: again
     changed, log = _source_setup(tmp_path)
     assert changed.returncode == 0 and "pip install" in log
+
+
+def test_setup_unpacks_a_carried_triton_cache_once_and_survives_a_damaged_one(tmp_path):
+    import tarfile
+    house = tmp_path / "wheelhouse"
+    (house / "src" / "ab12").mkdir(parents=True)
+    (house / "src" / "ab12" / "_pair16_kernel.cubin").write_bytes(b"cubin")
+    with tarfile.open(house / "triton-cache.tgz", "w:gz") as t:  # as gpu/README saves it
+        t.add(house / "src", arcname=".")
+    first, _ = _source_setup(tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "Triton cache from" in first.stdout and "(1 entries)" in first.stdout
+    cache = tmp_path / "triton-cache"
+    assert (cache / "ab12" / "_pair16_kernel.cubin").read_bytes() == b"cubin"
+    again, _ = _source_setup(tmp_path)  # the same node: what is there stays
+    assert again.returncode == 0 and "Triton cache from" not in again.stdout
+    import shutil
+    shutil.rmtree(cache)
+    (house / "triton-cache.tgz").write_bytes(b"not a tar")
+    damaged, _ = _source_setup(tmp_path)
+    assert damaged.returncode == 0, damaged.stderr
+    assert "does not unpack; the kernels compile afresh" in damaged.stderr
+    assert not cache.exists() and not list(tmp_path.glob(".triton-cache.*"))
 
 
 def test_setup_without_a_wheelhouse_uses_what_is_installed_or_says_what_to_build(tmp_path):
