@@ -97,7 +97,7 @@ def _read_metrics(path: Path) -> list[dict]:
     """The trainer's own reader (a partial last line skipped with a note); a damaged line is
     bad input here."""
     try:
-        return read_metrics(path, note=print)
+        return read_metrics(path, note=lambda message: print(f"note: {message}"))
     except ValueError as e:
         raise BadInput(str(e)) from None
 
