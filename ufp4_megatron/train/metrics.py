@@ -15,7 +15,7 @@ class MetricsFile:
     def __init__(self, path: Path, resumed_step: int):
         self.path = Path(path)
         if self.path.exists():
-            rows, bad = _parse(self.path)
+            rows, bad, _ = _parse(self.path)
             if bad:
                 print(f"WARNING: {self.path}: dropped unreadable line(s) "
                       f"{', '.join(map(str, bad))} (a run killed mid-write); kept {len(rows)}",
@@ -34,12 +34,14 @@ class MetricsFile:
         self._f.close()
 
 
-def _parse(path: Path) -> tuple[list[tuple[str, dict]], list[int]]:
-    """([(line, record)], numbers of unreadable lines), 1-based."""
-    rows, bad = [], []
+def _parse(path: Path) -> tuple[list[tuple[str, dict]], list[int], int]:
+    """([(line, record)], numbers of unreadable lines, number of the last non-blank line),
+    1-based; one read of the file."""
+    rows, bad, last = [], [], 0
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
+        last = n
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
@@ -49,16 +51,14 @@ def _parse(path: Path) -> tuple[list[tuple[str, dict]], list[int]]:
             bad.append(n)
             continue
         rows.append((line, row))
-    return rows, bad
+    return rows, bad, last
 
 
 def read_metrics(path: Path, note=None) -> list[dict]:
     """The records of a metrics.jsonl, for every reader (resume, compare, round reports): a
     last line still being written (or cut by a kill) is skipped, with `note(message)` called
     when given; an unreadable line elsewhere is a ValueError naming the file and line."""
-    rows, bad = _parse(path)
-    lines = Path(path).read_text().splitlines()
-    last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
+    rows, bad, last = _parse(path)
     if bad == [last]:
         if note is not None:
             note(f"{path}: skipped a partial last line (a run killed mid-write)")
