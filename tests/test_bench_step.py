@@ -3,12 +3,14 @@
 - model FLOPs per token follow PaLM's 6 N + 12 L d s, with N the multiplied parameters (the
   input embedding lookup and norms left out, top-k experts only);
 - run_suite end to end on CPU: real trainer subprocesses (tiny, 3 steps, checkpoint at the
-  end, 2 passes) come back as rows with their median and spread, checkpoint and ratios; a
+  end, 2 passes) come back as rows with their median and spread, checkpoint (size and save
+  seconds) and ratios; a
   run that fails comes back as a run that says so; repeated runs aggregate;
 - out-of-memory output is reported as OOM; rows that did not run still render in the table;
   ratios are taken to the BF16 row of the same shape.
 """
 import json
+import re
 import sys
 
 import pytest
@@ -120,7 +122,8 @@ def test_suite_runs_real_trainers_in_passes(tmp_path, monkeypatch):
     ufp4 = rows[1]
     assert len(ufp4["runs_ms"]) == 2 and len(ufp4["x_bf16_runs"]) == 2
     assert ufp4["step_min_ms"] <= ufp4["step_ms"] <= ufp4["step_max_ms"]
-    assert ufp4["checkpoint"].startswith("end: saved")
+    # its size on disk, and the save's seconds from the trainer's own line
+    assert re.fullmatch(r"end: saved [0-9.]+ GiB in [0-9.]+ s", ufp4["checkpoint"])
     # the trainer accumulated 2 micro-batches of 2 x 64 tokens per step, and the row's
     # throughput and MFU count all of them
     assert [(r["global_batch"], r["tokens_per_step"]) for r in rows] == [(4, 256), (4, 256)]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -142,14 +143,17 @@ def _steady_values(rows: list[dict], key: str, skip: int) -> list[float]:
     return [r[key] for r in rows if r["step"] > skip and r.get(key) is not None]
 
 
-def _checkpoint(run_dir: Path, planned: str) -> str:
+def _checkpoint(run_dir: Path, planned: str, output: str = "") -> str:
+    """The checkpoint cell: what was planned, and for an end save its size on disk and the
+    seconds the trainer says it took (its `checkpoint: saved step N in S s` line)."""
     if planned != "end":
         return planned
     ckpt = run_dir / "checkpoints"
     if not (ckpt / "latest").exists():
         return "end: not written"
     size = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
-    return f"end: saved {size / 2**30:.1f} GiB"
+    took = re.findall(r"^checkpoint: saved step \d+ in ([0-9.]+) s$", output, re.MULTILINE)
+    return f"end: saved {size / 2**30:.1f} GiB" + (f" in {took[-1]} s" if took else "")
 
 
 def run_suite(out: Path, *, models=tuple(SHAPES), recipes=RECIPES, steps: int = 12,
@@ -234,7 +238,7 @@ def _one_run(model: str, recipe: str, rep: int, *, n_params: int, runs: Path, lo
                step_max_ms=max(steady) * 1e3 if steady else float("nan"),
                peak_mem_gib=max((m.get("mem_gib", float("nan")) for m in metrics),
                                 default=float("nan")),
-               checkpoint=_checkpoint(run["run_dir"], plan), wall_s=run["wall_s"],
+               checkpoint=_checkpoint(run["run_dir"], plan, run["tail"]), wall_s=run["wall_s"],
                final_loss=metrics[-1]["loss"] if metrics else None,
                tokens_per_step=metrics[0].get("tokens") if metrics else None)  # as trained
     if run["rc"] != 0:

@@ -125,7 +125,11 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
         stopping = stop.requested()
         if stopping or (cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or (
                 step == t.steps and cfg.checkpoint.save_at_end):
+            t_save = time.perf_counter()
             checkpoint.save(ckpt_dir, step, model, opt, extra, cfg.checkpoint.keep, runtime=rt)
+            if is_main:  # a save's cost is a user's question at scale (and the step table's)
+                print(f"checkpoint: saved step {step} in {time.perf_counter() - t_save:.1f} s",
+                      flush=True)
         if stopping:
             if is_main:
                 print(f"stop signal ({stop.describe()}): saved step {step} to {ckpt_dir}; "
