@@ -6,7 +6,8 @@
 # step table last. From the repo root:
 #   bash gpu/perf.sh
 #   PERF_BUDGET=480 PERF_MODELS=small,moe_7p9b PERF_RECIPES=bf16,ufp4 bash gpu/perf.sh
-#   PERF_PROFILES=none (or model:recipe,...) chooses the profiles; PERF_REPEATS=2 runs every
+#   PERF_PROFILES=none (or model:recipe,...) chooses the profiles, PERF_MODELS=none skips the
+#   step table (profiles only); PERF_REPEATS=2 runs every
 #   row twice, one pass after the other (the table then shows each run: the spread)
 #   PERF_MICRO_BATCHES=8: 8 micro-batches per optimizer step (gradient accumulation, as a
 #   user's global batch of many sequences has; default 1: the optimizer after every one)
@@ -45,16 +46,18 @@ if [[ ${PERF_TESTS:-1} != 0 ]]; then
   grep -A8 "attention fwd+bwd" "$OUT/tests.log"; tail -3 "$OUT/tests.log"
 fi
 
-# 2. the step table (leaves ~80 s for the profiles)
+# 2. the step table (leaves ~80 s for the profiles); PERF_MODELS=none skips it (profiles only)
 reserve=80; [[ ${PERF_PROFILES:-} == none ]] && reserve=0
-step_budget=$(( $(left) - reserve ))
-timeout $(( step_budget + 30 )) python3 -m ufp4_megatron.bench --suite step \
-  --models "${PERF_MODELS:-small,dense_1p5b,moe_7p9b,moe_124b}" \
-  --recipes "${PERF_RECIPES:-bf16,ufp4,e2m1,ufp4_int4,nvfp4}" \
-  --repeats "${PERF_REPEATS:-1}" --micro-batches "${PERF_MICRO_BATCHES:-1}" "${sets[@]}" \
-  --deadline "$step_budget" --json "$OUT/step.json" --out "$OUT/step.md" \
-  >> "$OUT/step.log" 2>&1
-echo "step suite rc=$? ($(( $(date +%s) - t0 )) s elapsed)"
+if [[ ${PERF_MODELS:-} != none ]]; then
+  step_budget=$(( $(left) - reserve ))
+  timeout $(( step_budget + 30 )) python3 -m ufp4_megatron.bench --suite step \
+    --models "${PERF_MODELS:-small,dense_1p5b,moe_7p9b,moe_124b}" \
+    --recipes "${PERF_RECIPES:-bf16,ufp4,e2m1,ufp4_int4,nvfp4}" \
+    --repeats "${PERF_REPEATS:-1}" --micro-batches "${PERF_MICRO_BATCHES:-1}" "${sets[@]}" \
+    --deadline "$step_budget" --json "$OUT/step.json" --out "$OUT/step.md" \
+    >> "$OUT/step.log" 2>&1
+  echo "step suite rc=$? ($(( $(date +%s) - t0 )) s elapsed)"
+fi
 
 # 3. where a step's time goes (one process per profile; each ~30-40 s); PERF_PROFILES=none
 #    skips them (the step budget then takes their 80 s)
@@ -71,7 +74,7 @@ for mr in ${profiles//,/ }; do
   else printf '### Profile %s: failed (rc=%s)\n%s\n%s\n%s\n' "$mr" "$rc" "$fence" \
          "$(tail -20 <<< "$out")" "$fence" >> "$OUT/profile.md"; fi
 done
-head -c 20000 "$OUT/profile.md"
+[[ -f $OUT/profile.md ]] && head -c 20000 "$OUT/profile.md"
 
 echo "total $(( $(date +%s) - t0 )) s"
-cat "$OUT/step.md" 2>/dev/null || tail -30 "$OUT/step.log"
+if [[ ${PERF_MODELS:-} != none ]]; then cat "$OUT/step.md" 2>/dev/null || tail -30 "$OUT/step.log"; fi
