@@ -32,8 +32,8 @@ hosts draw the same bits. `reference_fprop/dgrad/wgrad` run the same GEMMs one e
 time through `ops`, on each expert's padded segment with that seed: the twin every grouped
 result equals bit for bit on CPU. Operand dtypes follow ops: float16 with an RHT quantizes
 into float32 (a rotated block can exceed fp16's range) and the product is cast to float16
-once. E4M3 (NVFP4) operands keep a per-expert tensor scale, so they are quantized one expert
-at a time (correct, slower).
+once. E4M3 (NVFP4) operands keep a per-expert tensor scale: segments give each expert its
+own in the same one launch per operand (its amax in one read for all experts).
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ from .numerics.checks import check_int, check_seed
 from .numerics.hadamard import RHT, get_rht, rotated_dtype
 from .numerics.philox import mix_seed, mix_seeds
 from .numerics.quantize import padded_length
-from .numerics.segments import Segments
+from .numerics.segments import Segments, tensor_scale_segments_problem
 from .recipe import GEMMS, OPERANDS, GemmSpec, OperandSpec, Recipe, reduction_dim
 
 _GEMM_ID = {g: i for i, g in enumerate(GEMMS)}
@@ -263,7 +263,9 @@ def _operand(view: torch.Tensor, spec: OperandSpec | None, *, rht: RHT | None,
     its first row (column) (numerics/segments.py).
 
     E4M3 scales carry a tensor-level amax: that tensor is one expert's operand (as in a
-    per-expert GEMM), so each segment is quantized on its own."""
+    per-expert GEMM), so each segment takes its own (segments do that in one launch); only
+    where a 16x16 weight tile would span two experts (N not a multiple of 16) is each segment
+    quantized on its own call."""
     if spec is None:  # high precision, still rotated so the RHT cancels
         out = view.to(torch.float32)
         return (rht.rotate_fp32_lastdim(out) if rht is not None else out).to(dtype)
@@ -271,9 +273,12 @@ def _operand(view: torch.Tensor, spec: OperandSpec | None, *, rht: RHT | None,
     if sr and view.shape[1] > 0 and origin[1] % 4:
         raise ValueError(f"SR keys need a column origin that is a multiple of 4, got {origin}")
     kw = dict(rht=rht, origin=origin, out_dtype=dtype, backend=backend)
-    if spec.scale != "e4m3":
-        segments = (Segments(1 if along_columns else 0, starts, seeds)
-                    if sr and view.numel() else None)
+    e4m3 = spec.scale == "e4m3"
+    segments = (Segments(1 if along_columns else 0, starts, seeds)
+                if (sr or e4m3) and view.numel() else None)
+    if segments is None or not e4m3 or tensor_scale_segments_problem(
+            segments, block=spec.block, block_2d=spec.block_2d,
+            rht_size=rht.size if rht is not None else None) is None:
         return quantize_operand(view, spec, seed=0, segments=segments, **kw)
     parts = []
     ends = (*starts[1:], view.shape[1 if along_columns else 0])

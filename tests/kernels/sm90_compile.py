@@ -130,6 +130,21 @@ CASES = {
         "_tensor_amax_kernel", 1, lambda s: s.ops.dgrad(s.dy, s.w, s.nvfp4, **s.kw)),
     "amax nvfp4 wgrad dy col rht16": (
         "_tensor_amax_kernel", 0, lambda s: s.ops.wgrad(s.dy, s.x, s.nvfp4, **s.kw)),
+    # nvfp4's grouped experts: a tensor scale per expert (segments, SCALE 1 with SEG): the
+    # amax per view row (x, row segments) and per block column (w^T in dgrad, dy^T in wgrad),
+    # and the QDQ kernels reading each block's segment scale
+    "amax nvfp4 grouped fprop x per row": (
+        "_tensor_amax_kernel", 0, lambda s: s.grouped.fprop(s.x, s.w3, s.groups, s.nvfp4, **s.kw)),
+    "row16 nvfp4 grouped fprop x e4m3 segments": (
+        "_row16_kernel", 1, lambda s: s.grouped.fprop(s.x, s.w3, s.groups, s.nvfp4, **s.kw)),
+    "generic nvfp4 grouped fprop w 2d e4m3 segments": (
+        "_qdq_kernel", 3, lambda s: s.grouped.fprop(s.x, s.w3, s.groups, s.nvfp4, **s.kw)),
+    "amax nvfp4 grouped dgrad w col 2d per block column": (
+        "_tensor_amax_kernel", 2, lambda s: s.grouped.dgrad(s.dy, s.w3, s.groups, s.nvfp4, **s.kw)),
+    "generic nvfp4 grouped dgrad w col 2d e4m3 segments": (
+        "_qdq_kernel", 3, lambda s: s.grouped.dgrad(s.dy, s.w3, s.groups, s.nvfp4, **s.kw)),
+    "col16 nvfp4 grouped wgrad dy sr e4m3 segments": (
+        "_col16_kernel", 1, lambda s: s.grouped.wgrad(s.dy, s.x, s.groups, s.nvfp4, **s.kw)),
     # the failure class, compiled the same way: must raise
     BROKEN: ("broken_kernel", 0, lambda s: broken_kernel[(1,)](torch.zeros(4, dtype=torch.int32))),
 }

@@ -21,6 +21,12 @@ pass (sm90_compile.py intercepts the launch), one representative setting per fam
 | amax nvfp4 fprop x row                   | _tensor_amax_kernel | 1x16, row                    |
 | amax nvfp4 dgrad w col 2d                | _tensor_amax_kernel | 16x16 tiles, col             |
 | amax nvfp4 wgrad dy col rht16            | _tensor_amax_kernel | 1x16, RHT16, col             |
+| amax nvfp4 grouped fprop x per row       | _tensor_amax_kernel | 1x16, row, a max per view row (row segments) |
+| row16 nvfp4 grouped fprop x e4m3 segments | _row16_kernel  | e2m1, e4m3 per expert, row segments |
+| generic nvfp4 grouped fprop w 2d e4m3 segments | _qdq_kernel | 16x16, e4m3 per expert, row segments |
+| amax nvfp4 grouped dgrad w col 2d per block column | _tensor_amax_kernel | 16x16, col, a max per block column |
+| generic nvfp4 grouped dgrad w col 2d e4m3 segments | _qdq_kernel | 16x16, e4m3 per expert, column segments |
+| col16 nvfp4 grouped wgrad dy sr e4m3 segments | _col16_kernel | e2m1, SR, RHT16, e4m3 per expert, column segments |
 
 Each compiled kernel also keeps its tile spread over the threads: no layout of its TTGIR
 holds more than 32 values per thread (a 16x128 tile over 4 warps is 16 each). The 2D-block

@@ -17,6 +17,9 @@ Runs in Triton's CPU interpreter without a GPU (conftest.py), on CUDA where ther
 | segment_kernels_match_reference               | segment-keyed SR, row and column segments x row16, col16, generic (block 32, RHT32), pair launches vs numerics.quantize_view(segments=) | interpreter / CUDA |
 | kernels_refuse_segments_off_16                | strict names it; auto falls back to the reference | interpreter / CUDA |
 | grouped_kernel_path_matches_per_expert_twin   | ufp4 (16-tensor kernels, SR on dY / on every operand, bf16 and fp16), e2m1, nvfp4 (e4m3 per expert, 2D weight tiles), mxfp4 (block 32, generic kernel) | interpreter / CUDA |
+| e4m3_segments_match_reference                 | nvfp4's per-expert tensor scales in one launch (row, col x 1x16, 16x16 tiles, RHT16, SR) vs numerics.quantize_view(segments=) | interpreter / CUDA |
+| grouped_e4m3_launches_do_not_grow_with_experts | nvfp4 grouped fprop/dgrad/wgrad: the same launches for 2 experts as for 6 | interpreter / CUDA |
+| grouped_e4m3_tiles_over_two_experts_fall_back | N = 24: a 16x16 weight tile would span two experts; per-expert calls, equal to the twin | interpreter / CUDA |
 | gpu_grouped_mm_matches_loop                   | bf16, ufp4: torch._grouped_mm (CUTLASS) vs cuBLAS per expert, fp32 accumulation order only | CUDA, bf16 |
 | gpu_grouped_sr_is_per_expert                  | ufp4 SR (dY, every operand) at 1792x2048 experts: segment-keyed operands == reference, grouped == twin bitwise; an expert's dX rows and dW unchanged (bitwise; within bf16 ulps through torch._grouped_mm) when other experts' token counts change or experts split over two calls | CUDA |
 """
@@ -91,6 +94,62 @@ def test_kernels_refuse_segments_off_16():
         kernels.quantize_view(x, "e1m2", **kw)
     assert torch.equal(dispatch(x, "e1m2", **kw), reference(x, "e1m2", **kw))  # auto: reference
     assert kernels.supports(x, "e1m2", **dict(kw, rounding="rtne"))  # RTNE ignores segments
+
+
+@pytest.mark.parametrize("axis", (0, 1))
+@pytest.mark.parametrize("layout,kw", [("row", {}), ("col", dict(rht=RHT(16, 1))),
+                                       ("row", dict(block_2d=True)),
+                                       ("col", dict(block_2d=True)),
+                                       ("col", dict(rht=RHT(16, 1), rounding="sr"))])
+def test_e4m3_segments_match_reference(layout, kw, axis):
+    g = torch.Generator().manual_seed(3 + axis)
+    x = torch.randn(64, 64, generator=g).bfloat16()
+    x[16:] *= 40  # the experts' ranges differ: each needs its own tensor scale
+    x[20, 20] = float("nan")  # a NaN block of one expert: its block alone
+    x = x.to(DEVICE)
+    view = x if layout == "row" else x.t().contiguous().t()
+    args = dict(scale="e4m3", segments=Segments(axis, STARTS, SEEDS), origin=(0, 8), **kw)
+    got, want = kernels.quantize_view(view, "e2m1", **args), reference(view, "e2m1", **args)
+    assert_bitwise(got, want, f"{layout} {kw} axis {axis}")
+    assert not torch.equal(want.nan_to_num(), reference(view, "e2m1", **dict(
+        args, segments=None)).nan_to_num())  # a segment's scale is not the view's
+
+
+def _launches(monkeypatch):
+    from ufp4_megatron.kernels import dispatch
+    names, real = [], dispatch.launch
+    monkeypatch.setattr(dispatch, "launch", lambda kernel, grid, *a, **kw: (
+        names.append(getattr(kernel, "__name__", getattr(getattr(kernel, "fn", None),
+                                                          "__name__", "?"))),
+        real(kernel, grid, *a, **kw))[1])
+    return names
+
+
+def test_grouped_e4m3_launches_do_not_grow_with_experts(monkeypatch):
+    """NVFP4's experts share each operand's launches (2026-12-02: one expert at a time made
+    its MoE step 4.5-5.7x BF16's on the H200, docs/performance.md run 5)."""
+    names = _launches(monkeypatch)
+    r = get_recipe("nvfp4")
+    seen = {}
+    for counts in ((7, 33), (0, 7, 33, 5, 16, 1)):
+        x, w, dy = _data(counts, len(counts), 32, 32, seed=1)
+        g = G.ExpertGroups(counts, G.token_alignment(r))
+        x, dy = g.pad(x), g.pad(dy)
+        names.clear()
+        for fn, args in ((G.fprop, (x, w)), (G.dgrad, (dy, w)), (G.wgrad, (dy, x))):
+            fn(*args, g, r, seed=5, backend="triton", gemm_backend="loop")
+        seen[len(counts)] = list(names)
+    assert seen[2] == seen[6] and len(seen[2]) == 12, seen  # amax + QDQ per operand
+
+
+def test_grouped_e4m3_tiles_over_two_experts_fall_back():
+    counts, n, k = (7, 33), 24, 32  # w [2 x 24, 32]: a 16x16 tile would span two experts
+    r = get_recipe("nvfp4")
+    x, w, dy = _data(counts, len(counts), n, k, seed=2)
+    g = G.ExpertGroups(counts, G.token_alignment(r))
+    x = g.pad(x)
+    got = G.fprop(x, w, g, r, seed=3, backend="triton", gemm_backend="loop")
+    assert torch.equal(got, G.reference_fprop(x, w, g, r, seed=3, backend="triton"))
 
 
 @pytest.mark.parametrize("name,overrides,dtype", [

@@ -7,7 +7,12 @@ Contracts:
 - test_quantize_view_with_segments_equals_quantizing_each_segment: one quantize_view over all
   segments equals the concatenation of one call per segment (SR, RHT16/32, blocks 16/32,
   keep_padding), and differs from one seed for the whole view (segments matter);
-- test_segments_change_nothing_under_rtne;
+- test_segments_change_nothing_under_rtne (fp32 scales);
+- test_e4m3_segments_take_each_segments_tensor_scale: under e4m3 scales (NVFP4) each segment
+  takes its own tensor amax, so one call equals one call per segment, RTNE and SR, rows and
+  columns, 1x16 blocks and 16x16 tiles, RHT16, a padded last tile, an empty segment, and a
+  NaN block that stays in its own block; and differs from one tensor amax for the view;
+- test_e4m3_segments_that_straddle_a_block_are_refused (one line naming the unit);
 - test_bad_segments_say_what_to_pass.
 """
 import pytest
@@ -76,3 +81,43 @@ def test_segments_change_nothing_under_rtne():
 def test_bad_segments_say_what_to_pass(args, match):
     with pytest.raises(ValueError, match=match):
         Segments(*args)
+
+
+E4M3_CASES = [  # (axis, options): NVFP4's operands (1x16 activations, 16x16 weight tiles)
+    (0, dict()), (0, dict(block_2d=True)), (0, dict(rounding="sr", origin=(5, 4))),
+    (1, dict(rht=RHT(16, 1))), (1, dict(rht=RHT(16, 1), rounding="sr", origin=(0, 8))),
+    (1, dict(block_2d=True)), (0, dict(rht=RHT(16, 1), keep_padding=True))]
+
+
+@pytest.mark.parametrize("axis,kw", E4M3_CASES)
+def test_e4m3_segments_take_each_segments_tensor_scale(axis, kw):
+    g = torch.Generator().manual_seed(7 + axis)
+    x = torch.randn(64, 64, generator=g).bfloat16()
+    x[16:] *= 40  # segments of different ranges: one tensor amax would shrink the small one
+    if axis == 1:
+        x = x.t().contiguous()
+    if kw.get("block_2d") and axis == 0:
+        x = x[:56]  # the last 16-row tile padded
+    x[20, 3 if axis == 0 else 20] = float("nan")  # one NaN block, in segment 2
+    args = dict(grid="e1m2", scale="e4m3", **kw)
+    segments = Segments(axis, STARTS, SEEDS)
+    got = quantize_view(x, segments=segments, **args)
+    parts = [quantize_view(p, seed=s, **args) for p, s in zip(_split(x, STARTS, axis), SEEDS)]
+    assert torch.equal(got.isnan(), torch.cat(parts, dim=axis).isnan())
+    assert torch.equal(got.nan_to_num(), torch.cat(parts, dim=axis).nan_to_num())
+    assert got.isnan().sum() in (16, 256)  # the NaN's block (or tile) alone
+    whole = quantize_view(x, seed=SEEDS[0], **args)
+    assert not torch.equal(got.nan_to_num(), whole.nan_to_num())
+
+
+@pytest.mark.parametrize("axis,starts,kw,unit", [
+    (0, (0, 8), dict(block_2d=True), 16),  # a 16x16 tile over two experts' rows
+    (1, (0, 8), dict(), 16),  # a block along the quantized dim over two segments
+    (1, (0, 16), dict(rht=RHT(32, 0)), 32)])  # an RHT32 group over two segments
+def test_e4m3_segments_that_straddle_a_block_are_refused(axis, starts, kw, unit):
+    x = torch.randn(64, 64)
+    with pytest.raises(ValueError, match=f"e4m3 tensor scales .* multiples of {unit}"):
+        quantize_view(x, "e1m2", scale="e4m3", segments=Segments(axis, starts, (1, 2)), **kw)
+    # one tensor amax for the whole view, or fp32 scales: nothing to straddle
+    quantize_view(x, "e1m2", scale="e4m3", tensor_amax=torch.tensor(3.0),
+                  segments=Segments(axis, starts, (1, 2)), **kw)

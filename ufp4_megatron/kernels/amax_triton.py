@@ -7,7 +7,9 @@ source. The reference computes it with about a dozen torch ops and several full 
 in the generic QDQ kernel's tiles and layouts (quantize_triton.py), with the same RHT and
 block amax (hadamard_triton.rht_rows, scaling_triton.block_amax), and writes one maximum per
 program; the host takes the max of those. Max is exact in any order, so the result is the
-reference's bit for bit. A block holding NaN or Inf has a non-finite amax and is left out,
+reference's bit for bit. With segments (numerics/segments.py: the experts of a grouped GEMM,
+each with its own tensor scale) it writes one maximum per view row or per block column
+instead, which the host reduces per segment (dispatch.py). A block holding NaN or Inf has a non-finite amax and is left out,
 as in the reference's finite_tensor_amax; none finite gives 0.
 """
 import triton
@@ -21,24 +23,49 @@ from .scaling_triton import block_amax
 @triton.jit
 def _tile_finite_amax(x, sign_ptr, norm, BR: tl.constexpr, BC: tl.constexpr, B: tl.constexpr,
                       BLOCK_2D: tl.constexpr, LOG_H: tl.constexpr):
-    """The largest finite block amax of the [BR, BC] fp32 tile x, blocks along axis 1."""
+    """The finite block amax of the [BR, BC] fp32 tile x, blocks along axis 1:
+    [BR, BC // B], 0 for a block holding NaN or Inf."""
     if LOG_H > 0:
         signs = tl.load(sign_ptr + tl.arange(0, BC) % (1 << LOG_H))[None, :]
         x = rht_rows(x, signs, norm, BR, BC, LOG_H)
     amax = block_amax(x, BR, BC, B, BLOCK_2D)
     finite = tl.abs(amax) < float("inf")  # false for NaN too
-    return tl.max(tl.where(finite, amax, 0.0))
+    return tl.where(finite, amax, 0.0)
+
+
+@triton.jit
+def _store_max(out_ptr, m, v0, vc0, BR: tl.constexpr, NB: tl.constexpr, n_rows, n_bcols,
+               KEEP: tl.constexpr):
+    """Stores the maxima of the [BR, NB] finite block amax m of the tile whose first view row
+    is v0 and first block column vc0: one (KEEP 0, at the program's index), one per view row
+    (KEEP 1: out[vc0 // NB, v0 + i], n_rows a row) or one per block column (KEEP 2:
+    out[v0 // BR, vc0 + j], n_bcols a row), for segments of rows or of columns."""
+    if KEEP == 0:
+        tl.store(out_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), tl.max(m))
+    elif KEEP == 1:
+        rows = v0 + tl.arange(0, BR)
+        tl.store(out_ptr + (vc0 // NB) * n_rows + rows, tl.max(m, axis=1))
+    else:
+        bcols = vc0 + tl.arange(0, NB)
+        tl.store(out_ptr + (v0 // BR) * n_bcols + bcols, tl.max(m, axis=0))
 
 
 @triton.jit
 def _tensor_amax_kernel(x_ptr, stride_a, A, B, sign_ptr, norm, out_ptr,
                         BA: tl.constexpr, BB: tl.constexpr, COL: tl.constexpr,
-                        BLOCK: tl.constexpr, BLOCK_2D: tl.constexpr, LOG_H: tl.constexpr):
-    """One BA x BB tile of a row-major [A, B] tensor, quantized along B (COL false) or A;
-    out[program] = the tile's largest finite block amax (padding loads as zeros)."""
+                        BLOCK: tl.constexpr, BLOCK_2D: tl.constexpr, LOG_H: tl.constexpr,
+                        KEEP: tl.constexpr = 0):
+    """One BA x BB tile of a row-major [A, B] tensor, quantized along B (COL false) or A:
+    the tile's largest finite block amax (padding loads as zeros), per program (KEEP 0), per
+    view row (KEEP 1) or per view block column (KEEP 2; _store_max). The view is the tensor
+    (COL false: view rows along A) or its transpose (COL: view rows along B)."""
     x = load_tile(x_ptr, stride_a, A, B, BA, BB)[0]
+    p0, p1 = tl.program_id(0), tl.program_id(1)
     if COL:
         m = _tile_finite_amax(tl.trans(x), sign_ptr, norm, BB, BA, BLOCK, BLOCK_2D, LOG_H)
+        _store_max(out_ptr, m, p1 * BB, p0 * (BA // BLOCK), BB, BA // BLOCK,
+                   tl.num_programs(1) * BB, tl.num_programs(0) * (BA // BLOCK), KEEP)
     else:
         m = _tile_finite_amax(x, sign_ptr, norm, BA, BB, BLOCK, BLOCK_2D, LOG_H)
-    tl.store(out_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), m)
+        _store_max(out_ptr, m, p0 * BA, p1 * (BB // BLOCK), BA, BB // BLOCK,
+                   tl.num_programs(0) * BA, tl.num_programs(1) * (BB // BLOCK), KEEP)

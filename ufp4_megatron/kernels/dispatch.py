@@ -19,7 +19,9 @@ amax_triton.py, bit for bit the reference's).
 Segment-keyed SR (`segments=`, numerics/segments.py: one seed and origin per row or column
 range, the experts of a grouped GEMM) passes three small device tables per layout
 (segments_triton.py); their static parts are cached by segment starts, the seeds are copied
-per call. Without SR the segments change nothing and are not passed.
+per call. Under e4m3 scales each segment also gets its own tensor scale (its amax in one
+read for all segments, `_segment_tensor_amax`), the kernels reading it through the same
+tables. Without SR or e4m3 the segments change nothing and are not passed.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from ..numerics.hadamard import RHT
 from ..numerics.quantize import output_dtype, padded_length
 from ..numerics.rounding import midpoints, minifloat_mantissa, uniform_step
 from ..numerics.scaling import E4M3_MAX
-from ..numerics.segments import Segments
+from ..numerics.segments import Segments, tensor_scale_segments_problem
 from . import quantize16_triton as k16
 from .amax_triton import _tensor_amax_kernel
 from .launch import launch
@@ -86,7 +88,8 @@ class _Layout(NamedTuple):
     length: int
     other: int
     out_len: int
-    seg: int  # SR keys: 0 one seed for the view, 1 per row segment, 2 per column segment
+    seg: int  # SR keys and e4m3 tensor scales: 0 one for the view, 1 per row segment, 2 per
+    #           column segment
 
 
 _PLANS: dict = {}
@@ -169,7 +172,8 @@ def _is_int(v) -> bool:
     return type(v) is int or (isinstance(v, numbers.Integral) and not isinstance(v, bool))
 
 
-def _call_reason(x, rounding, seed, origin, segments=None) -> str | None:
+def _call_reason(x, rounding, seed, origin, segments=None, scale="fp32", block=16,
+                 block_2d=False, rht=None, tensor_amax=None) -> str | None:
     """What the kernels refuse in a call's own arguments (shape, seed, origin, segments)."""
     if x.dim() != 2:
         return f"a {x.dim()}-D view (kernels take 2D views)"
@@ -185,9 +189,13 @@ def _call_reason(x, rounding, seed, origin, segments=None) -> str | None:
     if segments is not None:
         if not isinstance(segments, Segments):
             return f"segments={segments!r} (pass numerics.segments.Segments)"
-        if rounding == "sr" and any(s % 16 for s in segments.starts):
-            return (f"SR segments starting at {segments.starts} (the kernels' tables hold one "
-                    "entry per 16 positions: starts must be multiples of 16)")
+        keyed = "SR" if rounding == "sr" else "e4m3" if scale == "e4m3" else None
+        if keyed and any(s % 16 for s in segments.starts):
+            return (f"{keyed} segments starting at {segments.starts} (the kernels' tables hold "
+                    "one entry per 16 positions: starts must be multiples of 16)")
+        if scale == "e4m3" and tensor_amax is None:  # the reference refuses these too
+            return tensor_scale_segments_problem(segments, block=block, block_2d=block_2d,
+                                                 rht_size=rht.size if rht is not None else None)
     return None
 
 
@@ -206,7 +214,8 @@ def unsupported(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool = Fals
                  out_dtype)
     if isinstance(plan, str):
         return plan
-    return _call_reason(x, rounding, seed, origin, segments)
+    return _call_reason(x, rounding, seed, origin, segments, scale, block, block_2d, rht,
+                        tensor_amax)
 
 
 def supports(x: torch.Tensor, grid, **kw) -> bool:
@@ -228,8 +237,8 @@ def _layout(view: torch.Tensor, grid, block=16, block_2d=False, scale="fp32", ro
     them (strict) or None (the caller runs the reference)."""
     plan = _plan(view.dtype, view.device, grid, block, block_2d, scale, rounding, rht,
                  keep_padding, out_dtype)
-    reason = plan if isinstance(plan, str) else _call_reason(view, rounding, seed, origin,
-                                                             segments)
+    reason = plan if isinstance(plan, str) else _call_reason(
+        view, rounding, seed, origin, segments, scale, block, block_2d, rht, tensor_amax)
     if reason is not None:
         if not strict:
             return None
@@ -239,14 +248,19 @@ def _layout(view: torch.Tensor, grid, block=16, block_2d=False, scale="fp32", ro
     R, C = view.shape
     length = -(-C // plan.unit) * plan.unit
     other = -(-R // block) * block if block_2d else R
+    # segments key SR, and e4m3's tensor scale (one per segment); otherwise they change nothing
+    keyed = segments is not None and (rounding == "sr" or plan.g_top is not None)
+    seg = 1 + segments.axis if keyed else 0
+    tables = (_segment_tables(segments, other if seg == 1 else length, view.device) if seg
+              else (plan.lv, 1, plan.lv, plan.lv))  # unused without segments
     st = plan.lv
     if plan.g_top is not None:  # the e4m3 tensor scale, its amax in one pass of a kernel
         if tensor_amax is None:
-            tensor_amax = _tensor_amax(view, plan, length, other)
-        st = (tensor_amax.to(torch.float32) / (E4M3_MAX * plan.g_top)).reshape(1)
-    seg = 0 if segments is None or rounding != "sr" else 1 + segments.axis
-    tables = (_segment_tables(segments, other if seg == 1 else length, view.device) if seg
-              else (plan.lv, 1, plan.lv, plan.lv))  # unused without segments
+            tensor_amax = (_segment_tensor_amax(view, plan, length, other, segments, tables)
+                           if seg else _tensor_amax(view, plan, length, other))
+        st = (tensor_amax.to(torch.float32) / (E4M3_MAX * plan.g_top)).reshape(-1)
+        if seg and st.numel() == 1:  # one tensor amax given for every segment
+            st = st.expand(len(segments.starts)).contiguous()
     args = (plan.lv, plan.mid, st, plan.sign, *plan.scalars, int(seed), int(origin[0]),
             int(origin[1]), *tables)
     return _Layout(plan, args, length, other, length if keep_padding else C, seg)
@@ -364,6 +378,41 @@ def _tensor_amax(view: torch.Tensor, plan: _Plan, length: int, other: int) -> to
            plan.scalars[0], per_program, BA=ba, BB=bb, COL=along_rows, BLOCK=plan.block,
            BLOCK_2D=plan.block_2d, LOG_H=plan.consts["LOG_H"], num_warps=warps)
     return per_program.amax()
+
+
+_SEGMENT_POSITIONS: dict = {}
+
+
+def _segment_tensor_amax(view: torch.Tensor, plan: _Plan, length: int, other: int,
+                         segments: Segments, tables) -> torch.Tensor:
+    """e4m3's tensor amax of each segment of a view (numerics.segments.segment_tensor_amax,
+    bit for bit): one read by amax_triton.py keeping a maximum per view row (row segments)
+    or per block column (column segments), then one max per segment (a scatter): a few
+    launches whatever the number of segments. Device fp32 [segments]."""
+    t, along_rows = _orient(view)
+    ba, bb, warps, grid = _generic_grid(t.shape, plan, length, other, along_rows)
+    # the view's extent the programs cover: (programs, tile) along its rows and its columns
+    (n_r, tile_r), (n_c, tile_c) = (((grid[1], bb), (grid[0], ba)) if along_rows
+                                    else ((grid[0], ba), (grid[1], bb)))
+    keep = 1 + segments.axis
+    n_pos, n_other = ((n_r * tile_r, n_c) if keep == 1
+                      else (n_c * tile_c // plan.block, n_r))
+    partial = torch.empty(n_other * n_pos, dtype=torch.float32, device=t.device)
+    launch(_tensor_amax_kernel, grid, t, t.stride(0), t.shape[0], t.shape[1], plan.sign,
+           plan.scalars[0], partial, BA=ba, BB=bb, COL=along_rows, BLOCK=plan.block,
+           BLOCK_2D=plan.block_2d, LOG_H=plan.consts["LOG_H"], KEEP=keep, num_warps=warps)
+    per_position = partial.view(n_other, n_pos).amax(0)
+    idx16, n16 = tables[0], tables[1]
+    key = (segments.starts, n_pos, keep, plan.block, str(t.device))
+    owner = _SEGMENT_POSITIONS.get(key)
+    if owner is None:  # the segment of each row / block column: the layout's, cached
+        if len(_SEGMENT_POSITIONS) > 256:
+            _SEGMENT_POSITIONS.clear()
+        step = 1 if keep == 1 else plan.block  # block column k starts at view column k B
+        at = torch.arange(n_pos, device=t.device) * step // 16
+        owner = _SEGMENT_POSITIONS[key] = idx16[at.clamp(max=n16 - 1)].to(torch.int64)
+    seg = torch.zeros(len(segments.starts), dtype=torch.float32, device=t.device)
+    return seg.scatter_reduce_(0, owner, per_position, "amax")
 
 
 def quantize_view(x: torch.Tensor, grid, *, tiles=None, strict: bool = True,

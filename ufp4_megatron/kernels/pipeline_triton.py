@@ -24,7 +24,8 @@ from .scaling_triton import block_scale
 def block_scales(amax, g, st_ptr, SCALE: tl.constexpr):
     """Per block: the dequantization scale for grid top g (per block or scalar), NaN for a
     block whose scale is not finite (a NaN or Inf element: the whole block comes out NaN).
-    st_ptr: the e4m3 tensor-level scale (read for SCALE == 1 only)."""
+    st_ptr: the e4m3 tensor-level scale (read for SCALE == 1 only): one pointer, or one per
+    block (broadcastable to amax) where segments carry their own."""
     s_t = 0.0
     if SCALE == 1:
         s_t = tl.load(st_ptr)

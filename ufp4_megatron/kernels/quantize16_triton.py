@@ -29,7 +29,8 @@ def _qdq16(xs, c4, r, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg,
            EXACT_DIV: tl.constexpr):
     """QDQ of one block held as a 16-tuple of same-shaped fp32 tensors (element j of every
     block in xs[j]). c4: global view column of element 0, over 4 (Philox counter 0 of
-    elements 0..3); r: global view row. Returns the 16 dequantized fp32 tensors."""
+    elements 0..3); r: global view row; st_ptr: the e4m3 tensor scale, a pointer per block
+    where segments have their own. Returns the 16 dequantized fp32 tensors."""
     if RHT:
         xs = rht16(xs, sign_ptr, norm)
     amax, negative_led = block_amax16(xs, ASYM)
@@ -84,8 +85,8 @@ def _col16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
         a = g * 16 + j
         x = tl.load(x_ptr + a.to(tl.int64) * stride_a + b, mask=(a < A) & (b < B), other=0.0)
         xs = xs + (x.to(tl.float32),)
-    sd, vr, vc = segment_keys(seed, b, g * 16, sg_idx, sg_n16, sg_seed, sg_start, SEG)
-    ys = _qdq16(xs, (vc + org1) >> 2, vr + org0, sd, lv_ptr, mid_ptr, st_ptr, sign_ptr,
+    sd, vr, vc, i = segment_keys(seed, b, g * 16, sg_idx, sg_n16, sg_seed, sg_start, SEG)
+    ys = _qdq16(xs, (vc + org1) >> 2, vr + org0, sd, lv_ptr, mid_ptr, st_ptr + i, sign_ptr,
                 norm, gmax, gneg, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV)
     for j in tl.static_range(16):
         a = g * 16 + j
@@ -153,8 +154,8 @@ def _row16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
     xs = _split8(lo, BR, BG) + _split8(hi, BR, BG)
     g2 = tl.reshape(g, (1, BG))
     r2 = tl.reshape(r, (BR, 1))
-    sd, vr, vc = segment_keys(seed, r2, g2 * 16, sg_idx, sg_n16, sg_seed, sg_start, SEG)
-    ys = _qdq16(xs, (vc + org1) >> 2, vr + org0, sd, lv_ptr, mid_ptr, st_ptr, sign_ptr,
+    sd, vr, vc, i = segment_keys(seed, r2, g2 * 16, sg_idx, sg_n16, sg_seed, sg_start, SEG)
+    ys = _qdq16(xs, (vc + org1) >> 2, vr + org0, sd, lv_ptr, mid_ptr, st_ptr + i, sign_ptr,
                 norm, gmax, gneg, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV)
     out = out_ptr + r.to(tl.int64) * out_len
     tl.store(out + c_lo, cast_out(_join8(ys, 0, BR, BG), out_ptr, INTERP),

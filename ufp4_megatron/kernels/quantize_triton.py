@@ -20,7 +20,7 @@ from .hadamard_triton import rht_rows
 from .philox_triton import tile_uniforms
 from .pipeline_triton import block_scales, clip_round_dequantize
 from .scaling_triton import block_amax, block_negative_extreme, expand
-from .segments_triton import segment_keys
+from .segments_triton import segment_index, segment_keys
 
 
 @triton.jit
@@ -42,7 +42,11 @@ def _qdq_tile(x, r, c_start, r_org, c_org, seed, lv_ptr, mid_ptr, st_ptr, sign_p
     g = gmax
     if ASYM:  # two's complement: a block led by a negative value may reach -gneg
         g = tl.where(block_negative_extreme(x, BR, BC, B, BLOCK_2D), gneg, gmax)
-    sb = block_scales(amax, g, st_ptr, SCALE)
+    st = st_ptr
+    if SCALE == 1 and SEG > 0:  # e4m3: the tensor scale of each block's segment
+        st = st_ptr + segment_index(r, c_start + B * tl.arange(0, BC // B)[None, :], sg_idx,
+                                    sg_n16, SEG)
+    sb = block_scales(amax, g, st, SCALE)
     s = expand(sb, BR, BC, B)
     a = tl.abs(x)
     if EXACT_DIV:
@@ -59,7 +63,7 @@ def _qdq_tile(x, r, c_start, r_org, c_org, seed, lv_ptr, mid_ptr, st_ptr, sign_p
     u = v  # SR only
     if SR:
         c = c_start + 4 * tl.arange(0, BC // 4)[None, :]  # local view column of each word
-        sd, vr, vc = segment_keys(seed, r, c, sg_idx, sg_n16, sg_seed, sg_start, SEG)
+        sd, vr, vc, _ = segment_keys(seed, r, c, sg_idx, sg_n16, sg_seed, sg_start, SEG)
         u = tile_uniforms(sd, vr + r_org, (vc + c_org) // 4, BR, BC)
     return clip_round_dequantize(x, v, u, s, lv_ptr, mid_ptr, gmax, gneg, SR, NLEV, ASYM, D,
                                  INV_D, FP_M)

@@ -14,7 +14,8 @@ from .hadamard import RHT, rotated_dtype
 from .philox import position_bits, uniform24
 from .rounding import round_rtne, round_stochastic
 from .scaling import block_amax, block_scale, finite_tensor_amax, lcm_length
-from .segments import Segments, segment_bits
+from .segments import (Segments, segment_bits, segment_tensor_amax,
+                       tensor_scale_segments_problem)
 
 
 @dataclass
@@ -69,8 +70,10 @@ def quantize_view(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool = Fa
                   out_dtype: torch.dtype | None = None,
                   segments: Segments | None = None) -> torch.Tensor:
     """Dequantized [R, C] (or [R, Cp] with keep_padding), in `output_dtype(x.dtype, rht,
-    out_dtype)`: out_dtype, else x.dtype (float32 for rotated float16). segments: SR keys
-    per row or column range (segments.py) instead of one seed for the whole view."""
+    out_dtype)`: out_dtype, else x.dtype (float32 for rotated float16). segments: row or
+    column ranges quantized as tensors of their own (segments.py): SR keys per range instead
+    of one seed for the whole view, and under e4m3 scales a tensor amax per range (unless
+    tensor_amax is given)."""
     q = quantize_view_full(x, grid, block=block, block_2d=block_2d, scale=scale,
                            rounding=rounding, rht=rht, seed=seed, origin=origin,
                            tensor_amax=tensor_amax, segments=segments)
@@ -91,6 +94,12 @@ def quantize_view_full(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool
     Rp, Cp = xf.shape
 
     amax = block_amax(xf, block, block_2d)  # [Rp, Cp // B]
+    if scale == "e4m3" and segments is not None and tensor_amax is None:
+        problem = tensor_scale_segments_problem(segments, block=block, block_2d=block_2d,
+                                                rht_size=rht.size if rht is not None else None)
+        if problem is not None:
+            raise ValueError(f"cannot quantize {problem}")
+        tensor_amax = segment_tensor_amax(amax, segments, block)
     levels = g.levels_tensor(x.device)
     if g.neg_extra is not None:  # two's complement: a negative amax element may reach -g_neg
         signed_max = _block_signed_extreme(xf, block, block_2d)

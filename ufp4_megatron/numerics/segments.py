@@ -16,9 +16,15 @@ empty segments (experts without tokens). Quantizing a view with segments therefo
 quantizing each segment on its own with its seed and the same origin, when blocks along the
 quantized dim do not cross segments (a test checks it). Column starts must be multiples of 4
 (one Philox call serves 4 neighbouring columns).
+
+E4M3 scales (NVFP4) carry a tensor-level amax; with segments each segment takes its own
+(`segment_tensor_amax`: the largest finite block amax of its blocks), as a tensor of its own
+would, whatever the rounding. That needs blocks (and 2D tiles, and RHT groups) that never
+straddle two segments: `tensor_scale_segments_problem` says when they would.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -90,3 +96,40 @@ def segment_bits(rows: int, cols: int, segments: Segments, origin: tuple[int, in
         C = C - start
     words = philox_rounds((C + c0) >> 2, R + r0, 0, 0, seed & _MASK32, (seed >> 32) & _MASK32)
     return torch.stack(torch.broadcast_tensors(*words), dim=-1).reshape(rows, groups * 4)[:, :cols]
+
+
+def tensor_scale_segments_problem(segments: Segments, *, block: int, block_2d: bool,
+                                  rht_size: int | None) -> str | None:
+    """Why per-segment e4m3 tensor scales cannot equal quantizing each segment on its own
+    (a block, 2D tile or RHT group would hold two segments' values), or None. Row segments
+    need starts at multiples of the block with 2D tiles; column segments (along the quantized
+    dim) at multiples of the block and RHT size."""
+    if segments.axis == 0:
+        unit = block if block_2d else 1
+    else:
+        unit = math.lcm(block, rht_size or 1)
+    if any(s % unit for s in segments.starts):
+        kind = "row" if segments.axis == 0 else "column"
+        return (f"{kind} segments starting at {segments.starts} with e4m3 tensor scales (a "
+                f"{'2D tile' if segments.axis == 0 else 'block or RHT group'} would span two "
+                f"segments: starts must be multiples of {unit})")
+    return None
+
+
+def segment_tensor_amax(amax: torch.Tensor, segments: Segments, block: int) -> torch.Tensor:
+    """E4M3's tensor amax per segment from the block amax [R, C // B] of a padded view:
+    the largest finite block amax of each segment (0 when it has none, as
+    scaling.finite_tensor_amax for a whole tensor), broadcastable to the block amax: [R, 1]
+    for row segments, [1, C // B] for column segments (block k starts at column k B)."""
+    R, nb = amax.shape
+    finite = torch.where(torch.isfinite(amax), amax, torch.zeros_like(amax))
+    if segments.axis == 0:
+        per = finite.amax(dim=1) if nb else finite.new_zeros(R)
+        pos = torch.arange(R, device=amax.device)
+    else:
+        per = finite.amax(dim=0) if R else finite.new_zeros(nb)
+        pos = torch.arange(nb, device=amax.device) * block
+    idx = segments.index(pos)
+    seg = finite.new_zeros(len(segments.starts)).scatter_reduce(0, idx, per, "amax")
+    out = seg[idx]
+    return out[:, None] if segments.axis == 0 else out[None, :]
