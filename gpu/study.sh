@@ -8,7 +8,8 @@
 #   1      main      bf16,e2m1,ufp4   1-8    12       the question first: as many seeds as fit
 #   2-3    main      all six          1-8    12       the main table; each round continues
 #   4-5    ablation  all ten          1-4    12       the paper's ablations (bf16/e2m1/ufp4 reused)
-#   6-9    depth     bf16,e2m1,ufp4   1-4    6        the gap against depth (L24: 4x L6's memory)
+#   6-9    depth     bf16,e2m1,ufp4   1-4    6        the gap against depth: L3, L12, L24 (L6 is
+#                                                     main's); AXIS=depth=L3,L12 first, then L24
 #   -      small     bf16,e2m1,ufp4   1-3    9        the main question at 125M (GRID=small only)
 #
 # GRID=main|ablation|depth|small with any round number trains that grid under that number (a study
@@ -26,6 +27,7 @@
 # over every complete run so far), mechanism.md (round 1: bf16, e2m1, ufp4 of seed 1; plots in
 # the archive) and roundN.md (what ran, the measured throughput; printed last).
 # Env: BUDGET seconds from start to the end of training (default 400), PER_DEVICE, SEEDS, ARMS,
+# AXIS (one grid axis's values, e.g. AXIS=depth=L3,L12: the runner's --axis),
 # GRID, PAUSE=1 (runs longer than one call: the budget pauses them, the next warm call goes
 # on; STOP_GRACE seconds for their checkpoint saves, default 60 with PAUSE=1, else 20).
 # After training: the mechanism (round 1, or a round whose seed-1 models are new) up to
@@ -174,11 +176,11 @@ while IFS= read -r a; do
 done < <(find "$ARCHIVES" -maxdepth 1 -name 'round*.tar.gz' 2>/dev/null | sort -V)
 
 LIMIT=$(( BUDGET - ($(date +%s) - T0) ))
-echo "round $ROUND: grid $GRID arms ${ARMS:-all} seeds $SEEDS, $PER_DEVICE per GPU, training stops in $LIMIT s"
+echo "round $ROUND: grid $GRID arms ${ARMS:-all} seeds $SEEDS${AXIS:+ axis $AXIS}, $PER_DEVICE per GPU, training stops in $LIMIT s"
 T_START=$(date +%s)
 extra=(); (( ${#data[@]} )) && extra=(-- "${data[@]}")
 python3 -m ufp4_megatron.study --out "$STUDY" --grid "$GRID" --seeds "$SEEDS" ${ARMS:+--arms "$ARMS"} \
-  --per-device "$PER_DEVICE" --time-limit "$LIMIT" "${pause[@]}" --stop-grace "$STOP_GRACE" --wandb-mode disabled \
+  ${AXIS:+--axis "$AXIS"} --per-device "$PER_DEVICE" --time-limit "$LIMIT" "${pause[@]}" --stop-grace "$STOP_GRACE" --wandb-mode disabled \
   --progress plain "${extra[@]}" 2>&1 | tee "$STUDY/runner-round$ROUND.log"
 T_TRAIN=$(date +%s)
 [[ -f $STUDY/study.json ]] || { echo "gpu_study: the runner wrote no study.json (see above)"; exit 1; }

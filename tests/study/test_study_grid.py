@@ -13,6 +13,7 @@ rules, packing slots and the child environment, and the one-line errors of bad i
     test_slots_share_cpus_and_alternate_gpus     round-robin CUDA_VISIBLE_DEVICES
     test_child_env_pins_threads_and_gpu
     test_cli_errors                              --resume without a study, no grid
+    test_axis_keeps_some_values_of_an_axis       --axis depth=L3,L12, and its errors
     test_lock_refuses_a_second_runner
     test_study11m_has_the_measured_shape         6 x 384, 10,916,736 parameters
 """
@@ -247,3 +248,31 @@ def test_study11m_has_the_measured_shape():
 
     m = load_config(["model=study11m"]).model
     assert (m.num_layers, m.hidden_size, count_params(m).total) == (6, 384, 10_916_736)
+
+
+def test_axis_keeps_some_values_of_an_axis(tmp_path, capsys):
+    """--axis depth=L12,L3: the depth grid's cheap depths first (in the grid's order), the
+    deepest in a later invocation; bad specs fail in one line naming what exists."""
+    out = str(tmp_path / "s")
+    assert study_main(["--out", out, "--grid", "depth", "--seeds", "2", "--axis",
+                       "depth=L12,L3", "--gpus", "none", "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "study study: 6 runs" in plan
+    for name in ("bf16-L3-s2", "ufp4-L3-s2", "e2m1-L12-s2"):
+        assert f"{name} [pending]" in plan
+    assert "L24" not in plan
+    assert plan.index("bf16-L3-s2") < plan.index("bf16-L12-s2")  # the grid's order
+    for spec, match in (("depth", "write NAME=VALUE"), ("=L3", "write NAME=VALUE"),
+                        ("depth=", "write NAME=VALUE"),
+                        ("width=L3", "no axis 'width' \\(its axes: depth\\)"),
+                        ("depth=L3,L5", "depth has no value 'L5' \\(its values: L3, L12, L24\\)")):
+        with pytest.raises(SystemExit, match=match):
+            study_main(["--out", out, "--grid", "depth", "--axis", spec, "--dry-run"])
+    with pytest.raises(SystemExit, match="no axis 'depth' \\(its axes: none\\)"):
+        study_main(["--out", out, "--grid", "main", "--axis", "depth=L3", "--dry-run"])
+    g = grid(seeds=[1])
+    runs = expand(g)
+    (tmp_path / "s").mkdir()
+    mf.save(tmp_path / "s", mf.merge(None, g, runs, {r.name: _info() for r in runs}))
+    with pytest.raises(SystemExit, match="drop --grid/--arms/--seeds/--axis"):
+        study_main(["--out", out, "--resume", "--axis", "depth=L3"])

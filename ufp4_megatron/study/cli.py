@@ -2,8 +2,8 @@
 machine, resumable, then the loss-gap comparison over every complete run.
 
     ufp4-launch study --out runs/study --grid main [--seeds 1-8] [--arms bf16,e2m1,ufp4]
-                      [--per-device N] [--gpus auto|none|0,1] [--time-limit SECONDS
-                      [--pause-at-limit]] [--dry-run] [-- OVERRIDES ...]
+                      [--axis NAME=V1,V2] [--per-device N] [--gpus auto|none|0,1]
+                      [--time-limit SECONDS [--pause-at-limit]] [--dry-run] [-- OVERRIDES ...]
     ufp4-launch study --out runs/study --arms bf16,e2m1,ufp4 --seeds 1-3 -- model=tiny ...
     ufp4-launch study --out runs/study --resume [--compare-only]
 
@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 
 from . import manifest as mf
-from .grid import StudyGrid, check_grid, expand, load_grid, parse_seeds
+from .grid import StudyGrid, check_grid, expand, load_grid, parse_seeds, select_axis_values
 from .packing import available_cpus, make_slots, visible_gpus
 from .resolve import check_distinct_labels, resolve
 from .runner import Options, Runner
@@ -42,6 +42,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--grid", help="a grid name (configs/study/) or YAML path")
     p.add_argument("--arms", help="comma-separated arms, replacing the grid's")
     p.add_argument("--seeds", help="seeds, e.g. 1-8 or 1,2,5, replacing the grid's")
+    p.add_argument("--axis", action="append", default=[], metavar="NAME=V1,V2",
+                   help="keep only these values of one of the grid's axes (repeatable), "
+                        "e.g. depth=L3,L12")
     p.add_argument("--name", help="the study's name without --grid (default: the out dir's)")
     p.add_argument("--resume", action="store_true",
                    help="continue the runs of --out's study.json (no grid needed)")
@@ -81,10 +84,10 @@ def plan(args) -> tuple[dict | None, StudyGrid | None, list]:
     if args.resume:
         if existing is None:
             raise SystemExit(f"ufp4-launch study: --resume: no {mf.FILE} in {args.out}")
-        if args.grid or args.arms or args.seeds or overrides:
+        if args.grid or args.arms or args.seeds or args.axis or overrides:
             raise SystemExit("ufp4-launch study: --resume continues the study as planned; "
-                             "drop --grid/--arms/--seeds/overrides, or run without --resume to "
-                             "add runs")
+                             "drop --grid/--arms/--seeds/--axis/overrides, or run without "
+                             "--resume to add runs")
         return existing, None, mf.specs(existing)
     if args.grid:
         grid = load_grid(args.grid)
@@ -97,6 +100,8 @@ def plan(args) -> tuple[dict | None, StudyGrid | None, list]:
         grid.arms = [a for a in args.arms.split(",") if a]
     if args.seeds:
         grid.seeds = parse_seeds(args.seeds)
+    for spec in args.axis:
+        select_axis_values(grid, spec)
     grid.overrides = [*grid.overrides, *overrides]
     check_grid(grid)
     return existing, grid, expand(grid)

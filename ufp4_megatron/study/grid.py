@@ -98,6 +98,27 @@ def parse_seeds(spec: str) -> list[int]:
     return seeds
 
 
+def select_axis_values(grid: StudyGrid, spec: str) -> None:
+    """`--axis NAME=V1,V2`: keep only those values of one axis of the grid (in the grid's
+    order), e.g. the cheap depths first; a name or value the grid lacks fails naming it."""
+    name, sep, values = spec.partition("=")
+    wanted = [v.strip() for v in values.split(",") if v.strip()]
+    if not sep or not name.strip() or not wanted:
+        raise SystemExit(f"ufp4-launch study: --axis {spec!r}: write NAME=VALUE[,VALUE...], "
+                         f"e.g. depth=L3,L12")
+    name = name.strip()
+    if name not in grid.axes:
+        have = ", ".join(grid.axes) or "none"
+        raise SystemExit(f"ufp4-launch study: --axis {spec!r}: the grid has no axis {name!r} "
+                         f"(its axes: {have})")
+    unknown = [v for v in wanted if v not in grid.axes[name]]
+    if unknown:
+        raise SystemExit(f"ufp4-launch study: --axis {spec!r}: {name} has no value "
+                         f"{', '.join(map(repr, unknown))} (its values: "
+                         f"{', '.join(grid.axes[name])})")
+    grid.axes[name] = {k: v for k, v in grid.axes[name].items() if k in wanted}
+
+
 def known_arms(grid: StudyGrid | None = None) -> list[str]:
     precisions = sorted(p.stem for p in (Path(CONFIG_DIR) / "precision").glob("*.yaml"))
     custom = list(grid.custom_arms) if grid else []
