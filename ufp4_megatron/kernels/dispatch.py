@@ -403,7 +403,7 @@ def _segment_tensor_amax(view: torch.Tensor, plan: _Plan, length: int, other: in
            BLOCK_2D=plan.block_2d, LOG_H=plan.consts["LOG_H"], KEEP=keep, num_warps=warps)
     per_position = partial.view(n_other, n_pos).amax(0)
     idx16, n16 = tables[0], tables[1]
-    key = (segments.starts, n_pos, keep, plan.block, str(t.device))
+    key = (segments.starts, n_pos, n16, keep, plan.block, str(t.device))
     owner = _SEGMENT_POSITIONS.get(key)
     if owner is None:  # the segment of each row / block column: the layout's, cached
         if len(_SEGMENT_POSITIONS) > 256:
