@@ -9,8 +9,9 @@ block amax (hadamard_triton.rht_rows, scaling_triton.block_amax), and writes one
 program; the host takes the max of those. Max is exact in any order, so the result is the
 reference's bit for bit. With segments (numerics/segments.py: the experts of a grouped GEMM,
 each with its own tensor scale) it writes one maximum per view row or per block column
-instead, which the host reduces per segment (dispatch.py). A block holding NaN or Inf has a non-finite amax and is left out,
-as in the reference's finite_tensor_amax; none finite gives 0.
+instead, which the host reduces per segment (dispatch.py). A block holding NaN or Inf has a
+non-finite amax and is left out, as in the reference's finite_tensor_amax; none finite
+gives 0.
 """
 import triton
 import triton.language as tl
