@@ -121,12 +121,15 @@ def test_e4m3_segments_match_reference(layout, kw, axis):
 
 
 def _launches(monkeypatch):
+    """The names of the kernels dispatch.py launches from now on (each still runs)."""
     from ufp4_megatron.kernels import dispatch
     names, real = [], dispatch.launch
-    monkeypatch.setattr(dispatch, "launch", lambda kernel, grid, *a, **kw: (
-        names.append(getattr(kernel, "__name__", getattr(getattr(kernel, "fn", None),
-                                                          "__name__", "?"))),
-        real(kernel, grid, *a, **kw))[1])
+
+    def counted(kernel, grid, *args, **kwargs):
+        names.append(getattr(kernel, "__name__", getattr(kernel, "fn", kernel).__name__))
+        return real(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "launch", counted)
     return names
 
 

@@ -20,7 +20,7 @@ Segment-keyed SR (`segments=`, numerics/segments.py: one seed and origin per row
 range, the experts of a grouped GEMM) passes three small device tables per layout
 (segments_triton.py); their static parts are cached by segment starts, the seeds are copied
 per call. Under e4m3 scales each segment also gets its own tensor scale (its amax in one
-read for all segments, `_segment_tensor_amax`), the kernels reading it through the same
+read for all segments, `_tensor_amax`), the kernels reading it through the same
 tables. Without SR or e4m3 the segments change nothing and are not passed.
 """
 from __future__ import annotations
@@ -256,8 +256,7 @@ def _layout(view: torch.Tensor, grid, block=16, block_2d=False, scale="fp32", ro
     st = plan.lv
     if plan.g_top is not None:  # the e4m3 tensor scale, its amax in one pass of a kernel
         if tensor_amax is None:
-            tensor_amax = (_segment_tensor_amax(view, plan, length, other, segments, tables)
-                           if seg else _tensor_amax(view, plan, length, other))
+            tensor_amax = _tensor_amax(view, plan, length, other, segments, tables)
         st = (tensor_amax.to(torch.float32) / (E4M3_MAX * plan.g_top)).reshape(-1)
         if seg and st.numel() == 1:  # one tensor amax given for every segment
             st = st.expand(len(segments.starts)).contiguous()
@@ -368,39 +367,31 @@ def _launch(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> torch
     return out.t() if along_rows else out
 
 
-def _tensor_amax(view: torch.Tensor, plan: _Plan, length: int, other: int) -> torch.Tensor:
-    """e4m3's tensor amax of a view (numerics.quantize.e4m3_tensor_amax, bit for bit) in one
-    read (amax_triton.py): a fp32 device scalar."""
-    t, along_rows = _orient(view)
-    ba, bb, warps, grid = _generic_grid(t.shape, plan, length, other, along_rows)
-    per_program = torch.empty(grid[0] * grid[1], dtype=torch.float32, device=t.device)
-    launch(_tensor_amax_kernel, grid, t, t.stride(0), t.shape[0], t.shape[1], plan.sign,
-           plan.scalars[0], per_program, BA=ba, BB=bb, COL=along_rows, BLOCK=plan.block,
-           BLOCK_2D=plan.block_2d, LOG_H=plan.consts["LOG_H"], num_warps=warps)
-    return per_program.amax()
-
-
 _SEGMENT_POSITIONS: dict = {}
 
 
-def _segment_tensor_amax(view: torch.Tensor, plan: _Plan, length: int, other: int,
-                         segments: Segments, tables) -> torch.Tensor:
-    """e4m3's tensor amax of each segment of a view (numerics.segments.segment_tensor_amax,
-    bit for bit): one read by amax_triton.py keeping a maximum per view row (row segments)
-    or per block column (column segments), then one max per segment (a scatter): a few
-    launches whatever the number of segments. Device fp32 [segments]."""
+def _tensor_amax(view: torch.Tensor, plan: _Plan, length: int, other: int,
+                 segments: Segments | None = None, tables=None) -> torch.Tensor:
+    """e4m3's tensor amax of a view in one read (amax_triton.py), bit for bit the
+    reference's: a fp32 device scalar (numerics.quantize.e4m3_tensor_amax), or with segments
+    one per segment (numerics.segments.segment_tensor_amax; `tables` are the layout's
+    segment tables): the kernel then keeps a maximum per view row (row segments) or per
+    block column (column segments), reduced per segment by one scatter, a few launches
+    whatever the number of segments."""
     t, along_rows = _orient(view)
     ba, bb, warps, grid = _generic_grid(t.shape, plan, length, other, along_rows)
+    keep = 0 if segments is None else 1 + segments.axis
     # the view's extent the programs cover: (programs, tile) along its rows and its columns
     (n_r, tile_r), (n_c, tile_c) = (((grid[1], bb), (grid[0], ba)) if along_rows
                                     else ((grid[0], ba), (grid[1], bb)))
-    keep = 1 + segments.axis
-    n_pos, n_other = ((n_r * tile_r, n_c) if keep == 1
-                      else (n_c * tile_c // plan.block, n_r))
+    n_pos, n_other = {0: (1, grid[0] * grid[1]), 1: (n_r * tile_r, n_c),
+                      2: (n_c * tile_c // plan.block, n_r)}[keep]
     partial = torch.empty(n_other * n_pos, dtype=torch.float32, device=t.device)
     launch(_tensor_amax_kernel, grid, t, t.stride(0), t.shape[0], t.shape[1], plan.sign,
            plan.scalars[0], partial, BA=ba, BB=bb, COL=along_rows, BLOCK=plan.block,
            BLOCK_2D=plan.block_2d, LOG_H=plan.consts["LOG_H"], KEEP=keep, num_warps=warps)
+    if segments is None:
+        return partial.amax()
     per_position = partial.view(n_other, n_pos).amax(0)
     idx16, n16 = tables[0], tables[1]
     key = (segments.starts, n_pos, n16, keep, plan.block, str(t.device))
