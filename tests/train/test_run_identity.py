@@ -3,6 +3,10 @@ resume is checked against the config stored in the run dir before anything is wr
 
     test_run_id_is_the_same_from_dictconfig_dataclass_and_stored_yaml
     test_run_id_changes_with_identity_keys_only     ablations, seed, data vs steps, layout
+    test_identity_keys_are_known                an identity key added without an entry in
+        identity.KEYS_ADDED_LATER would rename every earlier run
+    test_a_key_added_later_renames_no_run       at the earlier value it is left out (a stored
+        config without it has the same run_id); the study's own archives pair across it
     test_hydra_run_and_sweep_dirs_carry_the_run_id
     test_wandb_id_follows_the_run_dir
     test_ablations_get_their_own_dirs_and_resumes_are_checked   (real CLI, default dirs):
@@ -59,6 +63,68 @@ def test_run_id_changes_with_identity_keys_only():
         compose_cfg("precision.rht.fprop=false"))
     assert identity.differences(compose_cfg(), compose_cfg("precision=e2m1")) == [
         "precision.name", "precision.recipe", "precision.rht.dgrad", "precision.rht.fprop"]
+
+
+# The identity's keys, group.key: a key added to an identity group renames every run recorded
+# before it unless identity.KEYS_ADDED_LATER names it with the value those runs trained with.
+IDENTITY_KEYS = frozenset("""
+data.corpus_bpe_vocab data.corpus_max_bytes data.prefixes data.split data.tokenizer
+model.attention_backend model.cpu_init model.cross_entropy_fusion model.ffn_hidden_size
+model.hidden_size model.init_std model.kv_channels model.max_seq_len model.moe_aux_loss_coeff
+model.moe_ffn_hidden_size model.moe_first_dense model.moe_grouped_gemm model.moe_router_topk
+model.moe_shared_expert_size model.name model.num_attention_heads model.num_experts
+model.num_layers model.num_query_groups model.rotary_base model.sdpa_kernels
+model.untie_embeddings model.vocab_size optim.adam_kernel optim.beta1 optim.beta2
+optim.clip_grad optim.decay_steps optim.decay_style optim.eps optim.lr optim.min_lr
+optim.warmup_steps optim.weight_decay optim.wsd_decay_steps optim.wsd_decay_style
+precision.bf16_layers precision.block precision.block_2d precision.grid precision.name
+precision.overrides precision.recipe precision.rht precision.scale precision.sr train.dtype
+train.global_batch train.seed train.seq_len""".split())
+
+
+def test_identity_keys_are_known():
+    cfg = OmegaConf.to_container(compose_cfg(), resolve=True)
+    keys = {f"{g}.{k}" for g in (*identity.IDENTITY_GROUPS, "train") for k in cfg[g]
+            if (g, k) not in identity.NON_IDENTITY_KEYS
+            and (g != "train" or k in identity.IDENTITY_TRAIN_KEYS)}
+    added, removed = sorted(keys - IDENTITY_KEYS), sorted(IDENTITY_KEYS - keys)
+    assert not added, (f"new identity keys {added}: name each in identity.KEYS_ADDED_LATER "
+                       "with the value earlier runs trained with, then add it to IDENTITY_KEYS")
+    assert not removed, f"identity keys gone: {removed}; every stored config holds them"
+    later = {f"{g}.{k}" for g, k in identity.KEYS_ADDED_LATER}
+    assert later <= IDENTITY_KEYS
+
+
+def test_a_key_added_later_renames_no_run():
+    for (group, key), earlier in identity.KEYS_ADDED_LATER.items():
+        now = OmegaConf.to_container(compose_cfg(f"{group}.{key}={earlier}"), resolve=True)
+        before = {g: (dict(n) if isinstance(n, dict) else n) for g, n in now.items()}
+        del before[group][key]  # a config.yaml stored before the key existed
+        assert identity.run_id(before) == identity.run_id(now)
+        assert identity.sibling_key(before) == identity.sibling_key(now)
+        assert identity.differences(before, now) == []
+        other = OmegaConf.to_container(compose_cfg(f"{group}.{key}={not earlier}"), resolve=True)
+        assert identity.run_id(other) != identity.run_id(now)  # any other value: another run
+
+
+def test_the_study_archives_pair_across_a_key_added_later(tmp_path):
+    """The real recorded configs: e2m1_uniform-s4 (pysrc round 15, with
+    model.cross_entropy_fusion=false) against bf16-s4 (an earlier round, without the key)."""
+    import tarfile
+
+    import yaml
+
+    archives = sorted((Path(__file__).parents[2] / "docs/results/study-pysrc").glob("round*.tar.gz"))
+    found = {}
+    for a in archives:
+        with tarfile.open(a) as t:
+            for m in t.getmembers():
+                for run in ("bf16-s4", "e2m1_uniform-s4"):
+                    if m.name == f"runs/{run}/config.yaml":
+                        found[run] = yaml.safe_load(t.extractfile(m))
+    new, old = found["e2m1_uniform-s4"], found["bf16-s4"]
+    assert "cross_entropy_fusion" in new["model"] and "cross_entropy_fusion" not in old["model"]
+    assert identity.sibling_key(new) == identity.sibling_key(old)
 
 
 def test_hydra_run_and_sweep_dirs_carry_the_run_id():

@@ -30,6 +30,14 @@ IDENTITY_GROUPS = ("model", "precision", "data", "optim")
 IDENTITY_TRAIN_KEYS = ("seed", "seq_len", "global_batch", "dtype")
 # Keys inside the groups above that do not change the run (where files go, not what is in them).
 NON_IDENTITY_KEYS = {("data", "cache_dir")}
+# Keys added to an identity group after runs had been recorded without them, each with the
+# value those earlier runs trained with. At that value the key is left out of the identity, so
+# an option that defaults to the old behaviour renames no run: an earlier run keeps its run dir
+# (a resume finds it) and its BF16 sibling (compare pairs it). 2026-12-02: the study's
+# e2m1_uniform-s4, recorded after model.cross_entropy_fusion existed, had no bf16 sibling among
+# the runs recorded before it. A new identity key goes here, with the value that reproduces
+# the earlier runs, and into tests/train/test_run_identity.py's IDENTITY_KEYS.
+KEYS_ADDED_LATER: dict[tuple[str, str], Any] = {("model", "cross_entropy_fusion"): False}
 
 
 def _plain(cfg: Any) -> Mapping:
@@ -71,6 +79,9 @@ def identity(cfg: Any) -> dict:
         node = dict(c.get(group) or {})
         for g, key in NON_IDENTITY_KEYS:
             if g == group:
+                node.pop(key, None)
+        for (g, key), earlier in KEYS_ADDED_LATER.items():
+            if g == group and node.get(key, earlier) == earlier:
                 node.pop(key, None)
         out[group] = node
     train = c.get("train") or {}
