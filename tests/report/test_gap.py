@@ -9,11 +9,12 @@
     test_same_label_different_settings_are_told_apart   label#setting, seeds still grouped
     test_same_run_twice_is_refused
     test_missing_reference_is_an_error
+    test_models_in_natural_order           a depth sweep's L3 before L12, in windows and summaries
 """
 import pytest
 
 from ufp4_megatron.report.errors import BadInput
-from ufp4_megatron.report.gap import compare, gap_series
+from ufp4_megatron.report.gap import compare, gap_series, model_order
 from ufp4_megatron.report.runs import Run
 
 
@@ -108,3 +109,16 @@ def test_missing_reference_is_an_error():
         compare([mk("bf16", [1.0]), mk("ufp4", [1.0], seed=7)])
     with pytest.raises(BadInput, match="no 'bf16' run among"):
         compare([mk("ufp4", [1.0])])
+
+
+def test_models_in_natural_order():
+    from ufp4_megatron.report.summary import summarize
+
+    names = ["m_L12", "m_L3", "m", "m_L24", "a10", "a9"]
+    assert sorted(names, key=model_order) == ["a9", "a10", "m", "m_L3", "m_L12", "m_L24"]
+    runs = [mk(r, [2.0, 1.0 + (r == "e2m1") * 0.1], model=m)
+            for m in ("m_L12", "m_L3", "m") for r in ("bf16", "e2m1")]
+    cmp = compare(runs)
+    assert list(cmp.windows) == ["m", "m_L3", "m_L12"]
+    summaries, _ = summarize(cmp)
+    assert [s.model for s in summaries] == ["m", "m_L3", "m_L12"]

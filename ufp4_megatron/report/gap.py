@@ -8,12 +8,19 @@ common steps, and the output says so), and the mean is over the latest `last` of
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..train import identity
 from .errors import BadInput
 from .runs import Run
+
+
+def model_order(name: str) -> list:
+    """Sort key for model names with numbers in their natural order: study11m, study11m_L3,
+    study11m_L12 (a depth sweep's panels and rows in depth order, not L12 before L3)."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 def gap_series(run: dict[int, float], ref: dict[int, float]) -> dict[int, float]:
@@ -149,7 +156,8 @@ def compare(runs: list[Run], reference: str = "bf16", last: int | None = 1000,
     by_model: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
         by_model[r.model].append(r)
-    windows = {m: _window(m, rs, last, last_fraction) for m, rs in by_model.items()}
+    windows = {m: _window(m, by_model[m], last, last_fraction)
+               for m in sorted(by_model, key=model_order)}
     notes += [w.note() for w in windows.values() if w.note()]
     gaps = []
     for r in runs:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .gap import Comparison, SeedGap
+from .gap import Comparison, SeedGap, model_order
 from .stats import (Interval, Ratio, fieller_ratio, paired_difference, seeds_for_power,
                     t_interval, welch_difference)
 
@@ -91,7 +91,7 @@ def summarize(cmp: Comparison, baseline: str = "e2m1",
     for g in cmp.gaps:
         groups[g.model, g.recipe].append(g)
     notes, out = [], []
-    for model in sorted({m for m, _ in groups}):
+    for model in sorted({m for m, _ in groups}, key=model_order):
         base_label, more = _baseline_label(model, {r for m, r in groups if m == model}, baseline)
         notes += more
         base = {g.run.sibling: g for g in groups.get((model, base_label), [])}
@@ -121,7 +121,7 @@ def summarize(cmp: Comparison, baseline: str = "e2m1",
                 vs_baseline_unpaired=unpaired,
                 drift=t_interval(drifts, confidence) if None not in drifts else None,
                 vs_baseline_paired=paired))
-    out.sort(key=lambda s: (s.model, s.recipe != s.baseline, s.recipe))
+    out.sort(key=lambda s: (model_order(s.model), s.recipe != s.baseline, s.recipe))
     return out, notes
 
 
