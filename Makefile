@@ -25,7 +25,7 @@ $(STAMP): Makefile pyproject.toml scripts/install.sh $(wildcard requirements/*.t
 # machine took 11:49 against ~21 minutes in one process, 2026-12-02); TEST_WORKERS=0 runs
 # them in this process. The tests on the local Slurm cluster run after, alone.
 TEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 test: install
 	$(PYTEST) -q -m "not gpu and not slow and not slurm" -p no:cacheprovider $(XDIST)
 	$(PYTEST) -q -m "slurm and not gpu and not slow" -p no:cacheprovider

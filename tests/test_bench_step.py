@@ -106,6 +106,9 @@ def test_repeated_runs_aggregate_and_show_their_spread():
             step.run_suite(None, micro_batches=bad)
 
 
+# slow (make test's 20-minute budget): 8 trainer runs; the benchmark runs on GPUs (make bench),
+# its bookkeeping is the tests above, a trainer run of it test_failed_trainer_run_becomes_a_row
+@pytest.mark.slow
 def test_suite_runs_real_trainers_in_passes(tmp_path, monkeypatch):
     """run_suite end to end on CPU with real trainer subprocesses: a tiny shape, bf16 and
     ufp4, 2 passes, 2 micro-batches per step, checkpoint at the end; only the GEMM-rate probe

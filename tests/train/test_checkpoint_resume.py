@@ -8,12 +8,14 @@ optimizer and dist_checkpointing, the code path of GPU runs. "Equal" means bit f
     test_sigkill_during_save_leaves_a_resumable_state[phase]   SIGKILL at each point of a
         save (temp dir made, shards written, renamed, `latest` written, pruning): the rerun
         resumes from the newest complete step and ends with the unbroken run's losses
+        (`renamed` in make test, the other four in make test-slow)
     test_damaged_newest_checkpoint_falls_back_and_cut_metrics_line_is_dropped   a truncated
         newest checkpoint and a half-written metrics line: warnings naming them, resume from
         the step before, same losses
     test_resume_false_in_used_run_dir_is_refused     nothing deleted or cut; resume still works
     test_extending_steps_keeps_the_checkpoints_schedule   steps past the saved horizon at min_lr
     test_bf16_params_resume_exactly_with_either_optimizer[opt]   the GPU dtype: Float16Optimizer too
+        (its plain-optimizer case in make test-slow)
 """
 from __future__ import annotations
 
@@ -77,10 +79,18 @@ def test_checkpoint_is_megatron_dist_checkpointing(unbroken):
     assert checkpoint.damage(step_dir) is None and checkpoint.latest_step(ckpt) == STEPS
 
 
-# each phase a kill point of the save protocol
+# each phase a kill point of the save protocol. make test keeps `renamed` (the newest step dir
+# is complete but `latest` still names the step before: the scan, not the pointer, decides);
+# the other four run in `make test-slow` (make test's 20-minute budget, 2026-12-03): a kill
+# after `latest` is written is also the kill of the damaged-checkpoint and bf16 tests below,
+# resuming from the step before is also the damaged-checkpoint test's, and a half-deleted step
+# dir is test_checkpoint_units.py's test_prune_leaves_no_half_deleted_step
 @pytest.mark.parametrize("phase, resumes_from", [
-    ("tmp_created", 2), ("shards_written", 2), ("renamed", 4), ("latest_written", 4),
-    ("pruning", 4)])
+    pytest.param("tmp_created", 2, marks=pytest.mark.slow),
+    pytest.param("shards_written", 2, marks=pytest.mark.slow),
+    ("renamed", 4),
+    pytest.param("latest_written", 4, marks=pytest.mark.slow),
+    pytest.param("pruning", 4, marks=pytest.mark.slow)])
 def test_sigkill_during_save_leaves_a_resumable_state(unbroken, tmp_path, cache, phase,
                                                       resumes_from):
     cmd, run_dir = _killed(tmp_path, cache, f"{phase}:4")
@@ -142,7 +152,9 @@ def test_extending_steps_keeps_the_checkpoints_schedule(tmp_path, cache):
     assert [row["lr"] for row in rows[3:]] == pytest.approx([3e-5] * 3)  # at min_lr
 
 
-@pytest.mark.parametrize("optimizer", ["distributed", "plain"])
+# the plain optimizer's variant (Float16Optimizer) runs in `make test-slow`; the distributed
+# one, the trainer's default, in make test (its 20-minute budget)
+@pytest.mark.parametrize("optimizer", ["distributed", pytest.param("plain", marks=pytest.mark.slow)])
 def test_bf16_params_resume_exactly_with_either_optimizer(tmp_path, cache, optimizer):
     """The GPU runs' dtype: bf16 parameters (norms too, as Megatron-LM's Float16Module casts
     them), whose non-distributed optimizer is Megatron's Float16Optimizer: its checkpoint
