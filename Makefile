@@ -24,10 +24,10 @@ $(STAMP): Makefile pyproject.toml scripts/install.sh $(wildcard requirements/*.t
 # their own targets. Two xdist workers by default (most tests wait on trainer subprocesses);
 # --dist loadgroup puts the tests that share a costly fixture on one worker (tests/conftest.py).
 # This 2-core machine is an Intel Xeon, ~2x slower than the AMD EPYC of earlier sessions (11:49
-# there, 2026-12-02), and its speed varies by the hour: make test took 13:02 and, with the same
-# code and 1.56x its CPU time, 20:24 (2026-12-03); ~24 and ~31 minutes before 22 long tests
-# moved to test-slow. TEST_WORKERS=0 runs them in this process. The tests on the local Slurm
-# cluster run after, alone.
+# there, 2026-12-02), and its speed varies by the hour: three runs of make test with the same
+# code took 13:02, 17:42 and 20:24 (CPU time 21, 29 and 33 min; 2026-12-03); ~24 and ~31
+# minutes before 22 long tests moved to test-slow. TEST_WORKERS=0 runs them in this process.
+# The tests on the local Slurm cluster run after, alone.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 test: install
