@@ -115,7 +115,7 @@ def test_the_check_sees_process_talk_and_spares_other_senses():
         "pytorch/pytorch|#135712, seen with gloo",
         "pytest-dev/pytest-xdist|#1386",
         "python probe.py --ca|lls 200",
-        "the leading dim of the tensor",
+        "the lea|ding dim of the tensor",
         "ops.fprop calls the kernel twice",
         "rounding to nearest, round half to even",
         "GPU time of the layer",
