@@ -54,13 +54,17 @@ def _checked_files() -> list[Path]:
     try:
         out = subprocess.run(
             ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-            cwd=ROOT, capture_output=True, check=True, timeout=60,
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+            timeout=60,
         ).stdout.decode()
         paths = [ROOT / p for p in out.split("\0") if p]
     except (OSError, subprocess.SubprocessError):  # not a git checkout: walk the tree
         paths = [p for p in ROOT.rglob("*") if not SKIP_DIRS & set(p.relative_to(ROOT).parts)]
-    return sorted(p for p in paths if p.is_file()
-                  and (p.suffix in TEXT_SUFFIXES or p.name == "Makefile"))
+    return sorted(
+        p for p in paths if p.is_file() and (p.suffix in TEXT_SUFFIXES or p.name == "Makefile")
+    )
 
 
 def process_talk(lines) -> list[tuple[int, str, str]]:
@@ -85,8 +89,8 @@ def test_no_text_speaks_of_how_the_project_was_built():
             offenders.append(f"{path.relative_to(ROOT)}:{number}: '{text}' ({what})")
     assert not offenders, (
         "text that speaks of how the project was built, not of the project (say it in terms "
-        "of the code or the user's machine; history goes to CHANGELOG.md):\n"
-        + "\n".join(offenders))
+        "of the code or the user's machine; history goes to CHANGELOG.md):\n" + "\n".join(offenders)
+    )
 
 
 def test_the_check_sees_process_talk_and_spares_other_senses():
@@ -155,6 +159,8 @@ def test_the_link_check_sees_a_broken_link(tmp_path, monkeypatch):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.md").write_text("x")
     page = tmp_path / "docs" / "b.md"
-    page.write_text("[ok](a.md#top) [up](../docs/) [web](https://x.org) [anchor](#s)\n"
-                    "[gone](missing.md)\n```\n[in code](nowhere.md)\n```\n")
+    page.write_text(
+        "[ok](a.md#top) [up](../docs/) [web](https://x.org) [anchor](#s)\n"
+        "[gone](missing.md)\n```\n[in code](nowhere.md)\n```\n"
+    )
     assert broken_links(page) == ["missing.md"]

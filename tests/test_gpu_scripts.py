@@ -250,8 +250,9 @@ def test_host_path_probe_runs_and_finds_the_pair_launch_cacheable():
 
 
 def test_perf_sh_with_models_none_runs_only_the_profiles(tmp_path):
-    """PERF_MODELS=none: no step suite, only the profiles asked for; stand-ins for python3 (logs its calls) and nvidia-smi, an image that imports
-    megatron-core/Hydra/W&B already (no wheelhouse)."""
+    """PERF_MODELS=none: no step suite, only the profiles asked for; stand-ins for python3
+    (logs its calls) and nvidia-smi, an image that imports megatron-core/Hydra/W&B already
+    (no wheelhouse)."""
     import os
     import subprocess
     bin_dir = tmp_path / "bin"

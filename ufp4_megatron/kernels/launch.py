@@ -17,13 +17,13 @@ returns; a hit calls that kernel's launcher directly with every parameter in sig
 order, as JITFunction.run does, without the launch metadata and the empty hook chains
 (the launcher skips hooks passed as None).
 
-On by default; UFP4_CACHED_LAUNCH=0 turns it off (Triton's own path for every launch).
-On a GPU the CUDA kernel suite runs through it (`bash gpu/kernels_exact.sh`, among them
+On by default; UFP4_CACHED_LAUNCH=0 turns it off (Triton's own path for every launch). On a
+GPU the CUDA kernel suite runs through it (`bash gpu/kernels_exact.sh`, among them
 tests/kernels/test_launch_gpu.py's cache hits, bit for bit), and `gpu/host_overhead.py
---only cached` shows identical outputs and 19-108 us less host time per quantize()/ops call. The launcher's argument list is Triton 3.6's (runtime/jit.py
-JITFunction.run). Always off on other Triton versions, in Triton's CPU interpreter, without a
-CUDA driver, while a launch hook is set (a profiler's), and for a kernel called with a
-constexpr positionally.
+--only cached` shows identical outputs and 19-108 us less host time per quantize()/ops call.
+The launcher's argument list is Triton 3.6's (runtime/jit.py JITFunction.run). Always off on
+other Triton versions, in Triton's CPU interpreter, without a CUDA driver, while a launch
+hook is set (a profiler's), and for a kernel called with a constexpr positionally.
 """
 from __future__ import annotations
 

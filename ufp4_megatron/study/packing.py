@@ -89,8 +89,8 @@ def child_env(base: dict, slot: Slot, threads: int, hide_gpus: bool) -> dict:
 
 
 def spawn(argv: list[str], slot: Slot, env: dict, log, keep_fds: tuple[int, ...] = ()):
-    """Starts one trainer pinned to the slot's CPUs, in its own process session (a Ctrl-C reaches the
-    runner, which stops it cleanly); it gets SIGTERM if this process dies."""
+    """Starts one trainer pinned to the slot's CPUs, in its own process session (a Ctrl-C
+    reaches the runner, which stops it cleanly); it gets SIGTERM if this process dies."""
     parent = os.getpid()
 
     def in_child() -> None:  # between fork and exec
