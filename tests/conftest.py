@@ -18,11 +18,11 @@ def hydra_configs():
 
 
 # Fixtures that train or probe once and are shared by several tests. Under pytest-xdist every
-# worker is a session of its own, so a session or module fixture runs again on each worker
-# that gets one of its tests (the Megatron-LM probes of test_documented_commands.py ran on
-# both workers, ~45 s each, 2026-12-03). The tests that use one share an xdist group (make
-# test runs --dist loadgroup), so the fixture runs once: session fixtures one group per name
-# below, module fixtures one group per module.
+# worker runs its own pytest session, so a session-scoped or module fixture runs again on each
+# worker that gets one of its tests (the Megatron-LM probes of test_documented_commands.py
+# take ~45 s each). The tests that use one share an xdist group (make test runs --dist
+# loadgroup), so the fixture runs once: session-scoped fixtures one group per name below,
+# module fixtures one group per module.
 SHARED_SESSION = {"mcore_results": "mcore", "stock_results": "megatron_lm",
                   "patched_results": "megatron_lm", "patched_root": "megatron_lm"}
 SHARED_MODULE = ("unbroken", "te_results", "sr", "compiled", "trained")
@@ -43,8 +43,8 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_modifyitems_xdist_suffix(config, items):
     """xdist 3.8's loadgroup tells the scheduler an item's group by appending @group to its
     nodeid, writing item._nodeid; pytest 9.2 keeps the nodeid in item._id, so the suffix no
-    longer takes and groups are silently spread over the workers (pytest-xdist issue 1386,
-    open). Here the suffix is added where xdist's did not take."""
+    longer takes and groups are silently spread over the workers
+    (pytest-dev/pytest-xdist#1386). Here the suffix is added where xdist's did not take."""
     if not getattr(config.option, "loadgroup", False):  # set on xdist workers only
         return
     try:

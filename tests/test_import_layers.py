@@ -206,8 +206,8 @@ def test_no_module_imports_a_higher_layer():
 
 def test_no_import_cycle():
     """Imports for type annotations count too: train/precision.py's TYPE_CHECKING import of
-    the schema and the schema's lazy import of precision's resolver were a circle that no
-    import-time error would show (2026-12-01; the resolver now has its own module)."""
+    the schema and the schema's lazy import of precision's resolver would be a circle that
+    no import-time error shows (so the resolver has its own module)."""
     assert not import_cycles(_graph(type_checking=True))
 
 

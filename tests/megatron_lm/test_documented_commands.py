@@ -72,7 +72,7 @@ def test_docs_flag_table_lists_the_patch_flags():
 
 
 def test_resume_check_models_megatron_lms_first_iteration_log():
-    """The H200 run of 2026-12-01: after --load at iteration 20, Megatron-LM printed 6.944539 at
+    """A real H200 run: after --load at iteration 20, Megatron-LM printed 6.944539 at
     iteration 22 where the unbroken run printed 6.981398, with every other iteration (and the
     grad norm of 22) equal. Its training_log keeps the loss sums of a process's first iteration,
     so that line is the mean of 21 (6.907681) and 22: the resume is exact, the checker must say

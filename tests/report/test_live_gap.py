@@ -180,7 +180,7 @@ TRAIN = ["model=tiny", "train.steps=4", "train.seq_len=32", "train.micro_batch=2
          "checkpoint.save_at_end=false"]
 
 
-# slow (make test's 20-minute budget, 2026-12-03): in make test a trainer logs its live gap
+# slow (kept out of make test's 20 minutes): in make test a trainer logs its live gap
 # against a BF16 run in test_hydra_callback.py's multirun, LiveGap runs on real run dirs and
 # offline W&B runs in the tests above, a trainer's diag/ keys are read back from its W&B run in
 # test_train_logging.py, and compare reads offline W&B runs in test_compare_cli.py

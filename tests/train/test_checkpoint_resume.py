@@ -81,7 +81,7 @@ def test_checkpoint_is_megatron_dist_checkpointing(unbroken):
 
 # each phase a kill point of the save protocol. make test keeps `renamed` (the newest step dir
 # is complete but `latest` still names the step before: the scan, not the pointer, decides);
-# the other four run in `make test-slow` (make test's 20-minute budget, 2026-12-03): a kill
+# the other four run in `make test-slow` (kept out of make test's 20 minutes): a kill
 # after `latest` is written is also the kill of the damaged-checkpoint and bf16 tests below,
 # resuming from the step before is also the damaged-checkpoint test's, and a half-deleted step
 # dir is test_checkpoint_units.py's test_prune_leaves_no_half_deleted_step

@@ -108,8 +108,8 @@ def test_a_key_added_later_renames_no_run():
 
 
 def test_the_study_archives_pair_across_a_key_added_later(tmp_path):
-    """The real recorded configs: e2m1_uniform-s4 (pysrc round 15, with
-    model.cross_entropy_fusion=false) against bf16-s4 (an earlier round, without the key)."""
+    """The real recorded configs of the pysrc study's archives: e2m1_uniform-s4 (recorded with
+    model.cross_entropy_fusion=false) against bf16-s4 (recorded before the key existed)."""
     import tarfile
 
     import yaml

@@ -5,7 +5,7 @@ train/validate.py before Megatron is imported, so each takes about a second.
 
     test_trainer_refuses_bad_config          one row per case: the override(s), the message
     test_trainer_refuses_layouts_the_world_cannot_hold   WORLD_SIZE as torchrun sets it
-    test_device_cuda_without_gpu_is_refused  this CPU machine has no GPU
+    test_device_cuda_without_gpu_is_refused  on a machine without a GPU
     test_describe_refuses_with_the_trainers_message      the same check, the same words
 """
 from __future__ import annotations

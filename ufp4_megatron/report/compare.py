@@ -10,7 +10,7 @@ with a Student-t interval over seeds; the validation gap likewise; the ratio to 
 paired by seed, with Fieller's interval ("reduction" = 1 - ratio). An interval that contains
 zero is reported as "not resolved at this size".
 
-Writes <out>/loss_gap.md, <out>/loss_gap.json (keys: docs/training.md), <out>/loss_gap.png,
+Writes <out>/loss_gap.md, <out>/loss_gap.json (keys: docs/comparing.md), <out>/loss_gap.png,
 <out>/wandb_workspace.json, and a W&B run (job_type compare) in the training runs' group.
 Bad input (a missing run, --last 0, a run given twice, no BF16 sibling) ends with one line
 and exit status 2.

@@ -21,7 +21,7 @@ from ..train.precision import ABLATION_OVERRIDES as ABLATIONS
 
 GRID_DIR = Path(CONFIG_DIR) / "study"
 
-# Ablations of the E2M1 baseline (paper, Section "Ablation"; issue 14 section 2): RHT16 on all
+# Ablations of the E2M1 baseline (paper, Section "Ablation"): RHT16 on all
 # three GEMMs (the mechanism predicts it is the worst: RHT moves values into E2M1's asymmetric
 # bins), and E2M1 capped to its uniform part {0, 0.5, 1, 1.5, 2} (a 5-level codebook grid).
 E2M1_ABLATIONS: dict[str, tuple[str, ...]] = {

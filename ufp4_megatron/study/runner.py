@@ -12,10 +12,10 @@ With a time limit, a run starts only if it and the running ones are estimated to
 the limit (from the steps/s this machine is measured to train in all, see Runner._fits); runs
 that would not end are stopped early, the highest seed first, so that the others do and the
 runs that complete are paired by seed; at the limit every trainer still running is stopped.
-Runs not started stay pending for the next round, stopped ones resume there from their
+Runs not started stay pending for the next invocation, stopped ones resume there from their
 checkpoints. With pause_at_limit the limit is a pause, not an end (runs longer than one
-allocation, e.g. a 125M model on a 10-minute GPU lease): every run starts and trains until
-the limit, nothing is shed, and the next invocation continues them.
+allocation, e.g. a 125M model in a Slurm job shorter than its training): every run starts and
+trains until the limit, nothing is shed, and the next invocation continues them.
 
 The lock (<study>/study.lock, flock) is inherited by every trainer: while any trainer of a
 killed runner still runs, a second runner on the same study waits instead of starting the
@@ -184,18 +184,17 @@ class Runner:
     # end (their share goes to the others: optimistic, hence the margin). A set of runs then
     # ends after sum(steps left) / aggregate, plus one start-up for a new run.
     # Two things make a measurement lie low, and a low rate sheds runs that would have fit
-    # (round 1 on the H200 stopped 11 of 12 packed runs, measured while they compiled kernels):
-    # a trainer's first steps (kernel compiles, data-loader start) and the seconds right after
-    # a shed (the stopped trainers still hold their CPUs and the GPU while they save). So a
-    # trainer's rate counts only after WARMUP_STEPS new steps, and after a shed the rate is
-    # measured afresh, from SETTLE seconds of steps after it, before anything else is shed.
-    # While nothing is measurable (all runs starting, or none running), the latest rate
-    # measured stands in: round 2 on the pysrc corpus started 8 runs 56 s before its limit
-    # once the running ones had ended (nothing running, so "nothing measured"), all stopped.
-    # What is shed: the runs of the highest seed first (then the most steps left), so that
-    # what completes is whole seeds, paired across recipes. Shedding the most steps left
-    # first stopped E2M1's runs in both pysrc rounds (its kernels compile longest, so it is
-    # always furthest behind early), leaving E2M1 seeds 1, 3, 5 against UFP4's 1-4: two pairs.
+    # (packed trainers compiling kernels at once all look slow, and the runner would shed
+    # nearly all of them): a trainer's first steps (kernel compiles, data-loader start) and the
+    # seconds right after a shed (the stopped trainers still hold their CPUs and the GPU while
+    # they save). So a trainer's rate counts only after WARMUP_STEPS new steps, and after a
+    # shed the rate is measured afresh, from SETTLE seconds of steps after it, before anything
+    # else is shed. While nothing is measurable (all runs starting, or none running), the
+    # latest rate measured stands in, so that runs are not started just before the limit only
+    # to be stopped at it. What is shed: the runs of the highest seed first (then the most
+    # steps left), so that what completes is whole seeds, paired across recipes. Shedding the
+    # most steps left first would always stop the recipe whose kernels compile longest (it is
+    # furthest behind early), leaving that recipe's seeds unpaired with the others'.
     MARGIN = 1.15
 
     WINDOW = 60.0  # seconds of recent progress a trainer's rate is measured over
