@@ -13,15 +13,18 @@ the limit (from the steps/s this machine is measured to train in all, see Runner
 that would not end are stopped early, the highest seed first, so that the others do and the
 runs that complete are paired by seed; at the limit every trainer still running is stopped.
 Runs not started stay pending for the next round, stopped ones resume there from their
-checkpoints (with restart_incomplete they start over from step 0 instead, so that every
-complete run was trained by one process: its <run>/launch.json says from which step the
-process that completed it started). With pause_at_limit the limit is a pause, not an end (runs longer than one
+checkpoints. With pause_at_limit the limit is a pause, not an end (runs longer than one
 allocation, e.g. a 125M model on a 10-minute GPU lease): every run starts and trains until
 the limit, nothing is shed, and the next invocation continues them.
 
 The lock (<study>/study.lock, flock) is inherited by every trainer: while any trainer of a
 killed runner still runs, a second runner on the same study waits instead of starting the
 same run twice.
+
+With restart_incomplete a run is never continued from an earlier invocation's checkpoint: a
+run found incomplete starts over from step 0 (its partial files are moved to
+<study>/discarded/), so every complete run was trained by one process; each launch writes
+<run>/launch.json, which says from which step the process that completed the run started.
 """
 from __future__ import annotations
 
