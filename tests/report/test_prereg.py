@@ -116,7 +116,7 @@ def test_runs_that_do_not_count_are_named_with_the_reason():
 
 def test_ablation_recovers_known_contrasts_in_one_pooled_model_with_holm():
     rng = np.random.default_rng(5)
-    effect = {a: 0.0 for a in DESIGN.arms}
+    effect = dict.fromkeys(DESIGN.arms, 0.0)
     effect.update(ufp4_rht_wgrad=0.03, mxfp4=0.02)  # ufp4 - ufp4_rht_wgrad = -3% of B
     runs = primary_runs({s: rng.normal(scale=0.002) for s in DESIGN.primary_seeds})
     for arm in (*DESIGN.ablation_arms, *DESIGN.recipe_arms):
@@ -177,10 +177,10 @@ def test_a_run_differing_between_archives_is_refused(tmp_path):
     for i, loss in ((1, 2.0), (2, 2.0), (3, 2.1)):
         _tar(tmp_path / f"round{i}.tar.gz", {"runs/ufp4-s1/metrics.jsonl": _metrics([loss]),
                                              "runs/ufp4-s1/config.yaml": cfg})
-    with pytest.raises(BadInput, match="ufp4-s1 differs between .*round1.tar.gz and .*round3"):
+    with pytest.raises(BadInput, match=r"ufp4-s1 differs between .*round1\.tar\.gz and .*round3"):
         load_study(tmp_path)
     (tmp_path / "round3.tar.gz").write_bytes(b"not a tar")
-    with pytest.raises(BadInput, match="round3.tar.gz: not a readable study archive"):
+    with pytest.raises(BadInput, match=r"round3\.tar\.gz: not a readable study archive"):
         load_study(tmp_path)
 
 

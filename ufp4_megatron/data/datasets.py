@@ -1,7 +1,8 @@
 """Megatron's GPTDataset over indexed data, read in a fixed global order.
 
 Step s uses the global batch of samples [s * G, (s + 1) * G) of the (seeded, shuffled)
-GPTDataset (validation: of the validation split's, shuffled with data.valid_seed when set); data-parallel rank r takes micro-batch m's slice starting at
+GPTDataset (validation: of the validation split's, shuffled with data.valid_seed when set);
+data-parallel rank r takes micro-batch m's slice starting at
 s * G + (m * dp + r) * micro_batch. The data position is therefore the step number alone,
 the same for every recipe, and restored exactly on resume.
 """

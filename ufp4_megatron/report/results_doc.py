@@ -158,11 +158,15 @@ def prereg_blocks(folder: Path) -> dict[str, str]:
         g = a.gaps
         rows = [[arm, str(x.n), iv(x.mean, x.lo, x.hi, "%")] for arm, x in g.gaps.items()]
         red, lo, hi = g.reduction
+        if red is None:
+            said = "-"
+        elif lo is None:
+            said = f"{red * 100:+.0f}% [unbounded]"
+        else:
+            said = f"{red * 100:+.0f}% [{lo * 100:+.0f}%, {hi * 100:+.0f}%]"
         out["prereg-gaps"] = table(["recipe", "seeds", "gap vs BF16 [95% CI]"], rows) + (
             f"\nReduction of E2M1's gap by UFP4 (secondary; Fieller, seeds "
-            f"{_seeds_text(DESIGN.seeds)}): " + ("-" if red is None else
-                                                  f"{red * 100:+.0f}%" + (" [unbounded]" if lo is None else f" [{lo * 100:+.0f}%, {hi * 100:+.0f}%]"))
-            + ".\n")
+            f"{_seeds_text(DESIGN.seeds)}): {said}.\n")
     if "prereg-gaps" not in out:
         out["prereg-gaps"] = "Not computed: they come with the primary.\n"
     if a.ablation is None:
@@ -431,9 +435,9 @@ def mechanism_products_block(root: Path) -> str:
         prod = _mechanism_json(root / folder, run)["products"]
         k = len(prod["e2m1/none/fprop"])
         e2m1 = prod["e2m1/none/fprop"][-1]
-        rows.append([label, run.split("-")[0], str(k), f"{e2m1:.3f}", f"{prod['e2m1/rht/fprop'][-1]:.3f}",
-                     f"{prod['e1m2/none/fprop'][-1]:.3f}", f"{prod['e1m2/rht/fprop'][-1]:.3f}",
-                     f"{(1 - e2m1 ** (1 / k)) * 100:.2f}%"])
+        rows.append([label, run.split("-")[0], str(k), f"{e2m1:.3f}",
+                     f"{prod['e2m1/rht/fprop'][-1]:.3f}", f"{prod['e1m2/none/fprop'][-1]:.3f}",
+                     f"{prod['e1m2/rht/fprop'][-1]:.3f}", f"{(1 - e2m1 ** (1 / k)) * 100:.2f}%"])
     return table(["model (seed 1)", "trained with", "forward GEMMs", "E2M1", "E2M1 with RHT16",
                   "E1M2", "E1M2 with RHT16", "E2M1's shrinkage per GEMM"], rows)
 
