@@ -14,8 +14,8 @@
 #   -      prereg    bf16,e2m1,ufp4   grid's 12       the pre-registered study (GRID=prereg only,
 #                                                     below)
 #
-# The pre-registered study (docs/results.md, "Pre-registration"), one command per call, the same
-# command every call until its runs are all complete (a call trains what no archive holds yet):
+# The pre-registered study (docs/results.md, "Pre-registration"), the same command each time
+# until every run of a group is complete (an invocation trains what no archive holds yet):
 #
 #     GRID=prereg OUT=dir BUDGET=520 bash gpu/study.sh N        N: 1, 2, ... (the archive's name)
 #     GRID=prereg ARMS=bf16,ufp4_rht_none,ufp4_rht_wgrad,ufp4_rht_dgrad_wgrad,ufp4_rht_fprop_wgrad,ufp4_no_sr,e2m1_rht_all,e2m1_uniform ...
@@ -23,10 +23,11 @@
 #
 # The grid fixes the corpus (pysrc), the seeds (E2M1 and UFP4 1-28, the rest 1-12) and the
 # arms' order (ARMS: the primary by default, then the two lists above); SEEDS, STEPS, PAUSE
-# and PACKAGES are refused. Runs never resume across calls (--restart-incomplete): a run
-# counts only if one process trained all its 1000 steps. On an H200 a call takes 9-10 minutes
-# of wall time and completes about 10 runs on a fresh node, 12-14 on a warm one (packed 12
-# per GPU); archives go to docs/results/prereg/roundN.tar.gz.
+# and PACKAGES are refused. Runs never resume across invocations (--restart-incomplete): a run
+# counts only if one process trained all its 1000 steps. On an H200 an invocation takes 9-10
+# minutes of wall time and completes about 10 runs where gpu/setup.sh and the corpus start
+# from nothing, 12-14 where an earlier invocation left them in place (packed 12 per GPU);
+# its archive goes to docs/results/prereg/roundN.tar.gz.
 #
 # GRID=main|ablation|depth|small with any round number trains that grid under that number (a study
 # whose rounds follow another plan, e.g. pysrc's: docs/results.md); SEEDS, ARMS, PER_DEVICE

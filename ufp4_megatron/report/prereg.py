@@ -5,10 +5,10 @@ it, on the runs of its archives (docs/results/prereg/round*.tar.gz).
     count_runs(runs)        the runs that count, by arm and seed, and why the others do not
     analyse(runs)           every pre-registered number; each group only once it is complete
 
-Notation: L[a, s](t) the training loss of arm a, seed s at step t; B(t) the mean of the BF16
+Notation: L(a, s, t) the training loss of arm a, seed s at step t; B(t) the mean of the BF16
 runs' L at step t over the BF16 seeds; W the last 200 steps (801-1000).
 
-- Primary: D[s] = mean over t in W of (L[ufp4, s](t) - L[e2m1, s](t)) / B(t), in points (x100),
+- Primary: D[s] = mean over t in W of (L(ufp4, s, t) - L(e2m1, s, t)) / B(t), in points (x100),
   s = 1..28; a paired (one-sample) t-test of mean D = 0, two-sided, 95%. Run once, at 28 pairs.
 - Each recipe's gap vs BF16, seeds 1-12: g[a, s] = mean over W of (L[a, s] - L[bf16, s]) / B,
   mean over the seeds with a t interval; the reduction 1 - mean g[ufp4] / mean g[e2m1] with
