@@ -17,7 +17,8 @@
 # The pre-registered study (docs/results.md, "Pre-registration"), the same command each time
 # until every run of a group is complete (an invocation trains what no archive holds yet):
 #
-#     GRID=prereg OUT=dir BUDGET=520 bash gpu/study.sh N        N: 1, 2, ... (the archive's name)
+#     GRID=prereg OUT=dir BUDGET=420 bash gpu/study.sh N        N: 1, 2, ... (the archive's name)
+#     GRID=prereg OUT=dir BUDGET=500 PER_DEVICE=14 bash gpu/study.sh N   (node already set up)
 #     GRID=prereg ARMS=bf16,ufp4_rht_none,ufp4_rht_wgrad,ufp4_rht_dgrad_wgrad,ufp4_rht_fprop_wgrad,ufp4_no_sr,e2m1_rht_all,e2m1_uniform ...
 #     GRID=prereg ARMS=bf16,ufp4_int4,nvfp4,mxfp4 ...
 #
@@ -25,8 +26,9 @@
 # arms' order (ARMS: the primary by default, then the two lists above); SEEDS, STEPS, PAUSE
 # and PACKAGES are refused. Runs never resume across invocations (--restart-incomplete): a run
 # counts only if one process trained all its 1000 steps. On an H200 an invocation takes 9-10
-# minutes of wall time and completes about 10 runs where gpu/setup.sh and the corpus start
-# from nothing, 12-14 where an earlier invocation left them in place (packed 12 per GPU);
+# minutes of wall time and completes about 9 runs where gpu/setup.sh and the corpus start
+# from nothing (BUDGET=420: seed 1's mechanism runs after training), 12-14 where an earlier
+# invocation left them in place (BUDGET=500, PER_DEVICE=14);
 # its archive goes to docs/results/prereg/roundN.tar.gz.
 #
 # GRID=main|ablation|depth|small with any round number trains that grid under that number (a study
