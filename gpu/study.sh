@@ -15,6 +15,25 @@
 #   6-9    depth     bf16,e2m1,ufp4   1-4    6        the gap against depth: L3, L12, L24 (L6 is
 #                                                     main's); AXIS=depth=L3,L12 first, then L24
 #   -      small     bf16,e2m1,ufp4   1-3    9        the main question at 125M (GRID=small only)
+#   -      prereg    bf16,e2m1,ufp4   grid's 12       the pre-registered study (GRID=prereg only,
+#                                                     below)
+#
+# The pre-registered study (docs/results.md, "Pre-registration"), the same command each time
+# until every run of a group is complete (an invocation trains what no archive holds yet):
+#
+#     GRID=prereg OUT=dir BUDGET=420 bash gpu/study.sh N        N: 1, 2, ... (the archive's name)
+#     GRID=prereg OUT=dir BUDGET=500 PER_DEVICE=14 bash gpu/study.sh N   (node already set up)
+#     GRID=prereg ARMS=bf16,ufp4_rht_none,ufp4_rht_wgrad,ufp4_rht_dgrad_wgrad,ufp4_rht_fprop_wgrad,ufp4_no_sr,e2m1_rht_all,e2m1_uniform ...
+#     GRID=prereg ARMS=bf16,ufp4_int4,nvfp4,mxfp4 ...
+#
+# The grid fixes the corpus (pysrc), the seeds (E2M1 and UFP4 1-28, the rest 1-12) and the
+# arms' order (ARMS: the primary by default, then the two lists above); SEEDS, STEPS, PAUSE
+# and PACKAGES are refused. Runs never resume across invocations (--restart-incomplete): a run
+# counts only if one process trained all its 1000 steps. On an H200 an invocation takes 9-10
+# minutes of wall time and completes about 9 runs where gpu/setup.sh and the corpus start
+# from nothing (BUDGET=420: seed 1's mechanism runs after training), 12-14 where an earlier
+# invocation left them in place (BUDGET=500, PER_DEVICE=14);
+# its archive goes to docs/results/prereg/roundN.tar.gz.
 #
 # GRID=main|ablation|depth|small with any round number trains that grid under that number;
 # SEEDS, ARMS, PER_DEVICE then default to the grid's.
@@ -57,8 +76,8 @@ ROUND=${1:?usage: gpu/study.sh ROUND (1-9, see the header) or a grid name}
 ARMS_DEFAULT=""
 GRID_ASKED=${GRID:-}  # GRID=main|ablation|depth|small: this round trains that grid (any round number)
 case $GRID_ASKED in
-  ""|main|ablation|depth|small) ;;
-  *) echo "gpu/study.sh: GRID=$GRID_ASKED; give main, ablation, depth or small" >&2; exit 2 ;;
+  ""|main|ablation|depth|small|prereg) ;;
+  *) echo "gpu/study.sh: GRID=$GRID_ASKED; give main, ablation, depth, small or prereg" >&2; exit 2 ;;
 esac
 [[ -n $GRID_ASKED && $ROUND =~ ^[1-9][0-9]*$ ]] && ROUND_ARG=$ROUND && ROUND=${GRID_ASKED}
 case $ROUND in
@@ -69,9 +88,18 @@ case $ROUND in
   main|ablation|depth) GRID=$ROUND; SEEDS_DEFAULT=1-8; PER_DEFAULT=12
      [[ $GRID == main ]] || SEEDS_DEFAULT=1-4; [[ $GRID == depth ]] && PER_DEFAULT=6 ;;
   small) GRID=small; SEEDS_DEFAULT=1-3; PER_DEFAULT=9 ;;
+  prereg) GRID=prereg; SEEDS_DEFAULT=""; PER_DEFAULT=12; ARMS_DEFAULT=bf16,e2m1,ufp4 ;;
   *) echo "gpu/study.sh: unknown round $ROUND; give 1-9 or main|ablation|depth|small (or GRID=... and any round number)" >&2; exit 2 ;;
 esac
 ROUND=${ROUND_ARG:-$ROUND}  # the archive's name: roundN.tar.gz
+if [[ $GRID == prereg ]]; then  # the design is the grid's: nothing here may change it
+  for v in SEEDS STEPS PACKAGES; do
+    [[ -n ${!v:-} ]] && { echo "gpu/study.sh: $v is set; the prereg grid fixes it (unset it)" >&2; exit 2; }
+  done
+  [[ ${PAUSE:-0} == 0 ]] || { echo "gpu/study.sh: PAUSE=1 with GRID=prereg; its runs never resume across calls" >&2; exit 2; }
+  [[ ${CORPUS:-pysrc} == pysrc ]] || { echo "gpu/study.sh: CORPUS=$CORPUS with GRID=prereg; it trains on pysrc" >&2; exit 2; }
+  CORPUS=pysrc
+fi
 SEEDS=${SEEDS:-$SEEDS_DEFAULT}
 ARMS=${ARMS:-$ARMS_DEFAULT}
 PER_DEVICE=${PER_DEVICE:-$PER_DEFAULT}
@@ -94,6 +122,9 @@ case $CORPUS in
   pysrc) ARCHIVES=docs/results/study-pysrc; STUDY=/tmp/study-pysrc ;;
   *) echo "gpu/study.sh: CORPUS=$CORPUS; give stdlib or pysrc" >&2; exit 2 ;;
 esac
+restart=()  # the prereg study: its own dir and archives; a run counts if one process trained it
+[[ $GRID == prereg ]] && ARCHIVES=docs/results/prereg && STUDY=/tmp/study-prereg \
+  && restart=(--restart-incomplete)
 # PACKAGES (pysrc): the installed packages whose sources join the stdlib's (default torch);
 # other packages make another corpus, so another study (its own dir and archive folder)
 CORPUS_PREFIX=/tmp/corpus/pysrc
@@ -178,11 +209,11 @@ while IFS= read -r a; do
 done < <(find "$ARCHIVES" -maxdepth 1 -name 'round*.tar.gz' 2>/dev/null | sort -V)
 
 LIMIT=$(( BUDGET - ($(date +%s) - T0) ))
-echo "round $ROUND: grid $GRID arms ${ARMS:-all} seeds $SEEDS${AXIS:+ axis $AXIS}, $PER_DEVICE per GPU, training stops in $LIMIT s"
+echo "round $ROUND: grid $GRID arms ${ARMS:-all} seeds ${SEEDS:-of the grid}${AXIS:+ axis $AXIS}, $PER_DEVICE per GPU, training stops in $LIMIT s"
 T_START=$(date +%s)
 extra=(); (( ${#data[@]} )) && extra=(-- "${data[@]}")
-python3 -m ufp4_megatron.study --out "$STUDY" --grid "$GRID" --seeds "$SEEDS" ${ARMS:+--arms "$ARMS"} \
-  ${AXIS:+--axis "$AXIS"} --per-device "$PER_DEVICE" --time-limit "$LIMIT" "${pause[@]}" --stop-grace "$STOP_GRACE" --wandb-mode disabled \
+python3 -m ufp4_megatron.study --out "$STUDY" --grid "$GRID" ${SEEDS:+--seeds "$SEEDS"} ${ARMS:+--arms "$ARMS"} \
+  ${AXIS:+--axis "$AXIS"} --per-device "$PER_DEVICE" --time-limit "$LIMIT" "${pause[@]}" "${restart[@]}" --stop-grace "$STOP_GRACE" --wandb-mode disabled \
   --progress plain "${extra[@]}" 2>&1 | tee "$STUDY/runner-round$ROUND.log"
 T_TRAIN=$(date +%s)
 [[ -f $STUDY/study.json ]] || { echo "gpu_study: the runner wrote no study.json (see above)"; exit 1; }
@@ -204,7 +235,10 @@ while IFS= read -r name; do
 done < "$SCRATCH/runs-complete.txt"
 files=(study.json "runner-round$ROUND.log")
 [[ -f $STUDY/corpus.manifest.json ]] && files+=(corpus.manifest.json)
-for n in "${new[@]}"; do files+=("runs/$n/metrics.jsonl" "runs/$n/config.yaml" "logs/$n.log"); done
+for n in "${new[@]}"; do
+  files+=("runs/$n/metrics.jsonl" "runs/$n/config.yaml" "logs/$n.log")
+  [[ -f $STUDY/runs/$n/launch.json ]] && files+=("runs/$n/launch.json")  # how it was trained
+done
 tar -czf "$OUT/round$ROUND.tar.gz" -C "$STUDY" "${files[@]}" \
   && { (( ${#new[@]} )) && printf '%s\n' "${new[@]}" >> "$STUDY/returned.txt"; :; }
 

@@ -42,7 +42,17 @@ def test_study_sh_refuses_a_bad_round_or_grid_before_setting_up():
     assert bad_round.returncode == 2 and "unknown round 12" in bad_round.stderr
     bad_grid = _study_sh("4", GRID="mian")
     assert bad_grid.returncode == 2
-    assert "GRID=mian; give main, ablation, depth or small" in bad_grid.stderr
+    assert "GRID=mian; give main, ablation, depth, small or prereg" in bad_grid.stderr
+
+
+def test_study_sh_prereg_refuses_what_would_change_the_design():
+    # the pre-registered grid fixes corpus, seeds and steps; its runs never resume across calls
+    for env, said in (({"SEEDS": "1-4"}, "SEEDS is set; the prereg grid fixes it"),
+                      ({"STEPS": "2000"}, "STEPS is set"),
+                      ({"PAUSE": "1"}, "its runs never resume across calls"),
+                      ({"CORPUS": "stdlib"}, "CORPUS=stdlib with GRID=prereg")):
+        r = _study_sh("1", GRID="prereg", **env)
+        assert r.returncode == 2 and said in r.stderr, (env, r.stderr)
 
 
 def test_study_sh_refuses_bad_steps_and_packages_before_setting_up():
@@ -199,7 +209,8 @@ def test_study_sh_keeps_no_fixed_scratch_files():
     text = (ROOT / "gpu" / "study.sh").read_text()
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     fixed = set(re.findall(r"/tmp/[\w.-]+", code))
-    assert fixed <= {"/tmp/study", "/tmp/study-pysrc", "/tmp/corpus", "/tmp/preflight.XXXXXX",
+    assert fixed <= {"/tmp/study", "/tmp/study-pysrc", "/tmp/study-prereg", "/tmp/corpus",
+                     "/tmp/preflight.XXXXXX",
                      "/tmp/study-scratch.XXXXXX"}, fixed
 
 

@@ -183,3 +183,25 @@ def test_embedded_bpe_config_errors(tmp_path):
         _build(_data(tmp_path, corpus_bpe_vocab=600, tokenizer=TokenizerConfig()), 640)
     with pytest.raises(ValueError, match="the corpus is tokenized with bytes or its own BPE"):
         _build(_data(tmp_path, tokenizer=replace(hf, path=str(tmp_path))), 640)
+
+
+def test_valid_seed_fixes_the_validation_samples_across_train_seeds(tmp_path):
+    """data.valid_seed: the validation split is shuffled with it, not with train.seed, so runs
+    of every seed validate on the same samples (a study's fixed validation set); without it
+    each seed draws its own, and the training samples follow train.seed either way."""
+    tok = build_tokenizer(TokenizerConfig())
+    prefix = tmp_path / "v"
+    write_indexed(([f"doc {i:03d} " * (3 + i % 7)] for i in range(60)), prefix, tok)
+
+    def build(seed, valid_seed):
+        data = _data(tmp_path, prefix, valid_seed=valid_seed)
+        train, valid = build_datasets(data, seed=seed, seq_len=SEQ, vocab_size=384, n_train=8,
+                                      n_valid=8)
+        return ([train[i]["tokens"].tolist() for i in range(8)],
+                [valid[i]["tokens"].tolist() for i in range(8)])
+
+    (t1, v1), (t2, v2) = build(1, 99), build(2, 99)
+    assert v1 == v2 and t1 != t2
+    (_, w1), (_, w2) = build(1, None), build(2, None)
+    assert w1 != w2
+    assert build(99, None)[1] == v1  # valid_seed 99 draws what train.seed 99 would

@@ -15,6 +15,8 @@
     test_an_invocation_trains_its_own_runs   --seeds 1 leaves an earlier invocation's seed 2
     test_sigterm_stops_cleanly_and_resume_finishes   the trainer saves where it is; --resume
         (make test-slow)
+    test_restart_incomplete_trains_a_stopped_run_again_in_one_process   no resume across
+        invocations: from step 0, the partial run kept in discarded/ (make test-slow)
 """
 from __future__ import annotations
 
@@ -354,3 +356,36 @@ def test_sigterm_stops_cleanly_and_resume_finishes(tmp_path):
                           env=env(tmp_path), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert status(out) == {"bf16-s1": "done"} and len(lines(metrics)) == steps
+
+
+# slow: in make test the discard and launch.json are test_study_grid.py's
+# test_restart_incomplete_moves_partial_runs_aside_and_launch_records_the_start
+@pytest.mark.slow
+def test_restart_incomplete_trains_a_stopped_run_again_in_one_process(tmp_path):
+    """--restart-incomplete (the pre-registered study's rule: a run counts if one process
+    trained all its steps): a run SIGTERMed mid-way with a checkpoint does not resume in the
+    next invocation; it starts over from step 0, its partial files kept in discarded/, and
+    its launch.json says from_step 0."""
+    out = tmp_path / "study"
+    steps = 400
+    args = ["--arms", "bf16", "--seeds", "1", "--no-compare", "--restart-incomplete", "--",
+            *FAST, f"train.steps={steps}", "logging.print_interval=50"]
+    runner = subprocess.Popen(study_cmd(out, *args), cwd=ROOT, env=env(tmp_path),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = out / "runs" / "bf16-s1"
+    deadline = time.monotonic() + 300
+    while len(lines(run / "metrics.jsonl")) < 5:
+        assert runner.poll() is None and time.monotonic() < deadline, "no steps to stop at"
+        time.sleep(0.05)
+    runner.send_signal(signal.SIGTERM)
+    assert runner.wait(timeout=300) == 3
+    stopped = int((run / "checkpoints" / "latest").read_text())
+    assert 5 <= stopped < steps
+    done = subprocess.run(study_cmd(out, *args), cwd=ROOT, env=env(tmp_path),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "starts over from step 0" in done.stdout and "resuming at step" not in done.stdout
+    assert json.loads((run / "launch.json").read_text()) == {"attempt": 2, "from_step": 0}
+    assert len(lines(run / "metrics.jsonl")) == steps
+    kept = out / "discarded" / "bf16-s1-attempt1"
+    assert int((kept / "checkpoints" / "latest").read_text()) == stopped

@@ -56,7 +56,8 @@ def test_run_id_changes_with_identity_keys_only():
     assert base not in ids and len(set(ids)) == len(ids)
     same = ["train.steps=5", "train.micro_batch=4", "train.eval_interval=3",
             "logging.log_interval=5", "parallel.tp=2", "checkpoint.interval=7",
-            "data.cache_dir=/elsewhere", "experiment=other", "train.device=cpu"]
+            "data.cache_dir=/elsewhere", "data.valid_seed=7", "experiment=other",
+            "train.device=cpu"]
     assert {identity.run_id(compose_cfg(o)) for o in same} == {base}
     # the BF16 reference and the 4-bit runs of one model/data/seed are siblings
     assert identity.sibling_key(compose_cfg("precision=bf16")) == identity.sibling_key(

@@ -31,6 +31,7 @@ CASES = [  # (overrides, a fragment of the one-line message)
     (["train.global_batch=3"], "train.global_batch=3 is not a multiple of train.micro_batch=2"),
     (["train.seq_len=2048"], "train.seq_len=2048 exceeds model.max_seq_len=1024"),
     (["train.seed=-1"], "train.seed=-1 must be in [0, 2**31)"),
+    (["data.valid_seed=-3"], "data.valid_seed=-3 must be in [0, 2**31)"),
     (["train.eval_interval=2", "train.eval_iters=0"], "evaluate at least 1 batch"),
     (["train.eval_interval=-1"], "train.eval_interval=-1 must be >= 0"),
     (["train.device=tpu"], "train.device='tpu'; valid: auto, cpu, cuda"),

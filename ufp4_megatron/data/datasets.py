@@ -1,13 +1,15 @@
 """Megatron's GPTDataset over indexed data, read in a fixed global order.
 
 Step s uses the global batch of samples [s * G, (s + 1) * G) of the (seeded, shuffled)
-GPTDataset; data-parallel rank r takes micro-batch m's slice starting at
+GPTDataset (validation: of the validation split's, shuffled with data.valid_seed when set);
+data-parallel rank r takes micro-batch m's slice starting at
 s * G + (m * dp + r) * micro_batch. The data position is therefore the step number alone,
 the same for every recipe, and restored exactly on resume.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -59,6 +61,13 @@ def build_datasets(data, *, seed: int, seq_len: int, vocab_size: int, n_train: i
         _check_split_sizes(p, config.split_matrix, data.split)
     train, valid, _ = BlendedMegatronDatasetBuilder(
         GPTDataset, [n_train, n_valid, None], lambda: True, config).build()
+    valid_seed = getattr(data, "valid_seed", None)  # configs saved before it: None
+    if valid_seed is not None and valid_seed != seed:
+        # the same split's documents, shuffled with valid_seed: every run validates on the
+        # same samples whatever its train.seed (the train split of this build is not used)
+        _, valid, _ = BlendedMegatronDatasetBuilder(
+            GPTDataset, [1, n_valid, None], lambda: True,
+            dataclasses.replace(config, random_seed=valid_seed)).build()
     return train, valid
 
 

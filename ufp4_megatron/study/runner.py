@@ -20,6 +20,11 @@ trains until the limit, nothing is shed, and the next invocation continues them.
 The lock (<study>/study.lock, flock) is inherited by every trainer: while any trainer of a
 killed runner still runs, a second runner on the same study waits instead of starting the
 same run twice.
+
+With restart_incomplete a run is never continued from an earlier invocation's checkpoint: a
+run found incomplete starts over from step 0 (its partial files are moved to
+<study>/discarded/), so every complete run was trained by one process; each launch writes
+<run>/launch.json, which says from which step the process that completed the run started.
 """
 from __future__ import annotations
 
@@ -47,6 +52,10 @@ class Options:
     # the limit pauses the study instead of ending it: runs longer than one allocation train
     # until it and stop with a checkpoint for a later invocation; nothing is shed or held back
     pause_at_limit: bool = False
+    # a run counts only if one trainer process trained all its steps: a run this invocation
+    # finds incomplete starts over from step 0 (its partial files are moved to
+    # <study>/discarded/), never from a checkpoint of an earlier invocation
+    restart_incomplete: bool = False
     stop_grace: float = 90.0  # seconds a stopped trainer has to save before SIGKILL
     threads: int = 1  # OpenMP threads per run (packing.py says why 1)
     hide_gpus: bool = False  # CUDA_VISIBLE_DEVICES="" for CPU slots on a GPU machine
@@ -276,6 +285,23 @@ class Runner:
             self._say(f"stop {a.record['name']} at step {a.step}: it would not end within the "
                       f"time limit ({rate:.1f} steps/s in all)")
 
+    def _discard_partial(self, queue: list[dict]) -> None:
+        """restart_incomplete: moves each queued run's partial files (metrics, checkpoints)
+        to <study>/discarded/<run>-attempt<K>, so that it trains from step 0 in one process;
+        kept, not deleted, and said."""
+        for r in queue:
+            d = mf.run_dir(self.study, r["name"])
+            if not (d / "metrics.jsonl").exists() and mf.checkpoint_step(d) is None:
+                continue
+            dest = self.study / "discarded" / f"{r['name']}-attempt{r['attempts']}"
+            n = 1
+            while dest.exists():  # a name taken by an earlier discard
+                dest, n = dest.with_name(f"{r['name']}-attempt{r['attempts']}.{n}"), n + 1
+            dest.parent.mkdir(exist_ok=True)
+            os.replace(d, dest)
+            self._say(f"{r['name']}: incomplete ({mf.last_step(dest / 'metrics.jsonl')} steps);"
+                      f" it starts over from step 0 (the partial run: {dest})")
+
     def _launch(self, r: dict, slot: Slot, lock_fd: int) -> None:
         d = mf.run_dir(self.study, r["name"])
         d.mkdir(parents=True, exist_ok=True)
@@ -284,6 +310,7 @@ class Runner:
         log = open(logs / f"{r['name']}.log", "ab")
         argv = self._argv(r)
         start_step = mf.checkpoint_step(d) or 0
+        mf.write_launch(d, attempt=r["attempts"] + 1, from_step=start_step)
         header = (f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} attempt {r['attempts'] + 1} "
                   f"slot {slot.index} gpu {slot.gpu} cpus {list(slot.cpus)} from step "
                   f"{start_step}: {' '.join(argv)}\n")
@@ -394,6 +421,8 @@ class Runner:
             for r in queue:
                 if r["status"] == "failed":
                     self._say(f"{r['name']} failed before (exit {r['returncode']}): trying again")
+            if self.opt.restart_incomplete:
+                self._discard_partial(queue)
             self._save()
             prepare_data(self.study, queue, self.infos)
             if self.opt.progress == "bar" or (self.opt.progress == "auto" and sys.stderr.isatty()):

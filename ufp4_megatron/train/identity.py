@@ -28,8 +28,9 @@ from typing import Any, Mapping
 IDENTITY_GROUPS = ("model", "precision", "data", "optim")
 # Keys of `train` that define the run; the rest (steps, micro_batch, eval_*, device) do not.
 IDENTITY_TRAIN_KEYS = ("seed", "seq_len", "global_batch", "dtype")
-# Keys inside the groups above that do not change the run (where files go, not what is in them).
-NON_IDENTITY_KEYS = {("data", "cache_dir")}
+# Keys inside the groups above that do not change the run (where files go, not what is in them;
+# which held-out samples validation reads, not what is trained).
+NON_IDENTITY_KEYS = {("data", "cache_dir"), ("data", "valid_seed")}
 # Keys added to an identity group after runs had been recorded without them, each with the
 # value those earlier runs trained with. At that value the key is left out of the identity, so
 # an option that defaults to the old behaviour renames no run: an earlier run keeps its run dir

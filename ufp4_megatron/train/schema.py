@@ -138,6 +138,10 @@ class DataConfig:
     # The tokenizer the data was made with: its EOD/pad ids and vocabulary are checked
     # against model.vocab_size and the data at start (data/tokenizers.py).
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    # The shuffling seed of the validation split. null: train.seed's, so each seed validates
+    # on other samples of the held-out documents; a number: every run validates on the same
+    # samples whatever its seed (a fixed validation set shared by a study's seeds).
+    valid_seed: Optional[int] = None
 
 
 @dataclass(kw_only=True)

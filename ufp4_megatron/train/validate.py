@@ -120,6 +120,9 @@ def _check_train(cfg: Config) -> None:
                           f"train.micro_batch={t.micro_batch}")
     if not 0 <= t.seed < MAX_SEED:
         raise ConfigError(f"train.seed={t.seed} must be in [0, 2**31)")
+    vs = cfg.data.valid_seed
+    if vs is not None and not 0 <= vs < MAX_SEED:
+        raise ConfigError(f"data.valid_seed={vs} must be in [0, 2**31), or null (train.seed's)")
     if t.eval_interval < 0:
         raise ConfigError(f"train.eval_interval={t.eval_interval} must be >= 0 (0: never)")
     if t.eval_interval and t.eval_iters < 1:
