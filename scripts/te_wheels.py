@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import gzip
 import hashlib
 import io
 import os
@@ -136,6 +137,9 @@ def prune_fatbins(lib: bytearray, keep_arch: int) -> dict[int, int]:
         entries = []
         while entry < end:
             _, _, ehsize, psize = struct.unpack_from("<HHIQ", lib, entry)
+            if ehsize < 32 or entry + ehsize + psize > end:
+                raise SystemExit(f"a fatbinary entry at {entry:#x} is not one this tool "
+                                 "reads: use --full")
             arch, = struct.unpack_from("<I", lib, entry + 28)
             entries.append((arch, entry + ehsize, psize))
             entry += ehsize + psize
@@ -177,7 +181,9 @@ def pruned_wheel(src: Path, dest: Path, keep_arch: int) -> None:
 
 def headers(wheel: Path, dest: Path) -> None:
     """The wheel's include/ tree as a tar.gz (the build reads headers only)."""
-    with zipfile.ZipFile(wheel) as z, tarfile.open(dest, "w:gz") as tar:
+    with zipfile.ZipFile(wheel) as z, open(dest, "wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w") as tar:  # the same bytes every time
         for info in z.infolist():
             if info.filename.startswith("include/") and not info.is_dir():
                 data = z.read(info)

@@ -44,6 +44,14 @@ def test_every_recipe_name_is_one_factory(name):
         assert f.recipe == ablation(name)
 
 
+def test_factory_names_are_not_module_names():
+    """A module of ufp4_megatron.te must not shadow a factory (nor the reverse)."""
+    modules = {p.stem for p in pathlib.Path(te.__file__).parent.glob("*.py")}
+    assert not modules & {*PRESETS, *ABLATIONS, "factory"}
+    code = "from ufp4_megatron.te import seeds, layouts; print(seeds.draw, layouts.LAYOUTS)"
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
 def test_unknown_names():
     with pytest.raises(ValueError, match=r"no quantizer factory 'ufp44'; valid: bf16, e2m1, "
                                          r"ufp4, .*ufp4_no_sr, factory"):

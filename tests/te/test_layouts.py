@@ -150,6 +150,13 @@ def test_sr_layouts_use_the_call_seed_per_gemm():
     assert plan.uses_sr and plan.salt == (GEMMS.index("dgrad"), 0)
 
 
+def test_an_expert_without_tokens_passes_through():
+    for tensor, layout in (("input", ROWWISE), ("grad_output", COLUMNWISE)):
+        empty = torch.zeros(0, 64)
+        out = quantize_layout(empty, layout_plan(PRESETS["ufp4"], tensor, layout), seed=1)
+        assert out.shape == (0, 64)
+
+
 def test_unknown_role_or_layout_is_refused():
     with pytest.raises(ValueError, match="no GEMM operand for tensor 'output'"):
         layout_plan(PRESETS["ufp4"], "output", ROWWISE)

@@ -15,11 +15,14 @@ nvfp4, mxfp4, bf16) and ablation (ufp4_rht_none, ufp4_no_sr, ...); `ufp4_megatro
 reads UFP4_RECIPE (a name, or a JSON file {"recipe": ..., "overrides": {...}});
 `factory_path(recipe)` gives the dotted path of any Recipe. An unknown name raises ValueError
 listing the valid ones (Megatron resolves the path with getattr, which would hide an
-AttributeError behind a generic message); names starting with "_" raise AttributeError.
+AttributeError behind a generic message); names starting with "_", and the names of this
+package's modules, raise AttributeError.
 
 TransformerEngine is imported only when a factory is called: this package imports without it,
 and nothing else in ufp4_megatron imports it.
 """
+import importlib.util
+
 from .checks import TE_MIN_VERSION
 from .factories import ENV, UFP4QuantizerFactory, factory_path, resolve
 
@@ -27,6 +30,8 @@ __all__ = ["ENV", "TE_MIN_VERSION", "UFP4QuantizerFactory", "factory_path", "res
 
 
 def __getattr__(name: str):
-    if name.startswith("_"):
+    # privates, and this package's modules not imported yet (`from ufp4_megatron.te import
+    # seeds` asks here first), are AttributeErrors: Python then imports the module
+    if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is not None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return resolve(name)

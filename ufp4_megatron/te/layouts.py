@@ -109,6 +109,8 @@ def quantize_layout(t: torch.Tensor, plan: LayoutPlan, *, seed: int = 0,
         return t
     if t.dim() < 1:
         raise ValueError(f"{plan.tensor_type}: cannot quantize a 0-d tensor")
+    if t.numel() == 0:  # an expert that got no tokens: nothing to multiply
+        return t.contiguous()
     t2 = t.reshape(-1, t.shape[-1])
     view = t2.t() if plan.along_rows else t2
     spec, op = plan.spec, plan.op

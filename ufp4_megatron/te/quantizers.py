@@ -77,7 +77,7 @@ class UFP4LayoutQuantizer(IdentityQuantizer):
                 "and quantizes it again, so the GEMM would not get the recipe's operand; run "
                 "without --sequence-parallel (and so without --tp-comm-overlap), or use the "
                 "--spec route")
-        seed = seeds.draw(tensor.device) if self.plan.uses_sr else 0
+        seed = seeds.draw(tensor.device) if self.plan.uses_sr and tensor.numel() else 0
         self.stats.calls += 1
         return quantize_layout(tensor, self.plan, seed=seed)
 
