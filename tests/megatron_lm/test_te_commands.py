@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 
-from conftest import HERE, ROOT, _bash_captured, gpu_megatron_lm
+from conftest import HERE, ROOT, te_documented_commands
 
 PARSE = """
 import json, sys, typing, warnings
@@ -49,12 +49,10 @@ def test_te_route_commands_parse_as_megatron_lm_reads_them(tmp_path):
 
     from ufp4_megatron.recipe import PRESETS
 
-    common, _ = gpu_megatron_lm.documented_runs()
-    runs = _te_tool().te_runs()
-    assert [n for n, _ in runs] == ["te-bf16", "te-ufp4", "te-e2m1", "te-resume"]
-    cmds = [(name, cmd) for name, block in runs
-            for cmd in _bash_captured(common + "\n" + block)]
-    assert [n for n, _ in cmds] == ["te-bf16", "te-ufp4", "te-e2m1", "te-resume", "te-resume"]
+    runs = _te_tool().te_runs()  # what gpu/te_megatron_lm.py runs
+    assert [n for n, _ in runs] == ["te-ufp4", "te-bf16", "te-e2m1", "te-resume"]
+    cmds = [(c["run"], c) for c in te_documented_commands()]
+    assert [n for n, _ in cmds] == ["te-ufp4", "te-bf16", "te-e2m1", "te-resume", "te-resume"]
     argvs = [c["argv"][c["argv"].index("pretrain_gpt.py") + 1:] for _, c in cmds]
     path = tmp_path / "argv.json"
     path.write_text(json.dumps(argvs))
