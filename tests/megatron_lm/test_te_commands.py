@@ -6,7 +6,8 @@ every pretrain_gpt.py argv goes through Megatron-LM's own parse_args (the megatr
 wheel's megatron/training, or MEGATRON_LM_DIR's): TE's layers, Megatron's custom FP4 recipe,
 and a quantizer factory that Megatron-Core's resolver turns into the plugin's factory for the
 named recipe. Whether TE then trains with it is for gpu/te_check.sh on a GPU (validate_args
-needs TransformerEngine installed).
+needs TransformerEngine installed); how that script judges its runs is checked here on made-up
+logs.
 """
 from __future__ import annotations
 
@@ -76,3 +77,42 @@ def test_te_route_commands_parse_as_megatron_lm_reads_them(tmp_path):
     first, second = parsed[3], parsed[4]
     assert first["exit_interval"] == 20 and second["exit_interval"] is None
     assert first["save"] == first["load"] == second["load"]
+
+
+def _run(loss, probes, rc=0, log=""):
+    return {"rc": rc, "loss": dict(loss), "ms": {}, "probes": probes, "log": log, "wall_s": 1}
+
+
+def test_te_check_judges_the_runs():
+    """gpu/te_megatron_lm.py's verdicts on made-up logs: what passes, and each way to fail."""
+    tool = _te_tool()
+    its = range(1, 31)
+    base = {i: 7.0 - 0.01 * i for i in its}
+    te = [{"linears": 1, "ufp4": 0, "te_linears": 16, "te_ufp4": 16,
+           "te_recipes": {"ufp4": 16}}]
+    local = [{"linears": 17, "ufp4": 16, "te_linears": 0, "te_ufp4": 0, "te_recipes": {}}]
+    ufp4 = {i: v + 0.01 for i, v in base.items()}
+    resumed = tool.mlm.logged_after_restart(ufp4, 20)
+    results = {
+        "te-ufp4": _run(ufp4, te),
+        "te-bf16": _run(base, [{"linears": 1, "ufp4": 0, "te_linears": 16, "te_ufp4": 0,
+                                "te_recipes": {}}]),
+        "te-e2m1": _run({i: v + 0.02 for i, v in base.items()},
+                        [dict(te[0], te_recipes={"e2m1": 16})]),
+        "te-resume": _run({i: resumed[i] for i in range(21, 31)}, te + te,
+                          log="successfully loaded checkpoint from /c at iteration 20"),
+        "spec-te-ufp4": _run({i: v + (0.01 if i == 1 else 0.011) for i, v in base.items()}, local),
+        "spec-te-ufp4-sr1": _run({i: v + 0.012 for i, v in base.items()}, local),
+    }
+    results["te-resume"]["loss"].update({i: ufp4[i] for i in range(1, 21)})
+    checks = tool.evaluate(results, 30)
+    assert all(ok for _, ok, _ in checks), [c for c in checks if not c[1]]
+    bad = dict(results, **{"te-ufp4": _run({i: v + 0.2 for i, v in base.items()}, te)})
+    failed = {name for name, ok, _ in tool.evaluate(bad, 30) if not ok}
+    assert any("within 3x the SR yardstick" in n for n in failed)
+    assert any("at iteration 1" in n for n in failed)
+    assert any(n.startswith("te-resume") for n in failed)
+    missing = dict(results, **{"te-ufp4": _run(ufp4, [dict(te[0], te_ufp4=15,
+                                                          te_recipes={"ufp4": 15})])})
+    failed = {name for name, ok, _ in tool.evaluate(missing, 30) if not ok}
+    assert failed == {"te-ufp4: 17 linears, 16 quantized by ufp4_megatron.te (ufp4)"}
