@@ -11,8 +11,9 @@
 #                BF16, --save/--load resume (needs the Megatron-LM archive of gpu/megatron_lm.sh)
 #   steps        gpu/te_steps.py: the trainer's step time, TE+UFP4 vs TE BF16 vs the local
 #                route, dense_1p5b and moe_7p9b at 2 layers
-# Needs TransformerEngine from gpu/te_setup.sh (in TE_SITE, default /tmp/te-site) and the
-# wheelhouse of gpu/setup.sh. Writes to OUT (default runs/gpu/te_check) at most 7 files:
+# Needs TransformerEngine from gpu/te_setup.sh (in TE_SITE, default /tmp/te-site), and for
+# megatron_lm and steps the wheelhouse of gpu/setup.sh (parity runs without it, so it can follow
+# gpu/te_setup.sh in the same run). Writes to OUT (default runs/gpu/te_check) at most 7 files:
 # te_check.md (the status table), te_check.log, te_parity.json, te_megatron_lm.{md,json,log},
 # te_steps.json.  PARTS=parity,megatron_lm,steps (default all) picks parts.
 # At most 9 minutes on an H200: each part stops at its limit (parity 110 s, megatron_lm 170 s,
@@ -26,7 +27,11 @@ for p in ${PARTS//,/ }; do
 done
 TE_SITE=${TE_SITE:-/tmp/te-site}
 exec > >(tee "$OUT/te_check.log") 2>&1
-source gpu/setup.sh || { echo "te_check: gpu/setup.sh failed"; exit 1; }
+if [[ ,$PARTS, == *,megatron_lm,* || ,$PARTS, == *,steps,* ]]; then
+  source gpu/setup.sh || { echo "te_check: gpu/setup.sh failed"; exit 1; }
+else  # parity needs only torch, Triton, TE and the checkout: no wheelhouse
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+fi
 export PYTHONPATH=$TE_SITE:$PYTHONPATH OMP_NUM_THREADS=4
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 declare -A status took
