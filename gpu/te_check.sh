@@ -13,9 +13,9 @@
 #                route, dense_1p5b and moe_7p9b at 2 layers
 # Needs TransformerEngine from gpu/te_setup.sh (in TE_SITE, default /tmp/te-site), and for
 # megatron_lm and steps the wheelhouse of gpu/setup.sh (parity runs without it, so it can follow
-# gpu/te_setup.sh in the same run). Writes to OUT (default runs/gpu/te_check) at most 7 files:
-# te_check.md (the status table), te_check.log, te_parity.json, te_megatron_lm.{md,json,log},
-# te_steps.json.  PARTS=parity,megatron_lm,steps (default all) picks parts.
+# gpu/te_setup.sh in the same run). Writes to OUT (default runs/gpu/te_check): te_check.md (the
+# status table), te_check.log, te_parity.json, te_megatron_lm.{md,json,log} and te_steps.json
+# (the runs' own files stay in /tmp).  PARTS=parity,megatron_lm,steps (default all) picks parts.
 # At most 9 minutes on an H200: each part stops at its limit (parity 110 s, megatron_lm 170 s,
 # steps 240 s; estimated from the scripts' sizes, not yet measured), set-up ~10-30 s.
 set -uo pipefail
