@@ -80,6 +80,18 @@ def patched_root(tmp_path_factory, stock_root) -> Path:
     return root
 
 
+def te_documented_commands() -> list[dict]:
+    """The TransformerEngine route's commands (`<!-- megatron-lm-te-run: NAME -->` blocks,
+    gpu/te_megatron_lm.py), expanded after the `common` block: name, argv, environment."""
+    import re
+
+    common, _ = gpu_megatron_lm.documented_runs()
+    blocks = re.findall(r"<!-- megatron-lm-te-run: (\S+) -->\s*\n```bash\n(.*?)```",
+                        gpu_megatron_lm.DOC.read_text(), re.S)
+    return [{"run": name, "argv": cmd["argv"], "env": cmd["env"]} for name, block in blocks
+            for cmd in _bash_captured(common + "\n" + block)]
+
+
 def _bash_captured(script: str) -> list[dict]:
     """Runs a documented bash block with `torchrun` replaced by a recorder: the argv and
     UFP4_* environment of every command, as bash itself expands them."""

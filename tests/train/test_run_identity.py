@@ -75,7 +75,7 @@ model.hidden_size model.init_std model.kv_channels model.max_seq_len model.moe_a
 model.moe_ffn_hidden_size model.moe_first_dense model.moe_grouped_gemm model.moe_router_topk
 model.moe_shared_expert_size model.name model.num_attention_heads model.num_experts
 model.num_layers model.num_query_groups model.rotary_base model.sdpa_kernels
-model.untie_embeddings model.vocab_size optim.adam_kernel optim.beta1 optim.beta2
+model.transformer_impl model.untie_embeddings model.vocab_size optim.adam_kernel optim.beta1 optim.beta2
 optim.clip_grad optim.decay_steps optim.decay_style optim.eps optim.lr optim.min_lr
 optim.warmup_steps optim.weight_decay optim.wsd_decay_steps optim.wsd_decay_style
 precision.bf16_layers precision.block precision.block_2d precision.grid precision.name

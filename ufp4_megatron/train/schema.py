@@ -33,6 +33,9 @@ class ModelConfig:
     untie_embeddings: bool = True  # separate output head (Megatron's default for GPT-3 style)
     init_std: float = 0.02
     cpu_init: Optional[bool] = None  # None: on CPU only; true: TP-layout-invariant weights
+    # linears: local (the plugin's UFP4 linears in Megatron's local spec) or transformer_engine
+    # (Megatron's TE spec, UFP4 through TE's custom FP4 recipe: train/te_route.py; needs TE)
+    transformer_impl: str = "local"
     # core attention, the same for every recipe: sdpa (PyTorch's fused kernels, no mask
     # tensor), te (TransformerEngine, when installed), megatron (unfused, materialised mask)
     attention_backend: str = "sdpa"

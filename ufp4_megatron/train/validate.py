@@ -21,6 +21,8 @@ from math import gcd
 from .optim import check_schedule
 from .runtime import BACKENDS, DEVICES, DTYPES, decide
 from .schema import Config
+from .te_route import check_config as check_te_route
+from .te_route import check_installed
 
 PROGRESS = ("auto", "bar", "plain")
 WANDB_MODES = ("auto", "offline", "online", "disabled")
@@ -42,6 +44,7 @@ def check_config(cfg: Config, world_size: int | None = None) -> None:
     _check_logging(cfg)
     _check_precision(cfg)
     _check_layout(cfg)
+    _check_transformer_impl(cfg)
     p = cfg.parallel
     if world_size is None and p.dp is not None:  # describe: the world the layout names
         world_size = p.tp * p.pp * p.dp
@@ -60,6 +63,8 @@ def check_machine(cfg: Config) -> None:
                           "default) or 0 (Triton's own launch path for every call), or unset it")
     try:
         decide(cfg)
+        if cfg.model.transformer_impl == "transformer_engine":
+            check_installed()
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -178,6 +183,13 @@ def _check_precision(cfg: Config) -> None:
     try:
         recipe_from_config(cfg.precision)
         check_bf16_layers(cfg.precision, cfg.model.num_layers)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_transformer_impl(cfg: Config) -> None:
+    try:  # what the TransformerEngine route refuses (train/te_route.py)
+        check_te_route(cfg)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
