@@ -304,7 +304,7 @@ def test_ranks_that_see_different_files_are_named():
 
 
 def test_a_non_finite_loss_stops_with_one_line(tmp_path):
-    from ufp4_megatron.train.loop import _stop_if_not_finite
+    from ufp4_megatron.train.loop import _stop_if_not_finite, _stop_if_params_not_finite
 
     _stop_if_not_finite(3, {"loss": 2.5, "grad_norm": 1.0}, tmp_path)
     fake_step(tmp_path, 2)
@@ -313,6 +313,12 @@ def test_a_non_finite_loss_stops_with_one_line(tmp_path):
     msg = str(e.value)
     assert msg.startswith("step 3: loss is nan, grad_norm is inf; stopped without saving")
     assert "step_00000002, is kept as it was" in msg and "\n" not in msg
+    model = torch.nn.Linear(2, 2)  # optim.lr=inf: a finite loss, weights that are not
+    _stop_if_params_not_finite(1, model, None, tmp_path)
+    with torch.no_grad():
+        model.weight[0, 0] = math.inf
+    with pytest.raises(checkpoint.RunFailed, match="step 1: the model's weights hold NaN or Inf"):
+        _stop_if_params_not_finite(1, model, None, tmp_path)
 
 
 def test_a_cut_or_foreign_index_cache_file_is_rebuilt(tmp_path, capsys):

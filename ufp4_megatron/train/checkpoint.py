@@ -104,8 +104,9 @@ def _one_line(e: BaseException) -> str:
 def _tampered(path: Path, name: str) -> Tampered:
     return Tampered(
         f"{path} holds a pickle that names {name}, which no checkpoint holds (a planted or "
-        "foreign file; loading it could run code): refused without loading anything. Inspect "
-        "that step dir and remove it; the trainer resumes from the step before once it is gone")
+        "foreign file; unpickling it could run code): refused before anything of it ran. "
+        "Inspect that step dir and remove it; the trainer resumes from the step before once it "
+        "is gone")
 
 
 def inspect(path: Path) -> tuple[str | None, dict | None]:
@@ -638,8 +639,14 @@ def _choose(ckpt_dir: Path, verify: bool) -> Found:
                        f"{step_dir(ckpt_dir, named)} is missing")
     for step in reversed(steps):
         path = step_dir(ckpt_dir, step)
-        why, common = inspect(path)
+        tampered = None
+        try:
+            why, common = inspect(path)
+        except Tampered as e:  # said once every rank agrees (one rank alone would hang)
+            why, common, tampered = str(e), None, e
         agree(f"whether {path} is intact", why)
+        if tampered is not None:
+            raise tampered
         if why is None and verify:
             manifest = checksums.read(path)  # inspect() checked that it parses
             if manifest is not None:

@@ -175,8 +175,8 @@ def _stop_if_params_not_finite(step: int, model, rt: runtime_lib.Runtime,
                                ckpt_dir: Path) -> None:
     """The weights about to be saved are finite on every rank (an update can make them Inf
     with a finite loss and gradient norm: optim.lr=inf)."""
-    ok = torch.tensor([int(all(bool(torch.isfinite(p).all()) for p in model.parameters()))],
-                      dtype=torch.int32)
+    flags = [torch.isfinite(p).all() for p in model.parameters()]  # one sync, not one each
+    ok = (torch.stack(flags).all() if flags else torch.tensor(True)).to(torch.int32).reshape(1)
     if dist.is_initialized() and dist.get_world_size() > 1:
         ok = ok.to(rt.collective_device)
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
