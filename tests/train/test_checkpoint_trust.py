@@ -22,7 +22,8 @@ Each test is a case tried as an attacker, a typo or a second job would; none run
     test_os_reason_finds_the_disk_error_in_a_wrapped_failure
     test_ranks_that_see_different_files_are_named
     test_a_non_finite_loss_stops_with_one_line
-    test_a_cut_or_foreign_index_cache_file_is_rebuilt        Megatron's GPTDataset cache
+    test_a_cut_or_foreign_index_cache_file_is_rebuilt        Megatron's GPTDataset cache; a
+        second job building it waits for the first
     test_the_watchdog_kills_helpers_of_a_killed_process
 """
 from __future__ import annotations
@@ -345,6 +346,21 @@ def test_a_cut_or_foreign_index_cache_file_is_rebuilt(tmp_path, capsys):
     assert index_cache.npy_problem(cut) == "not a .npy array file"
     build_datasets(data, **args)
     assert index_cache.npy_problem(cut) is None and not (tmp_path / "PWNED").exists()
+    # a second job building the same cache waits for the first (here: the test holds it)
+    import fcntl
+    import threading
+
+    fd = os.open(cut.parent / index_cache.LOCK, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    built = []
+    t = threading.Thread(target=lambda: built.append(build_datasets(data, **args)))
+    t.start()
+    time.sleep(1.0)
+    waited = t.is_alive() and not built
+    os.close(fd)
+    t.join(120)
+    assert waited and built and "another job is building Megatron's index cache" in \
+        capsys.readouterr().err
 
 
 _KILLED_PARENT = r"""

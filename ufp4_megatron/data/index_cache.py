@@ -89,7 +89,12 @@ def guard(path_to_cache: Path, build_here: bool = True):
     fd = os.open(d / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # waits for another job's build of this cache
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"note: another job is building Megatron's index cache in {d}: waiting "
+                      "for it", file=sys.stderr, flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError:
             pass  # a filesystem without flock: build unguarded, as Megatron does
         for line in repair(d):
