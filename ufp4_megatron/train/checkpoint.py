@@ -458,7 +458,7 @@ def _write_step(tmp, final, ckpt_dir, step, model, optimizer, extra, keep, runti
         os.replace(tmp, final)
         _fsync(ckpt_dir)
         _test_hook("renamed", step)
-        _write_atomic(ckpt_dir / "latest", str(step))
+        write_atomic(ckpt_dir / "latest", str(step))
         _test_hook("latest_written", step)
         prune(ckpt_dir, step, keep)
 
@@ -474,7 +474,7 @@ def _write_manifest(tmp: Path) -> None:
         digests = {k: v for part in gathered for k, v in part.items()}
         missing = set(checksums.checkpoint_files(tmp)) - set(digests)
         digests |= {n: checksums.file_sha256(tmp / n) for n in missing}
-        _write_atomic(tmp / checksums.MANIFEST, checksums.manifest_text(digests), sync_dir=False)
+        write_atomic(tmp / checksums.MANIFEST, checksums.manifest_text(digests), sync_dir=False)
     dist.barrier()
 
 
@@ -599,8 +599,6 @@ def write_atomic(path: Path, text: str, sync_dir: bool = True) -> None:
     if sync_dir:
         _fsync(path.parent)
 
-
-_write_atomic = write_atomic
 
 
 def _umask() -> int:
