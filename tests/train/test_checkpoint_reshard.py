@@ -63,6 +63,7 @@ def killed_after_step3(tmp_path, cache, *layout: str):
                      tmp_path)
     assert r.returncode != 0 and checkpoint.latest_step(tmp_path / "run" / "checkpoints") == 3, \
         r.stderr[-3000:]
+    assert not r.survivors  # each rank's checkpoint-writer helper ended with it
     return tmp_path / "run"
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from . import checks
+from . import checks, index_cache
 from .corpus import embedded_corpus, embedded_bpe_path, train_embedded_bpe
 from .tokenizers import build_tokenizer, describe
 
@@ -59,16 +59,23 @@ def build_datasets(data, *, seed: int, seq_len: int, vocab_size: int, n_train: i
     )
     for p in _paths(prefixes):
         _check_split_sizes(p, config.split_matrix, data.split)
-    train, valid, _ = BlendedMegatronDatasetBuilder(
-        GPTDataset, [n_train, n_valid, None], lambda: True, config).build()
-    valid_seed = getattr(data, "valid_seed", None)  # configs saved before it: None
-    if valid_seed is not None and valid_seed != seed:
-        # the same split's documents, shuffled with valid_seed: every run validates on the
-        # same samples whatever its train.seed (the train split of this build is not used)
-        _, valid, _ = BlendedMegatronDatasetBuilder(
-            GPTDataset, [1, n_valid, None], lambda: True,
-            dataclasses.replace(config, random_seed=valid_seed)).build()
+    with index_cache.guard(config.path_to_cache, build_here=_rank() == 0):
+        train, valid, _ = BlendedMegatronDatasetBuilder(
+            GPTDataset, [n_train, n_valid, None], lambda: True, config).build()
+        valid_seed = getattr(data, "valid_seed", None)  # configs saved before it: None
+        if valid_seed is not None and valid_seed != seed:
+            # the same split's documents, shuffled with valid_seed: every run validates on the
+            # same samples whatever its train.seed (the train split of this build is not used)
+            _, valid, _ = BlendedMegatronDatasetBuilder(
+                GPTDataset, [1, n_valid, None], lambda: True,
+                dataclasses.replace(config, random_seed=valid_seed)).build()
     return train, valid
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def tokenizer_config(data):

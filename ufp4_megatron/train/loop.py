@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import math
 import resource
 import time
 from pathlib import Path
@@ -40,7 +41,8 @@ def _mean_loss(reports: list[dict], rt: runtime_lib.Runtime) -> float:
 
 def train(cfg: Config, run_dir: Path) -> list[dict]:
     ckpt_dir = resume_check.checkpoint_dir(cfg, run_dir)
-    checkpoint.check_start(ckpt_dir, cfg.checkpoint.resume)  # before anything is written
+    found = checkpoint.check_start(ckpt_dir, cfg.checkpoint.resume)  # before anything is written
+    checkpoint.check_owner(found.common, checkpoint.owner(cfg, run_dir), ckpt_dir, run_dir)
     optim.check_schedule(cfg)
     rt = runtime_lib.decide(cfg)
     with rt.scope():  # on CPU: the CUDA shims, for the whole run and undone after it
@@ -50,6 +52,11 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
 def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) -> list[dict]:
     device = rt.device
     env = distributed.init(cfg.parallel, rt, cfg.train.seed)
+    run = checkpoint.owner(cfg, run_dir)
+    # every rank must write the same run: one that resolved another dir (a relative path
+    # under another working directory) would resume or save elsewhere
+    checkpoint.agree("the run dir and checkpoint dir",
+                     (run["run_dir"], str(Path(ckpt_dir).resolve()), run["run_id"]))
     recipe = recipe_from_config(cfg.precision)
     check_bf16_layers(cfg.precision, cfg.model.num_layers)
     model, policy = model_lib.build_model(cfg, recipe, rt.dtype, device)
@@ -68,7 +75,8 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
 
     start = 0
     if cfg.checkpoint.resume and checkpoint.latest_step(ckpt_dir) is not None:
-        start = checkpoint.load(ckpt_dir, model, opt, extra, runtime=rt)
+        start = checkpoint.load(ckpt_dir, model, opt, extra, runtime=rt, run=run,
+                                run_dir=run_dir, verify=cfg.checkpoint.checksums)
     is_main = env.rank == 0
     if is_main:
         print(rt.describe(), flush=True)
@@ -87,7 +95,7 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
     tokens_per_step = t.global_batch * t.seq_len
     records = []
 
-    step = start
+    step, stopping = start, False
     while step < t.steps:
         t0 = time.perf_counter()
         lr = opt.advance_lr()
@@ -102,12 +110,14 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
         grad_norm = opt.step()
         loss = _mean_loss(reports, rt)
         step += 1
+        _stop_if_not_finite(step, {"loss": loss, "grad_norm": grad_norm}, ckpt_dir)
         stop.steps_done = step
         record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                   "tokens": step * tokens_per_step, "step_time": time.perf_counter() - t0}
         record["tokens_per_s"] = tokens_per_step / record["step_time"]
         if t.eval_interval and step % t.eval_interval == 0:
             record["val_loss"] = _validate(cfg, train_model, valid_ds, env, rt, n_micro)
+            _stop_if_not_finite(step, {"val_loss": record["val_loss"]}, ckpt_dir)
         if rt.on_gpu:
             record["mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         else:  # peak resident memory of this process (Linux reports KiB)
@@ -126,7 +136,9 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
         if stopping or (cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or (
                 step == t.steps and cfg.checkpoint.save_at_end):
             t_save = time.perf_counter()
-            checkpoint.save(ckpt_dir, step, model, opt, extra, cfg.checkpoint.keep, runtime=rt)
+            _stop_if_params_not_finite(step, model, rt, ckpt_dir)
+            checkpoint.save(ckpt_dir, step, model, opt, extra, cfg.checkpoint.keep, runtime=rt,
+                            run=run, checksummed=cfg.checkpoint.checksums)
             if is_main:  # a save's cost is a user's question at scale (and the step table's)
                 print(f"checkpoint: saved step {step} in {time.perf_counter() - t_save:.1f} s",
                       flush=True)
@@ -142,7 +154,44 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
         if wb is not None:
             wb.finish()
     distributed.shutdown()
+    if stopping and stop.exit_status:  # Ctrl-C: saved, and says so with the shell's 130
+        raise SystemExit(stop.exit_status)
     return records
+
+
+def _stop_if_not_finite(step: int, values: dict, ckpt_dir: Path) -> None:
+    """A NaN or Inf loss or gradient norm ends the run before anything of this step is saved
+    or logged: every later step would train on it, a checkpoint of it would be resumed, and
+    retention would push the finite ones out. Every rank has the same values (all-reduced)."""
+    bad = {k: v for k, v in values.items() if v is None or not math.isfinite(v)}
+    if bad:
+        raise checkpoint.RunFailed(
+            f"step {step}: {', '.join(f'{k} is {v}' for k, v in bad.items())}; stopped without "
+            f"saving or logging this step. {_last_checkpoint(ckpt_dir)}. Look for the cause "
+            "(a learning rate or init too large, a data problem) before resuming")
+
+
+def _stop_if_params_not_finite(step: int, model, rt: runtime_lib.Runtime,
+                               ckpt_dir: Path) -> None:
+    """The weights about to be saved are finite on every rank (an update can make them Inf
+    with a finite loss and gradient norm: optim.lr=inf)."""
+    flags = [torch.isfinite(p).all() for p in model.parameters()]  # one sync, not one each
+    ok = (torch.stack(flags).all() if flags else torch.tensor(True)).to(torch.int32).reshape(1)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        ok = ok.to(rt.collective_device)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if not int(ok.item()):
+        raise checkpoint.RunFailed(
+            f"step {step}: the model's weights hold NaN or Inf after the update; not saved. "
+            f"{_last_checkpoint(ckpt_dir)}. Look for the cause (a learning rate too large?) "
+            "before resuming")
+
+
+def _last_checkpoint(ckpt_dir: Path) -> str:
+    steps = checkpoint.steps_on_disk(ckpt_dir)
+    if not steps:
+        return "No checkpoint was saved before it"
+    return f"The last checkpoint, {checkpoint.step_dir(ckpt_dir, steps[-1])}, is kept as it was"
 
 
 @torch.no_grad()

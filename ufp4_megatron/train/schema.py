@@ -205,13 +205,16 @@ class CheckpointConfig:
     """Megatron dist_checkpointing, saved atomically (see train/checkpoint.py)."""
 
     dir: Optional[str] = None  # None: <run dir>/checkpoints; a checkpoint there is resumed
-    interval: int = 0  # steps between saves; 0: only at the end and on SIGTERM/SIGUSR1
+    interval: int = 0  # steps between saves; 0: only at the end and on SIGTERM/SIGUSR1/SIGINT
     save_at_end: bool = True
     resume: bool = True  # false: refuse to start if the dir already holds checkpoints
     keep: int = 2  # newest checkpoints kept (by step); older ones are deleted; <= 0: keep all
     # distributed optimizer state in Megatron's fully_reshardable form (resumable at another
     # TP; gathers the state over DP at save) instead of dp_reshardable (only DP may change)
     optim_fully_reshardable: bool = False
+    # a sha256 manifest with every checkpoint (each rank hashes the files it wrote), checked
+    # before a resume loads it; false: neither written nor checked (train/checksums.py)
+    checksums: bool = True
 
 
 @dataclass(kw_only=True)
