@@ -12,7 +12,8 @@ zero is reported as "not resolved at this size".
 
 Writes <out>/loss_gap.md, <out>/loss_gap.json (keys: docs/training.md), <out>/loss_gap.png,
 <out>/wandb_workspace.json, and a W&B run (job_type compare) in the training runs' group.
-Bad input (a missing run, --last 0, a run given twice, no BF16 sibling) ends with one line
+Bad input (a missing run, --last 0, a run given twice, no BF16 sibling, a sibling trained on
+another LR schedule, a run whose loss went NaN, an --out that is a file) ends with one line
 and exit status 2.
 """
 from __future__ import annotations
@@ -70,6 +71,9 @@ def _check(args) -> None:
         raise BadInput(f"--confidence {args.confidence}: must be in (0, 1), e.g. 0.95")
     if args.smooth < 1:
         raise BadInput(f"--smooth {args.smooth}: must be >= 1 (1: no smoothing)")
+    if args.out.exists() and not args.out.is_dir():
+        raise BadInput(f"--out {args.out}: a file is there; give a directory (loss_gap.md, "
+                       ".json and .png are written into it)")
 
 
 def _shared(runs: list[Run], *keys, default=None):
