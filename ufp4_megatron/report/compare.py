@@ -135,6 +135,8 @@ def _to_wandb(args, runs, cmp, summaries, table, png) -> None:
         wb = log_compare(cmp, summaries, table_md=table, png=png, out=args.out, mode=mode,
                          project=project, entity=entity, group=group, config=config,
                          smooth=args.smooth, confidence=args.confidence)
+        if mode == "online" and wb.settings.mode == "offline":  # no W&B server: said there
+            mode = "offline"
         entity = entity or (wb.entity if mode == "online" else None)
         print(f"W&B ({mode}): run compare-{group} in project {project}, group {group}")
     layers = sorted({i for r in runs for i in (config_value(r.config, "logging", "wandb",
