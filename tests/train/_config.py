@@ -17,3 +17,13 @@ def refusal(overrides: list[str], world_size: int | None = None) -> str | None:
     except ConfigError as e:
         return str(e)
     return None
+
+
+def typed_default(*overrides: str):
+    """The typed training config of these overrides (the defaults without any)."""
+    from omegaconf import OmegaConf
+
+    from ufp4_megatron.train.overrides import _configs, compose_training
+
+    with _configs():
+        return OmegaConf.to_object(compose_training(list(overrides)))
