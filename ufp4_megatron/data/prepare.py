@@ -11,14 +11,18 @@ A text file is one document; a .jsonl/.json file one document per line (the stri
 document. Directories are walked for *.txt, *.md, *.rst, *.py, *.jsonl, *.json in sorted
 order. --train-tokenizer N first trains a byte-level BPE of N tokens on the inputs and saves
 it as <out>.tokenizer.json. The last line printed is the trainer's overrides for this data.
+Bad input (an option out of range, an empty input, a file that is not text) ends with one
+line `prepare_data: error: ...` and exit status 2, and writes nothing.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from pathlib import Path
 
+from .bpe import MIN_VOCAB
 from .corpus import stdlib_documents
 from .indexed import IndexedWriter
 from .sources import collect, read_documents
@@ -55,6 +59,17 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+class Refused(SystemExit):
+    """Exit status 2 after one line on stderr; str() is that line."""
+
+    def __init__(self, line: str):
+        super().__init__(2)
+        self.line = line
+
+    def __str__(self) -> str:
+        return self.line
+
+
 def main(argv: list[str] | None = None) -> None:
     import warnings
 
@@ -62,9 +77,31 @@ def main(argv: list[str] | None = None) -> None:
     # megatron.core warns at import about apex/TE/absl, which tokenizing never uses
     warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine|apex|absl).*")
     try:
+        check_args(args)
         _prepare(args)
     except (ValueError, OSError) as e:  # bad input: one line naming what to change
-        raise SystemExit(f"prepare_data: {e}") from None
+        line = f"prepare_data: error: {' '.join(str(e).split())}"
+        print(line, file=sys.stderr, flush=True)
+        raise Refused(line) from None
+
+
+def check_args(args) -> None:
+    """The numeric options in range, --out a file prefix (ValueError, one line)."""
+    at_least = {"--vocab-size": (args.vocab_size, 1), "--eod-id": (args.eod_id, 0),
+                "--tiktoken-num-special-tokens": (args.tiktoken_num_special_tokens, 0),
+                "--train-tokenizer": (args.train_tokenizer, MIN_VOCAB),
+                "--max-bytes": (args.max_bytes, 1)}
+    for flag, (value, lo) in at_least.items():
+        if value is not None and not lo <= value < 2**31:
+            raise ValueError(f"{flag} {value}: must be an integer in [{lo}, 2**31)")
+    if args.vocab_size is not None and args.eod_id is not None and \
+            args.eod_id >= args.vocab_size:
+        raise ValueError(f"--eod-id {args.eod_id} is outside the ids 0..{args.vocab_size - 1} "
+                         f"of --vocab-size {args.vocab_size}")
+    out = str(args.out)
+    if not out.strip() or out.endswith(("/", os.sep)) or Path(out).is_dir():
+        raise ValueError(f"--out {out!r}: give a file prefix (writes <prefix>.bin and "
+                         f"<prefix>.idx), e.g. --out {out.rstrip('/') or 'data'}/mytext")
 
 
 def _prepare(args) -> None:

@@ -43,9 +43,11 @@ def log_compare(cmp: Comparison, summaries: list[RecipeSummary], *, table_md: st
     """Logs the comparison as one W&B run (job_type compare); returns it, finished."""
     import wandb
 
-    run = wandb.init(project=project, entity=entity, group=group, name=f"compare-{group}",
-                     job_type="compare", mode=mode, dir=str(out), config=config,
-                     settings=wandb.Settings(quiet=True))
+    from ..train.wandb_run import init
+
+    run = init(str(out), project=project, entity=entity, group=group, name=f"compare-{group}",
+               job_type="compare", mode=mode, dir=str(out), config=config,
+               settings=wandb.Settings(quiet=True))
     run.define_metric("tokens")
     run.define_metric("gap/*", step_metric="tokens")
     for model, w in cmp.windows.items():

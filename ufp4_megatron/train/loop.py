@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ..data import datasets as data
 from . import checkpoint, distributed, model as model_lib, optim, resume_check, schedule, wandb_run
+from . import determinism
 from . import runtime as runtime_lib
 from .live_gap import LiveGap
 from .metrics import MetricsFile, Progress
@@ -45,7 +46,9 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
     checkpoint.check_owner(found.common, checkpoint.owner(cfg, run_dir), ckpt_dir, run_dir)
     optim.check_schedule(cfg)
     rt = runtime_lib.decide(cfg)
-    with rt.scope():  # on CPU: the CUDA shims, for the whole run and undone after it
+    # train.deterministic before anything touches cuBLAS, NCCL or TE; on CPU the CUDA shims;
+    # both for the whole run and undone after it
+    with determinism.scope(cfg), rt.scope():
         return _train(cfg, run_dir, ckpt_dir, rt)
 
 
@@ -80,6 +83,8 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
     is_main = env.rank == 0
     if is_main:
         print(rt.describe(), flush=True)
+        if cfg.train.deterministic:
+            print(determinism.describe(), flush=True)
     if is_main and start and (note := optim.resumed_schedule_note(opt.scheduler, cfg)):
         print(note, flush=True)
     metrics = MetricsFile(run_dir / "metrics.jsonl", start) if is_main else None
