@@ -118,6 +118,7 @@ RANGES: dict[str, Range] = {
     "data.tokenizer.vocab_size": at_least(1),
     "data.tokenizer.eod_id": at_least(0),
     "data.tokenizer.tiktoken_num_special_tokens": at_least(0),
+    "data.valid_seed": Range(lo=0, hi=2**31, note="(null: train.seed's)"),
     # optim
     "optim.lr": positive(),
     "optim.min_lr": Range(lo=0.0),

@@ -168,9 +168,6 @@ def _check_train(cfg: Config) -> None:
     if t.global_batch % t.micro_batch:
         raise ConfigError(f"train.global_batch={t.global_batch} is not a multiple of "
                           f"train.micro_batch={t.micro_batch}")
-    vs = cfg.data.valid_seed
-    if vs is not None and not 0 <= vs < 2**31:
-        raise ConfigError(f"data.valid_seed={vs} must be in [0, 2**31), or null (train.seed's)")
     if t.eval_interval and t.eval_iters < 1:
         raise ConfigError(f"train.eval_iters={t.eval_iters} with train.eval_interval="
                           f"{t.eval_interval}: evaluate at least 1 batch, or set "
