@@ -127,12 +127,18 @@ export CPATH=$cpath${CPATH:+:$CPATH}
 export NVTE_PYTORCH_FORCE_BUILD=TRUE MAX_JOBS=${MAX_JOBS:-16} NVTE_CUDA_ARCHS=${NVTE_CUDA_ARCHS:-90}
 t2=$SECONDS
 say "building transformer-engine-torch (MAX_JOBS=$MAX_JOBS, log $LOG) ..."
-if ! "$PY" -m pip install -v --no-index --no-deps --no-build-isolation --no-compile --upgrade \
-    --target "$SITE" "$STAGE"/transformer_engine_torch-*.tar.gz > "$LOG" 2>&1; then
+# into its own folder, then merged: pip --target --upgrade replaces a top-level folder it
+# installs whole, which would drop the transformer_engine/ of the wheels above
+built=$SITE.torch
+rm -rf "$built"
+if ! "$PY" -m pip install -v --no-index --no-deps --no-build-isolation --no-compile \
+    --target "$built" "$STAGE"/transformer_engine_torch-*.tar.gz > "$LOG" 2>&1; then
   tail -40 "$LOG"
   say "error: the extension build failed after $((SECONDS - t2)) s (log: $LOG)"
   exit 1
 fi
+say "the build added: $(cd "$built" && echo *)"
+cp -a "$built"/. "$SITE"/ && rm -rf "$built"
 say "extension built in $((SECONDS - t2)) s"
 
 # 6. check, then mark the node
