@@ -280,7 +280,12 @@ def _main() -> dict:
 
 
 if __name__ == "__main__":
-    from ufp4_megatron.train.validate import ConfigError
+    try:
+        from ufp4_megatron.train.validate import ConfigError
+    except ImportError:  # the no-plugin route shadows the package: nothing raises it then
+
+        class ConfigError(Exception):
+            pass
 
     try:
         result = _main()
