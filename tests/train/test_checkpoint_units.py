@@ -139,3 +139,24 @@ def test_unreadable_config_yaml_is_one_line(tmp_path):
         _load(bad)
     msg = str(e.value)
     assert "\n" not in msg and str(bad) in msg and "repair or remove it" in msg
+
+
+def test_ctrl_c_while_the_writer_queue_starts_is_kept_not_dropped(monkeypatch):
+    """A Ctrl-C that arrives while Megatron's writer Manager starts (seconds on a loaded
+    machine) stays pending and reaches the trainer after it, where an ignored one was lost."""
+    import os
+    import signal
+
+    import megatron.core.dist_checkpointing.strategies.filesystem_async as fa
+    from ufp4_megatron.train import checkpoint
+
+    def start_with_a_ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # the Manager inherits it
+
+    monkeypatch.setattr(fa, "get_write_results_queue", start_with_a_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.start_checkpoint_writer_queue()
+        for _ in range(1000):  # delivered at the next bytecode check after the unblock
+            pass
+    assert signal.getsignal(signal.SIGTERM) != signal.SIG_IGN

@@ -739,9 +739,10 @@ def start_checkpoint_writer_queue() -> None:
     process of the job step, and a terminal's Ctrl-C every process of its foreground group,
     so a Manager started with the default disposition dies at the moment the trainer writes
     its stopping checkpoint, and that save fails (BrokenPipeError; seen under Slurm). Ignored
-    dispositions survive the spawn's exec, so the Manager started here lives until the
-    trainer ends it (or dies: train/lifetime.py). The trainer itself ignores the stop signals
-    only for this start-up (< 1 s, before the first step: nothing is lost if one arrives then).
+    dispositions survive the spawn's exec, so SIGTERM and SIGUSR1 are ignored while it starts
+    and the Manager lives until the trainer ends it (or dies: train/lifetime.py). SIGINT is
+    blocked instead (the Manager ignores SIGINT itself): a Ctrl-C during a slow start-up stays
+    pending and stops the trainer when the start-up ends, where an ignored one was dropped.
     """
     from megatron.core.dist_checkpointing.strategies.filesystem_async import (
         get_write_results_queue,
@@ -752,12 +753,14 @@ def start_checkpoint_writer_queue() -> None:
     from .lifetime import reap_with_me
 
     before = {p.pid for p in multiprocessing.active_children()}
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         get_write_results_queue()
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     reap_with_me([p.pid for p in multiprocessing.active_children() if p.pid not in before])
 
 
