@@ -1,5 +1,6 @@
 """The wheel works without a checkout: build it, install it (not editable) into a fresh venv,
-and from a directory outside the checkout train 2 steps, describe, and plan a Slurm sweep.
+check that every requirement it declares for this Python holds there, and from a directory
+outside the checkout train 2 steps, describe, and plan a Slurm sweep.
 
     test_wheel_trains_describes_and_launches_outside_the_checkout
 
@@ -10,6 +11,8 @@ naming this interpreter's site-packages (torch, megatron-core, hydra, ... are re
 installed), and the wheel goes in with this pip's `--python` option, `--no-deps --no-index`.
 A .pth path line does not run that directory's own .pth files, so the editable install of
 the checkout stays invisible: the test asserts ufp4_megatron is imported from the venv.
+What pip itself chooses for these requirements from the registries, per Python:
+test_wheel_dependencies.py.
 """
 from __future__ import annotations
 
@@ -31,6 +34,22 @@ ffn_hidden_size: 128
 num_attention_heads: 2
 num_query_groups: 1
 max_seq_len: 64
+"""
+# The installed wheel's requirements for this Python (markers evaluated here) that the venv does
+# not satisfy, then whether torch and triton are among those declared.
+UNMET = """\
+import importlib.metadata as m
+from packaging.requirements import Requirement
+reqs = [Requirement(r) for r in m.requires("ufp4-megatron")]
+for r in reqs:
+    if r.marker is None or r.marker.evaluate({"extra": ""}):
+        try:
+            found = m.version(r.name)
+        except m.PackageNotFoundError:
+            found = None
+        if found is None or not r.specifier.contains(found, prereleases=True):
+            print("unmet:", r, found)
+print("declared:", *sorted(r.name for r in reqs if r.name in ("torch", "triton")))
 """
 TRAIN = ["train.steps=2", "train.device=cpu", "train.seq_len=32", "train.micro_batch=2",
          "train.global_batch=2", "logging.wandb.mode=disabled", "logging.progress=plain",
@@ -84,6 +103,9 @@ def test_wheel_trains_describes_and_launches_outside_the_checkout(tmp_path):
                  work, tmp_path).stdout.strip()
     assert Path(where).is_relative_to(venv) and not Path(where).is_relative_to(ROOT), where
     assert sysconfig.get_paths()["purelib"] not in where
+    # what the installed wheel declares for this Python is what it runs with here
+    r = _run([bin_ / "python", "-c", UNMET], work, tmp_path)
+    assert r.stdout.split() == ["declared:", "torch", "triton"], r.stdout
 
     # 2 training steps of a model from the user's own config dir, configs from the package
     r = _run([bin_ / "ufp4-train", "--config-dir", tmp_path / "mycfg", "model=mine", *TRAIN],
