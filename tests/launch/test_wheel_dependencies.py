@@ -149,7 +149,7 @@ def test_wheel_resolves_with_megatron_core_0_19(tmp_path):
                                   [wheel, *[re.sub(r";.*", "", m) for m in marked]], *binary))
 
     with ThreadPoolExecutor(3) as pool:
-        # the documented Python 3.11 step (docs/install.md)
+        # the documented Python 3.11 step (README, Install)
         by_hand = pool.submit(_resolve, tmp_path, pip_python, "mcore-3.11", "3.11",
                               [f"megatron-core=={MEGATRON_CORE_VERSION}"], "--no-deps",
                               "--ignore-requires-python")
