@@ -34,7 +34,7 @@ from .checkpoint import CheckpointError, RunFailed
 from .identity import register_resolver
 from .launchers import launcher_problem
 from .overrides import compose_problem, precheckable
-from .quiet import hide_megatron_noise
+from .quiet import hide_megatron_noise, say_hidden
 from .schema import Config, register_configs
 from .validate import ConfigError, checked_config
 
@@ -61,7 +61,7 @@ def _hydra_files(dcfg: DictConfig) -> dict[str, str]:
 
 def start(dcfg: DictConfig, run_dir: Path) -> None:
     """Validate, lock and check the run dir, record the start, train."""
-    hide_megatron_noise()  # Hydra has configured logging; Megatron is not imported yet
+    hide_megatron_noise(say=False)  # Hydra has configured logging; Megatron is not imported yet
     cfg: Config = checked_config(dcfg, world_size=_world_size())  # the typed dataclasses
     hc = HydraConfig.get()
     if hc.mode == RunMode.RUN and (problem := names.run_dir_problem(hc.run.dir)):
@@ -82,6 +82,7 @@ def start(dcfg: DictConfig, run_dir: Path) -> None:
         hydra_files = _hydra_files(dcfg)
         if _is_rank0():
             resume_check.record(plan, OmegaConf.to_yaml(dcfg, resolve=True), hydra_files)
+        say_hidden()  # the loop imports Megatron
         from .loop import train
 
         try:

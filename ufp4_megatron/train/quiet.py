@@ -7,8 +7,8 @@ None of it is actionable here (the trainer uses Megatron's local spec and torch 
 design). `hide_megatron_noise()` drops exactly those, when issued from Megatron's own modules:
 warnings through `warnings.filterwarnings` (ignore filters keyed on the message and the
 issuing module, so `-W`/PYTHONWARNINGS and every other warning keep Python's own handling) and
-log records through a logging filter on the root's handlers. It prints one note saying so when
-it installs them. Megatron's INFO chatter (dataset index loading, FSDP detection) is turned
+log records through a logging filter on the root's handlers. One note says so (the trainer
+prints it where it imports Megatron, after the config checks). Megatron's INFO chatter (dataset index loading, FSDP detection) is turned
 off in any case. Any other value of UFP4_SHOW_WARNINGS than 0, 1 or empty is refused (the
 trainer: `error: ...`, exit 2).
 """
@@ -61,9 +61,22 @@ def _show_all() -> bool:
     return value == "1"
 
 
-def hide_megatron_noise() -> None:
+_noted = False
+
+
+def say_hidden() -> None:
+    """Prints the note once (rank 0), if the filters are in place."""
+    global _noted
+    if _log_filter is not None and not _noted:
+        _noted = True
+        if os.environ.get("RANK", "0") == "0":
+            print(NOTE, file=sys.stderr, flush=True)
+
+
+def hide_megatron_noise(say: bool = True) -> None:
     """Installs the filters (idempotent). Call after logging is configured (Hydra configures it
-    when a job starts) and before Megatron is imported."""
+    when a job starts) and before Megatron is imported. `say`: print the note now; the trainer
+    says it later, where it imports Megatron, so that a refused config stays one line."""
     global _log_filter
     logging.getLogger("megatron").setLevel(logging.WARNING)  # dataset-index and FSDP chatter
     if _show_all():
@@ -74,8 +87,8 @@ def hide_megatron_noise() -> None:
         warnings.filterwarnings("ignore", message=f".*({_NOISE})", module=_MEGATRON_MODULES)
         warnings.filterwarnings("ignore", message=f".*{_TORCH_RENAMES}",
                                 module=r"torch\.distributed\.c10d_logger")
-        if os.environ.get("RANK", "0") == "0":
-            print(NOTE, file=sys.stderr, flush=True)
+    if say:
+        say_hidden()
     # Megatron's module loggers propagate to the root's handlers: filter there.
     for handler in logging.getLogger().handlers:
         if _log_filter not in handler.filters:
