@@ -8,7 +8,8 @@ design). `hide_megatron_noise()` drops exactly those, when issued from Megatron'
 warnings through `warnings.filterwarnings` (ignore filters keyed on the message and the
 issuing module, so `-W`/PYTHONWARNINGS and every other warning keep Python's own handling) and
 log records through a logging filter on the root's handlers. One note says so (the trainer
-prints it where it imports Megatron, after the config checks). Megatron's INFO chatter (dataset index loading, FSDP detection) is turned
+prints it where it imports Megatron, after the config checks, so a refusal stays one line).
+Megatron's INFO chatter (dataset index loading, FSDP detection) is turned
 off in any case. Any other value of UFP4_SHOW_WARNINGS than 0, 1 or empty is refused (the
 trainer: `error: ...`, exit 2).
 """
