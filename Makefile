@@ -40,10 +40,14 @@ test-gpu: install
 test-slow: install  # exit 5 of pytest is "no tests collected"
 	$(PYTEST) -q -m "slow and not gpu" -p no:cacheprovider $(XDIST) || [ $$? -eq 5 ]
 
-# Part of `make test`; alone: build the wheel, install it into a fresh venv (reusing this
-# venv's dependencies, offline), train/describe/launch from outside the checkout.
+# The wheel alone: build it, install it into a fresh venv (reusing this venv's dependencies,
+# offline) and train/describe/launch from outside the checkout; resolve its declared
+# dependencies with pip for Python 3.11 and 3.12 (needs the package registries); and (slow)
+# install it with those dependencies into an empty venv and train. All but the last are part
+# of `make test`.
 test-wheel: install
-	$(PYTEST) -q tests/launch/test_wheel_install.py -p no:cacheprovider
+	$(PYTEST) -q tests/launch/test_wheel_install.py tests/launch/test_wheel_dependencies.py \
+		-p no:cacheprovider
 
 # ruff's lint rules and formatter (pyproject.toml, [tool.ruff]); ruff comes with the test extra.
 lint: install

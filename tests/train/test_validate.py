@@ -165,6 +165,17 @@ def test_trainer_refuses_bad_config(overrides, fragment):
     assert fragment in line, line
 
 
+def test_the_precheck_leaves_hydra_interpolations_to_hydra():
+    """${hydra:run.dir} resolves only inside a Hydra run: the pre-check composes without one
+    and must not resolve it (docs/data.md's per-run cache), while a '???' is still named."""
+    from ufp4_megatron.train.overrides import composed
+
+    cfg, problem = composed([*TINY, "data.cache_dir=${hydra:run.dir}/data-cache"])
+    assert problem is None and cfg is not None
+    _, problem = composed([*TINY, "data.cache_dir=${hydra:run.dir}/x", "~precision"])
+    assert problem.startswith("precision is not set"), problem
+
+
 @pytest.mark.parametrize("overrides,fragment", [
     (["optim.lr=inf"], "error: optim.lr=inf must be a finite number > 0"),
     (["~precision"], "error: precision is not set"),

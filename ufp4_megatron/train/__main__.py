@@ -8,7 +8,8 @@ dir checked (train/resume_check.py: fresh start, resume, or refusal). A refused 
 the trainer's data checks refuse (data/checks.py, at the start of the loop), print
 `error: <what to change>` and exit 2, without a traceback; so do overrides Hydra cannot
 compose (train/overrides.py: a mistyped key, a wrong type, an unknown group option), names
-that would become paths outside runs/ and an empty hydra.run.dir (train/names.py), and a run
+that would become paths outside runs/ and an empty hydra.run.dir (train/names.py), a Hydra
+launcher whose plugin is not installed (train/launchers.py), and a run
 dir or checkpoint dir that another trainer holds (train/run_lock.py). A run that stops after
 it started (a NaN or Inf loss, a save the filesystem refuses) prints `error: ...` and exits 1.
 Ctrl-C saves and stops like SIGTERM, with exit status 130 (before the first step it stops at
@@ -31,8 +32,9 @@ from ..data.checks import DataError
 from . import names, resume_check, run_lock
 from .checkpoint import CheckpointError, RunFailed
 from .identity import register_resolver
+from .launchers import launcher_problem
 from .overrides import compose_problem, precheckable
-from .quiet import hide_megatron_noise
+from .quiet import hide_megatron_noise, say_hidden
 from .schema import Config, register_configs
 from .validate import ConfigError, checked_config
 
@@ -59,7 +61,7 @@ def _hydra_files(dcfg: DictConfig) -> dict[str, str]:
 
 def start(dcfg: DictConfig, run_dir: Path) -> None:
     """Validate, lock and check the run dir, record the start, train."""
-    hide_megatron_noise()  # Hydra has configured logging; Megatron is not imported yet
+    hide_megatron_noise(say=False)  # Hydra has configured logging; Megatron is not imported yet
     cfg: Config = checked_config(dcfg, world_size=_world_size())  # the typed dataclasses
     hc = HydraConfig.get()
     if hc.mode == RunMode.RUN and (problem := names.run_dir_problem(hc.run.dir)):
@@ -80,6 +82,7 @@ def start(dcfg: DictConfig, run_dir: Path) -> None:
         hydra_files = _hydra_files(dcfg)
         if _is_rank0():
             resume_check.record(plan, OmegaConf.to_yaml(dcfg, resolve=True), hydra_files)
+        say_hidden()  # the loop imports Megatron
         from .loop import train
 
         try:
@@ -133,9 +136,11 @@ def main() -> None:
     try:
         plain = precheckable(sys.argv[1:])
         # before Hydra makes the run dir (a name with `..` would make it outside runs/) or
-        # says a compose error in 5-10 lines with exit 1
-        if plain is not None and (problem := names.overrides_problem(plain[0])
-                                  or compose_problem(*plain)):
+        # says a compose error in 5-10 lines with exit 1; the launcher also for a sweep (-m)
+        problem = launcher_problem(sys.argv[1:])
+        if problem is None and plain is not None:
+            problem = names.overrides_problem(plain[0]) or compose_problem(*plain)
+        if problem:
             _say(f"error: {problem}")
             sys.exit(2)
         _hydra_main()

@@ -115,7 +115,9 @@ def missing_problem(cfg) -> str | None:
 
     from ..configs import CONFIG_DIR
 
-    missing = sorted(OmegaConf.missing_keys(cfg))
+    # not OmegaConf.missing_keys: it resolves every value on the way, and ${hydra:run.dir}
+    # (data.cache_dir='${hydra:run.dir}/data-cache') resolves only inside a Hydra run
+    missing = sorted(_missing_keys(OmegaConf.to_container(cfg, resolve=False)))
     if not missing:
         return None
     groups = [k for k in missing if "." not in k]
@@ -126,6 +128,18 @@ def missing_problem(cfg) -> str | None:
     else:
         hint = "; set it on the command line or in the YAML that leaves it out"
     return f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set{hint}"
+
+
+def _missing_keys(node, key: str = ""):
+    """The full keys of the values that are '???' in a config's unresolved container."""
+    if node == "???":
+        yield key
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            yield from _missing_keys(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _missing_keys(v, f"{key}[{i}]")
 
 
 def schema_problem(cfg) -> str | None:
