@@ -47,6 +47,8 @@ CASES = [  # (overrides, a fragment of the one-line message)
     (["logging.wandb.diagnostics_interval=-2"], "diagnostics_interval=-2 must be >= 0"),
     (["logging.wandb.mode=cloud"], "logging.wandb.mode='cloud'; valid:"),
     (["logging.progress=fancy"], "logging.progress='fancy'; valid: auto, bar, plain"),
+    (["logging.peak_tflops=0"], "logging.peak_tflops=0.0: give the GPU's dense BF16 peak"),
+    (["logging.peak_tflops=nan"], "logging.peak_tflops=nan: give"),
     (["optim.lr=-0.001"], "optim.lr=-0.001 must be > 0"),
     (["optim.min_lr=1.0"], "optim.min_lr=1.0 must be in [0, optim.lr=0.0003]"),
     (["optim.warmup_steps=-5"], "optim.warmup_steps=-5 must be >= 0"),
@@ -182,3 +184,13 @@ def test_describe_refuses_with_the_trainers_message(tmp_path, overrides):
     line = _refused(d, "does not divide")
     t = _train(tmp_path, *overrides)
     assert _refused(t, "does not divide") == line
+
+
+def test_tensorboard_asked_for_but_missing_is_one_line(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is not None:
+        pytest.skip("tensorboard is installed here: logging.tensorboard=true runs")
+    _refused(_train(tmp_path, "logging.tensorboard=true"),
+             "logging.tensorboard=true needs the tensorboard package, which is not installed")
+    assert not (tmp_path / "run").exists()

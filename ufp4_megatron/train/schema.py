@@ -176,8 +176,10 @@ class TrainConfig:
     seq_len: int = 1024
     micro_batch: int = 1  # sequences per rank per forward pass
     global_batch: int = 8  # sequences per optimizer step (micro_batch * dp * accumulation)
-    eval_interval: int = 0  # steps between validation passes; 0: never
-    eval_iters: int = 4
+    # steps between validation passes on the held-out split (data.split's second part), and
+    # at the last step, as Megatron-LM's --eval-interval (default 1000); 0: never
+    eval_interval: int = 1000
+    eval_iters: int = 4  # validation batches per pass (of global_batch sequences each)
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"  # params/activations: auto = bf16 on CUDA, fp32 on CPU
 
@@ -196,7 +198,11 @@ class WandbConfig:
 class LoggingConfig:
     log_interval: int = 1  # steps between metrics.jsonl lines
     progress: str = "auto"  # auto: a tqdm bar on a TTY, plain lines otherwise | bar | plain
-    print_interval: int = 10  # steps between plain progress lines
+    print_interval: int = 10  # steps between printed step lines (train/log_line.py)
+    # the GPU's dense BF16 peak in TFLOP/s for the MFU column; null: looked up by device name
+    # (train/log_line.py's table), no MFU on CPU or a GPU it lacks
+    peak_tflops: Optional[float] = None
+    tensorboard: bool = False  # also write the logged scalars to <run dir>/tensorboard
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 

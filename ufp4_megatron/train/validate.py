@@ -15,9 +15,11 @@ exits 0, or an assertion deep inside Megatron.
 """
 from __future__ import annotations
 
+import math
 import os
 from math import gcd
 
+from . import tensorboard_log
 from .optim import check_schedule
 from .runtime import BACKENDS, DEVICES, DTYPES, decide
 from .schema import Config
@@ -67,6 +69,8 @@ def check_machine(cfg: Config) -> None:
             check_installed()
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if cfg.logging.tensorboard and (problem := tensorboard_log.problem()):
+        raise ConfigError(problem)
 
 
 def _positive(values: dict[str, int]) -> None:
@@ -167,6 +171,9 @@ def _check_logging(cfg: Config) -> None:
                "logging.print_interval": lg.print_interval})
     _one_of("logging.progress", lg.progress, PROGRESS)
     _one_of("logging.wandb.mode", w.mode, WANDB_MODES)
+    if lg.peak_tflops is not None and not (math.isfinite(lg.peak_tflops) and lg.peak_tflops > 0):
+        raise ConfigError(f"logging.peak_tflops={lg.peak_tflops}: give the GPU's dense BF16 "
+                          "peak in TFLOP/s (e.g. 989 for an H100 SXM), or null for the table's")
     if w.diagnostics_interval < 0:
         raise ConfigError(f"logging.wandb.diagnostics_interval={w.diagnostics_interval} must "
                           "be >= 0 (0: never)")
