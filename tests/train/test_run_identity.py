@@ -129,9 +129,10 @@ def test_the_study_archives_pair_across_a_key_added_later(tmp_path):
 
 
 def test_hydra_run_and_sweep_dirs_carry_the_run_id():
-    for overrides in ([], ["precision.rht.fprop=false", "experiment=abl"]):
+    for overrides, label in (([], "ufp4"), (["precision.rht.fprop=false", "experiment=abl"],
+                                             "ufp4-rht.fprop=false")):  # an ablation's name
         cfg = compose_cfg(*overrides, hydra=True)
-        name = f"tiny-ufp4-s1234-{identity.run_id(cfg)}"
+        name = f"tiny-{label}-s1234-{identity.run_id(cfg)}"
         assert OmegaConf.select(cfg, "hydra.run.dir") == f"runs/{cfg.experiment}/{name}"
         assert OmegaConf.select(cfg, "hydra.sweep.subdir") == name
         assert OmegaConf.select(cfg, "hydra.sweep.dir") == f"runs/{cfg.experiment}"

@@ -13,6 +13,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING
 
 from ..data.tokenizers import TokenizerConfig  # `data.tokenizer`; prepare_data builds the same
+from .ablation_name import register_resolver as register_ablation_resolver
 from .preset_switches import PRESET_RESOLVER, register_preset_resolver
 
 
@@ -98,7 +99,9 @@ class PrecisionConfig:
     `precision.sr.dy=false` edit one switch of it.
     """
 
-    name: str = MISSING  # label used in run names and reports
+    # label used in run names and reports; the package's YAMLs name an override ablation
+    # after what it changes (train/ablation_name.py: ufp4-rht.fprop=false)
+    name: str = MISSING
     recipe: str = MISSING  # a name from list_recipes()
     grid: Optional[str] = None
     block: Optional[int] = None
@@ -240,4 +243,5 @@ def register_configs() -> None:
     """Registers the schema as `base_config`, the first entry of ufp4_megatron/configs/config.yaml,
     and the resolver of its preset defaults."""
     register_preset_resolver()
+    register_ablation_resolver()
     ConfigStore.instance().store(name="base_config", node=Config)
