@@ -56,7 +56,7 @@ def test_mfu_only_with_a_peak():
 def test_step_line_carries_megatrons_fields():
     line = log_line.step_line(RECORD | {"tflops_per_gpu": 11.94, "mfu": 0.0121,
                                         "mem_gib": 3.1, "val_loss": 4.9}, total=200)
-    for part in ("step 20/200", "tokens 164k", "loss 4.8123", "val_loss 4.9000",
+    for part in ("step 20 of 200", "tokens 164k", "loss 4.8123", "val_loss 4.9000",
                  "lr 3.00e-04", "grad_norm 0.812", "61.2 ms/it", "134k tok/s",
                  "11.9 TFLOP/s/GPU", "MFU 1.2%", "mem 3.10 GiB"):
         assert part in line.split(" | "), (part, line)
@@ -72,7 +72,7 @@ def test_plain_lines_have_elapsed_and_eta(capsys, monkeypatch):
     out = capsys.readouterr().out.strip()
     # 10 s for 5 steps: 2 s each, 15 steps left
     assert out.endswith("| elapsed 0:00:10 | ETA 0:00:30"), out
-    assert out.startswith("step 10/25 |")
+    assert out.startswith("step 10 of 25 |")
 
 
 def test_bar_lines_do_not_overprint_the_bar(capsys, monkeypatch):
@@ -93,7 +93,7 @@ def test_bar_lines_do_not_overprint_the_bar(capsys, monkeypatch):
     out = capsys.readouterr().out.splitlines()
     # every line went through tqdm.write (which clears the bar, writes, redraws it)
     assert written == out and len(out) == 2
-    assert out[0].startswith("step 2/4 | ") and out[1] == "checkpoint: saved step 2 in 0.1 s"
+    assert out[0].startswith("step 2 of 4 | ") and out[1] == "checkpoint: saved step 2 in 0.1 s"
 
 
 def test_summary_line():

@@ -3,7 +3,7 @@ at the end; and the model FLOPs behind its TFLOP/s and MFU.
 
 The step line carries what Megatron-LM's `--log-throughput` and torchtitan print:
 
-    step 20/200 | tokens 164k | loss 4.8123 | lr 3.00e-04 | grad_norm 0.812 | 61.2 ms/it |
+    step 20 of 200 | tokens 164k | loss 4.8123 | lr 3.00e-04 | grad_norm 0.812 | 61.2 ms/it |
     134k tok/s | 11.9 TFLOP/s/GPU | MFU 1.2% | mem 3.10 GiB | elapsed 0:00:01 | ETA 0:00:11
 
 On a terminal it sits under a tqdm bar (printed through `tqdm.write`, so the bar is not
@@ -83,7 +83,7 @@ def clock(seconds: float) -> str:
 
 def step_line(record: dict, total: int) -> str:
     """The logged step as one line (module docstring); keys a record lacks are left out."""
-    parts = [f"step {record['step']}/{total}", f"tokens {_si(record['tokens'])}",
+    parts = [f"step {record['step']} of {total}", f"tokens {_si(record['tokens'])}",
              f"loss {record['loss']:.4f}"]
     if "val_loss" in record:
         parts.append(f"val_loss {record['val_loss']:.4f}")
