@@ -8,8 +8,9 @@
     test_plain_lines_have_elapsed_and_eta   a pipe or file gets elapsed time and ETA
     test_bar_lines_do_not_overprint_the_bar under a bar every line goes through tqdm.write
     test_summary_line                       done / stopped, last loss, last val loss, run dir
-    test_params_line_matches_the_built_model_count  the config's count, the rank's count
+    test_params_line_counts_the_model_and_the_rank  total (MoE: active too), this rank's
     test_tensorboard_writes_the_logged_scalars    where tensorboard is installed
+    test_say_goes_through_tqdm_write        messages of other modules mid-run, the same way
 """
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ def test_summary_line():
                                               stopped=False)
 
 
-def test_params_line_matches_the_built_model_count():
+def test_params_line_counts_the_model_and_the_rank():
     m = load_config(["model=moe_small"]).model
     line = log_line.params_line(m, local=123, world_size=4)
     assert line.startswith("model moe_small: 30,")  # 30.4M total (configs/model/moe_small.yaml)
@@ -130,3 +131,15 @@ def test_tensorboard_writes_the_logged_scalars(tmp_path):
     assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, pytest.approx(4.81234)),
                                                                  (2, 4.5)]
     assert "val_loss" not in acc.Tags()["scalars"]
+
+
+def test_say_goes_through_tqdm_write(capsys, monkeypatch):
+    """Messages of other parts mid-run (train/live_gap.py) do not overprint the bar either."""
+    from tqdm import tqdm
+
+    written, real = [], tqdm.write.__func__
+    monkeypatch.setattr(tqdm, "write", classmethod(
+        lambda cls, s, *a, **k: (written.append(s), real(cls, s, *a, **k))[1]))
+    log_line.say("live gap: gap_vs_bf16 from runs/x")
+    assert written == ["live gap: gap_vs_bf16 from runs/x"]
+    assert capsys.readouterr().out == "live gap: gap_vs_bf16 from runs/x\n"

@@ -65,7 +65,7 @@ def test_diagnostics_val_loss_and_quiet_start(tmp_path):
         assert part in val_lines[-1], val_lines[-1]
     assert "MFU" not in r.stdout  # no peak on a CPU: left out, not guessed
     assert "parameters (" in r.stdout  # the count at start
-    assert r.stdout.strip().splitlines()[-1].startswith(f"done: steps 1-6 of 6 in ")
+    assert r.stdout.strip().splitlines()[-1].startswith("done: steps 1-6 of 6 in ")
     assert r.stdout.strip().endswith(f"run dir {run_dir}")
 
     assert r.stderr.count(NOTE) == 1

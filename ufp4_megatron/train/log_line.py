@@ -121,6 +121,15 @@ def summary_line(records: list[dict], *, start: int, total: int, wall_s: float, 
             f"loss {last['loss']:.4f}{val_text}; run dir {run_dir}")
 
 
+def say(line: str) -> None:
+    """A line printed while training runs: above the progress bar if one is drawn
+    (tqdm.write clears and redraws it), flushed for files and pipes."""
+    from tqdm import tqdm
+
+    tqdm.write(line)
+    sys.stdout.flush()
+
+
 class Progress:
     """A tqdm bar on a terminal, plain lines when output is a file or pipe.
 
@@ -142,7 +151,7 @@ class Progress:
 
     def write(self, line: str) -> None:
         if self.bar is not None:
-            self.bar.write(line)  # tqdm's stream (stderr), above the bar
+            self.bar.write(line)  # above the bar, which is redrawn below it
         else:
             print(line, flush=True)
 
