@@ -34,6 +34,9 @@ CASES = [  # (overrides, a fragment of the one-line message)
     (["data.valid_seed=-3"], "data.valid_seed=-3 must be in [0, 2**31)"),
     (["train.eval_interval=2", "train.eval_iters=0"], "evaluate at least 1 batch"),
     (["train.eval_interval=-1"], "train.eval_interval=-1 must be >= 0"),
+    # evaluation is on by default: a split with nothing held out is refused before training
+    (["data.split='100,0,0'"], "train.eval_interval=1000 evaluates on data.split's second "
+                               "part, which is 0 in data.split='100,0,0'"),
     (["train.device=tpu"], "train.device='tpu'; valid: auto, cpu, cuda"),
     (["train.dtype=fp16"], "train.dtype='fp16'; valid: auto, bf16, fp32"),
     (["model.num_query_groups=3"], "model.num_query_groups=3 must divide "

@@ -138,8 +138,22 @@ def _check_train(cfg: Config) -> None:
         raise ConfigError(f"train.eval_iters={t.eval_iters} with train.eval_interval="
                           f"{t.eval_interval}: evaluate at least 1 batch, or set "
                           "train.eval_interval=0")
+    if t.eval_interval and _held_out_share(cfg.data.split) == 0:
+        raise ConfigError(f"train.eval_interval={t.eval_interval} evaluates on data.split's "
+                          f"second part, which is 0 in data.split={cfg.data.split!r}: hold some "
+                          "out (e.g. data.split=98,2,0), or set train.eval_interval=0")
     _one_of("train.device", t.device, DEVICES)
     _one_of("train.dtype", t.dtype, DTYPES)
+
+
+def _held_out_share(split: str) -> float | None:
+    """The validation weight of a Megatron split string ("98,2,0" or "98/2/0"); None where it
+    does not parse (Megatron's own parser says why, at the start of the run)."""
+    parts = str(split).replace("/", ",").split(",")
+    try:
+        return float(parts[1]) if len(parts) > 1 else 0.0
+    except ValueError:
+        return None
 
 
 def _check_optim(cfg: Config) -> None:
