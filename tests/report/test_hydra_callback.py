@@ -118,7 +118,7 @@ def test_concurrent_sweeps_keep_their_own_runs(tmp_path):
     a, b = CompareAfterSweep(), CompareAfterSweep()
     a.on_multirun_start(config)
     b.on_multirun_start(config)
-    assert a.record != b.record
+    assert a.record != b.record and Path(a.record).is_absolute()
     remote = pickle.loads(pickle.dumps(a))  # how submitit hands the callback to a job
     remote.on_job_end(config, _job(write_run(sweep / "ra", "bf16", 1, [1.0])))
     b.on_job_end(config, _job(write_run(sweep / "rb", "bf16", 2, [1.0])))

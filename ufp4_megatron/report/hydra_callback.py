@@ -36,7 +36,9 @@ class CompareAfterSweep(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         sweep = Path(config.hydra.sweep.dir)
         sweep.mkdir(parents=True, exist_ok=True)
-        fd, self.record = tempfile.mkstemp(prefix=".sweep-", suffix=".runs", dir=sweep)
+        # absolute: a job may run in another working directory (a Slurm job's)
+        fd, self.record = tempfile.mkstemp(prefix=".sweep-", suffix=".runs",
+                                           dir=sweep.resolve())
         os.close(fd)
 
     def on_job_end(self, config: DictConfig, job_return, **kwargs) -> None:
