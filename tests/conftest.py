@@ -11,9 +11,9 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 # Every process a test starts inherits this mark (xdist workers too: the controller sets it
-# first). At the end of the session, a marked process that is neither the session nor one of
-# its descendants was orphaned by a test (its parent died, e.g. a SIGKILLed trainer's
-# helper) and outlived it: the session fails, naming it.
+# first). At the end of the pytest session, a marked process that is neither pytest nor one
+# of its descendants was orphaned by a test (its parent died, e.g. a SIGKILLed trainer's
+# helper) and outlived it: the pytest session fails, naming it.
 SESSION_MARK = "UFP4_TEST_SESSION"
 os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
 

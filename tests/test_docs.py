@@ -43,7 +43,8 @@ PROCESS_WORDS = [
 # operating system's process groups, and the study script's own message for a bad round.
 ALLOWED = re.compile(
     r"scope=[\"'][s]ession[\"']|pytest [s]ession|[s]ession[- ](?:scoped|scope|fixtures?)"
-    r"|start_new_[s]ession|process [s]ession|unknown [r]ound",
+    r"|start_new_[s]ession|process [s]ession|unknown [r]ound|test [s]ession"
+    r"|\b[s]ession\.(?:config|exitstatus)\b|\([s]ession\b",
     re.I,
 )
 _PATTERNS = [(re.compile(p, re.I), what) for p, what in PROCESS_WORDS]
@@ -116,6 +117,9 @@ def test_the_check_sees_process_talk_and_spares_other_senses():
         "each xdist worker runs its own pytest ses|sion",
         "pinned, in its own process ses|sion",
         'assert "unknown rou|nd 12" in err',
+        "def pytest_sessionfinish(ses|sion, exitstatus):",
+        "    ses|sion.exitstatus = pytest.ExitCode.TESTS_FAILED",
+        "the test ses|sion fails on any orphan",
         "pytorch/pytorch|#135712, seen with gloo",
         "pytest-dev/pytest-xdist|#1386",
         "python probe.py --ca|lls 200",

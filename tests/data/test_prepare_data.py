@@ -7,6 +7,9 @@ byte what Megatron-LM's tools/preprocess_data.py writes; bad input refused with 
     test_bad_jsonl_lines_name_file_and_line          not JSON, no key, wrong type, not UTF-8
     test_binary_files_refused_when_named_skipped_in_dirs   the real CLI: exit code, stderr
     test_no_temporary_files_left_on_error            <out>.tmp<pid>.* removed, old data kept
+    test_bad_options_and_empty_inputs_are_refused    each option out of range, --out a dir,
+                                                     an empty file, only empty documents: one
+                                                     line, exit 2, nothing written
     test_dtype_follows_the_vocabulary                uint16 below 65500 ids, int32 above
     test_train_tokenizer_then_train_on_it            --train-tokenizer -> tokenizer.json, data,
                                                      and the trainer runs on the printed overrides
@@ -166,10 +169,10 @@ def test_binary_files_refused_when_named_skipped_in_dirs(tmp_path, capsys):
     (tmp_path / "d" / "c.txt").write_bytes("café".encode("latin-1") + b" more")
     cmd = [sys.executable, "-m", "ufp4_megatron.cli.prepare_data", "--out", str(tmp_path / "o")]
     r = run(cmd + [str(tmp_path / "d" / "b.txt")], tmp_path)  # the real CLI: status, stderr
-    assert r.returncode == 1 and not (tmp_path / "o.bin").exists()
-    assert r.stderr.strip().splitlines()[-1] == (
-        f"prepare_data: {tmp_path / 'd' / 'b.txt'}: binary (a NUL byte in its first 8 KiB); "
-        f"give text (UTF-8) or JSONL files")
+    assert r.returncode == 2 and not (tmp_path / "o.bin").exists()
+    assert r.stderr.strip().splitlines() == [
+        f"prepare_data: error: {tmp_path / 'd' / 'b.txt'}: binary (a NUL byte in its first 8 "
+        f"KiB); give text (UTF-8) or JSONL files"]
     with pytest.raises(SystemExit, match=r"c\.txt: not UTF-8 text \(byte 3\)"):
         prepare_main([str(tmp_path / "d" / "c.txt"), "--out", str(tmp_path / "o")])
     prepare_main([str(tmp_path / "d"), "--out", str(tmp_path / "o")])
@@ -192,6 +195,45 @@ def test_no_temporary_files_left_on_error(tmp_path):
     with pytest.raises(SystemExit, match="no documents to write"):
         prepare_main([str(tmp_path / "empty"), "--out", str(tmp_path / "e")])
     assert not list(tmp_path.glob("e.*"))
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--tokenizer", "null-text", "--vocab-size", "300", "--eod-id", "-5"],
+     "--eod-id -5: must be an integer in [0, 2**31)"),
+    (["--tokenizer", "null-text", "--vocab-size", "0"], "--vocab-size 0: must be an integer"),
+    (["--tokenizer", "null-text", "--vocab-size", "300", "--eod-id", "300"],
+     "--eod-id 300 is outside the ids 0..299 of --vocab-size 300"),
+    (["--tiktoken-num-special-tokens", "-1"], "--tiktoken-num-special-tokens -1: must be"),
+    (["--train-tokenizer", "100"], "--train-tokenizer 100: must be an integer in [257, 2**31)"),
+    (["--max-bytes", "0"], "--max-bytes 0: must be an integer in [1, 2**31)"),
+    (["--out", "DIR"], "--out '{tmp}': give a file prefix (writes <prefix>.bin"),
+    (["--out", "{tmp}/sub/"], "--out '{tmp}/sub/': give a file prefix"),
+    (["--out", " "], "--out ' ': give a file prefix"),
+    (["EMPTY"], "empty.txt: empty (0 bytes); give text (UTF-8) or JSONL files"),
+    (["BLANK"], "no text to write to {tmp}/o: all 1 documents are empty; give files that hold"),
+    (["EMPTY_JSONL"], "no text to write to {tmp}/o: all 2 documents are empty"),
+])
+def test_bad_options_and_empty_inputs_are_refused(tmp_path, capsys, argv, message):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "blank.txt").write_text("")
+    (tmp_path / "blank_dir").mkdir()
+    (tmp_path / "blank_dir" / "blank.txt").write_text("")  # found in a dir: not refused alone
+    _jsonl(tmp_path / "e.jsonl", ["", ""])
+    inputs = {"EMPTY": str(tmp_path / "empty.txt"), "BLANK": str(tmp_path / "blank_dir"),
+              "EMPTY_JSONL": str(tmp_path / "e.jsonl"), "DIR": str(tmp_path)}
+    argv = [inputs.get(a, a).replace("{tmp}", str(tmp_path)) for a in argv]
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "o")]
+    if not any(a in inputs.values() for a in argv):
+        argv.insert(0, str(tmp_path / "e.jsonl"))  # a valid input; the option is the problem
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as e:
+        prepare_main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"prepare_data: error: {str(e.value).split('error: ', 1)[1]}"]
+    assert message.replace("{tmp}", str(tmp_path)) in err[0], err[0]
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
 
 
 def test_dtype_follows_the_vocabulary(tmp_path):

@@ -53,6 +53,9 @@ def run_probe(kind: str, root: Path | None = None, cases: list | None = None,
     res = subprocess.run(argv, cwd=root or HERE, env=env, capture_output=True, text=True,
                          timeout=600)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("PROBE_JSON ")]
+    refused = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
+    if res.returncode == 2 and refused:  # the machine cannot run it: its one line, at once
+        pytest.fail(f"probe {kind}: {refused[-1]}", pytrace=False)
     assert res.returncode == 0 and lines, res.stdout[-3000:] + res.stderr[-6000:]
     return json.loads(lines[-1][len("PROBE_JSON "):])
 

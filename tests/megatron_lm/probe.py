@@ -20,7 +20,6 @@ import contextlib
 import io
 import json
 import os
-import socket
 import sys
 import typing
 import warnings
@@ -40,12 +39,10 @@ def _init_world() -> None:
 
     from ufp4_megatron.megatron import enable_cpu_compat
 
+    from ufp4_megatron.train.distributed import single_process_group
+
     enable_cpu_compat()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
+    single_process_group("gloo")  # the trainer's: no port, fails at once without a network
     ps.initialize_model_parallel()
 
 
@@ -274,11 +271,20 @@ def sr_state() -> dict:
     }
 
 
-if __name__ == "__main__":
+def _main() -> dict:
     kind = sys.argv[1]
     if kind in ("routes", "validate"):
         with open(sys.argv[2]) as f:
-            result = {"routes": routes, "validate": validate}[kind](json.load(f))
-    else:
-        result = {"te": te, "sr_state": sr_state}[kind]()
+            return {"routes": routes, "validate": validate}[kind](json.load(f))
+    return {"te": te, "sr_state": sr_state}[kind]()
+
+
+if __name__ == "__main__":
+    from ufp4_megatron.train.validate import ConfigError
+
+    try:
+        result = _main()
+    except ConfigError as e:  # this machine cannot run the probe (e.g. no network interface)
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
     print("PROBE_JSON " + json.dumps(result))

@@ -153,6 +153,32 @@ def _partial_metrics(tmp):
     return runs
 
 
+def _other_schedule(tmp):
+    """The issue's pair: a 6-step ufp4 run and a bf16 run planned for 3000 steps, both with a
+    2-step warmup, so their LRs part at step 3 (both decay over train.steps)."""
+    losses = [3.0, 2.5, 2.2, 2.0, 1.9, 1.8]
+    return [write_run(tmp / "b", "bf16", 1, losses, lr=[1.5e-4, 3e-4, 2.99e-4, 2.98e-4,
+                                                       2.97e-4, 2.96e-4], steps=3000),
+            write_run(tmp / "u", "ufp4", 1, losses, lr=[1.5e-4, 3e-4, 2.5e-4, 1.6e-4,
+                                                      7e-5, 3e-5], steps=6)]
+
+
+def _planned_other_schedule(tmp):
+    """No LRs logged: the configs' planned schedules decide."""
+    return [write_run(tmp / "b", "bf16", 1, BF16, steps=3000),
+            write_run(tmp / "u", "ufp4", 1, BF16, steps=6)]
+
+
+def _nan_loss(tmp):
+    return [write_run(tmp / "b", "bf16", 1, BF16),
+            write_run(tmp / "u", "ufp4", 1, [*BF16[:3], float("nan")])]
+
+
+def _out_is_a_file(tmp):
+    (tmp / "out").write_text("my notes")
+    return _pair(tmp)
+
+
 BAD = {
     "mistyped run path": (_typo, [], "no such run dir: runs/default/tiny-ufp4-s123 (in "
                                      "runs/default: did you mean tiny-bf16-s1234?)"),
@@ -170,6 +196,15 @@ BAD = {
     "no bf16 run of that seed": (_no_sibling, [], "has no 'bf16' run of the same model"),
     "no bf16 run at all": (lambda tmp: _pair(tmp)[1:], [], "no 'bf16' run among the 1 given"),
     "corrupt metrics line": (_partial_metrics, [], "metrics.jsonl:2: not a JSON step record"),
+    "siblings on other LR schedules": (
+        _other_schedule, [], "trained with different learning rates from step 3 on (0.00025 vs "
+                             "0.000299; their schedules differ in decay_steps 6 vs 3000): their "
+                             "loss gap is not the recipe's"),
+    "siblings planned on other schedules": (
+        _planned_other_schedule, [], "plan different LR schedules (decay_steps 6 vs 3000)"),
+    "a NaN loss": (_nan_loss, [], "loss is nan at step 4 (1 non-finite step(s)): the run "
+                                  "diverged and has no gap to measure"),
+    "--out is a file": (_out_is_a_file, [], "--out out: a file is there; give a directory"),
 }
 
 
@@ -182,7 +217,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, case):
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert lines[0].startswith("python -m ufp4_megatron.cli.compare: error: ")
     assert message in lines[0], lines[0]
-    assert not (tmp_path / "out" / "loss_gap.json").exists()  # nothing half-written
+    assert not (tmp_path / "out").is_dir()  # nothing half-written
 
 
 def test_one_compare_run_per_experiment(tmp_path):

@@ -49,7 +49,7 @@ class IndexedWriter:
         return len(ids)
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None and self.documents:
+        if exc_type is None and self.documents and self.tokens:
             self._builder.finalize(f"{self._tmp}.idx")
             for ext in (".bin", ".idx"):
                 os.replace(f"{self._tmp}{ext}", f"{self.prefix}{ext}")
@@ -57,6 +57,9 @@ class IndexedWriter:
         self._builder.data_file.close()  # an error, or nothing to write: leave no files
         for ext in (".bin", ".idx"):
             Path(f"{self._tmp}{ext}").unlink(missing_ok=True)
+        if exc_type is None and self.documents:  # e.g. one empty text file
+            raise ValueError(f"no text to write to {self.prefix}: all {self.documents} "
+                             "documents are empty; give files that hold text")
         if exc_type is None:
             raise ValueError(f"no documents to write to {self.prefix}: give text or JSONL "
                              f"files, or directories that hold some")

@@ -12,12 +12,15 @@ A text file is one document; a .jsonl/.json file one document per line (the stri
 --json-keys, as Megatron-LM's tools/preprocess_data.py --append-eod reads it); EOD ends each
 document. Directories are walked for *.txt, *.md, *.rst, *.py, *.jsonl, *.json in sorted
 order. --train-tokenizer N first trains a byte-level BPE of N tokens on the inputs and saves
-it as <out>.tokenizer.json (<prefix>.tokenizer.json). --out names the files exactly (<out>.bin/.idx); --output-prefix
-names them as Megatron-LM's preprocess_data.py does (<prefix>_<key>_document.bin/.idx, e.g.
-data/web_text_document). --workers N tokenizes in N processes (input read and output written in
-this one, in input order: the files are byte for byte those of one worker). The EOD id appended
-to each document is printed; the last line is the trainer's overrides for this data, quoted
-for the shell (zsh would read `data.prefixes=[...]` as a glob).
+it as <out>.tokenizer.json (<prefix>.tokenizer.json). --out names the files exactly
+(<out>.bin/.idx); --output-prefix names them as Megatron-LM's preprocess_data.py does
+(<prefix>_<key>_document.bin/.idx, e.g. data/web_text_document). --workers N tokenizes in N
+processes (input read and output written in this one, in input order: the files are byte for
+byte those of one worker). The EOD id appended to each document is printed; the last line is
+the trainer's overrides for this data, quoted for the shell (zsh would read
+`data.prefixes=[...]` as a glob).
+Bad input (an option out of range, an empty input, a file that is not text) ends with one
+line `prepare_data: error: ...` and exit status 2, and writes nothing.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from .bpe import MIN_VOCAB
 from .corpus import stdlib_documents
 from .indexed import IndexedWriter, encode
 from .sources import collect, read_documents
@@ -73,21 +77,54 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+class Refused(SystemExit):
+    """Exit status 2 after one line on stderr; str() is that line."""
+
+    def __init__(self, line: str):
+        super().__init__(2)
+        self.line = line
+
+    def __str__(self) -> str:
+        return self.line
+
+
 def main(argv: list[str] | None = None) -> None:
     import warnings
 
-    ap = _parser()
-    args = ap.parse_args(argv)
-    cpus = os.cpu_count() or 1
-    if not 1 <= args.workers <= MAX_WORKERS_PER_CPU * cpus:
-        ap.error(f"--workers {args.workers}: give 1 to {MAX_WORKERS_PER_CPU * cpus} "
-                 f"(this machine has {cpus} CPUs)")
+    args = _parser().parse_args(argv)
     # megatron.core warns at import about apex/TE/absl, which tokenizing never uses
     warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine|apex|absl).*")
     try:
+        check_args(args)
         _prepare(args)
     except (ValueError, OSError) as e:  # bad input: one line naming what to change
-        raise SystemExit(f"prepare_data: {e}") from None
+        line = f"prepare_data: error: {' '.join(str(e).split())}"
+        print(line, file=sys.stderr, flush=True)
+        raise Refused(line) from None
+
+
+def check_args(args) -> None:
+    """The numeric options in range, --out a file prefix (ValueError, one line)."""
+    at_least = {"--vocab-size": (args.vocab_size, 1), "--eod-id": (args.eod_id, 0),
+                "--tiktoken-num-special-tokens": (args.tiktoken_num_special_tokens, 0),
+                "--train-tokenizer": (args.train_tokenizer, MIN_VOCAB),
+                "--max-bytes": (args.max_bytes, 1)}
+    for flag, (value, lo) in at_least.items():
+        if value is not None and not lo <= value < 2**31:
+            raise ValueError(f"{flag} {value}: must be an integer in [{lo}, 2**31)")
+    if args.vocab_size is not None and args.eod_id is not None and \
+            args.eod_id >= args.vocab_size:
+        raise ValueError(f"--eod-id {args.eod_id} is outside the ids 0..{args.vocab_size - 1} "
+                         f"of --vocab-size {args.vocab_size}")
+    cpus = os.cpu_count() or 1
+    if not 1 <= args.workers <= MAX_WORKERS_PER_CPU * cpus:
+        raise ValueError(f"--workers {args.workers}: give 1 to {MAX_WORKERS_PER_CPU * cpus} "
+                         f"(this machine has {cpus} CPUs)")
+    flag, out = (("--out", str(args.out)) if args.output_prefix is None
+                 else ("--output-prefix", str(args.output_prefix)))
+    if not out.strip() or out.endswith(("/", os.sep)) or Path(out).is_dir():
+        raise ValueError(f"{flag} {out!r}: give a file prefix (writes <prefix>.bin and "
+                         f"<prefix>.idx), e.g. {flag} {out.rstrip('/') or 'data'}/mytext")
 
 
 def _prepare(args) -> None:

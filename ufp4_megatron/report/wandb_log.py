@@ -60,10 +60,12 @@ def log_compare(cmp: Comparison, summaries: list[RecipeSummary], *, table_md: st
     """Logs the comparison as one W&B run (job_type compare); returns it, finished."""
     import wandb
 
-    run = wandb.init(project=project, entity=entity, group=group, name=f"compare-{group}",
-                     id=compare_id(entity, project, group), resume="allow",
-                     job_type="compare", mode=mode, dir=str(out), config=config,
-                     settings=wandb.Settings(quiet=True))
+    from ..train.wandb_run import init
+
+    run = init(str(out), project=project, entity=entity, group=group, name=f"compare-{group}",
+               id=compare_id(entity, project, group), resume="allow",
+               job_type="compare", mode=mode, dir=str(out), config=config,
+               settings=wandb.Settings(quiet=True))
     run.config.update(config, allow_val_change=True)  # this compare's runs and window
     for key in list(run.summary.keys()):  # a resumed run's numbers of recipes no longer here
         if key.split("/")[0] in SUMMARY_ROOTS:

@@ -34,7 +34,7 @@ from .identity import register_resolver
 from .overrides import compose_problem, precheckable
 from .quiet import hide_megatron_noise
 from .schema import Config, register_configs
-from .validate import ConfigError, check_config, check_machine
+from .validate import ConfigError, checked_config
 
 register_configs()
 register_resolver()  # ${ufp4.run_id:} in hydra.run.dir / hydra.sweep.subdir
@@ -60,14 +60,12 @@ def _hydra_files(dcfg: DictConfig) -> dict[str, str]:
 def start(dcfg: DictConfig, run_dir: Path) -> None:
     """Validate, lock and check the run dir, record the start, train."""
     hide_megatron_noise()  # Hydra has configured logging; Megatron is not imported yet
-    cfg: Config = OmegaConf.to_object(dcfg)  # the typed dataclasses; fails on MISSING values
+    cfg: Config = checked_config(dcfg, world_size=_world_size())  # the typed dataclasses
     hc = HydraConfig.get()
     if hc.mode == RunMode.RUN and (problem := names.run_dir_problem(hc.run.dir)):
         raise ConfigError(problem)
     if problem := names.config_problem(cfg):
         raise ConfigError(problem)
-    check_config(cfg, world_size=_world_size())
-    check_machine(cfg)
     with contextlib.ExitStack() as held:
         if _is_rank0():  # one lock holder per job; the other ranks wait for rank 0 at init
             held.callback(run_lock.take(run_dir, "run dir").release)
@@ -79,11 +77,31 @@ def start(dcfg: DictConfig, run_dir: Path) -> None:
             print(plan.message(), flush=True)
         if plan.complete:
             return
+        hydra_files = _hydra_files(dcfg)
         if _is_rank0():
-            resume_check.record(plan, OmegaConf.to_yaml(dcfg, resolve=True), _hydra_files(dcfg))
+            resume_check.record(plan, OmegaConf.to_yaml(dcfg, resolve=True), hydra_files)
         from .loop import train
 
-        train(cfg, run_dir)
+        try:
+            train(cfg, run_dir)
+        except (ConfigError, DataError):  # refused before the first step (data, process group)
+            if _is_rank0() and plan.step == 0:
+                _unrecord(run_dir, hydra_files)
+            raise
+
+
+def _unrecord(run_dir: Path, hydra_files: dict) -> None:
+    """Removes what `record` wrote for a fresh start that was then refused, so that the run
+    dir is as before (a rerun with the fix is a fresh start again, not a changed config)."""
+    if (run_dir / resume_check.METRICS).exists():
+        return
+    for path in [run_dir / resume_check.CONFIG, *(run_dir / ".hydra" / n for n in hydra_files)]:
+        path.unlink(missing_ok=True)
+    for d in (run_dir / ".hydra", run_dir):
+        try:
+            d.rmdir()  # only if nothing else is there
+        except OSError:
+            pass
 
 
 def _say(message: str) -> None:

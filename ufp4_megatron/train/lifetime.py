@@ -13,7 +13,7 @@ but os/signal/sys) holding the read end of a pipe whose only write end stays in 
 trainer. The kernel closes that end when the trainer dies, however it dies; the read returns
 empty and the watchdog SIGKILLs the processes it was given, through pidfds opened at its start
 (Linux 5.3+: a pid reused by another process is never hit; elsewhere plain kill), then exits.
-It runs in its own session, so a terminal's Ctrl-C or a job step's SIGTERM to the trainer's
+It runs in its own process session, so a terminal's Ctrl-C or a job step's SIGTERM to the trainer's
 process group does not end it first.
 """
 from __future__ import annotations

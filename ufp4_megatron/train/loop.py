@@ -17,6 +17,7 @@ import torch.distributed as dist
 from ..data import datasets as data
 from . import checkpoint, distributed, log_line, model as model_lib, optim, resume_check, schedule
 from . import wandb_run
+from . import determinism
 from . import runtime as runtime_lib
 from .live_gap import LiveGap
 from .metrics import MetricsFile
@@ -46,7 +47,9 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
     checkpoint.check_owner(found.common, checkpoint.owner(cfg, run_dir), ckpt_dir, run_dir)
     optim.check_schedule(cfg)
     rt = runtime_lib.decide(cfg)
-    with rt.scope():  # on CPU: the CUDA shims, for the whole run and undone after it
+    # train.deterministic before anything touches cuBLAS, NCCL or TE; on CPU the CUDA shims;
+    # both for the whole run and undone after it
+    with determinism.scope(cfg), rt.scope():
         return _train(cfg, run_dir, ckpt_dir, rt)
 
 
@@ -82,6 +85,8 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
     is_main = env.rank == 0
     if is_main:
         print(rt.describe(), flush=True)
+        if cfg.train.deterministic:
+            print(determinism.describe(), flush=True)
         print(log_line.params_line(cfg.model, sum(p.numel() for p in model.parameters()),
                                    env.world_size), flush=True)
     if is_main and start and (note := optim.resumed_schedule_note(opt.scheduler, cfg)):

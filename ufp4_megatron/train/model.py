@@ -52,6 +52,8 @@ def transformer_config(cfg: Config, dtype: torch.dtype, device: torch.device,
         # the loss over the logits in fewer passes (unfused: an estimated ~12 ms of the BF16
         # small step's ~60 ms of kernels, fp32 passes over its logits; docs/performance.md)
         cross_entropy_loss_fusion=m.cross_entropy_fusion, cross_entropy_fusion_impl="native",
+        # train.deterministic: Megatron's deterministic code paths (train/determinism.py)
+        deterministic_mode=cfg.train.deterministic,
         **moe, **te,
     )
 

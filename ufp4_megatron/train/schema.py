@@ -185,6 +185,10 @@ class TrainConfig:
     eval_iters: int = 4  # validation batches per pass (of global_batch sequences each)
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"  # params/activations: auto = bf16 on CUDA, fp32 on CPU
+    # the same bits from the same command, run after run and across resumes, slower: Megatron's
+    # deterministic_mode, torch.use_deterministic_algorithms, cuBLAS/NCCL settings
+    # (train/determinism.py; its cost: docs/training.md)
+    deterministic: bool = False
 
 
 @dataclass(kw_only=True)
