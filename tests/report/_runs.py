@@ -43,3 +43,13 @@ def offline_env(tmp: Path) -> dict:
                MPLCONFIGDIR=str(tmp / "mpl"))
     env.pop("WANDB_API_KEY", None)
     return env
+
+
+def logged_table(run_file: Path, key: str) -> list[dict]:
+    """The rows of the last wandb.Table an offline run logged under `key`, as dicts."""
+    from ufp4_megatron.report.wandb_offline import read_run
+
+    history = read_run(run_file)["history"]
+    path = [h[f"{key}.path"] for h in history if f"{key}.path" in h][-1]
+    table = json.loads((Path(run_file).parent / "files" / path).read_text())
+    return [dict(zip(table["columns"], row)) for row in table["data"]]

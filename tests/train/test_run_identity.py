@@ -129,9 +129,10 @@ def test_the_study_archives_pair_across_a_key_added_later(tmp_path):
 
 
 def test_hydra_run_and_sweep_dirs_carry_the_run_id():
-    for overrides in ([], ["precision.rht.fprop=false", "experiment=abl"]):
+    for overrides, label in (([], "ufp4"), (["precision.rht.fprop=false", "experiment=abl"],
+                                             "ufp4-rht.fprop=false")):  # an ablation's name
         cfg = compose_cfg(*overrides, hydra=True)
-        name = f"tiny-ufp4-s1234-{identity.run_id(cfg)}"
+        name = f"tiny-{label}-s1234-{identity.run_id(cfg)}"
         assert OmegaConf.select(cfg, "hydra.run.dir") == f"runs/{cfg.experiment}/{name}"
         assert OmegaConf.select(cfg, "hydra.sweep.subdir") == name
         assert OmegaConf.select(cfg, "hydra.sweep.dir") == f"runs/{cfg.experiment}"
@@ -182,8 +183,10 @@ def test_ablations_and_resumes_are_checked(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     dirs = _dirs(tmp_path)
     assert set(dirs) == {True, False} and dirs[True] != dirs[False]
+    # the ablation's dir is named after its change (train/ablation_name.py)
+    assert dirs[True].name.startswith("tiny-ufp4-s1234-")
+    assert dirs[False].name.startswith("tiny-ufp4-rht.fprop=false-s1234-")
     for d in dirs.values():
-        assert d.name.startswith("tiny-ufp4-s1234-")
         assert [x["step"] for x in _lines(d / "metrics.jsonl")] == [1, 2]
         assert (d / ".hydra" / "overrides.yaml").exists()
 

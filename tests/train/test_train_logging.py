@@ -1,5 +1,5 @@
 """What a run shows and logs: diagnostics on the interval's steps, val_loss on the terminal,
-Megatron's start-up warnings reduced to one note.
+Megatron's start-up warnings reduced to one note; the step line, parameter count and summary.
 
     test_diagnostics_val_loss_and_quiet_start    one CPU run (6 steps, diagnostics every 3,
         metrics every 2, eval every 3), read back from its offline W&B run file:
@@ -62,7 +62,14 @@ def test_diagnostics_val_loss_and_quiet_start(tmp_path):
     val_lines = [line for line in r.stdout.splitlines()
                  if line.startswith("step") and "val_loss" in line]
     assert [int(line.split()[1]) for line in val_lines] == [3, 6]
-    assert all(math.isfinite(float(line.split("val_loss")[1])) for line in val_lines)
+    assert all(math.isfinite(float(line.split("val_loss ")[1].split()[0])) for line in val_lines)
+    # Megatron-LM's --log-throughput fields, and the plain lines' elapsed time and ETA
+    for part in ("step 6 of 6 |", "ms/it", "TFLOP/s/GPU", "rss", "elapsed", "ETA 0:00:00"):
+        assert part in val_lines[-1], val_lines[-1]
+    assert "MFU" not in r.stdout  # no peak on a CPU: left out, not guessed
+    assert "parameters (" in r.stdout  # the count at start
+    assert r.stdout.strip().splitlines()[-1].startswith("done: steps 1-6 of 6 in ")
+    assert r.stdout.strip().endswith(f"run dir {run_dir}")
 
     assert r.stderr.count(NOTE) == 1
     rest = (r.stdout + r.stderr).replace(NOTE, "")

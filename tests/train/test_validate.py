@@ -43,6 +43,9 @@ CASES = [  # (overrides, a fragment of the one-line message)
     (["data.valid_seed=-3"], "data.valid_seed=-3 must be in [0, 2**31)"),
     (["train.eval_interval=2", "train.eval_iters=0"], "evaluate at least 1 batch"),
     (["train.eval_interval=-1"], "train.eval_interval=-1 must be >= 0"),
+    # evaluation is on by default: a split with nothing held out is refused before training
+    (["data.split='100,0,0'"], "data.split='100,0,0' gives the validation split no data, but "
+                               "train.eval_interval=1000 evaluates on it"),
     (["train.device=tpu"], "train.device='tpu'; valid: auto, cpu, cuda"),
     (["train.dtype=fp16"], "train.dtype='fp16'; valid: auto, bf16, fp32"),
     (["model.num_query_groups=3"], "model.num_query_groups=3 must divide "
@@ -56,6 +59,8 @@ CASES = [  # (overrides, a fragment of the one-line message)
     (["logging.wandb.diagnostics_interval=-2"], "diagnostics_interval=-2 must be >= 0"),
     (["logging.wandb.mode=cloud"], "logging.wandb.mode='cloud'; valid:"),
     (["logging.progress=fancy"], "logging.progress='fancy'; valid: auto, bar, plain"),
+    (["logging.peak_tflops=0"], "logging.peak_tflops=0.0 must be > 0 (the GPU's dense BF16 peak"),
+    (["logging.peak_tflops=nan"], "logging.peak_tflops=nan must be a finite number > 0"),
     (["optim.lr=-0.001"], "optim.lr=-0.001 must be > 0"),
     (["optim.min_lr=1.0"], "optim.min_lr=1.0 must be in [0, optim.lr=0.0003]"),
     (["optim.warmup_steps=-5"], "optim.warmup_steps=-5 must be >= 0"),
@@ -274,3 +279,13 @@ def test_describe_refuses_with_the_trainers_message(tmp_path, overrides):
     line = _refused(d, "does not divide")
     t = _train(tmp_path, *overrides)
     assert _refused(t, "does not divide") == line
+
+
+def test_tensorboard_asked_for_but_missing_is_one_line(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is not None:
+        pytest.skip("tensorboard is installed here: logging.tensorboard=true runs")
+    _refused(_train(tmp_path, "logging.tensorboard=true"),
+             "logging.tensorboard=true needs the tensorboard package, which is not installed")
+    assert not (tmp_path / "run").exists()

@@ -33,15 +33,11 @@ class IndexedWriter:
 
     def add(self, sentences: list[str]) -> int:
         """Adds one document; returns its number of tokens (0 for an empty document)."""
-        ids, lengths = [], []
-        for sentence in sentences:
-            sentence_ids = self.tokenizer.tokenize(sentence)
-            if sentence_ids:
-                ids.extend(sentence_ids)
-                lengths.append(len(sentence_ids))
+        return self.add_encoded(*encode(self.tokenizer, sentences))
+
+    def add_encoded(self, ids: list[int], lengths: list[int]) -> int:
+        """Adds one document `encode` made (in this process or a worker's)."""
         if ids:
-            ids.append(self.tokenizer.eod)
-            lengths[-1] += 1
             lo, hi = min(ids), max(ids)
             if lo < 0 or hi >= self.tokenizer.vocab_size:  # would wrap around in uint16
                 bad = lo if lo < 0 else hi
@@ -67,6 +63,21 @@ class IndexedWriter:
         if exc_type is None:
             raise ValueError(f"no documents to write to {self.prefix}: give text or JSONL "
                              f"files, or directories that hold some")
+
+
+def encode(tokenizer, sentences: list[str]) -> tuple[list[int], list[int]]:
+    """(ids, sentence lengths) of one document: each sentence tokenized on its own, EOD
+    appended to the last, as preprocess_data.py --append-eod does; empty sentences dropped."""
+    ids, lengths = [], []
+    for sentence in sentences:
+        sentence_ids = tokenizer.tokenize(sentence)
+        if sentence_ids:
+            ids.extend(sentence_ids)
+            lengths.append(len(sentence_ids))
+    if ids:
+        ids.append(tokenizer.eod)
+        lengths[-1] += 1
+    return ids, lengths
 
 
 def write_indexed(documents: Iterable[list[str]], prefix: str | Path,

@@ -15,11 +15,12 @@ import torch
 import torch.distributed as dist
 
 from ..data import datasets as data
-from . import checkpoint, distributed, model as model_lib, optim, resume_check, schedule, wandb_run
+from . import checkpoint, distributed, log_line, model as model_lib, optim, resume_check, schedule
+from . import wandb_run
 from . import determinism
 from . import runtime as runtime_lib
 from .live_gap import LiveGap
-from .metrics import MetricsFile, Progress
+from .metrics import MetricsFile
 from .precision import check_bf16_layers, recipe_from_config
 from .probes import LayerProbes
 from .schema import Config
@@ -53,6 +54,7 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
 
 
 def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) -> list[dict]:
+    t_start = time.perf_counter()
     device = rt.device
     env = distributed.init(cfg.parallel, rt, cfg.train.seed)
     run = checkpoint.owner(cfg, run_dir)
@@ -85,13 +87,23 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
         print(rt.describe(), flush=True)
         if cfg.train.deterministic:
             print(determinism.describe(), flush=True)
+        print(log_line.params_line(cfg.model, sum(p.numel() for p in model.parameters()),
+                                   env.world_size), flush=True)
     if is_main and start and (note := optim.resumed_schedule_note(opt.scheduler, cfg)):
         print(note, flush=True)
     metrics = MetricsFile(run_dir / "metrics.jsonl", start) if is_main else None
     wb = wandb_run.start(cfg, run_dir) if is_main else None
     live = LiveGap(cfg, run_dir, wb) if wb is not None else None  # gap_vs_bf16, ...
-    progress = (Progress(cfg.logging.progress, t.steps, start, cfg.logging.print_interval)
-                if is_main else None)
+    progress = (log_line.Progress(cfg.logging.progress, t.steps, start,
+                                  cfg.logging.print_interval) if is_main else None)
+    tboard = None
+    if is_main and cfg.logging.tensorboard:
+        from .tensorboard_log import TensorBoard
+
+        tboard = TensorBoard(run_dir)
+    flops_token = log_line.flops_per_token(cfg.model, t.seq_len)
+    peak = log_line.peak_tflops(torch.cuda.get_device_name() if rt.on_gpu else None,
+                                cfg.logging.peak_tflops)
     probes = None
     if is_main and cfg.logging.wandb.diagnostics_interval and recipe.quantized:
         probes = LayerProbes(model, list(cfg.logging.wandb.diagnostics_layers), recipe)
@@ -120,7 +132,10 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
         record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                   "tokens": step * tokens_per_step, "step_time": time.perf_counter() - t0}
         record["tokens_per_s"] = tokens_per_step / record["step_time"]
-        if t.eval_interval and step % t.eval_interval == 0:
+        record |= log_line.throughput(tokens=tokens_per_step, seconds=record["step_time"],
+                                      flops_token=flops_token, world_size=env.world_size,
+                                      peak=peak)
+        if t.eval_interval and (step % t.eval_interval == 0 or step == t.steps):
             record["val_loss"] = _validate(cfg, train_model, valid_ds, env, rt, n_micro)
             _stop_if_not_finite(step, {"val_loss": record["val_loss"]}, ckpt_dir)
         if rt.on_gpu:
@@ -136,6 +151,8 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
                 wb.log(record | (probes.stats() if diag_step else {}), step=step)
             if wb is not None and logged:
                 live.log(record)
+            if tboard is not None and logged:
+                tboard.log(record)
             progress.update(record)
         stopping = stop.requested()
         if stopping or (cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or (
@@ -145,19 +162,24 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
             checkpoint.save(ckpt_dir, step, model, opt, extra, cfg.checkpoint.keep, runtime=rt,
                             run=run, checksummed=cfg.checkpoint.checksums)
             if is_main:  # a save's cost is a user's question at scale (and the step table's)
-                print(f"checkpoint: saved step {step} in {time.perf_counter() - t_save:.1f} s",
-                      flush=True)
+                progress.write(f"checkpoint: saved step {step} in "
+                               f"{time.perf_counter() - t_save:.1f} s")
         if stopping:
             if is_main:
-                print(f"stop signal ({stop.describe()}): saved step {step} to {ckpt_dir}; "
-                      "rerun to resume", flush=True)
+                progress.write(f"stop signal ({stop.describe()}): saved step {step} to "
+                               f"{ckpt_dir}; rerun to resume")
             break
 
     if is_main:
         progress.close()
         metrics.close()
+        if tboard is not None:
+            tboard.close()
         if wb is not None:
             wb.finish()
+        print(log_line.summary_line(records, start=start, total=t.steps, run_dir=run_dir,
+                                    wall_s=time.perf_counter() - t_start, stopped=stopping),
+              flush=True)
     distributed.shutdown()
     if stopping and stop.exit_status:  # Ctrl-C: saved, and says so with the shell's 130
         raise SystemExit(stop.exit_status)

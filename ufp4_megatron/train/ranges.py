@@ -141,6 +141,8 @@ RANGES: dict[str, Range] = {
     # logging
     "logging.log_interval": at_least(1),
     "logging.print_interval": at_least(1),
+    "logging.peak_tflops": positive("(the GPU's dense BF16 peak in TFLOP/s, e.g. 989 for an "
+                                    "H100 SXM; null: looked up by GPU name)"),
     "logging.wandb.diagnostics_interval": at_least(0, "(0: never)"),
     "logging.wandb.diagnostics_layers": at_least(0),  # each element
     # checkpoint

@@ -13,6 +13,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING
 
 from ..data.tokenizers import TokenizerConfig  # `data.tokenizer`; prepare_data builds the same
+from .ablation_name import register_resolver as register_ablation_resolver
 from .preset_switches import PRESET_RESOLVER, register_preset_resolver
 
 
@@ -98,7 +99,9 @@ class PrecisionConfig:
     `precision.sr.dy=false` edit one switch of it.
     """
 
-    name: str = MISSING  # label used in run names and reports
+    # label used in run names and reports; the package's YAMLs name an override ablation
+    # after what it changes (train/ablation_name.py: ufp4-rht.fprop=false)
+    name: str = MISSING
     recipe: str = MISSING  # a name from list_recipes()
     grid: Optional[str] = None
     block: Optional[int] = None
@@ -176,8 +179,10 @@ class TrainConfig:
     seq_len: int = 1024
     micro_batch: int = 1  # sequences per rank per forward pass
     global_batch: int = 8  # sequences per optimizer step (micro_batch * dp * accumulation)
-    eval_interval: int = 0  # steps between validation passes; 0: never
-    eval_iters: int = 4
+    # steps between validation passes on the held-out split (data.split's second part), and
+    # at the last step, as Megatron-LM's --eval-interval (default 1000); 0: never
+    eval_interval: int = 1000
+    eval_iters: int = 4  # validation batches per pass (of global_batch sequences each)
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"  # params/activations: auto = bf16 on CUDA, fp32 on CPU
     # the same bits from the same command, run after run and across resumes, slower: Megatron's
@@ -200,7 +205,11 @@ class WandbConfig:
 class LoggingConfig:
     log_interval: int = 1  # steps between metrics.jsonl lines
     progress: str = "auto"  # auto: a tqdm bar on a TTY, plain lines otherwise | bar | plain
-    print_interval: int = 10  # steps between plain progress lines
+    print_interval: int = 10  # steps between printed step lines (train/log_line.py)
+    # the GPU's dense BF16 peak in TFLOP/s for the MFU column; null: looked up by device name
+    # (train/log_line.py's table), no MFU on CPU or a GPU it lacks
+    peak_tflops: Optional[float] = None
+    tensorboard: bool = False  # also write the logged scalars to <run dir>/tensorboard
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
@@ -238,4 +247,5 @@ def register_configs() -> None:
     """Registers the schema as `base_config`, the first entry of ufp4_megatron/configs/config.yaml,
     and the resolver of its preset defaults."""
     register_preset_resolver()
+    register_ablation_resolver()
     ConfigStore.instance().store(name="base_config", node=Config)

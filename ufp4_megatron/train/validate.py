@@ -23,6 +23,7 @@ import os
 import re
 from math import gcd
 
+from . import tensorboard_log
 from .optim import check_schedule
 from .ranges import check_ranges
 from .runtime import BACKENDS, DEVICES, DTYPES, decide
@@ -107,6 +108,8 @@ def check_machine(cfg: Config) -> None:
             check_installed()
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if cfg.logging.tensorboard and (problem := tensorboard_log.problem()):
+        raise ConfigError(problem)
     if cfg.train.deterministic:
         from .determinism import environment_problem
 
