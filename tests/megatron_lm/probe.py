@@ -4,6 +4,7 @@
     python probe.py validate CASES.json  argument parsing and validation only
     python probe.py te                   TE-shaped spec rewrite, built into a model
     python probe.py sr_state             the SR stream in Megatron's checkpoint extra state
+    python probe.py load_converted CASE.json  load a converted checkpoint as load_checkpoint does
 
 `routes` runs, for each case {name, argv, env}, the steps of pretrain_gpt.py's __main__ and of
 pretrain()'s model setup: parse_and_validate_args (with pretrain_gpt.py's args_defaults),
@@ -274,9 +275,95 @@ def sr_state() -> dict:
     }
 
 
+# ----------------------------------------------------------------------------- load_converted
+
+
+def load_converted(case: dict) -> dict:
+    """Megatron-LM's load_checkpoint (megatron/training/checkpointing.py) on CPU, step by step,
+    for case {argv, env, load}: the tracker read by read_metadata, the iter dir by
+    get_checkpoint_name, the format by _get_checkpoint_format, the common state, the args
+    check, the content metadata, the sharded state dict by generate_state_dict for the model
+    pretrain_gpt.py builds from `argv`, dist_checkpointing.load with Megatron-LM's strictness,
+    and the model's strict load_state_dict. Skipped: the optimizer (Megatron's needs CUDA
+    here) and the RNG (torch.cuda.set_rng_state). Reports each stage, or where it failed."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistLoadShardedStrategy
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.training import checkpointing as ck
+    from megatron.training.argument_utils import (
+        gpt_config_from_args,
+        pretrain_cfg_container_from_args,
+    )
+    from megatron.training.arguments import parse_args, validate_args
+    from megatron.training.global_vars import set_global_variables
+
+    from ufp4_megatron.megatron import seed_model_parallel
+
+    os.environ.update(case.get("env", {}))
+    load = case["load"]
+    out = {}
+    stage = "tracker"
+    try:
+        # before the process group, as a tool that edits checkpoints reads it
+        iteration, release = ck.read_metadata(ck.get_checkpoint_tracker_filename(load))
+        name = ck.get_checkpoint_name(load, iteration, release, return_base_dir=True)
+        out |= {"iteration": iteration, "release": release, "dir": os.path.basename(name)}
+        _init_world()
+        sys.argv = ["pretrain_gpt.py", *case["argv"], "--load", load]
+        with contextlib.redirect_stdout(io.StringIO()):
+            args = parse_args()
+            validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+            set_global_variables(args)
+        stage = "format"
+        out["format"] = ck._get_checkpoint_format(name, args)
+        stage = "common"
+        common = dist_checkpointing.load_common_state_dict(name)
+        out["common_keys"] = sorted(common)
+        ckpt_args = common["args"]
+        out["consumed_train_samples"] = ckpt_args.consumed_train_samples
+        out["no_save_rng"] = ckpt_args.no_save_rng
+        out["opt_param_scheduler"] = common.get("opt_param_scheduler")
+        stage = "args"
+        ck.set_checkpoint_version(common.get("checkpoint_version", 0))
+        ck.check_checkpoint_args(ckpt_args)
+        stage = "build"
+        seed_model_parallel(args.seed)
+        full = pretrain_cfg_container_from_args(args, gpt_config_from_args(args))
+        model = full.model.get_builder_cls()(full.model).build_model(
+            ProcessGroupCollection.use_mpu_process_groups())
+        stage = "load"
+        md = dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {}
+        md["dp_cp_group"] = __import__("megatron.core.parallel_state", fromlist=["x"]) \
+            .get_data_parallel_group(with_context_parallel=True)
+        sharded = ck.generate_state_dict(args, [model], None, None, None,
+                                         model_sd_kwargs=dict(metadata=md))
+        state = dist_checkpointing.load(sharded, name, TorchDistLoadShardedStrategy(),
+                                        strict=args.dist_ckpt_strictness)
+        result = model.load_state_dict(state["model"], strict=True)
+        out["missing"] = list(result.missing_keys) if result else []
+        out["iteration_in_state"] = state["iteration"]
+        out["weights"] = {k: float(v.detach().double().sum()) for k, v in
+                          model.state_dict().items() if isinstance(v, torch.Tensor)
+                          and not k.endswith("_extra_state")}
+        out["model_sum"] = sum(out["weights"].values())
+        if case.get("source"):  # the trainer's step dir it was converted from
+            plain = dist_checkpointing.load_plain_tensors(case["source"])
+            out["source_sum"] = sum(float(v.double().sum()) for k, v in plain.items()
+                                    if isinstance(v, torch.Tensor) and not k.startswith("optimizer."))
+        streams = {repr(m.ufp4.seeds.state_dict()["draws"]) for m in model.modules()
+                   if hasattr(m, "ufp4")}
+        out["sr_draws"] = sorted(streams)
+        return {"stage": "ok", **out}
+    except (ValueError, AssertionError, TypeError, KeyError, RuntimeError, Exception) as e:
+        return {"stage": stage, "error": f"{type(e).__name__}: {str(e)[:500]}", **out}
+
+
 if __name__ == "__main__":
     kind = sys.argv[1]
-    if kind in ("routes", "validate"):
+    if kind == "load_converted":
+        with open(sys.argv[2]) as f:
+            result = load_converted(json.load(f))
+    elif kind in ("routes", "validate"):
         with open(sys.argv[2]) as f:
             result = {"routes": routes, "validate": validate}[kind](json.load(f))
     else:

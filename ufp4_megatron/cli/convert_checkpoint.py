@@ -1,4 +1,4 @@
-"""`ufp4-convert-checkpoint --to megatron-lm|ufp4 SRC DST` (python -m ufp4_megatron.cli.convert_checkpoint)
+"""`python -m ufp4_megatron.cli.convert_checkpoint --to megatron-lm|ufp4 SRC DST`
 
 Converts a checkpoint between the trainer's layout (step_NNNNNNNN/ + latest) and Megatron-LM's
 (iter_NNNNNNN/ + latest_checkpointed_iteration.txt), so that `pretrain_gpt.py --load DST`
@@ -20,9 +20,9 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
-        prog="ufp4-convert-checkpoint", description=__doc__.split("\n\n", 1)[1],
+        prog="python -m ufp4_megatron.cli.convert_checkpoint", description=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example: ufp4-convert-checkpoint --to megatron-lm runs/tiny/checkpoints "
+        epilog="example: python -m ufp4_megatron.cli.convert_checkpoint --to megatron-lm runs/tiny/checkpoints "
                "/data/mlm-ckpt")
     ap.add_argument("--to", required=True, choices=("megatron-lm", "ufp4"),
                     help="the layout to write")

@@ -266,7 +266,7 @@ def megatron_lm_args(identity: dict, layout: dict, step: int, batch: int, *,
     return argparse.Namespace(
         num_layers=m["num_layers"], hidden_size=m["hidden_size"],
         ffn_hidden_size=m["ffn_hidden_size"], num_attention_heads=m["num_attention_heads"],
-        num_query_groups=m["num_query_groups"], add_position_embedding=False,
+        num_query_groups=m["num_query_groups"],
         max_position_embeddings=m["max_seq_len"], padded_vocab_size=m["vocab_size"],
         tensor_model_parallel_size=layout["tp"], pipeline_model_parallel_size=layout["pp"],
         expert_model_parallel_size=layout["ep"], data_parallel_size=layout["dp"],
@@ -366,6 +366,9 @@ def to_ufp4(src: Path, dst: Path) -> dict:
               "rerun_state_machine"):
         e.common.pop(k, None)
     e.common[f"{checkpoint.PREFIX}.step"] = step
+    # no trainer config comes with it: the run dir that resumes it records its own
+    # (train/resume_check.py)
+    e.common[f"{checkpoint.PREFIX}.converted_from"] = str(path)
     e.common[f"{checkpoint.PREFIX}.layout"] = layout
     return _finish(dst, lambda tmp: write_entries(e, tmp, content or None),
                    checkpoint.step_dir(dst, step), dst / "latest", str(step), step,

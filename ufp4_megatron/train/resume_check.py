@@ -82,7 +82,14 @@ def check_run_dir_files(run_dir: Path) -> None:
 
 def plan_start(cfg, run_dir: Path) -> StartPlan:
     """What starting `cfg` in `run_dir` means; raises ConfigError when it must not start."""
-    from .checkpoint import CheckpointError, check_owner, check_start, owner, steps_on_disk
+    from .checkpoint import (
+        PREFIX,
+        CheckpointError,
+        check_owner,
+        check_start,
+        owner,
+        steps_on_disk,
+    )
 
     run_dir = Path(run_dir)
     ckpt_dir = checkpoint_dir(cfg, run_dir)
@@ -122,6 +129,12 @@ def plan_start(cfg, run_dir: Path) -> StartPlan:
         step = None
     if step is None:
         return StartPlan(run_dir, ckpt_dir, 0, cfg.train.steps)
+    converted = (found.common or {}).get(f"{PREFIX}.converted_from")
+    if stored is None and converted and not _has_lines(run_dir / METRICS):
+        # a checkpoint converted from Megatron-LM's layout (train/checkpoint_megatron_lm.py)
+        # starts its run dir here: no config trained it, so this one is recorded; the load
+        # still refuses a model its tensors do not fit
+        return StartPlan(run_dir, ckpt_dir, step, cfg.train.steps)
     if stored is None:
         raise ConfigError(
             f"{ckpt_dir} holds a checkpoint (step {step}) but {run_dir / CONFIG}, the config "
