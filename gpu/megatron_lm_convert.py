@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import megatron_lm as mlm  # noqa: E402  (gpu/megatron_lm.py)
+import megatron_lm as mlm
 
 CONVERT = "python3 -m ufp4_megatron.cli.convert_checkpoint"
 SPEC = '--spec ufp4_megatron.megatron.spec ufp4_gpt_spec'

@@ -349,7 +349,8 @@ def load_converted(case: dict) -> dict:
         if case.get("source"):  # the trainer's step dir it was converted from
             plain = dist_checkpointing.load_plain_tensors(case["source"])
             out["source_sum"] = sum(float(v.double().sum()) for k, v in plain.items()
-                                    if isinstance(v, torch.Tensor) and not k.startswith("optimizer."))
+                                    if isinstance(v, torch.Tensor)
+                                    and not k.startswith("optimizer."))
         streams = {repr(m.ufp4.seeds.state_dict()["draws"]) for m in model.modules()
                    if hasattr(m, "ufp4")}
         out["sr_draws"] = sorted(streams)

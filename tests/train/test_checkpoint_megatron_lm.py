@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _cli import ROOT, losses, run, train_cmd
+
 from ufp4_megatron.train import checkpoint_megatron_lm as conv
 
 PROBE = ROOT / "tests" / "megatron_lm" / "probe.py"
@@ -158,7 +158,7 @@ def test_symlinked_iter_dir_and_tracker_are_refused(tmp_path):
 
 def test_an_iter_dir_without_a_torch_dist_checkpoint_is_refused(tmp_path):
     src = _mlm_dir(tmp_path, "3")
-    with pytest.raises(conv.ConversionError, match="no metadata.json"):
+    with pytest.raises(conv.ConversionError, match=r"no metadata\.json"):
         conv.megatron_lm_source(src)
 
 

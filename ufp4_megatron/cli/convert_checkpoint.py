@@ -20,10 +20,11 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
-        prog="python -m ufp4_megatron.cli.convert_checkpoint", description=__doc__.split("\n\n", 1)[1],
+        prog="python -m ufp4_megatron.cli.convert_checkpoint",
+        description=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example: python -m ufp4_megatron.cli.convert_checkpoint --to megatron-lm runs/tiny/checkpoints "
-               "/data/mlm-ckpt")
+        epilog="example: python -m ufp4_megatron.cli.convert_checkpoint --to megatron-lm "
+               "runs/tiny/checkpoints /data/mlm-ckpt")
     ap.add_argument("--to", required=True, choices=("megatron-lm", "ufp4"),
                     help="the layout to write")
     ap.add_argument("--model-only", action="store_true",

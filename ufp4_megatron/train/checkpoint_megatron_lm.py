@@ -31,8 +31,6 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from . import checkpoint, checksums, unpickling
 
 TRACKER = "latest_checkpointed_iteration.txt"
