@@ -5,6 +5,7 @@
     python probe.py te                   TE-shaped spec rewrite, built into a model
     python probe.py sr_state             the SR stream in Megatron's checkpoint extra state
     python probe.py load_converted CASE.json  load a converted checkpoint as load_checkpoint does
+    python probe.py save_megatron_lm CASE.json  a checkpoint as save_checkpoint writes it
 
 `routes` runs, for each case {name, argv, env}, the steps of pretrain_gpt.py's __main__ and of
 pretrain()'s model setup: parse_and_validate_args (with pretrain_gpt.py's args_defaults),
@@ -359,11 +360,101 @@ def load_converted(case: dict) -> dict:
         return {"stage": stage, "error": f"{type(e).__name__}: {str(e)[:500]}", **out}
 
 
+def _pretrain_gpt_model(argv: list[str]):
+    """args and the model pretrain_gpt.py builds from `argv` (after _init_world)."""
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.training.argument_utils import (
+        gpt_config_from_args,
+        pretrain_cfg_container_from_args,
+    )
+    from megatron.training.arguments import parse_args, validate_args
+    from megatron.training.global_vars import set_global_variables
+
+    from ufp4_megatron.megatron import seed_model_parallel
+
+    sys.argv = ["pretrain_gpt.py", *argv]
+    with contextlib.redirect_stdout(io.StringIO()):
+        args = parse_args()
+        validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+        set_global_variables(args)
+    seed_model_parallel(args.seed)
+    full = pretrain_cfg_container_from_args(args, gpt_config_from_args(args))
+    model = full.model.get_builder_cls()(full.model).build_model(
+        ProcessGroupCollection.use_mpu_process_groups())
+    return args, model
+
+
+def save_megatron_lm(case: dict) -> dict:
+    """A checkpoint at case["save"] as Megatron-LM's save_checkpoint (torch_dist) writes it,
+    for the model pretrain_gpt.py builds from case["argv"], after case["iterations"] training
+    iterations on random tokens: Megatron-Core's DDP and get_megatron_optimizer, Megatron's
+    OptimizerParamScheduler counting samples as training.py does, args.consumed_train_samples,
+    generate_state_dict, _build_sharded_state_dict_metadata, dist_checkpointing.save with the
+    content metadata, and the tracker file. The RNG state is the dict get_rng_state builds,
+    without its CUDA generator (none on CPU)."""
+    import random
+
+    import numpy as np
+    from megatron.core import dist_checkpointing, tensor_parallel
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.training import checkpointing as ck
+
+    os.environ.update(case.get("env", {}))
+    _init_world()
+    args, model = _pretrain_gpt_model(case["argv"])
+    ddp = DistributedDataParallel(
+        config=model.config, module=model,
+        ddp_config=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, use_distributed_optimizer=args.use_distributed_optimizer))
+    opt = get_megatron_optimizer(OptimizerConfig(
+        optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
+        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
+        clip_grad=args.clip_grad, bf16=args.bf16, params_dtype=args.params_dtype,
+        use_distributed_optimizer=args.use_distributed_optimizer), [ddp])
+    batch = args.global_batch_size
+    sched = OptimizerParamScheduler(
+        opt, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
+        lr_warmup_steps=args.lr_warmup_iters * batch, lr_decay_steps=args.train_iters * batch,
+        lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay,
+        end_wd=args.weight_decay, wd_incr_steps=args.train_iters * batch,
+        wd_incr_style="constant")
+    for _ in range(case["iterations"]):
+        ddp.zero_grad_buffer()
+        opt.zero_grad()
+        _step(ddp.module)
+        opt.step()
+        sched.step(increment=batch)
+    iteration = case["iterations"]
+    args.consumed_train_samples = iteration * batch
+    rng = ShardedObject("rng_state", [{
+        "random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
+        "torch_rng_state": torch.get_rng_state(),
+        "rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states()}],
+        (1, 1), (0, 0), replica_id=0)
+    md = ck._build_sharded_state_dict_metadata(args)
+    state = ck.generate_state_dict(args, [model], opt, sched, rng, iteration=iteration,
+                                   optim_sd_kwargs=dict(metadata=md),
+                                   model_sd_kwargs=dict(metadata=md))
+    state["num_floating_point_operations_so_far"] = 0
+    name = ck.get_checkpoint_name(case["save"], iteration, return_base_dir=True)
+    os.makedirs(name)
+    dist_checkpointing.save(state, name, content_metadata=ck._clean_metadata_for_serialization(md))
+    with open(ck.get_checkpoint_tracker_filename(case["save"]), "w") as f:
+        f.write(str(iteration))
+    return {"stage": "ok", "dir": name, "weights_sum": sum(
+        float(v.detach().double().sum()) for k, v in model.state_dict().items()
+        if isinstance(v, torch.Tensor) and not k.endswith("_extra_state"))}
+
+
 if __name__ == "__main__":
     kind = sys.argv[1]
-    if kind == "load_converted":
+    if kind in ("load_converted", "save_megatron_lm"):
         with open(sys.argv[2]) as f:
-            result = load_converted(json.load(f))
+            case = json.load(f)
+        result = load_converted(case) if kind == "load_converted" else save_megatron_lm(case)
     elif kind in ("routes", "validate"):
         with open(sys.argv[2]) as f:
             result = {"routes": routes, "validate": validate}[kind](json.load(f))

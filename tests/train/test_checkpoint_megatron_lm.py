@@ -10,6 +10,7 @@ refused in one line and never overwrites anything.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -54,13 +55,13 @@ def test_megatron_lm_layout_tracker_and_common_state(unbroken, converted):
     assert (converted / "iter_0000003" / "metadata.json").is_file()
 
 
-def _probe(tmp: Path, case: dict) -> dict:
+def _probe(tmp: Path, case: dict, kind: str = "load_converted") -> dict:
     import megatron.core  # the wheel's megatron/training stands in for the checkout's
 
     wheel = Path(megatron.core.__file__).resolve().parents[2]
     path = tmp / "case.json"
     path.write_text(json.dumps(case))
-    res = run([sys.executable, str(PROBE), "load_converted", str(path)], tmp, timeout=300,
+    res = run([sys.executable, str(PROBE), kind, str(path)], tmp, timeout=300,
               env_extra={"PYTHONPATH": os.pathsep.join([str(ROOT), str(wheel)])}, cwd=wheel)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("PROBE_JSON ")]
     assert lines, res.stdout[-2000:] + res.stderr[-4000:]
@@ -180,3 +181,35 @@ def test_existing_destination_is_refused_and_left_alone(unbroken, converted, tmp
     res = convert(tmp, "ufp4", tmp_path / "missing", tmp_path / "new")
     assert res.returncode == 2 and "no such checkpoint dir" in res.stderr
     assert not (tmp_path / "new").exists()
+
+
+def test_a_checkpoint_saved_as_megatron_lm_saves_continues_in_the_trainer(unbroken):
+    """Megatron-LM's generate_state_dict and dist_checkpointing.save for the model
+    pretrain_gpt.py builds (3 iterations, its real args Namespace read back restricted),
+    converted; a start with another model is refused before step 1 and pins nothing; the
+    trainer then continues with the same model, data position and schedule."""
+    tmp, _, cache = unbroken
+    argv = [a for a in pretrain_gpt_argv() if a != "--use-distributed-optimizer"]
+    argv += ["--min-lr", "3e-5", "--lr-warmup-iters", "2", "--lr-decay-style", "cosine",
+             "--weight-decay", "0.1", "--clip-grad", "1.0", "--adam-beta2", "0.95"]
+    src = tmp / "written-by-megatron-lm"
+    out = _probe(tmp, {"argv": argv, "env": {"UFP4_RECIPE": "ufp4"}, "save": str(src),
+                       "iterations": 3}, kind="save_megatron_lm")
+    assert out["stage"] == "ok", out
+    run_dir = tmp / "from-mlm"
+    run_dir.mkdir()
+    res = convert(tmp, "ufp4", src, run_dir / "ckpt")
+    assert res.returncode == 0, res.stderr[-3000:]
+    trainer = ["train.steps=5", "parallel.distributed_optimizer=false",
+               f"checkpoint.dir={run_dir / 'ckpt'}"]
+    res = run(train_cmd(run_dir, cache, *trainer, "model.hidden_size=64"), tmp)
+    assert res.returncode == 2 and "holds another model: its embedding.word_embeddings" \
+        ".weight is [384, 128], this run's [384, 64]" in res.stderr, res.stderr[-2000:]
+    res = run(train_cmd(run_dir, cache, *trainer), tmp)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming from step 3" in res.stdout
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [4, 5]
+    # the schedule continues Megatron-LM's (cosine, warmup 2, decay over --train-iters 6,
+    # 3 iterations done), not this config's (decay over train.steps=5: 9.75e-05 at step 4)
+    assert rows[0]["lr"] == pytest.approx(3e-5 + 2.7e-4 * 0.5 * (1 + math.cos(math.pi / 2)))

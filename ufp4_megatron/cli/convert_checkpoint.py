@@ -54,10 +54,15 @@ def main(argv: list[str] | None = None) -> None:
             done = conv.to_ufp4(args.src, dst)
     except CheckpointError as e:
         _fail(str(e))
+    optim = "optimizer and LR schedule carried" if done["optimizer"] else "optimizer left out"
+    if done["rng"]:
+        rng = "RNG states carried"
+    elif args.to == "megatron-lm":
+        rng = "RNG states saved without a CUDA generator (a CPU run): Megatron-LM reseeds"
+    else:
+        rng = "RNG states carried without a CUDA generator"
     print(f"converted {done['source']} -> {done['written']} (iteration {done['step']}; "
-          f"optimizer {'and LR schedule ' if done['optimizer'] else 'left out'}"
-          f"{'' if not done['optimizer'] else 'carried'}; RNG states "
-          f"{'carried' if done['rng'] else 'not carried (saved on CPU or absent)'})")
+          f"{optim}; {rng})")
     if args.to == "megatron-lm":
         print("continue it with pretrain_gpt.py ... --load " + shlex.quote(str(dst))
               + " (the model flags of docs/megatron-lm.md's conversion section"

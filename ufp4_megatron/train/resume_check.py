@@ -87,6 +87,7 @@ def plan_start(cfg, run_dir: Path) -> StartPlan:
         CheckpointError,
         check_owner,
         check_start,
+        find,
         owner,
         steps_on_disk,
     )
@@ -105,7 +106,13 @@ def plan_start(cfg, run_dir: Path) -> StartPlan:
                 f"steps and cut its {METRICS}. Drop the checkpoint.dir override (or set "
                 f"checkpoint.dir={theirs}); to move the checkpoints, move the step dirs and "
                 f"`latest` from {theirs} to {ckpt_dir} first")
-    trained = bool(steps_on_disk(ckpt_dir)) or _has_lines(run_dir / METRICS)
+    # a checkpoint converted from Megatron-LM's layout (train/checkpoint_megatron_lm.py) that
+    # this run dir has not trained from yet pins no config: a start refused before step 1
+    # (say, for a model its tensors do not fit) must not keep the right one out
+    fresh_conversion = not _has_lines(run_dir / METRICS) and bool(steps_on_disk(ckpt_dir)) \
+        and bool((find(ckpt_dir).common or {}).get(f"{PREFIX}.converted_from"))
+    trained = (bool(steps_on_disk(ckpt_dir)) and not fresh_conversion) \
+        or _has_lines(run_dir / METRICS)
     if stored is not None and trained:  # (a start that failed before step 1 pins nothing)
         differ = identity.differences(stored, cfg)
         if differ:
@@ -129,12 +136,8 @@ def plan_start(cfg, run_dir: Path) -> StartPlan:
         step = None
     if step is None:
         return StartPlan(run_dir, ckpt_dir, 0, cfg.train.steps)
-    converted = (found.common or {}).get(f"{PREFIX}.converted_from")
-    if stored is None and converted and not _has_lines(run_dir / METRICS):
-        # a checkpoint converted from Megatron-LM's layout (train/checkpoint_megatron_lm.py)
-        # starts its run dir here: no config trained it, so this one is recorded; the load
-        # still refuses a model its tensors do not fit
-        return StartPlan(run_dir, ckpt_dir, step, cfg.train.steps)
+    if fresh_conversion:  # no config trained it: this one is recorded; the load still
+        return StartPlan(run_dir, ckpt_dir, step, cfg.train.steps)  # refuses another model
     if stored is None:
         raise ConfigError(
             f"{ckpt_dir} holds a checkpoint (step {step}) but {run_dir / CONFIG}, the config "
