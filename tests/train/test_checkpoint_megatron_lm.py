@@ -183,12 +183,11 @@ def test_existing_destination_is_refused_and_left_alone(unbroken, converted, tmp
     assert not (tmp_path / "new").exists()
 
 
-def test_a_checkpoint_saved_as_megatron_lm_saves_continues_in_the_trainer(unbroken):
+@pytest.fixture(scope="module")
+def saved_by_megatron_lm(unbroken):
     """Megatron-LM's generate_state_dict and dist_checkpointing.save for the model
-    pretrain_gpt.py builds (3 iterations, its real args Namespace read back restricted),
-    converted; a start with another model is refused before step 1 and pins nothing; the
-    trainer then continues with the same model, data position and schedule."""
-    tmp, _, cache = unbroken
+    pretrain_gpt.py builds, after 3 iterations (probe kind save_megatron_lm)."""
+    tmp = unbroken[0]
     argv = [a for a in pretrain_gpt_argv() if a != "--use-distributed-optimizer"]
     argv += ["--min-lr", "3e-5", "--lr-warmup-iters", "2", "--lr-decay-style", "cosine",
              "--weight-decay", "0.1", "--clip-grad", "1.0", "--adam-beta2", "0.95"]
@@ -196,6 +195,16 @@ def test_a_checkpoint_saved_as_megatron_lm_saves_continues_in_the_trainer(unbrok
     out = _probe(tmp, {"argv": argv, "env": {"UFP4_RECIPE": "ufp4"}, "save": str(src),
                        "iterations": 3}, kind="save_megatron_lm")
     assert out["stage"] == "ok", out
+    return src, argv, out["weights_sum"]
+
+
+def test_a_checkpoint_saved_as_megatron_lm_saves_continues_in_the_trainer(
+        unbroken, saved_by_megatron_lm):
+    """Converted (its real args Namespace read back restricted); a start with another model
+    is refused before step 1 and pins nothing; the trainer then continues with the same
+    model, data position and schedule."""
+    tmp, _, cache = unbroken
+    src, _, _ = saved_by_megatron_lm
     run_dir = tmp / "from-mlm"
     run_dir.mkdir()
     res = convert(tmp, "ufp4", src, run_dir / "ckpt")
@@ -213,3 +222,18 @@ def test_a_checkpoint_saved_as_megatron_lm_saves_continues_in_the_trainer(unbrok
     # the schedule continues Megatron-LM's (cosine, warmup 2, decay over --train-iters 6,
     # 3 iterations done), not this config's (decay over train.steps=5: 9.75e-05 at step 4)
     assert rows[0]["lr"] == pytest.approx(3e-5 + 2.7e-4 * 0.5 * (1 + math.cos(math.pi / 2)))
+
+
+def test_megatron_lm_to_trainer_and_back_loads_in_megatron_lm(unbroken, saved_by_megatron_lm):
+    """Without a trainer run in between, the way back restores Megatron-LM's own args."""
+    tmp = unbroken[0]
+    src, argv, weights_sum = saved_by_megatron_lm
+    res = convert(tmp, "ufp4", src, tmp / "there")
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = convert(tmp, "megatron-lm", tmp / "there", tmp / "back")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = _probe(tmp, {"argv": argv, "env": {"UFP4_RECIPE": "ufp4"}, "load": str(tmp / "back")})
+    assert out["stage"] == "ok", out
+    assert (out["iteration"], out["consumed_train_samples"], out["missing"]) == (3, 6, [])
+    assert out["opt_param_scheduler"]["num_steps"] == 6
+    assert out["model_sum"] == pytest.approx(weights_sum, rel=1e-12, abs=1e-9)

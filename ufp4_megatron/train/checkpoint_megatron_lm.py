@@ -280,9 +280,15 @@ def to_megatron_lm(src: Path, dst: Path, *, model_only: bool = False) -> dict:
     _fresh(dst)
     e = read_entries(path)
     step = e.common.pop(f"{checkpoint.PREFIX}.step")
-    identity = _identity(e.common)
     layout = e.common.pop(f"{checkpoint.PREFIX}.layout")
-    batch = int(identity["train"]["global_batch"])
+    e.common.pop(f"{checkpoint.PREFIX}.converted_from", None)
+    # converted from Megatron-LM and not trained here since: its own args go back
+    theirs = e.common.pop(f"{checkpoint.PREFIX}.megatron_lm_args", None)
+    if isinstance(theirs, argparse.Namespace) and f"{checkpoint.PREFIX}.run" not in e.common:
+        identity, batch = None, int(theirs.global_batch_size)
+    else:
+        identity = _identity(e.common)
+        batch = int(identity["train"]["global_batch"])
     sched = _one(e, f"{checkpoint.PREFIX}.lr_schedule", "the LR schedule")
     e.objects.pop(f"{checkpoint.PREFIX}.lr_schedule")
     e.objects.pop(f"{checkpoint.PREFIX}.policy", None)  # the linears' _extra_state has it
@@ -304,8 +310,14 @@ def to_megatron_lm(src: Path, dst: Path, *, model_only: bool = False) -> dict:
                    if not k.startswith("distrib_optim")}
     else:
         e.common["opt_param_scheduler"] = schedule_in_samples(sched, batch)
-    e.common |= {"args": megatron_lm_args(identity, layout, step, batch, has_rng=has_rng,
-                                          has_optim=not model_only),
+    if identity is None:
+        args = argparse.Namespace(**vars(theirs))
+        args.__dict__.update(iteration=step, consumed_train_samples=step * batch,
+                             no_save_rng=not has_rng, no_save_optim=model_only)
+    else:
+        args = megatron_lm_args(identity, layout, step, batch, has_rng=has_rng,
+                                has_optim=not model_only)
+    e.common |= {"args": args,
                  "checkpoint_version": CHECKPOINT_VERSION, "iteration": step,
                  "num_floating_point_operations_so_far": 0}
     return _finish(dst, lambda tmp: write_entries(e, tmp, content), iter_dir(dst, step),
@@ -367,6 +379,8 @@ def to_ufp4(src: Path, dst: Path) -> dict:
     # no trainer config comes with it: the run dir that resumes it records its own
     # (train/resume_check.py)
     e.common[f"{checkpoint.PREFIX}.converted_from"] = str(path)
+    # for the way back (to_megatron_lm) while no trainer run has saved over it
+    e.common[f"{checkpoint.PREFIX}.megatron_lm_args"] = args
     e.common[f"{checkpoint.PREFIX}.layout"] = layout
     return _finish(dst, lambda tmp: write_entries(e, tmp, content or None),
                    checkpoint.step_dir(dst, step), dst / "latest", str(step), step,
