@@ -163,6 +163,15 @@ def test_an_iter_dir_without_a_torch_dist_checkpoint_is_refused(tmp_path):
         conv.megatron_lm_source(src)
 
 
+def test_the_wrong_direction_is_named(tmp_path):
+    (tmp_path / "t" / "step_00000003").mkdir(parents=True)
+    with pytest.raises(conv.ConversionError, match=r"trainer's layout.*--to megatron-lm"):
+        conv.megatron_lm_source(tmp_path / "t")
+    src = _mlm_dir(tmp_path, "3")
+    with pytest.raises(conv.ConversionError, match=r"Megatron-LM's layout.*--to ufp4"):
+        conv.ufp4_source(src)
+
+
 def test_a_dir_without_steps_is_refused(tmp_path):
     with pytest.raises(conv.ConversionError, match="holds no step_NNNNNNNN dir"):
         conv.ufp4_source(tmp_path)

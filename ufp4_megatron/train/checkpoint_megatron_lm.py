@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +57,9 @@ def iter_dir(root: Path, iteration: int) -> Path:
 def read_tracker(root: Path) -> int:
     """The iteration Megatron-LM's tracker file names (read as read_metadata reads it)."""
     tracker = Path(root) / TRACKER
+    if checkpoint.steps_on_disk(root) or checkpoint.STEP_DIR.fullmatch(Path(root).name):
+        raise ConversionError(f"{root} is a checkpoint of the trainer's layout (step_N dirs): "
+                              "convert it with --to megatron-lm")
     if tracker.is_symlink() or not tracker.is_file():
         raise ConversionError(f"{tracker} is missing or not a regular file: {root} is not a "
                               "Megatron-LM checkpoint dir (give the dir that holds it, or an "
@@ -106,6 +110,9 @@ def ufp4_source(src: Path) -> Path:
             raise ConversionError(f"{src} is not a complete checkpoint: {why}")
         path = src
     else:
+        if (src / TRACKER).exists() or ITER_DIR.fullmatch(src.name):
+            raise ConversionError(f"{src} is a checkpoint of Megatron-LM's layout: convert it "
+                                  "with --to ufp4")
         if not checkpoint.steps_on_disk(src):
             raise ConversionError(f"{src} holds no step_NNNNNNNN dir: give a trainer's "
                                   "checkpoint dir (<run dir>/checkpoints) or one of its step "
@@ -114,6 +121,8 @@ def ufp4_source(src: Path) -> Path:
         if found.step is None:
             raise ConversionError(f"no intact checkpoint in {src}: " + "; ".join(found.skipped))
         path = checkpoint.step_dir(src, found.step)
+        for line in found.skipped:  # a newer step that is damaged: said, not silently passed
+            print(f"warning: {line}; converting {path} instead", file=sys.stderr)
     manifest = checksums.read(path)
     if manifest is not None:
         why = checksums.verify_share(path, manifest, 0, 1)
