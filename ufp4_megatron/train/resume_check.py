@@ -82,15 +82,7 @@ def check_run_dir_files(run_dir: Path) -> None:
 
 def plan_start(cfg, run_dir: Path) -> StartPlan:
     """What starting `cfg` in `run_dir` means; raises ConfigError when it must not start."""
-    from .checkpoint import (
-        PREFIX,
-        CheckpointError,
-        check_owner,
-        check_start,
-        find,
-        owner,
-        steps_on_disk,
-    )
+    from .checkpoint import CheckpointError, check_owner, check_start, owner, steps_on_disk
 
     run_dir = Path(run_dir)
     ckpt_dir = checkpoint_dir(cfg, run_dir)
@@ -110,7 +102,7 @@ def plan_start(cfg, run_dir: Path) -> StartPlan:
     # this run dir has not trained from yet pins no config: a start refused before step 1
     # (say, for a model its tensors do not fit) must not keep the right one out
     fresh_conversion = not _has_lines(run_dir / METRICS) and bool(steps_on_disk(ckpt_dir)) \
-        and bool((find(ckpt_dir).common or {}).get(f"{PREFIX}.converted_from"))
+        and _converted(ckpt_dir)
     trained = (bool(steps_on_disk(ckpt_dir)) and not fresh_conversion) \
         or _has_lines(run_dir / METRICS)
     if stored is not None and trained:  # (a start that failed before step 1 pins nothing)
@@ -146,6 +138,17 @@ def plan_start(cfg, run_dir: Path) -> StartPlan:
             "to start fresh")
     changes = _changed(stored, _as_dict(cfg))
     return StartPlan(run_dir, ckpt_dir, step, cfg.train.steps, changes)
+
+
+def _converted(ckpt_dir: Path) -> bool:
+    """Whether the newest intact step was converted from Megatron-LM's layout (a damaged or
+    planted one is left to check_start, which says why)."""
+    from .checkpoint import PREFIX, CheckpointError, find
+
+    try:
+        return bool((find(ckpt_dir).common or {}).get(f"{PREFIX}.converted_from"))
+    except CheckpointError:
+        return False
 
 
 def record(plan: StartPlan, config_yaml: str, hydra_files: Mapping[str, str]) -> None:
