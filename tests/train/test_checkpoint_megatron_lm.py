@@ -233,6 +233,7 @@ def test_a_checkpoint_saved_as_megatron_lm_saves_continues_in_the_trainer(
     assert rows[0]["lr"] == pytest.approx(3e-5 + 2.7e-4 * 0.5 * (1 + math.cos(math.pi / 2)))
 
 
+@pytest.mark.slow  # ~60 s: two conversions and a probe; the round trip above covers the rest
 def test_megatron_lm_to_trainer_and_back_loads_in_megatron_lm(unbroken, saved_by_megatron_lm):
     """Without a trainer run in between, the way back restores Megatron-LM's own args."""
     tmp = unbroken[0]
