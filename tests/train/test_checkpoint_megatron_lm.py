@@ -247,3 +247,19 @@ def test_megatron_lm_to_trainer_and_back_loads_in_megatron_lm(unbroken, saved_by
     assert (out["iteration"], out["consumed_train_samples"], out["missing"]) == (3, 6, [])
     assert out["opt_param_scheduler"]["num_steps"] == 6
     assert out["model_sum"] == pytest.approx(weights_sum, rel=1e-12, abs=1e-9)
+
+
+def test_model_only_leaves_the_optimizer_out_and_says_so(unbroken):
+    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
+    from torch.distributed.checkpoint import FileSystemReader
+
+    tmp, run_dir, _ = unbroken
+    res = convert(tmp, "megatron-lm", run_dir / "checkpoints", tmp / "model-only", "--model-only")
+    assert res.returncode == 0 and "--no-load-optim" in res.stdout, res.stderr[-2000:]
+    path = tmp / "model-only" / "iter_0000006"
+    common = load_common_state_dict(str(path))
+    assert "optimizer" not in common and "opt_param_scheduler" not in common
+    assert common["args"].no_save_optim is True
+    keys = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    assert not [k for k in keys if k.startswith("optimizer.")]
+    assert "output_layer.weight" in keys
