@@ -706,6 +706,7 @@ def load(ckpt_dir: Path, model, optimizer, extra: dict, *, runtime: Runtime,
     optimizer.prepare_load()
     template = _sharded_state(model, optimizer, extra, md, runtime, loading=True,
                               rng=same_ranks)
+    check_shapes(template, path)
     with unpickling.restricted() as scope:
         try:
             state = dist_checkpointing.load(template, str(path))
@@ -725,6 +726,28 @@ def load(ckpt_dir: Path, model, optimizer, extra: dict, *, runtime: Runtime,
         print(f"resharding {path}: {_describe(saved)} -> {_describe(now)}; RNG states not "
               "restored (per rank)", flush=True)
     return int(state[f"{PREFIX}.step"])
+
+
+def check_shapes(template: dict, path: Path) -> None:
+    """Refuses a checkpoint whose model tensors have other shapes than this run's model (a
+    checkpoint of another model: say which tensor, instead of dist_checkpointing's trace)."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    from torch.distributed.checkpoint import FileSystemReader
+
+    with unpickling.restricted():
+        stored = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    for sh in nested_values(template.get("model", {})):
+        if not isinstance(sh, ShardedTensor) or sh.key not in stored:
+            continue
+        have, want = tuple(getattr(stored[sh.key], "size", ()) or ()), tuple(sh.global_shape)
+        # Megatron pads the vocab dim of these itself (padded vocab sizes may differ)
+        cut = 1 if getattr(sh, "allow_shape_mismatch", False) else 0
+        if have and have[cut:] != want[cut:]:
+            raise CheckpointError(
+                f"{path} holds another model: its {sh.key} is {list(have)}, this run's "
+                f"{list(want)}. Resume it with the model it was trained with "
+                "(the model.* settings of its run), or start this model in a new checkpoint.dir")
 
 
 # SIGINT too: Ctrl-C saves and stops like a pre-emption warning (exit status 130)

@@ -98,7 +98,13 @@ def plan_start(cfg, run_dir: Path) -> StartPlan:
                 f"steps and cut its {METRICS}. Drop the checkpoint.dir override (or set "
                 f"checkpoint.dir={theirs}); to move the checkpoints, move the step dirs and "
                 f"`latest` from {theirs} to {ckpt_dir} first")
-    trained = bool(steps_on_disk(ckpt_dir)) or _has_lines(run_dir / METRICS)
+    # a checkpoint converted from Megatron-LM's layout (train/checkpoint_megatron_lm.py) that
+    # this run dir has not trained from yet pins no config: a start refused before step 1
+    # (say, for a model its tensors do not fit) must not keep the right one out
+    fresh_conversion = not _has_lines(run_dir / METRICS) and bool(steps_on_disk(ckpt_dir)) \
+        and _converted(ckpt_dir)
+    trained = (bool(steps_on_disk(ckpt_dir)) and not fresh_conversion) \
+        or _has_lines(run_dir / METRICS)
     if stored is not None and trained:  # (a start that failed before step 1 pins nothing)
         differ = identity.differences(stored, cfg)
         if differ:
@@ -122,6 +128,8 @@ def plan_start(cfg, run_dir: Path) -> StartPlan:
         step = None
     if step is None:
         return StartPlan(run_dir, ckpt_dir, 0, cfg.train.steps)
+    if fresh_conversion:  # no config trained it: this one is recorded; the load still
+        return StartPlan(run_dir, ckpt_dir, step, cfg.train.steps)  # refuses another model
     if stored is None:
         raise ConfigError(
             f"{ckpt_dir} holds a checkpoint (step {step}) but {run_dir / CONFIG}, the config "
@@ -130,6 +138,17 @@ def plan_start(cfg, run_dir: Path) -> StartPlan:
             "to start fresh")
     changes = _changed(stored, _as_dict(cfg))
     return StartPlan(run_dir, ckpt_dir, step, cfg.train.steps, changes)
+
+
+def _converted(ckpt_dir: Path) -> bool:
+    """Whether the newest intact step was converted from Megatron-LM's layout (a damaged or
+    planted one is left to check_start, which says why)."""
+    from .checkpoint import PREFIX, CheckpointError, find
+
+    try:
+        return bool((find(ckpt_dir).common or {}).get(f"{PREFIX}.converted_from"))
+    except CheckpointError:
+        return False
 
 
 def record(plan: StartPlan, config_yaml: str, hydra_files: Mapping[str, str]) -> None:
