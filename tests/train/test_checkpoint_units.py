@@ -141,22 +141,26 @@ def test_unreadable_config_yaml_is_one_line(tmp_path):
     assert "\n" not in msg and str(bad) in msg and "repair or remove it" in msg
 
 
-def test_ctrl_c_while_the_writer_queue_starts_is_kept_not_dropped(monkeypatch):
-    """A Ctrl-C that arrives while Megatron's writer Manager starts (seconds on a loaded
-    machine) stays pending and reaches the trainer after it, where an ignored one was lost."""
-    import os
+def test_ctrl_c_while_the_writer_queue_starts_is_blocked_not_ignored(monkeypatch):
+    """While Megatron's writer Manager starts (seconds on a loaded machine), SIGINT is blocked,
+    not ignored: a Ctrl-C then stays pending for the trainer, where an ignored one was dropped;
+    SIGTERM and SIGUSR1 are ignored, which the Manager inherits. Everything is restored after."""
     import signal
 
     import megatron.core.dist_checkpointing.strategies.filesystem_async as fa
     from ufp4_megatron.train import checkpoint
 
-    def start_with_a_ctrl_c():
-        os.kill(os.getpid(), signal.SIGINT)
-        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # the Manager inherits it
+    seen = {}
 
-    monkeypatch.setattr(fa, "get_write_results_queue", start_with_a_ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
-        checkpoint.start_checkpoint_writer_queue()
-        for _ in range(1000):  # delivered at the next bytecode check after the unblock
-            pass
-    assert signal.getsignal(signal.SIGTERM) != signal.SIG_IGN
+    def start():
+        seen["blocked"] = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        seen["int"] = signal.getsignal(signal.SIGINT)
+        seen["term"] = signal.getsignal(signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(fa, "get_write_results_queue", start)
+    checkpoint.start_checkpoint_writer_queue()
+    assert seen["blocked"] and seen["int"] != signal.SIG_IGN
+    assert seen["term"] == signal.SIG_IGN
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -83,7 +84,8 @@ def start(dcfg: DictConfig, run_dir: Path) -> None:
         if _is_rank0():
             resume_check.record(plan, OmegaConf.to_yaml(dcfg, resolve=True), hydra_files)
         say_hidden()  # the loop imports Megatron
-        from .loop import train
+        with _ctrl_c_after_imports():
+            from .loop import train
 
         try:
             train(cfg, run_dir)
@@ -105,6 +107,18 @@ def _unrecord(run_dir: Path, hydra_files: dict) -> None:
             d.rmdir()  # only if nothing else is there
         except OSError:
             pass
+
+
+@contextlib.contextmanager
+def _ctrl_c_after_imports():
+    """Megatron-Core's modules wrap optional imports in bare `except:` clauses, which swallow
+    a KeyboardInterrupt: a Ctrl-C during those seconds of imports was lost and training went
+    on. SIGINT is blocked meanwhile, so it stays pending and stops the start right after."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _say(message: str) -> None:
