@@ -6,8 +6,8 @@
 # the converted checkpoint from 20 to 30; its step 30 converted and continued by
 # pretrain_gpt.py to 40 (gpu/megatron_lm_convert.py says what is checked). Writes, to OUT
 # (default runs/gpu/megatron_lm_convert), megatron_lm_convert.md (checks), results.json and
-# runs.log. About 2-3 minutes on an H200 (5 pretrain_gpt.py processes and one trainer run of
-# the documented 4-layer model, 10-30 iterations each, three conversions of ~10 s).
+# runs.log. About 6 minutes on an H200 (5 pretrain_gpt.py processes and one trainer run of
+# the documented 4-layer model, 10-30 iterations each, three conversions; start-up dominates).
 # Prepare as the header of gpu/megatron_lm.sh says (wheelhouse/ and the Megatron-LM tarball).
 # Run, from the repo root: bash gpu/megatron_lm_convert.sh
 set -uo pipefail
