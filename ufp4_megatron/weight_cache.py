@@ -17,7 +17,16 @@ An entry is valid while its weight's stamp is unchanged:
     (load_state_dict's copy_, `w.mul_(...)` under no_grad);
   - its `data_ptr()`: a parameter whose storage was replaced (`param.data = ...`).
 A write through `param.data` outside an optimizer step is invisible to all three: call
-`invalidate()` after one. The cost is memory: the kept operands (`nbytes`), two of each
+`invalidate()` after one.
+
+CUDA graphs: a graph replays the kernels it captured, none of this module's checks. So
+while a graph is being captured an operand kept from before it is never used: the first use
+in a capture quantizes inside the graph (every replay then quantizes the new weight), and
+later uses in the same capture reuse that graph-made operand (a full-iteration graph of
+several micro-batches quantizes each weight once per replay, i.e. once per step). A capture
+is told from the previous one by the eager use between them (`_capture_epoch`): two graphs
+captured back to back must not share a module's operands (Megatron's per-layer graphs
+capture each layer's forward and backward once, each with its own GEMM's operand). The cost is memory: the kept operands (`nbytes`), two of each
 cached weight's size in the operand dtype (bf16: 4 bytes per weight element); `ufp4-describe`
 prints the estimate for a config (train/footprint.py).
 """
@@ -29,6 +38,8 @@ import torch
 
 _generation = 0
 _hook = None
+_capture_epoch = 0  # +1 at each first use in a new capture (module docstring)
+_capturing = False  # whether the last use was inside a capture
 
 
 def invalidate() -> None:
@@ -39,6 +50,16 @@ def invalidate() -> None:
 
 def _after_step(optimizer, args, kwargs) -> None:
     invalidate()
+
+
+def _capture_tag() -> int:
+    """-1 outside a CUDA-graph capture; inside one, the epoch of the current capture."""
+    global _capture_epoch, _capturing
+    inside = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    if inside and not _capturing:
+        _capture_epoch += 1
+    _capturing = inside
+    return _capture_epoch if inside else -1
 
 
 def _ensure_hook() -> None:
@@ -61,7 +82,7 @@ class WeightOperands:
     def get(self, key, weight: torch.Tensor, make: Callable[[], torch.Tensor]) -> torch.Tensor:
         """The operand kept under `key` for `weight` (the parameter, whose stamp decides), or
         make() kept from now on."""
-        stamp = (_generation, weight._version, weight.data_ptr())
+        stamp = (_generation, weight._version, weight.data_ptr(), _capture_tag())
         hit = self._entries.get(key)
         if hit is not None and hit[0] == stamp:
             return hit[1]

@@ -28,7 +28,9 @@ def _key(z, g: tl.constexpr, o: tl.constexpr):
     return _mix(_mix(z, zero + g), zero + o) >> 1
 
 
-@triton.jit
+# the seed and salts are values, never constexprs: Triton would specialise a 1 (and 0) into
+# the kernel, where `.to` does not exist
+@triton.jit(do_not_specialize=["run_seed", "s0", "s1", "s2", "s3", "first_expert"])
 def _draw_keys_kernel(counter_ptr, out_ptr, run_seed, s0, s1, s2, s3, first_expert,
                       E: tl.constexpr, NSALT: tl.constexpr, EXPERTS: tl.constexpr,
                       BLOCK: tl.constexpr):
