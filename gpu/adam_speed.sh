@@ -3,19 +3,18 @@
 # kernel the runtime now selects (optim.adam_kernel=auto; train/runtime.py), in one run of the
 # step suite on one CUDA GPU: the same shapes, recipes and checkpoint-at-end as
 # docs/performance.md's step table. A warm-up pass fills the Triton cache first (a cold UFP4
-# row spends its first ~40 s compiling: on 2026-12-01 that cut the fused column's UFP4 row
-# twice, and only the column that ran first); then ADAM_ROUNDS rounds in ABBA order
-# (foreach, fused, fused, foreach, ...), so drift over the run falls on both kernels alike.
+# row spends its first ~40 s compiling, which would land in whichever column ran first); then
+# ADAM_ROUNDS rounds in ABBA order (foreach, fused, fused, foreach, ...), so drift over the
+# run falls on both kernels alike.
 #   bash gpu/adam_speed.sh     ADAM_MODELS=small ADAM_RECIPES=bf16,ufp4 ADAM_ROUNDS=2
 #                              ADAM_COLUMN_S=150 (deadline of one column) ADAM_WARMUP_S=90
-# A column of small bf16+ufp4 needs ~100-150 s (trainer start, 12 steps, the checkpoint at the
-# end): two rounds take ~11 minutes; on a machine lent in 10-minute calls run ADAM_ROUNDS=1
-# twice (the second call's order is then the same: say so where the result is recorded).
+# A column of small bf16+ufp4 needs ~100-150 s on an H200 (trainer start, 12 steps, the
+# checkpoint at the end): two rounds take ~11 minutes, ADAM_ROUNDS=1 about 6.
 # Writes $OUT/adam_<kernel>_r<round>.{md,json} (default OUT=runs/gpu/adam_speed) and prints
 # each kernel's step times per row over the rounds.
 set -uo pipefail
 # the trainer's dependencies (hydra, megatron-core, wandb), from the wheelhouse where the
-# image lacks them (2026-12-02: perf.sh alone on a fresh node died on `import hydra`)
+# node's image lacks them
 source gpu/setup.sh || exit 1
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
@@ -30,8 +29,8 @@ suite() {  # suite NAME RECIPES DEADLINE [--set ...]: one step-suite run, tables
     --json "$OUT/$name.json" --out "$OUT/$name.md" >> "$OUT/adam_speed.log" 2>&1
   echo "$name: rc=$? ($(( $(date +%s) - t0 )) s elapsed)"
 }
-# the warm-up runs the quantized recipes only: BF16 compiles nothing, and with it first the
-# 2026-12-01 warm-up left UFP4 ~10 s, too little to reach its first step
+# the warm-up runs the quantized recipes only: BF16 compiles nothing, and with it first a
+# warm-up deadline could leave UFP4 too little time to reach its first step
 quantized=$(tr ',' '\n' <<< "$recipes" | grep -vx bf16 | paste -sd, -)
 [[ -n $quantized ]] && suite warmup "$quantized" "${ADAM_WARMUP_S:-90}" --set optim.adam_kernel=foreach
 for (( r = 1; r <= ${ADAM_ROUNDS:-2}; r++ )); do

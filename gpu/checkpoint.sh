@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# GPU checkpoints on one CUDA GPU (issue 10): tiny-model UFP4 runs killed with SIGKILL right
+# GPU checkpoints on one CUDA GPU: tiny-model UFP4 runs killed with SIGKILL right
 # after a checkpoint and stopped with SIGTERM, resumed, each loss curve bitwise equal to an
 # unbroken run's; with the distributed optimizer (dp_reshardable, fully_reshardable) and without it.
 # Runs tests/gpu/test_checkpoint_gpu.py (the same cases as `make test-gpu`), all runs in
-# parallel on the one GPU. Expect well under 4 minutes and a table of 4 PASS rows, printed last.
+# parallel on the one GPU. About 2.5 minutes on an H200; a table of 4 PASS rows, printed last.
 # Usage, from the repo root:  bash gpu/checkpoint.sh   (after `source gpu/setup.sh` on a node
 # without network: gpu/README.md)
 # Writes to OUT (default runs/gpu/checkpoint): $OUT/gpu.txt, $OUT/gpu_checkpoint.json (one row

@@ -1,4 +1,4 @@
-"""Host vs device time of the quantization path on one GPU (issue 11, section 3).
+"""Host vs GPU time of the quantization path on one GPU.
 
 Run on one CUDA GPU (< 90 s on an H200):   python3 gpu/host_overhead.py
 Writes $OUT/host_overhead.json (OUT defaults to runs/gpu/host_overhead) and prints the tables
@@ -175,9 +175,9 @@ def layer_section(rows, log):
                          ("dgrad", lambda a: ops.dgrad(a[2], a[1], recipe, seed=7)),
                          ("wgrad", lambda a: ops.wgrad(a[2], a[0], recipe, seed=7))):
             measure(f"ops.{gemm} ufp4", fn, ins, rows, log, shape=shape)
-        # ops.fprop's host time was ~170 us above the pair launch's plus the GEMM's (H200,
-        # 2026-12-01): these two rows bisect it (ops' operand glue with the launch, and the
-        # product alone on the quantized operands)
+        # ops.fprop's host time is more than its pair launch's plus the GEMM's: these two rows
+        # bisect it (ops' operand glue with the launch, and the product alone on the quantized
+        # operands)
         measure("fprop operands: ops._gemm_operands",
                 lambda a: ops._gemm_operands("fprop", recipe, (a[0], a[1]), ((0, 0), (0, 0)),
                                              seed=7, backend="auto"), ins, rows, log,
@@ -397,7 +397,7 @@ def cpu_glue(log):
 
 def sass_counts(log):
     """Static SASS instruction and register counts of the 16-tensor kernels for sm_90,
-    compiled on this machine with Triton's bundled ptxas (no GPU needed): the numbers quoted
+    compiled with Triton's bundled ptxas on any machine (no GPU needed): the numbers quoted
     in docs/kernel-notes.md (SR instruction budget, pair-kernel registers)."""
     import collections
     import re
@@ -444,7 +444,7 @@ def sass_counts(log):
     base = dict(SCALE=0, NLEV=8, ASYM=False, D=0.25, INV_D=4.0, FP_M=0, EXACT_DIV=False,
                 RHT=True, SEG=0)
     # E2M1 is not uniform: it rounds within v's binade (FP_M = 1, what dispatch.py passes),
-    # or by searching the level table ("table": FP_M = 0, the path before 2026-12-01); its
+    # or by searching the level table ("table": FP_M = 0, the generic codebook path); its
     # fprop and dgrad take no RHT. The operands of the e2m1 recipe next to UFP4's.
     e2m1 = dict(D=0.0, INV_D=0.0, FP_M=minifloat_mantissa(get_grid("e2m1").levels_tensor()))
     grids = (("e1m2 rht16", {}), ("e2m1", dict(e2m1, RHT=False)), ("e2m1 rht16", e2m1),

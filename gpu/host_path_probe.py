@@ -4,9 +4,9 @@ machine, like `gpu/host_overhead.py --cpu`:
 
     TRITON_INTERPRET=1 python gpu/host_path_probe.py [--recipes ufp4,e2m1] [--calls 200]
 
-Written for docs/performance.md "The small step, per recipe": is E2M1's host path heavier
-than UFP4's? The time includes the CPU GEMM of 256x256 operands and every line of Python up
-to the launch: a comparison between recipes on one machine, not a GPU number.
+It answers a question of docs/performance.md ("Where a step's time goes"): is E2M1's host
+path heavier than UFP4's? The time includes the CPU GEMM of 256x256 operands and every line
+of Python up to the launch: a comparison between recipes on one machine, not a GPU number.
 """
 from __future__ import annotations
 

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# On one CUDA GPU: the kernels' exactness tests, a tile sweep, then the benchmark tables.
+# On one CUDA GPU: the kernels' gpu-marked exactness tests, the launch-overhead probe, a tile
+# sweep, then the kernel and layer tables of docs/performance.md (about 6 minutes on an H200
+# for all four parts; each has its timeout).
 # Usage, from the repo root: [BENCH_ARGS=...] bash gpu/kernels.sh [test,overhead,sweep,bench]
-# Logs go to OUT (default runs/gpu/kernels).
+# Logs and tables go to OUT (default runs/gpu/kernels); $OUT/performance.md is a copy of
+# docs/performance.md with the bench block rewritten.
 set -uo pipefail
 # the trainer's dependencies (hydra, megatron-core, wandb), from the wheelhouse where the
-# image lacks them (2026-12-02: perf.sh alone on a fresh node died on `import hydra`)
+# node's image lacks them
 source gpu/setup.sh || exit 1
 export PYTHONPATH=. PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache
 OUT=${OUT:-runs/gpu/kernels}; mkdir -p "$OUT"

@@ -1,4 +1,5 @@
-"""Host cost of one kernel launch (one CUDA GPU): quantize_view on a tiny tensor, CPU time."""
+"""Host cost of one kernel launch (one CUDA GPU, seconds): quantize_view on a tiny tensor, CPU
+time; prints one line per call (gpu/kernels.sh keeps the output under its OUT)."""
 import time
 
 import torch

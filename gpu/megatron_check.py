@@ -1,5 +1,6 @@
 """GPU check of the Megatron-Core glue: tiny dense and MoE GPTs, forward + backward on CUDA
-with each recipe, one table. Run on a GPU node with megatron-core 0.19.2 installed:
+with each recipe, one table, printed (about a minute on H200s). Run on a GPU node with
+megatron-core 0.19.2 installed:
 
     python gpu/megatron_check.py                       # 1 GPU
     torchrun --nproc-per-node 2 gpu/megatron_check.py --tp 2 --sp

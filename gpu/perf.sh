@@ -2,8 +2,8 @@
 # On one CUDA GPU, about 8 minutes on an H200: GPU tests of the grouped experts and the fused
 # attention, the step table (bf16 / ufp4 / e2m1 / ufp4_int4 / nvfp4 at small, dense_1p5b,
 # moe_7p9b x4 layers, moe_124b x1 layer), and profiles of one ufp4 moe_7p9b and one ufp4
-# dense_1p5b step. Writes under OUT (default runs/gpu/perf; at most 8 files) and prints the
-# step table last. From the repo root:
+# dense_1p5b step, within PERF_BUDGET seconds (default 470). Writes under OUT (default
+# runs/gpu/perf) and prints the step table last. From the repo root:
 #   bash gpu/perf.sh
 #   PERF_BUDGET=480 PERF_MODELS=small,moe_7p9b PERF_RECIPES=bf16,ufp4 bash gpu/perf.sh
 #   PERF_PROFILES=none (or model:recipe,...) chooses the profiles, PERF_MODELS=none skips the
@@ -23,7 +23,7 @@ for kv in "${kvs[@]}"; do
   sets+=(--set "$kv")
 done
 # the trainer's dependencies (hydra, megatron-core, wandb), from the wheelhouse where the
-# image lacks them (2026-12-02: perf.sh alone on a fresh node died on `import hydra`)
+# node's image lacks them
 source gpu/setup.sh || exit 1
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache} OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}

@@ -1,5 +1,6 @@
 """Where a UFP4 linear layer's time goes (one CUDA GPU): CPU vs GPU time per fwd+bwd, the
-kernels by GPU time, and how often the reference (non-kernel) path runs."""
+kernels by GPU time, and how often the reference (non-kernel) path runs. About a minute on
+an H200; prints its tables."""
 import time
 
 import torch

@@ -1,12 +1,12 @@
-"""roundN.md of gpu/study.sh: what one call of the study trained, and how fast.
+"""roundN.md of gpu/study.sh: what one round of the study trained, and how fast.
 
     python3 gpu/round_report.py STUDY ROUND T_START T_TRAIN PER_DEVICE [NEW_RUN ...]
 
-Throughput counts the steps every run trained in this call (from the runner's own log of
-this round: where each run started or resumed), not whole runs: a run paused over several
-calls (PAUSE=1) or resumed from an earlier call's checkpoint trained only part of its tokens
-here (the first version divided whole runs' tokens by one call's time and reported 887k
-tokens/s for a call in which the 125M grid trained about a tenth of that).
+Throughput counts the steps every run trained in this round (from the runner's own log of
+the round: where each run started or resumed), not whole runs: a run paused over several
+rounds (PAUSE=1) or resumed from an earlier round's checkpoint trained only part of its
+tokens here, and dividing whole runs' tokens by one round's time would overstate the rate
+many times over.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The runtime decision (train/runtime.py, issue 15 section 3) on any CUDA machine: about 6 min,
-# at most 10 (every part has its timeout):
+# The runtime decision (train/runtime.py) on any CUDA machine: about 6 minutes on an H200, at
+# most 10 (every part has its timeout):
 #   1. decide() of the default config here: cuda, bfloat16, nccl, dp_reshardable, a fused
 #      Adam; a GPU runtime's scope() leaves torch.cuda untouched (cpu_compat: no-op with CUDA);
 #   2. the trainer refuses train.device=cpu beside a visible GPU: exit 2, one line;
@@ -8,7 +8,8 @@
 #      (the CUDA RNG in the checkpoint, the stop flag reduced on the GPU over nccl);
 #   4. the GPU branch of seed_model_parallel (tests/megatron/test_attention_gpu.py);
 #   5. bench --suite profile of one small ufp4 step (profile.py takes its device from decide).
-# Usage, from the repo root with wheelhouse/ carried:  bash gpu/runtime.sh
+# Usage, from the repo root (wheelhouse/ beside it on a node without network):
+#   bash gpu/runtime.sh
 #   RUNTIME_PARTS=decide,device bash gpu/runtime.sh   runs only those parts (of decide, device,
 #   checkpoint, attention, profile; gpu/validate.sh runs the others itself)
 # Writes $OUT/runtime.md (the table, printed last) and $OUT/logs/ (one log per part).

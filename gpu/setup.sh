@@ -4,10 +4,10 @@
 # checkout) that its CUDA image lacks into /tmp/site, and puts the checkout on PYTHONPATH; the
 # image's torch/triton/numpy stay. Every gpu/*.sh that runs the package sources it first.
 #   source gpu/setup.sh            WHEELHOUSE=dir (default wheelhouse) to read another folder
-# A Triton cache saved on an earlier node ($WHEELHOUSE/triton-cache.tgz) is unpacked into
+# A Triton cache saved on another node ($WHEELHOUSE/triton-cache.tgz) is unpacked into
 # TRITON_CACHE_DIR (UFP4_TRITON_CACHE, default /tmp/triton-cache) once per node.
-# Sourcing it again on the same node (chained calls, several scripts in one call) skips the
-# install when /tmp/site already holds this wheelhouse (a checksum of the wheels' names and bytes).
+# Sourcing it again on the same node (several scripts in a row) skips the install when
+# /tmp/site already holds this wheelhouse (a checksum of the wheels' names and bytes). Seconds.
 # A node whose Python imports megatron-core, Hydra and W&B already (a user's cluster image)
 # needs no wheelhouse: without one it uses what is installed.
 set -u
@@ -38,8 +38,8 @@ else
   fi
 fi
 TRITON_CACHE=${UFP4_TRITON_CACHE:-/tmp/triton-cache}
-# Kernels compiled on an earlier node, carried in as $WHEELHOUSE/triton-cache.tgz (gpu/README,
-# "A fresh node's set-up"): unpacked once per node, before anything compiles, through a temp
+# Kernels compiled on another node, brought along as $WHEELHOUSE/triton-cache.tgz (made there
+# with `tar -czf wheelhouse/triton-cache.tgz -C /tmp/triton-cache .`): unpacked once per node, before anything compiles, through a temp
 # dir so that a damaged archive leaves no half-written entry. Triton checks each entry's key
 # (source, options, target) itself: an entry of another build is only unused.
 if [[ -f $WHEELHOUSE/triton-cache.tgz && ! -e $TRITON_CACHE ]]; then

@@ -1,61 +1,83 @@
 #!/usr/bin/env bash
-# One round of the study (docs/results.md, "Plan") on one CUDA GPU (sized for an H200), within
-# 9 minutes of wall time including set-up. From the repo root (gpu/setup.sh runs first):
+# A study of recipes x seeds (docs/comparing.md, "Studies"; docs/results.md) packed on one
+# CUDA GPU, in rounds: a round trains for at most BUDGET seconds of wall time, set-up included
+# (default 400: about 7-9 minutes on an H200 with compare and the archive), then archives
+# the runs it completed. A study longer than one allocation (a Slurm job, a lease of a node)
+# runs as several rounds, on the same node or on others. From the repo root:
 #
-#     gpu/study.sh ROUND          ROUND 1-9 (the table below), or a grid name
+#     gpu/study.sh ROUND          ROUND: a number naming the round (and its archive), or a
+#                                 grid name; numbers 1-9 also pick a grid as below
 #
-#   round  grid      arms             seeds  per GPU  what it adds
+#   ROUND  grid      arms             seeds  per GPU  what it adds
 #   1      main      bf16,e2m1,ufp4   1-8    12       the question first: as many seeds as fit
 #   2-3    main      all six          1-8    12       the main table; each round continues
 #   4-5    ablation  all ten          1-4    12       the paper's ablations (bf16/e2m1/ufp4 reused)
 #   6-9    depth     bf16,e2m1,ufp4   1-4    6        the gap against depth: L3, L12, L24 (L6 is
 #                                                     main's); AXIS=depth=L3,L12 first, then L24
 #   -      small     bf16,e2m1,ufp4   1-3    9        the main question at 125M (GRID=small only)
+#   -      prereg    bf16,e2m1,ufp4   grid's 12       the pre-registered study (GRID=prereg only,
+#                                                     below)
 #
-# GRID=main|ablation|depth|small with any round number trains that grid under that number (a study
-# whose rounds follow another plan, e.g. pysrc's: docs/results.md); SEEDS, ARMS, PER_DEVICE
-# then default to the grid's.
-# Every round first unpacks the runs of earlier rounds (docs/results/study/round*.tar.gz, as
-# the lead commits them), so runs complete there are skipped and their seeds are not trained
-# twice; the runner then starts, seed by seed, only runs it estimates to end within the
-# budget, and stops the ones that would not, highest seed first (only complete runs come
-# back, and they are whole seeds). A round trains the runs its grid, ARMS and SEEDS name; the
-# runs of earlier rounds' grids that are not complete wait until a round asks for them.
+# The pre-registered study (docs/results.md, "Pre-registration"), the same command each time
+# until every run of a group is complete (an invocation trains what no archive holds yet):
 #
-# OUT (default runs/gpu/study) gets (at most 8 files): roundN.tar.gz (study.json, and for each
-# run completed in this round runs/<run>/{metrics.jsonl,config.yaml} and its log), loss_gap.md/.json/.png (compare
-# over every complete run so far), mechanism.md (round 1: bf16, e2m1, ufp4 of seed 1; plots in
-# the archive) and roundN.md (what ran, the measured throughput; printed last).
+#     GRID=prereg OUT=dir BUDGET=420 bash gpu/study.sh N        N: 1, 2, ... (the archive's name)
+#     GRID=prereg OUT=dir BUDGET=500 PER_DEVICE=14 bash gpu/study.sh N   (node already set up)
+#     GRID=prereg ARMS=bf16,ufp4_rht_none,ufp4_rht_wgrad,ufp4_rht_dgrad_wgrad,ufp4_rht_fprop_wgrad,ufp4_no_sr,e2m1_rht_all,e2m1_uniform ...
+#     GRID=prereg ARMS=bf16,ufp4_int4,nvfp4,mxfp4 ...
+#
+# The grid fixes the corpus (pysrc), the seeds (E2M1 and UFP4 1-28, the rest 1-12) and the
+# arms' order (ARMS: the primary by default, then the two lists above); SEEDS, STEPS, PAUSE
+# and PACKAGES are refused. Runs never resume across invocations (--restart-incomplete): a run
+# counts only if one process trained all its 1000 steps. On an H200 an invocation takes 9-10
+# minutes of wall time and completes about 9 runs where gpu/setup.sh and the corpus start
+# from nothing (BUDGET=420: seed 1's mechanism runs after training), 12-14 where an earlier
+# invocation left them in place (BUDGET=500, PER_DEVICE=14);
+# its archive goes to docs/results/prereg/roundN.tar.gz.
+#
+# GRID=main|ablation|depth|small with any round number trains that grid under that number;
+# SEEDS, ARMS, PER_DEVICE then default to the grid's.
+# Every round first unpacks the archives of earlier rounds from the study's archive folder in
+# the checkout (docs/results/study/round*.tar.gz; CORPUS, STEPS and PACKAGES name others), so runs complete there are skipped and their
+# seeds are not trained twice; the runner then starts, seed by seed, only runs it estimates to
+# end within the budget, and stops the ones that would not, highest seed first (what completes
+# is whole seeds, paired across recipes). A round trains the runs its grid, ARMS and SEEDS
+# name; the incomplete runs of other grids wait until a round asks for them. Checkpoints stay
+# in the study dir on the node; the archives hold what a later round on another node needs.
+#
+# OUT (default runs/gpu/study) gets: roundN.tar.gz (study.json, and for each run completed in
+# this round runs/<run>/{metrics.jsonl,config.yaml} and its log), loss_gap.md/.json/.png
+# (compare over every complete run so far), mechanism.md (bf16, e2m1, ufp4 of seed 1, when
+# their models are new; plots in the archive) and roundN.md (what ran, the measured
+# throughput; printed last). Copy roundN.tar.gz into the archive folder to carry the round to
+# other nodes.
 # Env: BUDGET seconds from start to the end of training (default 400), PER_DEVICE, SEEDS, ARMS,
 # AXIS (one grid axis's values, e.g. AXIS=depth=L3,L12: the runner's --axis),
-# GRID, PAUSE=1 (runs longer than one call: the budget pauses them, the next warm call goes
-# on; STOP_GRACE seconds for their checkpoint saves, default 60 with PAUSE=1, else 20).
-# After training: the mechanism (round 1, or a round whose seed-1 models are new) up to
-# ~120 s, compare and archives ~25 s; so BUDGET <= 420 for round 1 in a 600-s call, ~500 for
-# the others. Before training (inside BUDGET): ~115 s on a fresh node (set-up, preflight,
-# corpus), ~50 s on a warm one.
-# CORPUS=stdlib (default: the embedded corpus, the rounds in docs/results/study/) or pysrc (the
+# GRID, PAUSE=1 (runs longer than one round: the budget pauses them, the next round on the
+# same node continues them from their checkpoints; STOP_GRACE seconds for the checkpoint
+# saves, default 60 with PAUSE=1, else 20).
+# After training: the mechanism (a round whose seed-1 models are new) up to ~120 s, compare
+# and archives ~25 s. Before training (inside BUDGET): ~115 s on a node that has not run the
+# package yet (set-up, preflight, corpus), ~50 s otherwise.
+# CORPUS=stdlib (default: the embedded corpus, archives in docs/results/study/) or pysrc (the
 # stdlib plus torch's sources, 46.4 MB with torch 2.11, prepared here by gpu/pysrc_corpus.py: no
-# byte seen twice in a run; its rounds are a separate study, archived under
-# docs/results/study-pysrc/; rounds 1-5 ran on 2026-12-01, docs/results.md lists them).
+# byte seen twice in a run; a separate study, archived under docs/results/study-pysrc/).
 # STEPS=N: every run trains N steps (cosine to the last), a study of its own (/tmp/study-pysrc-
 # Nsteps, archives under docs/results/study-pysrc-Nsteps/). PACKAGES=torch,numpy,... (pysrc):
 # the packages whose sources join the stdlib's, another corpus and so another study (suffix
 # -torch+numpy...). A 1000-step run takes 32.8M tokens: pysrc with torch holds 45.4M training
-# bytes (1380 steps seen once); torch,megatron.core,wandb,pydantic,numpy add ~20 MB here.
-# Packing (pysrc rounds, from the runner's progress lines): 12 runs trained ~36-42 steps/s in
-# all, 8-9 runs ~39, 4 runs ~27; a UFP4 step took 0.155-0.195 s packed 12 and 0.142 s packed 8.
-# Round 3 (12 per GPU, 12 runs, BUDGET=430) completed 6 in one wave; with 8 per GPU a second
-# wave does not fit a call either, so 12 per GPU and a BUDGET that lets the wave end is best.
-# nvfp4 is the exception: 2.5 s per step packed 12 (docs/performance.md), do not pack it yet.
+# bytes (1380 steps seen once); torch,megatron.core,wandb,pydantic,numpy add ~20 MB.
+# Packing on one H200 (study11m, from the runner's progress lines): 12 runs trained ~36-42
+# steps/s in all, 8-9 runs ~39, 4 runs ~27; a UFP4 step took 0.155-0.195 s packed 12 and
+# 0.142 s packed 8. 12 runs per GPU complete in one wave of ~430 s.
 set -uo pipefail
 T0=$(date +%s)
 ROUND=${1:?usage: gpu/study.sh ROUND (1-9, see the header) or a grid name}
 ARMS_DEFAULT=""
 GRID_ASKED=${GRID:-}  # GRID=main|ablation|depth|small: this round trains that grid (any round number)
 case $GRID_ASKED in
-  ""|main|ablation|depth|small) ;;
-  *) echo "gpu/study.sh: GRID=$GRID_ASKED; give main, ablation, depth or small" >&2; exit 2 ;;
+  ""|main|ablation|depth|small|prereg) ;;
+  *) echo "gpu/study.sh: GRID=$GRID_ASKED; give main, ablation, depth, small or prereg" >&2; exit 2 ;;
 esac
 [[ -n $GRID_ASKED && $ROUND =~ ^[1-9][0-9]*$ ]] && ROUND_ARG=$ROUND && ROUND=${GRID_ASKED}
 case $ROUND in
@@ -66,16 +88,25 @@ case $ROUND in
   main|ablation|depth) GRID=$ROUND; SEEDS_DEFAULT=1-8; PER_DEFAULT=12
      [[ $GRID == main ]] || SEEDS_DEFAULT=1-4; [[ $GRID == depth ]] && PER_DEFAULT=6 ;;
   small) GRID=small; SEEDS_DEFAULT=1-3; PER_DEFAULT=9 ;;
+  prereg) GRID=prereg; SEEDS_DEFAULT=""; PER_DEFAULT=12; ARMS_DEFAULT=bf16,e2m1,ufp4 ;;
   *) echo "gpu/study.sh: unknown round $ROUND; give 1-9 or main|ablation|depth|small (or GRID=... and any round number)" >&2; exit 2 ;;
 esac
 ROUND=${ROUND_ARG:-$ROUND}  # the archive's name: roundN.tar.gz
+if [[ $GRID == prereg ]]; then  # the design is the grid's: nothing here may change it
+  for v in SEEDS STEPS PACKAGES; do
+    [[ -n ${!v:-} ]] && { echo "gpu/study.sh: $v is set; the prereg grid fixes it (unset it)" >&2; exit 2; }
+  done
+  [[ ${PAUSE:-0} == 0 ]] || { echo "gpu/study.sh: PAUSE=1 with GRID=prereg; its runs never resume across calls" >&2; exit 2; }
+  [[ ${CORPUS:-pysrc} == pysrc ]] || { echo "gpu/study.sh: CORPUS=$CORPUS with GRID=prereg; it trains on pysrc" >&2; exit 2; }
+  CORPUS=pysrc
+fi
 SEEDS=${SEEDS:-$SEEDS_DEFAULT}
 ARMS=${ARMS:-$ARMS_DEFAULT}
 PER_DEVICE=${PER_DEVICE:-$PER_DEFAULT}
 BUDGET=${BUDGET:-400}
-# PAUSE=1: the budget pauses the runs instead of ending them (runs longer than one call, e.g.
+# PAUSE=1: the budget pauses the runs instead of ending them (runs longer than one round, e.g.
 # the small grid's 125M models): every run trains until it and saves a checkpoint, nothing is
-# shed; the next call on the still-warm node continues them (the checkpoints stay on the node)
+# shed; the next round on the same node continues them (the checkpoints stay on the node)
 PAUSE=${PAUSE:-0}
 case $PAUSE in
   0) pause=(); STOP_GRACE_DEFAULT=20 ;;
@@ -91,6 +122,9 @@ case $CORPUS in
   pysrc) ARCHIVES=docs/results/study-pysrc; STUDY=/tmp/study-pysrc ;;
   *) echo "gpu/study.sh: CORPUS=$CORPUS; give stdlib or pysrc" >&2; exit 2 ;;
 esac
+restart=()  # the prereg study: its own dir and archives; a run counts if one process trained it
+[[ $GRID == prereg ]] && ARCHIVES=docs/results/prereg && STUDY=/tmp/study-prereg \
+  && restart=(--restart-incomplete)
 # PACKAGES (pysrc): the installed packages whose sources join the stdlib's (default torch);
 # other packages make another corpus, so another study (its own dir and archive folder)
 CORPUS_PREFIX=/tmp/corpus/pysrc
@@ -109,9 +143,9 @@ if [[ -n $STEPS ]]; then
   [[ $STEPS =~ ^[1-9][0-9]*$ ]] || { echo "gpu/study.sh: STEPS=$STEPS; give a positive step count, e.g. 2000" >&2; exit 2; }
   steps=("train.steps=$STEPS"); ARCHIVES+=-${STEPS}steps; STUDY+=-${STEPS}steps
 fi
-# STUDY: checkpoints stay on the node; only results come back. SCRATCH: this call's own lists
-# (two studies side by side on one node shared /tmp's on 2026-12-02: one emptied the other's
-# list of archived runs, which then returned 28 runs again)
+# STUDY: checkpoints stay on the node; the archive carries the results. SCRATCH: this round's
+# own lists, so that two studies side by side on one node cannot empty each other's list of
+# archived runs
 mkdir -p "$OUT" "$STUDY"
 SCRATCH=$(mktemp -d /tmp/study-scratch.XXXXXX)
 
@@ -119,8 +153,8 @@ SCRATCH=$(mktemp -d /tmp/study-scratch.XXXXXX)
 source gpu/setup.sh || exit 1
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 
-# The pysrc corpus is prepared (CPU, tens of seconds) while the preflight runs; a node still
-# warm from an earlier call has it already (its manifest is written last, so it is complete).
+# The pysrc corpus is prepared (CPU, tens of seconds) while the preflight runs; a node that ran
+# an earlier round has it already (its manifest is written last, so it is complete).
 # Under a lock, so that a second study started beside this one waits for it and then skips.
 corpus_pid=
 if [[ $CORPUS == pysrc && ! -f $CORPUS_PREFIX.manifest.json ]]; then
@@ -132,7 +166,7 @@ if [[ $CORPUS == pysrc && ! -f $CORPUS_PREFIX.manifest.json ]]; then
 fi
 
 # Preflight (~20 s): a 4-step GPU run that saves two checkpoints. Without working GPU
-# checkpoints (issue 10) every study run would die at its first save; stop here instead.
+# checkpoints every study run would die at its first save; stop here instead.
 # Its own dir, so that two studies started side by side do not share one.
 PREFLIGHT=$(mktemp -d /tmp/preflight.XXXXXX)
 if ! python3 -m ufp4_megatron.train model=tiny precision=ufp4 train.steps=4 checkpoint.interval=2 \
@@ -150,25 +184,24 @@ if [[ $CORPUS == pysrc ]]; then
   if [[ -n $corpus_pid ]] && ! wait "$corpus_pid"; then
     tail -5 "$STUDY/corpus.log"; echo "gpu_study: the pysrc corpus could not be prepared"; exit 1
   fi
-  [[ -n $corpus_pid ]] && tail -1 "$STUDY/corpus.log" || echo "pysrc corpus: prepared by an earlier call on this node"
+  [[ -n $corpus_pid ]] && tail -1 "$STUDY/corpus.log" || echo "pysrc corpus: prepared by an earlier round on this node"
   echo "corpus ready ($(( $(date +%s) - T0 )) s)"
   cp "$CORPUS_PREFIX.manifest.json" "$STUDY/corpus.manifest.json"
   data=("data.prefixes=[$CORPUS_PREFIX]" data.tokenizer.type=byte-level)
 fi
 data+=("${steps[@]}")
 
-# A node still warm from an earlier call keeps that call's study dir: its study.json is newer
-# than any committed archive's, so the archives do not overwrite it (the runner trusts the
-# files on disk for what is complete either way). What goes back at the end is every run
-# complete on the node that no committed archive holds, also one an earlier call on this
-# node left stopped and this round resumed (round 4 of pysrc, 2026-12-01, returned none of
-# its 6 completed runs: they had run dirs before it started).
+# A node that ran an earlier round keeps that round's study dir: its study.json is newer than
+# any archive's, so the archives do not overwrite it (the runner trusts the files on disk for
+# what is complete either way). This round's archive holds every run complete on the node that
+# no archive in the archive folder holds, also one an earlier round on this node left stopped and this
+# round resumed (such a run had its run dir before this round started).
 shopt -s nullglob
 keep=(); [[ -f $STUDY/study.json ]] && keep=(--exclude=study.json) \
-  && echo "keeping this node's $STUDY/study.json (an earlier call's)"
-# runs an earlier call on this node already returned count as archived too: chained calls
-# whose archives are not committed yet return each run once (round 7 of pysrc, 2026-12-02,
-# returned round 6's 11 runs again); delete $STUDY/returned.txt to get them all back
+  && echo "keeping this node's $STUDY/study.json (an earlier round's)"
+# runs an earlier round on this node already archived count as archived too, so rounds whose
+# archives are not yet in the archive folder archive each run once; delete $STUDY/returned.txt to
+# archive them all again
 cp "$STUDY/returned.txt" "$SCRATCH/runs-archived.txt" 2>/dev/null || : > "$SCRATCH/runs-archived.txt"
 while IFS= read -r a; do
   tar -xzf "$a" -C "$STUDY" "${keep[@]}" && echo "unpacked $a"
@@ -176,11 +209,11 @@ while IFS= read -r a; do
 done < <(find "$ARCHIVES" -maxdepth 1 -name 'round*.tar.gz' 2>/dev/null | sort -V)
 
 LIMIT=$(( BUDGET - ($(date +%s) - T0) ))
-echo "round $ROUND: grid $GRID arms ${ARMS:-all} seeds $SEEDS${AXIS:+ axis $AXIS}, $PER_DEVICE per GPU, training stops in $LIMIT s"
+echo "round $ROUND: grid $GRID arms ${ARMS:-all} seeds ${SEEDS:-of the grid}${AXIS:+ axis $AXIS}, $PER_DEVICE per GPU, training stops in $LIMIT s"
 T_START=$(date +%s)
 extra=(); (( ${#data[@]} )) && extra=(-- "${data[@]}")
-python3 -m ufp4_megatron.study --out "$STUDY" --grid "$GRID" --seeds "$SEEDS" ${ARMS:+--arms "$ARMS"} \
-  ${AXIS:+--axis "$AXIS"} --per-device "$PER_DEVICE" --time-limit "$LIMIT" "${pause[@]}" --stop-grace "$STOP_GRACE" --wandb-mode disabled \
+python3 -m ufp4_megatron.study --out "$STUDY" --grid "$GRID" ${SEEDS:+--seeds "$SEEDS"} ${ARMS:+--arms "$ARMS"} \
+  ${AXIS:+--axis "$AXIS"} --per-device "$PER_DEVICE" --time-limit "$LIMIT" "${pause[@]}" "${restart[@]}" --stop-grace "$STOP_GRACE" --wandb-mode disabled \
   --progress plain "${extra[@]}" 2>&1 | tee "$STUDY/runner-round$ROUND.log"
 T_TRAIN=$(date +%s)
 [[ -f $STUDY/study.json ]] || { echo "gpu_study: the runner wrote no study.json (see above)"; exit 1; }
@@ -194,15 +227,18 @@ for r in mf.load(sys.argv[1])["runs"]:
         print(r["name"])
 EOF
 
-# what no committed archive holds goes back, packed at once so that a call cut short during
-# the mechanism still returns it
+# what no archive holds goes into this round's archive, packed at once so that a round cut
+# short during the mechanism still leaves it
 new=()
 while IFS= read -r name; do
   grep -qx "$name" "$SCRATCH/runs-archived.txt" || [[ ! -f $STUDY/runs/$name/config.yaml ]] || new+=("$name")
 done < "$SCRATCH/runs-complete.txt"
 files=(study.json "runner-round$ROUND.log")
 [[ -f $STUDY/corpus.manifest.json ]] && files+=(corpus.manifest.json)
-for n in "${new[@]}"; do files+=("runs/$n/metrics.jsonl" "runs/$n/config.yaml" "logs/$n.log"); done
+for n in "${new[@]}"; do
+  files+=("runs/$n/metrics.jsonl" "runs/$n/config.yaml" "logs/$n.log")
+  [[ -f $STUDY/runs/$n/launch.json ]] && files+=("runs/$n/launch.json")  # how it was trained
+done
 tar -czf "$OUT/round$ROUND.tar.gz" -C "$STUDY" "${files[@]}" \
   && { (( ${#new[@]} )) && printf '%s\n' "${new[@]}" >> "$STUDY/returned.txt"; :; }
 

@@ -1,4 +1,5 @@
-"""Tile/warp sweep of the QDQ kernel at 8192x8192 bf16 (one CUDA GPU); prints ms per config."""
+"""Tile/warp sweep of the QDQ kernel at 8192x8192 bf16 (one CUDA GPU, under a minute on an
+H200); prints ms per config (gpu/kernels.sh keeps the output under its OUT)."""
 import torch
 
 from ufp4_megatron.bench.timing import median_ms, rotating

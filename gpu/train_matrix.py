@@ -1,16 +1,20 @@
-"""GPU validation and step benchmarks through the real trainer, one or more suites a call.
+"""GPU validation and step benchmarks through the real trainer, one or more suites per run.
+
+On H200s: smoke about 2 minutes, step up to 6 (STEP_DEADLINE, default 330 s), multi and
+scaling a few minutes each (they need 2 GPUs or more). On a node without network, run
+`source gpu/setup.sh` first.
 
     python3 gpu/train_matrix.py --suite smoke,step --out DIR          # one GPU
     python3 gpu/train_matrix.py --suite multi,scaling --out DIR       # two GPUs or more
 
 smoke    tiny and moe_small, bf16/e2m1/ufp4, a few steps on one GPU (the GPU code path runs).
 step     the step table of `python -m ufp4_megatron.bench --suite step` (bench/step.py): every
-         recipe x shape on one GPU, ratios to BF16 side by side (docs/performance.md, Step).
-multi    each parallel layout (TP=2+SP, PP=2, DP=2 with the distributed optimizer, EP=2 for
-         MoE) against the one-GPU run of the same model, seed and data: max relative loss
-         difference per step (docs/multi-gpu.md).
-scaling  tokens/s of small and moe_small at 1..N GPUs (data parallel, weak scaling) for bf16
-         and ufp4, and the UFP4/BF16 step-time ratio at each size.
+         recipe x shape on one GPU, ratios to BF16 side by side (docs/performance.md).
+multi    tiny bf16 at TP=2+SP and tiny ufp4 at TP=2+SP and at DP=2 with the distributed
+         optimizer, each against the one-GPU run of the same model, seed and data: max relative
+         loss difference per step (docs/cluster.md).
+scaling  tokens/s of small at 1, 2, 4, 8 GPUs (as many as there are; data parallel, weak
+         scaling) for bf16 and ufp4, and the UFP4/BF16 step-time ratio at each size.
 Each run is a subprocess with a timeout; results go to <out>/<suite>.json and <suite>.md
 (--out defaults to $OUT, else runs/gpu/train_matrix).
 """

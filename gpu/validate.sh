@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On one CUDA GPU, at most about 8 minutes (every part has its timeout; the parts run side by
-# side): every GPU check of record that is not a timing.
+# side on an H200): every GPU correctness check (the timings are gpu/speed.sh's).
 #   1. gpu/kernels_exact.sh: all of tests/kernels on CUDA, compiled Triton kernels vs the
 #      PyTorch references, bitwise (RTNE) or in distribution (SR);
 #   2. the `gpu`-marked attention test outside tests/kernels (SDPA vs Megatron's attention; the
@@ -8,14 +8,14 @@
 #   3. gpu/checkpoint.sh: SIGKILL / SIGTERM resume bitwise, three optimizer forms;
 #   4. gpu/megatron_lm.sh: the real pretrain_gpt.py, every route, --save/--load;
 #   5. gpu/runtime.sh's decision checks (decide() here, train.device=cpu refused).
-# Each part writes under its own folder; everything ends in OUT (default runs/gpu/validate) as
-# $OUT/validate.tar.gz plus $OUT/summary.md (printed last). Run from the repo root, with
-# wheelhouse/ beside it (it holds the Megatron-LM archive, see gpu/megatron_lm.sh):
+# Each part writes to its own folder under OUT (default runs/gpu/validate), and the table of
+# all parts to $OUT/summary.md (printed last). Run from the repo root, with wheelhouse/ beside
+# it (it holds the Megatron-LM archive, see gpu/megatron_lm.sh):
 #   bash gpu/validate.sh
 set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:-runs/gpu/validate}; mkdir -p "$OUT"
-W=/tmp/validate; rm -rf "$W"; mkdir -p "$W"/{kernels_exact,tests,checkpoint,megatron_lm,runtime}
+W=$OUT; mkdir -p "$W"/{kernels_exact,tests,checkpoint,megatron_lm,runtime}
 # shellcheck source=gpu/setup.sh
 source gpu/setup.sh > "$W/setup.txt" 2>&1 || { cat "$W/setup.txt"; exit 1; }
 elapsed() { echo $(( $(date +%s) - T0 )); }
@@ -50,6 +50,5 @@ wait $mlm; mlm_rc=$?
   echo; echo "## Megatron-LM"; tail -25 "$W/megatron_lm/stdout.txt"
   echo; echo "total $(elapsed) s"
 } > "$OUT/summary.md"
-tar czf "$OUT/validate.tar.gz" -C "$W" .
 cat "$OUT/summary.md"
 (( kx_rc == 0 && tests_rc == 0 && ckpt_rc == 0 && mlm_rc == 0 && rt_rc == 0 ))

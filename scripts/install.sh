@@ -37,7 +37,16 @@ if "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)'; the
 else
   "${PIP[@]}" install --no-deps --ignore-requires-python "megatron-core==$MEGATRON_VERSION"
 fi
-"${PIP[@]}" install -e '.[test,slurm]'
+# The package declares torch and triton (and megatron-core on 3.12+): pin them to what is
+# installed now, so that pip never swaps the node's CUDA torch (or the CPU one) for another
+# build; a torch older than the package needs stops here with pip's conflict message.
+KEEP="$VENV/.keep-torch.txt"
+"$PY" - > "$KEEP" <<'PYEOF'
+import importlib.metadata as m
+for name in ("torch", "triton"):
+    print(f"{name}=={m.version(name)}")
+PYEOF
+"${PIP[@]}" install -c "$KEEP" -e '.[test,slurm]'
 "$PY" - <<'PYEOF'
 import torch, triton, megatron.core as m
 print(f"[install] torch {torch.__version__}, triton {triton.__version__}, megatron-core {m.__version__}")

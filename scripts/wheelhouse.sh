@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Downloads into wheelhouse/ every wheel an air-gapped GPU node needs for ufp4-megatron, for
 # Python $PY (default 3.12). Install there with:
-#   pip install --no-index --find-links wheelhouse ufp4-megatron megatron-core
+#   pip install --no-index --find-links wheelhouse 'ufp4-megatron[slurm]'
+# (on Python 3.11 megatron-core, which declares >= 3.12, then goes in by hand:
+#   pip install --no-index --find-links wheelhouse --no-deps --ignore-requires-python megatron-core==0.19.2)
 set -euo pipefail
 PY=${PY:-3.12}
 PYTHON=${PYTHON:-python3}

@@ -1,10 +1,69 @@
 import os
+import signal
+import time
+import uuid
+from pathlib import Path
 
 import pytest
 
 # W&B never reaches the network from tests; runs that log go offline into temp dirs.
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+
+# Every process a test starts inherits this mark (xdist workers too: the controller sets it
+# first). At the end of the pytest session, a marked process that is neither pytest nor one
+# of its descendants was orphaned by a test (its parent died, e.g. a SIGKILLed trainer's
+# helper) and outlived it: the pytest session fails, naming it.
+SESSION_MARK = "UFP4_TEST_SESSION"
+os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
+
+
+def _marked_orphans() -> list[int]:
+    mark = f"{SESSION_MARK}={os.environ[SESSION_MARK]}".encode()
+    parent, marked = {}, []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            parent[int(pid)] = int(stat[1])
+            if stat[0] != "Z" and mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                marked.append(int(pid))
+        except (OSError, IndexError, ValueError):
+            continue
+
+    def descends(pid: int) -> bool:
+        seen = set()
+        while pid not in seen and pid > 1:
+            if pid == os.getpid():
+                return True
+            seen.add(pid)
+            pid = parent.get(pid, 0)
+        return False
+
+    ancestors, p = set(), os.getppid()
+    while p > 1 and p not in ancestors:
+        ancestors.add(p)
+        p = parent.get(p, 0)
+    return [pid for pid in marked if pid not in ancestors and not descends(pid)]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput") or not Path("/proc/self/stat").exists():
+        return  # an xdist worker (the controller checks for all), or no /proc
+    deadline = time.monotonic() + 10
+    while (orphans := _marked_orphans()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if not orphans:
+        return
+    for pid in orphans:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:160]
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+        print(f"\nERROR: process {pid} ({cmd.decode(errors='replace')}) outlived the test "
+              "that started it (killed now)")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="module")
@@ -18,14 +77,14 @@ def hydra_configs():
 
 
 # Fixtures that train or probe once and are shared by several tests. Under pytest-xdist every
-# worker is a session of its own, so a session or module fixture runs again on each worker
-# that gets one of its tests (the Megatron-LM probes of test_documented_commands.py ran on
-# both workers, ~45 s each, 2026-12-03). The tests that use one share an xdist group (make
-# test runs --dist loadgroup), so the fixture runs once: session fixtures one group per name
-# below, module fixtures one group per module.
+# worker runs its own pytest session, so a session-scoped or module fixture runs again on each
+# worker that gets one of its tests (the Megatron-LM probes of test_documented_commands.py
+# take ~45 s each). The tests that use one share an xdist group (make test runs --dist
+# loadgroup), so the fixture runs once: session-scoped fixtures one group per name below,
+# module fixtures one group per module.
 SHARED_SESSION = {"mcore_results": "mcore", "stock_results": "megatron_lm",
                   "patched_results": "megatron_lm", "patched_root": "megatron_lm"}
-SHARED_MODULE = ("unbroken", "te_results", "sr", "compiled", "trained")
+SHARED_MODULE = ("unbroken", "te_results", "sr", "compiled", "trained", "stopped")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
@@ -43,8 +102,8 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_modifyitems_xdist_suffix(config, items):
     """xdist 3.8's loadgroup tells the scheduler an item's group by appending @group to its
     nodeid, writing item._nodeid; pytest 9.2 keeps the nodeid in item._id, so the suffix no
-    longer takes and groups are silently spread over the workers (pytest-xdist issue 1386,
-    open). Here the suffix is added where xdist's did not take."""
+    longer takes and groups are silently spread over the workers
+    (pytest-dev/pytest-xdist#1386). Here the suffix is added where xdist's did not take."""
     if not getattr(config.option, "loadgroup", False):  # set on xdist workers only
         return
     try:

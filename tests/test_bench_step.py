@@ -158,8 +158,8 @@ def test_bench_cli_names_what_is_wrong():
 
 
 def test_profile_families_name_the_kernels_of_record():
-    """Kernel names from the H200 profiles of 2026-12-01 (docs/performance.md): the pair
-    kernel was counted as "other" before, so the QDQ share of a dense step read as zero."""
+    """Kernel names from H200 profiles (docs/performance.md): the pair kernel counts as QDQ,
+    not as "other", or the QDQ share of a dense step would read as zero."""
     from ufp4_megatron.bench.profile import _family
 
     assert _family("_pair16_kernel") == "QDQ (Triton)"

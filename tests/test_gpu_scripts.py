@@ -1,6 +1,8 @@
-"""The GPU suites under gpu/ (and the benchmark code they drive) run as a user's runs would (issue 10: "every GPU run of record keeps
-checkpointing on; a GPU script that turns it off to pass is a defect"): no script may switch
-the trainer's saving off. Checked on the scripts' text, since they only run on a GPU."""
+"""The GPU suites under gpu/ (and the benchmark code they drive) run as a user's runs would:
+every GPU measurement keeps checkpointing on (a script that turned it off to pass would hide
+a broken checkpoint path), so no script may switch the trainer's saving off. Checked on the
+scripts' text, since they only run on a GPU. Their refusals of bad settings, gpu/setup.sh's
+install and the helpers they share are exercised with stand-ins for python3 and nvidia-smi."""
 from __future__ import annotations
 
 import pathlib
@@ -40,7 +42,17 @@ def test_study_sh_refuses_a_bad_round_or_grid_before_setting_up():
     assert bad_round.returncode == 2 and "unknown round 12" in bad_round.stderr
     bad_grid = _study_sh("4", GRID="mian")
     assert bad_grid.returncode == 2
-    assert "GRID=mian; give main, ablation, depth or small" in bad_grid.stderr
+    assert "GRID=mian; give main, ablation, depth, small or prereg" in bad_grid.stderr
+
+
+def test_study_sh_prereg_refuses_what_would_change_the_design():
+    # the pre-registered grid fixes corpus, seeds and steps; its runs never resume across calls
+    for env, said in (({"SEEDS": "1-4"}, "SEEDS is set; the prereg grid fixes it"),
+                      ({"STEPS": "2000"}, "STEPS is set"),
+                      ({"PAUSE": "1"}, "its runs never resume across calls"),
+                      ({"CORPUS": "stdlib"}, "CORPUS=stdlib with GRID=prereg")):
+        r = _study_sh("1", GRID="prereg", **env)
+        assert r.returncode == 2 and said in r.stderr, (env, r.stderr)
 
 
 def test_study_sh_refuses_bad_steps_and_packages_before_setting_up():
@@ -67,8 +79,8 @@ def test_perf_sh_refuses_a_bad_override_before_setting_up():
 
 def _scripts_without_setup(paths):
     # a script that runs the package's modules needs the trainer's dependencies, which a CUDA
-    # image lacks until gpu/setup.sh installs them (2026-12-02: `bash gpu/perf.sh` alone on a
-    # fresh H200 died on `import hydra`)
+    # image lacks until gpu/setup.sh installs them (without it, `bash gpu/perf.sh` alone on a
+    # CUDA image dies on `import hydra`)
     return [p.name for p in paths if re.search(r"-m ufp4_megatron\b", p.read_text())
             and "source gpu/setup.sh" not in p.read_text()]
 
@@ -114,8 +126,8 @@ def _source_setup(tmp_path, *, imports: bool = True):
 
 
 def test_setup_installs_a_wheelhouse_once_per_node(tmp_path):
-    # chained calls and several scripts in one call source it again: the install (seconds of
-    # pip per call) runs only when /tmp/site does not hold this wheelhouse yet
+    # every suite sources it, several may run in a row on one node: the install (seconds of
+    # pip each time) runs only when /tmp/site does not hold this wheelhouse yet
     (tmp_path / "wheelhouse").mkdir()
     wheel = tmp_path / "wheelhouse" / "hydra_core-1.3.8-py3-none-any.whl"
     wheel.write_bytes(b"x" * 10)
@@ -164,10 +176,9 @@ def test_setup_without_a_wheelhouse_uses_what_is_installed_or_says_what_to_build
     assert "build the wheels with make wheelhouse PY=3.12" in missing.stderr
 
 
-def test_kernels_exact_leaves_two_files_in_out(tmp_path):
-    # a call returns at most 8 files from $OUT: gpu/study.sh writes 5, so the kernel suite may
-    # write 2 to share a call with it (2026-12-02: with 5 of its own, a round's archive was
-    # left out); the stand-in python3 collects two tests and finishes one
+def test_kernels_exact_names_the_tests_that_did_not_finish(tmp_path):
+    # a run cut short at KERNELS_TIMEOUT must say which tests it did not reach: the stand-in
+    # python3 collects two tests and finishes one
     import os
     import subprocess
     bin_dir = tmp_path / "bin"
@@ -180,25 +191,26 @@ def test_kernels_exact_leaves_two_files_in_out(tmp_path):
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     out = tmp_path / "out"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out),
-           "KERNELS_WORK": str(tmp_path / "work")}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out)}
     res = subprocess.run(["bash", "gpu/kernels_exact.sh"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["kernels_exact.log", "unfinished.txt"]
+    assert (out / "collected.txt").read_text() == "t.py::a\nt.py::b\n"
+    assert (out / "finished.txt").read_text() == "t.py::a\n"
     assert (out / "unfinished.txt").read_text() == "t.py::b\n"
-    assert "finished 1 of 2 tests" in res.stdout
+    assert "finished 1 of 2 tests" in res.stdout and "t.py::b" in res.stdout
 
 
 def test_study_sh_keeps_no_fixed_scratch_files():
-    # two studies side by side on one node (2026-12-02) shared /tmp/runs-archived.txt: one
-    # emptied the other's list of archived runs, which then returned 28 archived runs again.
-    # Scratch files live in the call's own mktemp dir; only the study dirs and the corpus
-    # (prepared under a lock) are fixed paths.
+    # two studies side by side on one node must not share a scratch file (one would empty the
+    # other's list of archived runs, which would then archive them again). Scratch files live
+    # in the round's own mktemp dir; only the study dirs and the corpus (prepared under a
+    # lock) are fixed paths.
     text = (ROOT / "gpu" / "study.sh").read_text()
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     fixed = set(re.findall(r"/tmp/[\w.-]+", code))
-    assert fixed <= {"/tmp/study", "/tmp/study-pysrc", "/tmp/corpus", "/tmp/preflight.XXXXXX",
+    assert fixed <= {"/tmp/study", "/tmp/study-pysrc", "/tmp/study-prereg", "/tmp/corpus",
+                     "/tmp/preflight.XXXXXX",
                      "/tmp/study-scratch.XXXXXX"}, fixed
 
 
@@ -235,7 +247,7 @@ def test_round_report_counts_only_the_steps_trained_in_the_round(tmp_path):
 
 
 def test_host_path_probe_runs_and_finds_the_pair_launch_cacheable():
-    # docs/performance.md quotes it ("The small step, per recipe"); a renamed ops or kernel
+    # a GPU-side measurement's CPU twin (docs/performance.md); a renamed ops or kernel
     # argument would otherwise leave it broken until the next reader runs it
     import os
     import subprocess
@@ -249,9 +261,9 @@ def test_host_path_probe_runs_and_finds_the_pair_launch_cacheable():
 
 
 def test_perf_sh_with_models_none_runs_only_the_profiles(tmp_path):
-    """PERF_MODELS=none: no step suite, the profiles asked for (gpu/README's profile-only
-    call); stand-ins for python3 (logs its calls) and nvidia-smi, an image that imports
-    megatron-core/Hydra/W&B already (no wheelhouse)."""
+    """PERF_MODELS=none: no step suite, only the profiles asked for; stand-ins for python3
+    (logs its calls) and nvidia-smi, an image that imports megatron-core/Hydra/W&B already
+    (no wheelhouse)."""
     import os
     import subprocess
     bin_dir = tmp_path / "bin"

@@ -24,7 +24,7 @@ Contracts:
 - test_grouped_linear_autograd: the autograd wiring: bf16 against per-expert F.linear and
   RTNE UFP4 against per-expert quantized_linear (y, dx, dW, db) to fp32 GEMM rounding. Not
   bit for bit: the grouped path multiplies each expert's padded segment, the reference its
-  unpadded rows, and a CPU BLAS picks its kernel by shape (MKL on an AVX-512 AMD EPYC, 2026-12-02:
+  unpadded rows, and a CPU BLAS picks its kernel by shape (MKL on an AVX-512 CPU:
   5 rows x 64 differ by 4e-6 between F.linear and a matmul of the transposed copy, and
   between 5 rows and the same rows padded to 16). The operands are the same bits either way;
   the exact contract of the grouped GEMMs is the first test's, on the padded layout;

@@ -1,7 +1,7 @@
 """The package's import graph: every import points down a layer (or stays in its own), and no
 module reaches itself through its imports.
 
-    package data < numerics < kernels < recipe/ops < megatron < data < train < report
+    package data < numerics < kernels < recipe/ops < megatron/te < data < train < report
                  < study/bench < cli
 
 The graph is read from the source (every `import` statement, those inside functions too: a
@@ -9,7 +9,9 @@ lazy import is still a dependency, and a circle hidden in a function is still a 
 Nodes are modules; `from pkg import name` points at `pkg.name` where that is a module.
 `study` (grids of training runs, their packing and resume) and `bench` (timed kernels, layers
 and trainer steps) sit above report and below cli: both drive the trainer and read its
-reports, and `cli` (launch, demo) drives the study. docs/architecture.md draws the layers.
+reports, and `cli` (launch, demo) drives the study. `te` (the TransformerEngine route's
+quantizer factories) sits beside `megatron`: both are glue on the recipe and ops layer, and
+neither imports the other. docs/architecture.md draws the layers.
 Contract besides: numerics, recipe, ops and diagnostics import without Megatron, Hydra, W&B
 or Triton.
 """
@@ -31,7 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("numerics",),
     ("kernels",),
     ("recipe", "fake_quant", "ops", "grouped_ops", "weight_cache", "diagnostics", "__init__"),
-    ("megatron",),
+    ("megatron", "te"),
     ("data",),
     ("train",),
     ("report",),
@@ -206,8 +208,8 @@ def test_no_module_imports_a_higher_layer():
 
 def test_no_import_cycle():
     """Imports for type annotations count too: train/precision.py's TYPE_CHECKING import of
-    the schema and the schema's lazy import of precision's resolver were a circle that no
-    import-time error would show (2026-12-01; the resolver now has its own module)."""
+    the schema and the schema's lazy import of precision's resolver would be a circle that
+    no import-time error shows (so the resolver has its own module)."""
     assert not import_cycles(_graph(type_checking=True))
 
 

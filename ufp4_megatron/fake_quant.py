@@ -104,6 +104,13 @@ def quantize(x: torch.Tensor, fmt, *, block: int = 16, scale: str = "fp32",
     backend:  "auto" (kernels for CUDA tensors where they apply), "torch", "triton".
     Sizes along dim that are not a multiple of the block are zero-padded internally. NaN or
     Inf makes its own block NaN, in every scale mode (e4m3's tensor scale ignores it).
+
+    Gradients (x.requires_grad): the straight-through estimator, as quantization-aware
+    training uses it (torchao's fake quantizers, TransformerEngine's QAT): the rounding and
+    the block scales count as the identity, so the gradient of the result with respect to x is
+    the identity without rht, and with rht the transpose of the rotation (`RHT.inverse`: the
+    result is x rotated, then rounded). The rounding is piecewise constant, so differentiating
+    it as computed would give zero everywhere but at each block's amax (through its scale).
     """
     check_float_tensor(x, "x", "quantize")
     check_operand_fields(fmt, block, scale, rounding)
@@ -120,12 +127,33 @@ def quantize(x: torch.Tensor, fmt, *, block: int = 16, scale: str = "fp32",
                          "cannot be unpadded; pad x or pass rht=None")
     if x.numel() == 0:
         return x.to(output_dtype(x.dtype, r), copy=True)
+    kw = dict(block=block, block_2d=block_2d, scale=scale, rounding=rounding, rht=r, seed=seed,
+              origin=origin, backend=backend)
+    if x.requires_grad and torch.is_grad_enabled():
+        return _StraightThrough.apply(x, fmt, dim, kw)
+    return _quantize_along(x, fmt, dim, kw)
+
+
+def _quantize_along(x: torch.Tensor, fmt, dim: int, kw: dict) -> torch.Tensor:
     moved = x if dim == x.dim() - 1 else x.movedim(dim, -1)
-    q = quantize_view(moved.reshape(-1, moved.shape[-1]), fmt, block=block, block_2d=block_2d,
-                      scale=scale, rounding=rounding, rht=r, seed=seed, origin=origin,
-                      backend=backend)
+    q = quantize_view(moved.reshape(-1, moved.shape[-1]), fmt, **kw)
     q = q.reshape(moved.shape)
     return q if moved is x else q.movedim(-1, dim)
+
+
+class _StraightThrough(torch.autograd.Function):
+    """quantize() forward; backward: the identity, or RHT.inverse along dim with rht."""
+
+    @staticmethod
+    def forward(ctx, x, fmt, dim, kw):
+        ctx.dim, ctx.rht, ctx.dtype = dim, kw["rht"], x.dtype
+        return _quantize_along(x.detach(), fmt, dim, kw)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.rht is not None:
+            grad = ctx.rht.inverse(grad, ctx.dim)
+        return grad.to(ctx.dtype), None, None, None
 
 
 def _check_origin(origin, rounding: str) -> tuple[int, int]:

@@ -10,6 +10,10 @@ is what gets masked; the index cache follows the files; bad data is refused at s
     test_embedded_corpus_is_real_stdlib_text_in_a_fixed_order
     test_embedded_bpe_is_deterministic_and_race_safe   two jobs at once, one identical result
     test_embedded_bpe_config_errors               corpus_bpe_vocab with prefixes / a path
+    test_what_the_data_refuses_is_a_data_error    a glob, a directory, an empty split, a run
+                                                  whose index would not fit in memory, a
+                                                  tokenizer dir without tokenizer.json: each a
+                                                  DataError (one `error:` line, exit 2)
 """
 from __future__ import annotations
 
@@ -176,10 +180,59 @@ def test_embedded_bpe_is_deterministic_and_race_safe(tmp_path):
 
 def test_embedded_bpe_config_errors(tmp_path):
     hf = TokenizerConfig(type="huggingface")
-    with pytest.raises(ValueError, match="data.corpus_bpe_vocab=600 trains a BPE on the "
+    with pytest.raises(checks.DataError, match="data.corpus_bpe_vocab=600 trains a BPE on the "
                                          "embedded corpus, but data.prefixes is set"):
         _build(_data(tmp_path, tmp_path / "x", corpus_bpe_vocab=600, tokenizer=hf), 640)
-    with pytest.raises(ValueError, match="brings its own tokenizer"):
+    with pytest.raises(checks.DataError, match="brings its own tokenizer"):
         _build(_data(tmp_path, corpus_bpe_vocab=600, tokenizer=TokenizerConfig()), 640)
-    with pytest.raises(ValueError, match="the corpus is tokenized with bytes or its own BPE"):
+    with pytest.raises(checks.DataError, match="the corpus is tokenized with bytes or its own BPE"):
         _build(_data(tmp_path, tokenizer=replace(hf, path=str(tmp_path))), 640)
+
+
+def test_valid_seed_fixes_the_validation_samples_across_train_seeds(tmp_path):
+    """data.valid_seed: the validation split is shuffled with it, not with train.seed, so runs
+    of every seed validate on the same samples (a study's fixed validation set); without it
+    each seed draws its own, and the training samples follow train.seed either way."""
+    tok = build_tokenizer(TokenizerConfig())
+    prefix = tmp_path / "v"
+    write_indexed(([f"doc {i:03d} " * (3 + i % 7)] for i in range(60)), prefix, tok)
+
+    def build(seed, valid_seed):
+        data = _data(tmp_path, prefix, valid_seed=valid_seed)
+        train, valid = build_datasets(data, seed=seed, seq_len=SEQ, vocab_size=384, n_train=8,
+                                      n_valid=8)
+        return ([train[i]["tokens"].tolist() for i in range(8)],
+                [valid[i]["tokens"].tolist() for i in range(8)])
+
+    (t1, v1), (t2, v2) = build(1, 99), build(2, 99)
+    assert v1 == v2 and t1 != t2
+    (_, w1), (_, w2) = build(1, None), build(2, None)
+    assert w1 != w2
+    assert build(99, None)[1] == v1  # valid_seed 99 draws what train.seed 99 would
+
+
+def test_what_the_data_refuses_is_a_data_error(tmp_path):
+    prefix = tmp_path / "d" / "t"
+    prefix.parent.mkdir()
+    write_indexed([["hello world " * 40]] * 30, prefix, build_tokenizer(TokenizerConfig()))
+    with pytest.raises(checks.DataError, match=r"d/\* is a pattern, and prefixes are not "
+                                               r"expanded: list each file prefix"):
+        _build(_data(tmp_path, tmp_path / "d" / "*"))
+    with pytest.raises(checks.DataError, match=r"d is a directory: give the prefix of the files"):
+        _build(_data(tmp_path, tmp_path / "d"))
+    one_doc = tmp_path / "one"
+    write_indexed([["a single document"]], one_doc, build_tokenizer(TokenizerConfig()))
+    with pytest.raises(checks.DataError, match=r"data.split='50,50,0' leaves the train split of "
+                                               r".*one \(1 documents\) empty"):
+        _build(_data(tmp_path, one_doc))
+    # 2**31 - 1 steps of 8 sequences of 16 tokens from 15 kB: terabytes of Megatron's index
+    with pytest.raises(checks.DataError, match=r"17,179,869,176 training samples \(train.steps x "
+                                               r"train.global_batch\) of 16 tokens .* would take "
+                                               r"about [\d,]+ GiB of memory, more than this "
+                                               r"machine's"):
+        _build(_data(tmp_path, prefix), n=(2**31 - 1) * 8)
+    no_json = tmp_path / "tokdir"
+    no_json.mkdir()
+    hf = TokenizerConfig(type="huggingface", path=str(no_json))
+    with pytest.raises(checks.DataError, match="no tokenizer.json there"):
+        _build(_data(tmp_path, prefix, tokenizer=hf))

@@ -7,14 +7,24 @@ byte what Megatron-LM's tools/preprocess_data.py writes; bad input refused with 
     test_bad_jsonl_lines_name_file_and_line          not JSON, no key, wrong type, not UTF-8
     test_binary_files_refused_when_named_skipped_in_dirs   the real CLI: exit code, stderr
     test_no_temporary_files_left_on_error            <out>.tmp<pid>.* removed, old data kept
+    test_bad_options_and_empty_inputs_are_refused    each option out of range, --out a dir,
+                                                     an empty file, only empty documents: one
+                                                     line, exit 2, nothing written
     test_dtype_follows_the_vocabulary                uint16 below 65500 ids, int32 above
     test_train_tokenizer_then_train_on_it            --train-tokenizer -> tokenizer.json, data,
                                                      and the trainer runs on the printed overrides
     test_progress_bar                                tqdm on --progress on
+    test_workers_write_the_same_bytes                --workers 3 == --workers 1, byte for byte
+    test_workers_bad_input                           0, negative, absurd counts: exit 2
+    test_workers_report_the_bad_place                a bad line or id met in a worker names its
+                                                     file and line; no temporary files left
+    test_output_prefix_is_megatrons_naming           <prefix>_<key>_document, one of the two flags
+    test_printed_overrides_survive_shell_and_hydra   a path with spaces and quotes, zsh's glob
 """
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -53,8 +63,9 @@ def test_prepare_data_writes_readable_indexed_data(tmp_path, capsys):
     _, seqs = _read(tmp_path / "out")
     assert seqs == [list(b"hello") + [256], list(b"world!") + [256]]
     out = capsys.readouterr().out.splitlines()
-    assert out[-1] == (f"train with: data.prefixes=[{tmp_path / 'out'}] data.tokenizer.type=byte-level "
-                       f"model.vocab_size=384")
+    assert out[-1] == (f"train with: 'data.prefixes=[{tmp_path / 'out'}]' "
+                       f"data.tokenizer.type=byte-level model.vocab_size=384")
+    assert "EOD id: 256 (appended to every document; vocabulary 258)" in out
 
 
 def _megatron_preprocess(jsonl: Path, prefix: Path, args: SimpleNamespace) -> None:
@@ -158,10 +169,10 @@ def test_binary_files_refused_when_named_skipped_in_dirs(tmp_path, capsys):
     (tmp_path / "d" / "c.txt").write_bytes("café".encode("latin-1") + b" more")
     cmd = [sys.executable, "-m", "ufp4_megatron.cli.prepare_data", "--out", str(tmp_path / "o")]
     r = run(cmd + [str(tmp_path / "d" / "b.txt")], tmp_path)  # the real CLI: status, stderr
-    assert r.returncode == 1 and not (tmp_path / "o.bin").exists()
-    assert r.stderr.strip().splitlines()[-1] == (
-        f"prepare_data: {tmp_path / 'd' / 'b.txt'}: binary (a NUL byte in its first 8 KiB); "
-        f"give text (UTF-8) or JSONL files")
+    assert r.returncode == 2 and not (tmp_path / "o.bin").exists()
+    assert r.stderr.strip().splitlines() == [
+        f"prepare_data: error: {tmp_path / 'd' / 'b.txt'}: binary (a NUL byte in its first 8 "
+        f"KiB); give text (UTF-8) or JSONL files"]
     with pytest.raises(SystemExit, match=r"c\.txt: not UTF-8 text \(byte 3\)"):
         prepare_main([str(tmp_path / "d" / "c.txt"), "--out", str(tmp_path / "o")])
     prepare_main([str(tmp_path / "d"), "--out", str(tmp_path / "o")])
@@ -186,6 +197,45 @@ def test_no_temporary_files_left_on_error(tmp_path):
     assert not list(tmp_path.glob("e.*"))
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["--tokenizer", "null-text", "--vocab-size", "300", "--eod-id", "-5"],
+     "--eod-id -5: must be an integer in [0, 2**31)"),
+    (["--tokenizer", "null-text", "--vocab-size", "0"], "--vocab-size 0: must be an integer"),
+    (["--tokenizer", "null-text", "--vocab-size", "300", "--eod-id", "300"],
+     "--eod-id 300 is outside the ids 0..299 of --vocab-size 300"),
+    (["--tiktoken-num-special-tokens", "-1"], "--tiktoken-num-special-tokens -1: must be"),
+    (["--train-tokenizer", "100"], "--train-tokenizer 100: must be an integer in [257, 2**31)"),
+    (["--max-bytes", "0"], "--max-bytes 0: must be an integer in [1, 2**31)"),
+    (["--out", "DIR"], "--out '{tmp}': give a file prefix (writes <prefix>.bin"),
+    (["--out", "{tmp}/sub/"], "--out '{tmp}/sub/': give a file prefix"),
+    (["--out", " "], "--out ' ': give a file prefix"),
+    (["EMPTY"], "empty.txt: empty (0 bytes); give text (UTF-8) or JSONL files"),
+    (["BLANK"], "no text to write to {tmp}/o: all 1 documents are empty; give files that hold"),
+    (["EMPTY_JSONL"], "no text to write to {tmp}/o: all 2 documents are empty"),
+])
+def test_bad_options_and_empty_inputs_are_refused(tmp_path, capsys, argv, message):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "blank.txt").write_text("")
+    (tmp_path / "blank_dir").mkdir()
+    (tmp_path / "blank_dir" / "blank.txt").write_text("")  # found in a dir: not refused alone
+    _jsonl(tmp_path / "e.jsonl", ["", ""])
+    inputs = {"EMPTY": str(tmp_path / "empty.txt"), "BLANK": str(tmp_path / "blank_dir"),
+              "EMPTY_JSONL": str(tmp_path / "e.jsonl"), "DIR": str(tmp_path)}
+    argv = [inputs.get(a, a).replace("{tmp}", str(tmp_path)) for a in argv]
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "o")]
+    if not any(a in inputs.values() for a in argv):
+        argv.insert(0, str(tmp_path / "e.jsonl"))  # a valid input; the option is the problem
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as e:
+        prepare_main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"prepare_data: error: {str(e.value).split('error: ', 1)[1]}"]
+    assert message.replace("{tmp}", str(tmp_path)) in err[0], err[0]
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
 def test_dtype_follows_the_vocabulary(tmp_path):
     src = _jsonl(tmp_path / "in.jsonl", ["1 2 65498"])
     for vocab, dtype in ((65499, np.uint16), (65500, np.int32)):  # Megatron's optimal_dtype
@@ -206,7 +256,7 @@ def test_train_tokenizer_then_train_on_it(tmp_path, corpus_texts):
              str(tmp_path / "mine"), "--train-tokenizer", "1000"], tmp_path)
     assert r.returncode == 0, r.stderr
     tok_path = tmp_path / "mine.tokenizer.json"
-    overrides = r.stdout.strip().splitlines()[-1].removeprefix("train with: ").split()
+    overrides = shlex.split(r.stdout.strip().splitlines()[-1].removeprefix("train with: "))
     assert overrides == [f"data.prefixes=[{tmp_path / 'mine'}]", "data.tokenizer.type=huggingface",
                          f"data.tokenizer.path={tok_path}", "model.vocab_size=1024"]
     tok = build_tokenizer(TokenizerConfig(type="huggingface", path=str(tok_path)))
@@ -226,3 +276,78 @@ def test_progress_bar(tmp_path, capsys):
     assert "tokenizing: 100%" in capsys.readouterr().err
     prepare_main([str(src), "--out", str(tmp_path / "o")])  # auto: small inputs show none
     assert "tokenizing" not in capsys.readouterr().err
+
+
+def _many_docs(path: Path, n: int = 300) -> Path:
+    docs = [f"document {i}: " + "word " * (i % 37) + "∑ naïve" * (i % 3) for i in range(n)]
+    if n > 8:
+        docs[7] = ["pre-split", " sentences", ""]
+        docs[8] = ""  # an empty document
+    path.write_text("".join(json.dumps({"text": d, "title": f"t{i}"}) + "\n"
+                            for i, d in enumerate(docs)))
+    return path
+
+
+def test_workers_write_the_same_bytes(tmp_path, bpe_json):
+    src = _many_docs(tmp_path / "in.jsonl")
+    for workers in ("1", "3"):
+        prepare_main([str(src), "--output-prefix", str(tmp_path / f"w{workers}"),
+                      "--json-keys", "text,title", "--tokenizer", "huggingface",
+                      "--tokenizer-path", str(bpe_json), "--workers", workers])
+    for key in ("text", "title"):
+        for ext in (".bin", ".idx"):
+            one, three = (tmp_path / f"w{w}_{key}_document{ext}" for w in ("1", "3"))
+            assert one.read_bytes() == three.read_bytes(), (key, ext)
+    assert len(_read(tmp_path / "w3_text_document")[1]) == 300
+
+
+@pytest.mark.parametrize("workers", ["0", "-2", "100000"])
+def test_workers_bad_input(tmp_path, capsys, workers):
+    src = _many_docs(tmp_path / "in.jsonl", 5)
+    with pytest.raises(SystemExit) as e:
+        prepare_main([str(src), "--out", str(tmp_path / "o"), "--workers", workers])
+    assert e.value.code == 2
+    assert f"--workers {workers}: give 1 to " in capsys.readouterr().err
+    assert not list(tmp_path.glob("o*"))
+
+
+def test_workers_report_the_bad_place(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "1 2"}\n' * 200 + '{"text": "3 70000"}\n' + '{"text": "1"}\n' * 50)
+    with pytest.raises(SystemExit, match=r"in\.jsonl:201: token id 70000 is outside"):
+        prepare_main([str(src), "--out", str(tmp_path / "o"), "--tokenizer", "null-text",
+                      "--vocab-size", "1000", "--workers", "2"])
+    src.write_text('{"text": "a"}\n' * 100 + "oops\n")
+    with pytest.raises(SystemExit, match=r"in\.jsonl:101: not JSON"):
+        prepare_main([str(src), "--out", str(tmp_path / "o"), "--workers", "2"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # no temporary files
+
+
+def test_output_prefix_is_megatrons_naming(tmp_path, capsys):
+    src = _many_docs(tmp_path / "in.jsonl", 3)
+    prepare_main([str(src), "--output-prefix", str(tmp_path / "web")])
+    assert sorted(p.name for p in tmp_path.glob("web*")) == ["web_text_document.bin",
+                                                             "web_text_document.idx"]
+    assert f"data.prefixes=[{tmp_path / 'web_text_document'}]" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:  # one naming or the other, not both
+        prepare_main([str(src), "--out", str(tmp_path / "a"), "--output-prefix", "b"])
+    assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_printed_overrides_survive_shell_and_hydra(tmp_path, capsys, bpe_json):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    src = _many_docs(tmp_path / "in.jsonl", 3)
+    odd = tmp_path / "my data's \"dir\"" / "web"  # a space, both quotes
+    tok = tmp_path / "tok dir" / "tokenizer.json"
+    tok.parent.mkdir()
+    tok.write_bytes(Path(bpe_json).read_bytes())
+    prepare_main([str(src), "--output-prefix", str(odd), "--tokenizer", "huggingface",
+                  "--tokenizer-path", str(tok)])
+    line = capsys.readouterr().out.strip().splitlines()[-1].removeprefix("train with: ")
+    words = shlex.split(line)  # what a POSIX shell (zsh too: every glob character is quoted)
+    assert line.startswith("'data.prefixes=[")  # zsh globs an unquoted [...]
+    parsed = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(words)}
+    assert parsed["data.prefixes"] == [f"{odd}_text_document"]
+    assert parsed["data.tokenizer.path"] == str(tok)
+    assert parsed["data.tokenizer.type"] == "huggingface"

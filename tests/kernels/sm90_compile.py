@@ -118,8 +118,9 @@ CASES = {
     # of w, then x through row16, then w)
     "generic nvfp4 fprop w 2d e4m3": (
         "_qdq_kernel", 3, lambda s: s.ops.fprop(s.x, s.w, s.nvfp4, **s.kw)),
-    # nvfp4 dgrad, w: 16x16 tiles in the column layout (the transposed tile; compiled to a
-    # layout replicating the tile in every thread, 13+ minutes, until 2026-12-01)
+    # nvfp4 dgrad, w: 16x16 tiles in the column layout (the transposed tile; a 2D block
+    # reduction that reshapes a broadcast compiles to a layout replicating the tile in every
+    # thread, for many minutes)
     "generic nvfp4 dgrad w col 2d e4m3": (
         "_qdq_kernel", 3, lambda s: s.ops.dgrad(s.dy, s.w, s.nvfp4, **s.kw)),
     # the e4m3 tensor amax (amax_triton.py): nvfp4's x (1x16, row), its w in the column

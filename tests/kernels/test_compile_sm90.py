@@ -1,8 +1,8 @@
 """The kernels compile for an H200 (sm_90, CUDA), checked on a CPU-only machine.
 
 The CPU suite runs the kernels in Triton's interpreter, which executes kernel bodies as
-Python: code it accepts can still fail the GPU compiler (on 2026-12-01 module constants
-annotated `X: tl.constexpr = ...` passed every CPU test and failed to compile on the H200).
+Python: code it accepts can still fail the GPU compiler (module constants annotated
+`X: tl.constexpr = ...` pass every CPU test and fail to compile for a GPU).
 Here each kernel family is compiled for GPUTarget("cuda", 90, 32) with Triton's own
 compiler and the ptxas bundled in its wheel, through to a cubin; no GPU or CUDA driver is
 needed. The work runs in a subprocess (sm90_compile.py) whose environment has no

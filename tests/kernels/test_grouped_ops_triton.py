@@ -134,13 +134,13 @@ def _launches(monkeypatch):
     return names
 
 
-# slow (make test's 20-minute budget, 2026-12-03): a launch count, for speed on the GPU, where
+# slow (kept out of make test's 20 minutes): a launch count, for speed on the GPU, where
 # gpu/perf.sh runs it; NVFP4's segment kernels and its per-expert fallback stay in make test
 # (test_e4m3_segments_match_reference, test_grouped_e4m3_tiles_over_two_experts_fall_back)
 @pytest.mark.slow
 def test_grouped_e4m3_launches_do_not_grow_with_experts(monkeypatch):
-    """NVFP4's experts share each operand's launches (2026-12-02: one expert at a time made
-    its MoE step 4.5-5.7x BF16's on the H200, docs/performance.md run 5)."""
+    """NVFP4's experts share each operand's launches (one expert at a time makes its MoE step
+    several times BF16's on an H200: a launch per expert and operand, host-bound)."""
     names = _launches(monkeypatch)
     r = get_recipe("nvfp4")
     seen = {}
@@ -166,8 +166,8 @@ def test_grouped_e4m3_tiles_over_two_experts_fall_back():
 
 
 # make test keeps UFP4 as trained (bf16, SR on dY); SR on every operand, fp16 and the other
-# recipes run in `make test-slow` (interpreted kernels, 20-56 s each; make test's 20-minute
-# budget, 2026-12-03). Their kernels against the reference, segment-keyed SR included:
+# recipes run in `make test-slow` (interpreted kernels, 20-56 s each, kept out of make test's
+# 20 minutes). Their kernels against the reference, segment-keyed SR included:
 # segment_kernels_match_reference, e4m3_segments_match_reference and test_quantize_triton.py
 # (fp16 too), all in make test.
 @pytest.mark.parametrize("name,overrides,dtype", [

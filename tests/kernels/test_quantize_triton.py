@@ -19,6 +19,7 @@ Coverage matrix (each row one test; x: every value of the axis is crossed with t
 | pair_matches_two_single_launches       | e1m2,e2m1,int4_asym,codebook | fp32/e4m3/e8m0 | both | 16 (+32, 2D: two launches) | none/16 | row+row, row+col, col+col |
 | e4m3_nan_stays_in_its_block            | e2m1       | e4m3   | both     | 16, 16 2D | none/16   | row, col      |
 | fp16_rht_is_float32_and_finite         | e1m2       | fp32   | rtne     | 16       | 16         | row, col, pair |
+| rht_near_fp32_max_is_finite            | e1m2, e2m1 | fp32, e4m3 | both | 16, 32 | 16, 32, 64 | row, col      |
 | non_contiguous_inputs_match            | e1m2       | fp32   | both     | 16, 32 2D | none/16   | slices, offsets, expanded, permuted |
 | sr_shard_reproduces_full_tensor_bits   | e1m2       | fp32   | sr       | 16       | 16         | row, col      |
 | supports_refuses_what_is_not_built     | -
@@ -260,6 +261,27 @@ def test_fp16_rht_is_float32_and_finite():
     qa, qb = kernels.quantize_pair(x, dict(grid="e1m2", rht=RHT(16, 0)),
                                    x.t(), dict(grid="e1m2", rht=RHT(16, 0)))
     assert qa.dtype == qb.dtype == torch.float32 and torch.isfinite(qa).all()
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+def test_rht_near_fp32_max_is_finite(layout):
+    """Blocks of finite fp32 values up to fp32's max / sqrt(n): the rotation runs on x / n in
+    both kernels and the reference (numerics/hadamard.py), so no sum overflows; the kernels
+    agree with the reference bit for bit and nothing is NaN (RHT16 of values near 8e37 gave a
+    NaN block). The 16-tensor kernel (1x16, RHT16) and the generic one (RHT32/64) both."""
+    g = torch.Generator().manual_seed(21)
+    big = torch.finfo(torch.float32).max / 64 ** 0.5 * 0.99  # within range for every size
+    x = (torch.rand(6, 64, generator=g) * 2 - 1) * big
+    for size in (16, 32, 64):
+        x[size // 16, :size] = RHT(size, 7).signs * big  # every sum of the block adds up
+    x = x.to(DEVICE)
+    for size, block, grid, scale, rounding in ((16, 16, "e1m2", "fp32", "rtne"),
+                                               (32, 32, "e2m1", "e4m3", "sr"),
+                                               (64, 16, "e1m2", "fp32", "sr")):
+        kw = dict(block=block, scale=scale, rounding=rounding, rht=RHT(size, 7), seed=4)
+        assert _check(x, grid, layout, **kw), (size, block, grid)
+        q = kernels.quantize_view(x if layout == "row" else x.t().contiguous().t(), grid, **kw)
+        assert torch.isfinite(q).all(), (size, block, grid, scale)
 
 
 def test_non_contiguous_inputs_match():

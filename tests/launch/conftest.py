@@ -1,5 +1,5 @@
 """Fixtures for the launcher tests: the repo paths, a clean environment for subprocesses, and a
-real one-node Slurm cluster (launch/ci/slurm_up.sh) for the session, stopped at its end."""
+real one-node Slurm cluster (launch/ci/slurm_up.sh) for the pytest session, stopped at its end."""
 from __future__ import annotations
 
 import os
@@ -62,9 +62,9 @@ def slurm(apt_tools):
 @pytest.hookimpl(tryfirst=True)  # before -m selects: make test runs these on their own
 def pytest_collection_modifyitems(config, items):
     # A test on the Slurm cluster is marked `slurm` even where its author forgot: make test
-    # runs them in a second, serial pytest (one cluster per session, and under pytest-xdist
-    # every worker is a session; with a second worker's trainers beside it a job failed,
-    # 2026-12-02), the rest on two workers.
+    # runs them in a second, serial pytest (one cluster per pytest session, and under
+    # pytest-xdist every worker runs its own pytest session; a job beside a second worker's
+    # trainers can fail for want of CPU), the rest on two workers.
     for item in items:
         if "slurm" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)

@@ -5,6 +5,9 @@ valid trainer config (so a sweep cannot fail hours later on a misspelt override)
 - test_every_planned_run_composes_with_the_trainer_config (ablations included)
 - test_compare_refuses_overrides_every_run_would_fail_on (one line, exit 2, nothing submitted)
 - test_task_refuses_an_index_outside_the_sweep
+- test_compare_refuses_options_out_of_range (--nodes 0, --nproc-per-node -2, ...: one line,
+  exit 2, nothing written or submitted)
+- test_task_refuses_a_missing_or_foreign_sweep_file (missing, not JSON, not a sweep)
 """
 import json
 import shlex
@@ -66,15 +69,63 @@ def test_compare_refuses_overrides_every_run_would_fail_on(tmp_path, capsys, ove
                                                              fragment):
     rc = main(["compare", "--out", str(tmp_path / "sw"), "--dry-run", "--", *overrides])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and err[0].startswith("error: ") and fragment in err[0]
-    assert not (tmp_path / "sw").exists()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("ufp4-launch: error: ")
+    assert fragment in err[0] and not (tmp_path / "sw").exists()
 
 
-def test_task_refuses_an_index_outside_the_sweep(tmp_path):
+def _one_line_error(capsys, rc: int, fragment: str) -> None:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("ufp4-launch: error: "), err
+    assert fragment in err[0], err[0]
+
+
+def test_task_refuses_an_index_outside_the_sweep(tmp_path, capsys, monkeypatch):
     sweep = tmp_path / "sweep.json"
     sweep.write_text(json.dumps({"runs": [{"name": "bf16", "overrides": []}]}))
     res = subprocess.run([sys.executable, "-m", "ufp4_megatron.cli.launch", "task", str(sweep),
                           "--index", "1"], capture_output=True, text=True)
-    assert res.returncode != 0 and "index 1 outside 0..0" in res.stderr
-    with pytest.raises(SystemExit, match="no --index and no SLURM_ARRAY_TASK_ID"):
-        main(["task", str(sweep)])
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        "ufp4-launch: error: task: index 1 outside 0..0"]
+    monkeypatch.delenv("SLURM_ARRAY_TASK_ID", raising=False)
+    _one_line_error(capsys, main(["task", str(sweep)]), "no --index and no SLURM_ARRAY_TASK_ID")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "x1")
+    _one_line_error(capsys, main(["task", str(sweep)]), "SLURM_ARRAY_TASK_ID='x1' is not")
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--nodes", "0"], "--nodes 0: give the nodes per run, a number >= 1"),
+    (["--nodes", "-3"], "--nodes -3"),
+    (["--nproc-per-node", "-2"], "--nproc-per-node '-2': give a number >= 1 or one of auto, gpu"),
+    (["--nproc-per-node", "0"], "--nproc-per-node '0'"),
+    (["--nproc-per-node", "two"], "--nproc-per-node 'two'"),
+    (["--max-restarts", "-1"], "--max-restarts -1: give a number >= 0"),
+    (["--precisions", ","], "--precisions names no precision"),
+    (["--precisions", "bf16,ufp4,bf16"], "duplicate run names in ['bf16', 'ufp4', 'bf16']"),
+    (["--precisions", "bf16,fp3"], "run fp3: In 'config': Could not find 'precision/fp3'"),
+    (["--job-name", " "], "--job-name ' ': give a printable, non-empty name"),
+    (["--job-name", "a\nb"], "--job-name 'a\\nb'"),
+    (["--out", "FILE"], "a file is there; give a directory for the sweep"),
+])
+def test_compare_refuses_options_out_of_range(tmp_path, capsys, argv, fragment):
+    (tmp_path / "file").write_text("x")
+    argv = [str(tmp_path / "file") if a == "FILE" else a for a in argv]
+    out = [] if "--out" in argv else ["--out", str(tmp_path / "sw")]
+    rc = main(["compare", *out, *argv, "--dry-run", "--", "model=tiny"])
+    _one_line_error(capsys, rc, fragment)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+@pytest.mark.parametrize("content,fragment", [
+    (None, "task: no such sweep file: {sweep} (ufp4-launch compare --out DIR writes"),
+    ("{not json", "task: {sweep} is not JSON (Expecting property name"),
+    ("[]", "task: {sweep} is not a sweep file: it needs a non-empty 'runs' list"),
+    ('{"runs": []}', "is not a sweep file"),
+    ('{"runs": [{"name": "bf16", "overrides": "model=tiny"}]}', "is not a sweep file"),
+    ('{"runs": [{"name": "bf16", "overrides": [3]}]}', "is not a sweep file"),
+])
+def test_task_refuses_a_missing_or_foreign_sweep_file(tmp_path, capsys, content, fragment):
+    sweep = tmp_path / "sweep.json"
+    if content is not None:
+        sweep.write_text(content)
+    rc = main(["task", str(sweep), "--index", "0"])
+    _one_line_error(capsys, rc, fragment.replace("{sweep}", str(sweep)))

@@ -160,7 +160,7 @@ def test_compare_sweep_with_requeue_resumes_exactly(slurm, tmp_path):
     assert "e2m1" in table and "ufp4" in table
 
 
-# slow (make test's 20-minute budget, 2026-12-03): in make test a launcher's restart resumes
+# slow (kept out of make test's 20 minutes): in make test a launcher's restart resumes
 # from the newest checkpoint in test_compare_sweep_with_requeue_resumes_exactly (Slurm requeue),
 # a killed trainer resumes in tests/train, and launch/torchrun.sh's flags pass through in
 # test_launch_torchrun.py

@@ -89,7 +89,7 @@ def test_sbatch_usr1_requeues_the_job(slurm, tmp_path):
 
 def test_slurm_up_moves_off_ports_in_use(slurm, tmp_path):
     """A second cluster on the node comes up on the next free pair of ports instead of failing
-    to bind the session cluster's (as it would beside a system Slurm or a killed run's
+    to bind the cluster of the pytest session (as it would beside a system Slurm or a killed run's
     daemons), and says which it took."""
     import os
     import re

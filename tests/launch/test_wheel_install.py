@@ -1,7 +1,10 @@
 """The wheel works without a checkout: build it, install it (not editable) into a fresh venv,
-and from a directory outside the checkout train 2 steps, describe, and plan a Slurm sweep.
+check that every requirement it declares for this Python holds there, and from a directory
+outside the checkout train 2 steps, describe, and plan a Slurm sweep.
 
     test_wheel_trains_describes_and_launches_outside_the_checkout
+    test_wheel_installs_its_own_dependencies_and_trains   (slow, network) pip resolves and
+        installs everything the wheel declares into an empty venv, and it trains
 
 How it stays offline and takes seconds: the wheel is built with `pip wheel --no-deps
 --no-build-isolation` from a copy of pyproject.toml, README.md and ufp4_megatron/ (so the
@@ -10,6 +13,8 @@ naming this interpreter's site-packages (torch, megatron-core, hydra, ... are re
 installed), and the wheel goes in with this pip's `--python` option, `--no-deps --no-index`.
 A .pth path line does not run that directory's own .pth files, so the editable install of
 the checkout stays invisible: the test asserts ufp4_megatron is imported from the venv.
+What pip itself chooses for these requirements from the registries, per Python:
+test_wheel_dependencies.py.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, run_env
 
 # A user's own model, found through Hydra's --config-dir (not in the package).
@@ -32,6 +38,22 @@ num_attention_heads: 2
 num_query_groups: 1
 max_seq_len: 64
 """
+# The installed wheel's requirements for this Python (markers evaluated here) that the venv does
+# not satisfy, then whether torch and triton are among those declared.
+UNMET = """\
+import importlib.metadata as m
+from packaging.requirements import Requirement
+reqs = [Requirement(r) for r in m.requires("ufp4-megatron")]
+for r in reqs:
+    if r.marker is None or r.marker.evaluate({"extra": ""}):
+        try:
+            found = m.version(r.name)
+        except m.PackageNotFoundError:
+            found = None
+        if found is None or not r.specifier.contains(found, prereleases=True):
+            print("unmet:", r, found)
+print("declared:", *sorted(r.name for r in reqs if r.name in ("torch", "triton")))
+"""
 TRAIN = ["train.steps=2", "train.device=cpu", "train.seq_len=32", "train.micro_batch=2",
          "train.global_batch=2", "logging.wandb.mode=disabled", "logging.progress=plain",
          "logging.print_interval=1",
@@ -40,7 +62,9 @@ TRAIN = ["train.steps=2", "train.device=cpu", "train.seq_len=32", "train.micro_b
 
 
 def _run(cmd, cwd, tmp, timeout=300):
-    r = subprocess.run([str(c) for c in cmd], cwd=cwd, env=run_env(tmp), capture_output=True,
+    env = run_env(tmp)
+    env.pop("PYTHONPATH", None)  # only what is installed in the venv under test
+    r = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True,
                        text=True, timeout=timeout)
     assert r.returncode == 0, f"{cmd}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     return r
@@ -84,6 +108,9 @@ def test_wheel_trains_describes_and_launches_outside_the_checkout(tmp_path):
                  work, tmp_path).stdout.strip()
     assert Path(where).is_relative_to(venv) and not Path(where).is_relative_to(ROOT), where
     assert sysconfig.get_paths()["purelib"] not in where
+    # what the installed wheel declares for this Python is what it runs with here
+    r = _run([bin_ / "python", "-c", UNMET], work, tmp_path)
+    assert r.stdout.split() == ["declared:", "torch", "triton"], r.stdout
 
     # 2 training steps of a model from the user's own config dir, configs from the package
     r = _run([bin_ / "ufp4-train", "--config-dir", tmp_path / "mycfg", "model=mine", *TRAIN],
@@ -109,3 +136,37 @@ def test_wheel_trains_describes_and_launches_outside_the_checkout(tmp_path):
     assert sbatch.is_file() and (sbatch.parent / "torchrun.sh").is_file()
     r = _run(["bash", sbatch.parent / "torchrun.sh", "--help"], work, tmp_path)
     assert "--nproc-per-node" in r.stdout
+
+
+TORCH = "torch==2.13.0"  # scripts/install.sh's pin: the CPU build where a CPU index is set up
+
+
+@pytest.mark.slow
+@pytest.mark.network
+@pytest.mark.timeout(1800)
+def test_wheel_installs_its_own_dependencies_and_trains(tmp_path):
+    """A fresh venv with pip and nothing else: torch first (README: a CPU machine installs it
+    before the package), then the wheel with its declared dependencies resolved by pip from
+    the registries, then on Python 3.11 megatron-core by the documented --no-deps step; the
+    trainer then runs 2 steps from outside the checkout. About 3-6 minutes (triton alone is
+    ~640 MB installed)."""
+    wheel = _build_wheel(tmp_path)
+    venv = tmp_path / "fresh"
+    _run([sys.executable, "-m", "venv", venv], tmp_path, tmp_path)
+    pip = [venv / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    _run([*pip, TORCH], tmp_path, tmp_path, timeout=900)
+    _run([*pip, wheel], tmp_path, tmp_path, timeout=900)
+    if sys.version_info < (3, 12):
+        _run([*pip, "--no-deps", "--ignore-requires-python", "megatron-core==0.19.2"],
+             tmp_path, tmp_path)
+    r = _run([venv / "bin" / "python", "-c", UNMET], tmp_path, tmp_path)
+    assert r.stdout.split() == ["declared:", "torch", "triton"], r.stdout
+    _run([venv / "bin" / "python", "-m", "pip", "check"], tmp_path, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    r = _run([venv / "bin" / "ufp4-train", "model=tiny", *TRAIN], work, tmp_path)
+    assert [line.split()[1] for line in r.stdout.splitlines() if line.startswith("step")] == [
+        "1", "2"]
+    where = _run([venv / "bin" / "python", "-c", "import ufp4_megatron, megatron.core as m; "
+                  "print(ufp4_megatron.__file__, m.__version__)"], work, tmp_path).stdout.split()
+    assert Path(where[0]).is_relative_to(venv) and where[1].startswith("0.19.2"), where

@@ -1,6 +1,7 @@
-"""Megatron-Core glue tests. Multi-rank contracts come from ONE 2-rank gloo launch per session
-(`mcore_results`, marked `distributed`): Megatron is imported once per rank and every layout
-and recipe runs inside it, which keeps the suite within its time budget on 2 CPU cores."""
+"""Megatron-Core glue tests. Multi-rank contracts come from ONE 2-rank gloo launch per
+pytest session (`mcore_results`, marked `distributed`): Megatron is imported once per rank
+and every layout and recipe runs inside it, which keeps the suite under a minute on 2 CPU
+cores."""
 import pytest
 
 from mcore_harness import run_scenario

@@ -105,6 +105,15 @@ def test_attention_backend_errors_name_the_choices():
             core_attention_spec("te")
 
 
+def test_the_trainers_check_knows_the_same_backends_and_kernels():
+    """train/validate.py refuses a bad model.attention_backend / model.sdpa_kernels before
+    Megatron is imported, from its own copy of the names: the two stay equal."""
+    from ufp4_megatron.megatron.attention import BACKENDS, KERNELS
+    from ufp4_megatron.train.validate import ATTENTION_BACKENDS, SDPA_KERNELS
+
+    assert ATTENTION_BACKENDS == BACKENDS and SDPA_KERNELS == tuple(KERNELS)
+
+
 def test_sdpa_refuses_what_it_does_not_implement():
     from megatron.core.transformer.enums import AttnMaskType
 

@@ -53,6 +53,9 @@ def run_probe(kind: str, root: Path | None = None, cases: list | None = None,
     res = subprocess.run(argv, cwd=root or HERE, env=env, capture_output=True, text=True,
                          timeout=600)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("PROBE_JSON ")]
+    refused = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
+    if res.returncode == 2 and refused:  # the machine cannot run it: its one line, at once
+        pytest.fail(f"probe {kind}: {refused[-1]}", pytrace=False)
     assert res.returncode == 0 and lines, res.stdout[-3000:] + res.stderr[-6000:]
     return json.loads(lines[-1][len("PROBE_JSON "):])
 
@@ -78,6 +81,18 @@ def patched_root(tmp_path_factory, stock_root) -> Path:
                              text=True)
         assert res.returncode == 0, f"{patch.name}: {res.stderr}"
     return root
+
+
+def te_documented_commands() -> list[dict]:
+    """The TransformerEngine route's commands (`<!-- megatron-lm-te-run: NAME -->` blocks,
+    gpu/te_megatron_lm.py), expanded after the `common` block: name, argv, environment."""
+    import re
+
+    common, _ = gpu_megatron_lm.documented_runs()
+    blocks = re.findall(r"<!-- megatron-lm-te-run: (\S+) -->\s*\n```bash\n(.*?)```",
+                        gpu_megatron_lm.DOC.read_text(), re.S)
+    return [{"run": name, "argv": cmd["argv"], "env": cmd["env"]} for name, block in blocks
+            for cmd in _bash_captured(common + "\n" + block)]
 
 
 def _bash_captured(script: str) -> list[dict]:

@@ -4,6 +4,8 @@
     python probe.py validate CASES.json  argument parsing and validation only
     python probe.py te                   TE-shaped spec rewrite, built into a model
     python probe.py sr_state             the SR stream in Megatron's checkpoint extra state
+    python probe.py load_converted CASE.json  load a converted checkpoint as load_checkpoint does
+    python probe.py save_megatron_lm CASE.json  a checkpoint as save_checkpoint writes it
 
 `routes` runs, for each case {name, argv, env}, the steps of pretrain_gpt.py's __main__ and of
 pretrain()'s model setup: parse_and_validate_args (with pretrain_gpt.py's args_defaults),
@@ -20,7 +22,6 @@ import contextlib
 import io
 import json
 import os
-import socket
 import sys
 import typing
 import warnings
@@ -40,12 +41,10 @@ def _init_world() -> None:
 
     from ufp4_megatron.megatron import enable_cpu_compat
 
+    from ufp4_megatron.train.distributed import single_process_group
+
     enable_cpu_compat()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
+    single_process_group("gloo")  # the trainer's: no port, fails at once without a network
     ps.initialize_model_parallel()
 
 
@@ -274,11 +273,202 @@ def sr_state() -> dict:
     }
 
 
-if __name__ == "__main__":
+# ----------------------------------------------------------------------------- load_converted
+
+
+def load_converted(case: dict) -> dict:
+    """Megatron-LM's load_checkpoint (megatron/training/checkpointing.py) on CPU, step by step,
+    for case {argv, env, load}: the tracker read by read_metadata, the iter dir by
+    get_checkpoint_name, the format by _get_checkpoint_format, the common state, the args
+    check, the content metadata, the sharded state dict by generate_state_dict for the model
+    pretrain_gpt.py builds from `argv`, dist_checkpointing.load with Megatron-LM's strictness,
+    and the model's strict load_state_dict. Skipped: the optimizer (Megatron's needs CUDA
+    here) and the RNG (torch.cuda.set_rng_state). Reports each stage, or where it failed."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistLoadShardedStrategy
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.training import checkpointing as ck
+    from megatron.training.argument_utils import (
+        gpt_config_from_args,
+        pretrain_cfg_container_from_args,
+    )
+    from megatron.training.arguments import parse_args, validate_args
+    from megatron.training.global_vars import set_global_variables
+
+    from ufp4_megatron.megatron import seed_model_parallel
+
+    os.environ.update(case.get("env", {}))
+    load = case["load"]
+    out = {}
+    stage = "tracker"
+    try:
+        # before the process group, as a tool that edits checkpoints reads it
+        iteration, release = ck.read_metadata(ck.get_checkpoint_tracker_filename(load))
+        name = ck.get_checkpoint_name(load, iteration, release, return_base_dir=True)
+        out |= {"iteration": iteration, "release": release, "dir": os.path.basename(name)}
+        _init_world()
+        sys.argv = ["pretrain_gpt.py", *case["argv"], "--load", load]
+        with contextlib.redirect_stdout(io.StringIO()):
+            args = parse_args()
+            validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+            set_global_variables(args)
+        stage = "format"
+        out["format"] = ck._get_checkpoint_format(name, args)
+        stage = "common"
+        common = dist_checkpointing.load_common_state_dict(name)
+        out["common_keys"] = sorted(common)
+        ckpt_args = common["args"]
+        out["consumed_train_samples"] = ckpt_args.consumed_train_samples
+        out["no_save_rng"] = ckpt_args.no_save_rng
+        out["opt_param_scheduler"] = common.get("opt_param_scheduler")
+        stage = "args"
+        ck.set_checkpoint_version(common.get("checkpoint_version", 0))
+        ck.check_checkpoint_args(ckpt_args)
+        stage = "build"
+        seed_model_parallel(args.seed)
+        full = pretrain_cfg_container_from_args(args, gpt_config_from_args(args))
+        model = full.model.get_builder_cls()(full.model).build_model(
+            ProcessGroupCollection.use_mpu_process_groups())
+        stage = "load"
+        md = dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {}
+        md["dp_cp_group"] = __import__("megatron.core.parallel_state", fromlist=["x"]) \
+            .get_data_parallel_group(with_context_parallel=True)
+        sharded = ck.generate_state_dict(args, [model], None, None, None,
+                                         model_sd_kwargs=dict(metadata=md))
+        state = dist_checkpointing.load(sharded, name, TorchDistLoadShardedStrategy(),
+                                        strict=args.dist_ckpt_strictness)
+        result = model.load_state_dict(state["model"], strict=True)
+        out["missing"] = list(result.missing_keys) if result else []
+        out["iteration_in_state"] = state["iteration"]
+        out["weights"] = {k: float(v.detach().double().sum()) for k, v in
+                          model.state_dict().items() if isinstance(v, torch.Tensor)
+                          and not k.endswith("_extra_state")}
+        out["model_sum"] = sum(out["weights"].values())
+        if case.get("source"):  # the trainer's step dir it was converted from
+            plain = dist_checkpointing.load_plain_tensors(case["source"])
+            out["source_sum"] = sum(float(v.double().sum()) for k, v in plain.items()
+                                    if isinstance(v, torch.Tensor)
+                                    and not k.startswith("optimizer."))
+        streams = {repr(m.ufp4.seeds.state_dict()["draws"]) for m in model.modules()
+                   if hasattr(m, "ufp4")}
+        out["sr_draws"] = sorted(streams)
+        return {"stage": "ok", **out}
+    except (ValueError, AssertionError, TypeError, KeyError, RuntimeError, Exception) as e:
+        return {"stage": stage, "error": f"{type(e).__name__}: {str(e)[:500]}", **out}
+
+
+def _pretrain_gpt_model(argv: list[str]):
+    """args and the model pretrain_gpt.py builds from `argv` (after _init_world)."""
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.training.argument_utils import (
+        gpt_config_from_args,
+        pretrain_cfg_container_from_args,
+    )
+    from megatron.training.arguments import parse_args, validate_args
+    from megatron.training.global_vars import set_global_variables
+
+    from ufp4_megatron.megatron import seed_model_parallel
+
+    sys.argv = ["pretrain_gpt.py", *argv]
+    with contextlib.redirect_stdout(io.StringIO()):
+        args = parse_args()
+        validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+        set_global_variables(args)
+    seed_model_parallel(args.seed)
+    full = pretrain_cfg_container_from_args(args, gpt_config_from_args(args))
+    model = full.model.get_builder_cls()(full.model).build_model(
+        ProcessGroupCollection.use_mpu_process_groups())
+    return args, model
+
+
+def save_megatron_lm(case: dict) -> dict:
+    """A checkpoint at case["save"] as Megatron-LM's save_checkpoint (torch_dist) writes it,
+    for the model pretrain_gpt.py builds from case["argv"], after case["iterations"] training
+    iterations on random tokens: Megatron-Core's DDP and get_megatron_optimizer, Megatron's
+    OptimizerParamScheduler counting samples as training.py does, args.consumed_train_samples,
+    generate_state_dict, _build_sharded_state_dict_metadata, dist_checkpointing.save with the
+    content metadata, and the tracker file. The RNG state is the dict get_rng_state builds,
+    without its CUDA generator (none on CPU)."""
+    import random
+
+    import numpy as np
+    from megatron.core import dist_checkpointing, tensor_parallel
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.training import checkpointing as ck
+
+    os.environ.update(case.get("env", {}))
+    _init_world()
+    args, model = _pretrain_gpt_model(case["argv"])
+    ddp = DistributedDataParallel(
+        config=model.config, module=model,
+        ddp_config=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, use_distributed_optimizer=args.use_distributed_optimizer))
+    opt = get_megatron_optimizer(OptimizerConfig(
+        optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
+        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
+        clip_grad=args.clip_grad, bf16=args.bf16, params_dtype=args.params_dtype,
+        use_distributed_optimizer=args.use_distributed_optimizer), [ddp])
+    batch = args.global_batch_size
+    sched = OptimizerParamScheduler(
+        opt, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
+        lr_warmup_steps=args.lr_warmup_iters * batch, lr_decay_steps=args.train_iters * batch,
+        lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay,
+        end_wd=args.weight_decay, wd_incr_steps=args.train_iters * batch,
+        wd_incr_style="constant")
+    for _ in range(case["iterations"]):
+        ddp.zero_grad_buffer()
+        opt.zero_grad()
+        _step(ddp.module)
+        opt.step()
+        sched.step(increment=batch)
+    iteration = case["iterations"]
+    args.consumed_train_samples = iteration * batch
+    rng = ShardedObject("rng_state", [{
+        "random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
+        "torch_rng_state": torch.get_rng_state(),
+        "rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states()}],
+        (1, 1), (0, 0), replica_id=0)
+    md = ck._build_sharded_state_dict_metadata(args)
+    state = ck.generate_state_dict(args, [model], opt, sched, rng, iteration=iteration,
+                                   optim_sd_kwargs=dict(metadata=md),
+                                   model_sd_kwargs=dict(metadata=md))
+    state["num_floating_point_operations_so_far"] = 0
+    name = ck.get_checkpoint_name(case["save"], iteration, return_base_dir=True)
+    os.makedirs(name)
+    dist_checkpointing.save(state, name, content_metadata=ck._clean_metadata_for_serialization(md))
+    with open(ck.get_checkpoint_tracker_filename(case["save"]), "w") as f:
+        f.write(str(iteration))
+    return {"stage": "ok", "dir": name, "weights_sum": sum(
+        float(v.detach().double().sum()) for k, v in model.state_dict().items()
+        if isinstance(v, torch.Tensor) and not k.endswith("_extra_state"))}
+
+
+def _main() -> dict:
     kind = sys.argv[1]
+    if kind in ("load_converted", "save_megatron_lm"):
+        with open(sys.argv[2]) as f:
+            case = json.load(f)
+        return load_converted(case) if kind == "load_converted" else save_megatron_lm(case)
     if kind in ("routes", "validate"):
         with open(sys.argv[2]) as f:
-            result = {"routes": routes, "validate": validate}[kind](json.load(f))
-    else:
-        result = {"te": te, "sr_state": sr_state}[kind]()
+            return {"routes": routes, "validate": validate}[kind](json.load(f))
+    return {"te": te, "sr_state": sr_state}[kind]()
+
+
+if __name__ == "__main__":
+    try:
+        from ufp4_megatron.train.validate import ConfigError
+    except ImportError:  # the no-plugin route shadows the package: nothing raises it then
+
+        class ConfigError(Exception):
+            pass
+
+    try:
+        result = _main()
+    except ConfigError as e:  # this machine cannot run the probe (e.g. no network interface)
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
     print("PROBE_JSON " + json.dumps(result))

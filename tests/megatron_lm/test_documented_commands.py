@@ -4,13 +4,15 @@ the one gpu/megatron_lm.sh runs.
 - docs/megatron-lm.md: each bash block that runs pretrain_gpt.py is marked for the GPU script
   (`<!-- megatron-lm-run: NAME CHECKOUT -->`); bash expands it (a recorder stands in for
   torchrun), and each command builds, on its checkout, the UFP4 linears the GPU script expects.
-- README.md: its Megatron-LM snippets are parts of those commands.
+- README.md: its Megatron-LM snippets are parts of those commands (or of the TransformerEngine
+  route's, `<!-- megatron-lm-te-run: NAME -->`, which gpu/te_check.sh runs).
 - the flags the patch declares are the ones the docs' flag table lists.
 """
 import re
 
 import pytest
-from conftest import PATCHES, ROOT, documented_commands, gpu_megatron_lm
+from conftest import (PATCHES, ROOT, documented_commands, gpu_megatron_lm,
+                      te_documented_commands)
 
 DOC = ROOT / "docs" / "megatron-lm.md"
 COMMANDS = documented_commands()
@@ -23,7 +25,9 @@ def test_docs_have_every_route_of_the_gpu_script():
 
 def test_every_pretrain_gpt_block_is_marked_for_the_gpu_script():
     text = DOC.read_text()
-    blocks = re.findall(r"(<!-- megatron-lm-run: [^>]*-->\s*\n)?```bash\n(.*?)```", text, re.S)
+    # megatron-lm-te-run: the TransformerEngine route's blocks (gpu/te_megatron_lm.py)
+    blocks = re.findall(r"(<!-- megatron-lm(?:-te)?-run: [^>]*-->\s*\n)?```bash\n(.*?)```", text,
+                        re.S)
     for marker, body in blocks:
         if "pretrain_gpt.py" in body or "ARGS=(" in body:
             assert marker, f"unmarked command block in {DOC.name}:\n{body}"
@@ -52,6 +56,7 @@ def test_readme_snippets_are_parts_of_documented_commands():
     paragraph = readme[readme.index("Megatron-LM users"):].split("\n\n")[0]
     snippets = [" ".join(s.split()) for s in re.findall(r"`([^`]+)`", paragraph)]
     commands = [" ".join([*c["torchrun"], "pretrain_gpt.py", *c["argv"]]) for c in COMMANDS]
+    commands += [" ".join(c["argv"]) for c in te_documented_commands()]  # TE route's blocks
     envs = [" ".join(f"{k}={v}" for k, v in c["env"].items()) for c in COMMANDS]
     flagged = [s for s in snippets if s.startswith("--") or "=" in s]
     assert flagged, "the README's Megatron-LM paragraph shows no flags"
@@ -72,7 +77,7 @@ def test_docs_flag_table_lists_the_patch_flags():
 
 
 def test_resume_check_models_megatron_lms_first_iteration_log():
-    """The H200 run of 2026-12-01: after --load at iteration 20, Megatron-LM printed 6.944539 at
+    """A real H200 run: after --load at iteration 20, Megatron-LM printed 6.944539 at
     iteration 22 where the unbroken run printed 6.981398, with every other iteration (and the
     grad norm of 22) equal. Its training_log keeps the loss sums of a process's first iteration,
     so that line is the mean of 21 (6.907681) and 22: the resume is exact, the checker must say

@@ -1,5 +1,5 @@
 """Bad input to the library: a one-line error that says what to change, or a documented
-behaviour (issue 10, section 4, "Library"; docs/reliability.md lists each case).
+behaviour (docs/reliability.md, "Library", lists each case).
 
 | case                                              | contract                                   | test |
 | nvfp4 (e4m3) tensor amax with one NaN / Inf        | NaN stays in its block (and 2D tile)       | e4m3_nan_and_inf_stay_in_their_block, nvfp4_linear_nan_stays_in_its_rows |

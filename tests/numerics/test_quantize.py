@@ -12,7 +12,7 @@ Contracts:
 import pytest
 import torch
 
-from ufp4_megatron import quantize
+from ufp4_megatron import RHT, quantize
 from ufp4_megatron.numerics.quantize import quantize_view_full
 
 
@@ -114,3 +114,53 @@ def test_bad_input_errors_name_the_valid_choices():
         quantize(torch.ones(4, 16, dtype=torch.int32), "e2m1")
     with pytest.raises(ValueError, match="positive integer"):
         quantize(x, "e2m1", block=0)
+
+
+def test_rht16_quantize_of_values_near_8e37_is_finite():
+    """The reported case: finite fp32 values near 8e37 with RHT16 gave a NaN block."""
+    g = torch.Generator().manual_seed(1)
+    x = (torch.rand(4, 64, generator=g) * 2 - 1) * 8e37
+    x[0, :16] = RHT(16, 0).signs * 8e37
+    for grid in ("e1m2", "e2m1", "int4"):
+        q = quantize(x, grid, rht=16)
+        assert torch.isfinite(q).all(), grid
+        back = RHT(16, 0).inverse(q)
+        assert torch.isfinite(back).all()
+        err = (back.double() - x.double()).norm() / x.double().norm()
+        assert float(err) < 0.2, grid  # a 4-bit rounding, no more
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(rounding="sr", seed=3), dict(block=32,
+                                block_2d=True), dict(dim=0), dict(scale="e4m3")])
+def test_gradient_is_straight_through(kw):
+    """quantize() of a tensor that requires grad: the rounding counts as the identity (the
+    straight-through estimator); without it the gradient was 0 except at each block's amax."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(32, 48, generator=g).requires_grad_()
+    w = torch.randn(32, 48, generator=g)
+    q = quantize(x, "e1m2", **kw)
+    assert q.requires_grad and torch.equal(q.detach(), quantize(x.detach(), "e1m2", **kw))
+    (q * w).sum().backward()
+    assert torch.equal(x.grad, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gradient_with_rht_is_the_rotations_transpose(dtype):
+    r = RHT(16, 4)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 64, generator=g).to(dtype).requires_grad_()
+    q = quantize(x, "e2m1", rht=r, dim=-1)
+    w = torch.randn(q.shape, generator=g, dtype=q.dtype)
+    (q * w).sum().backward()
+    assert x.grad.dtype == dtype
+    assert torch.equal(x.grad, r.inverse(w).to(dtype))
+    x2 = x.detach().clone().requires_grad_()  # autograd through the rotation alone agrees
+    (r.rotate(x2).to(w.dtype) * w).sum().backward()
+    assert torch.allclose(x.grad.float(), x2.grad.float(), rtol=0, atol=1e-2)
+
+
+def test_no_graph_without_requires_grad_or_under_no_grad():
+    x = torch.randn(4, 32)
+    assert not quantize(x, "e1m2").requires_grad
+    with torch.no_grad():
+        assert not quantize(x.requires_grad_(), "e1m2").requires_grad

@@ -2,6 +2,8 @@
 
     test_compare_writes_outputs_and_an_offline_wandb_run   md, json, png, workspace file; the
         compare run in the runs' group with per-seed and band keys against tokens, the table
+    test_one_compare_run_per_experiment        a second compare of the experiment updates the
+        same W&B run (same id), another experiment gets its own
     test_common_steps_are_said                 different lengths: the steps used, in the output
     test_same_label_is_disambiguated_in_the_table
     test_help_names_the_program                `ufp4-compare` / `python -m ufp4_megatron.cli.compare`
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from _runs import offline_env, write_run
+from _runs import logged_table, offline_env, write_run
 from ufp4_megatron.report.wandb_offline import find_run_file, read_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,12 +57,16 @@ def test_compare_writes_outputs_and_an_offline_wandb_run(tmp_path):
 
     wb = read_run(find_run_file(out))
     assert (wb["group"], wb["job_type"], wb["name"]) == ("exp1", "compare", "compare-exp1")
-    assert wb["metrics"]["gap/*"] == "tokens"
-    curve = [h for h in wb["history"] if "gap/tiny/ufp4/mean" in h]
-    assert [h["tokens"] for h in curve] == [64, 128, 192, 256]
-    assert [h["gap/tiny/ufp4/s3"] for h in curve] == pytest.approx([0.03] * 4)
-    assert [h["gap/tiny/ufp4/mean"] for h in curve] == pytest.approx([0.02] * 4)
-    assert all(h["gap/tiny/ufp4/lo"] < 0.02 < h["gap/tiny/ufp4/hi"] for h in curve)
+    rows = logged_table(find_run_file(out), "gap_curves/tiny")
+
+    def curve(series):
+        return [(r["tokens"], r["gap"]) for r in rows if r["series"] == series]
+
+    assert [x for x, _ in curve("ufp4 s3")] == [64, 128, 192, 256]
+    assert [g for _, g in curve("ufp4 s3")] == pytest.approx([0.03] * 4)
+    assert [g for _, g in curve("ufp4 mean")] == pytest.approx([0.02] * 4)
+    assert all(lo < 0.02 < hi for (_, lo), (_, hi) in zip(curve("ufp4 lo"), curve("ufp4 hi")))
+    assert {r["recipe"] for r in rows} == {"e2m1", "ufp4"}
     assert any(h.get("loss_gap_table._type") == "table-file" for h in wb["history"])
     assert wb["summary"]["loss_gap/tiny/ufp4/mean"] == pytest.approx(0.02)
     assert wb["summary"]["reduction/tiny/ufp4/value"] == pytest.approx(1 / 3)
@@ -73,7 +79,7 @@ def test_compare_writes_outputs_and_an_offline_wandb_run(tmp_path):
     ws = json.loads((out / "wandb_workspace.json").read_text())
     assert ws["args"]["group"] == "exp1" and ws["args"]["project"] == "ufp4-test"
     text = json.dumps(ws["view"])
-    for key in ("gap/tiny/ufp4/mean", "gap/tiny/e2m1/hi", "gap_vs_bf16_at_tokens", "val_loss",
+    for key in ("gap_curves/tiny", "gap_vs_bf16_at_tokens", "val_loss",
                 "diag/layer0\\\\..*/sqnr_db"):
         assert key in text, key
 
@@ -147,6 +153,32 @@ def _partial_metrics(tmp):
     return runs
 
 
+def _other_schedule(tmp):
+    """The issue's pair: a 6-step ufp4 run and a bf16 run planned for 3000 steps, both with a
+    2-step warmup, so their LRs part at step 3 (both decay over train.steps)."""
+    losses = [3.0, 2.5, 2.2, 2.0, 1.9, 1.8]
+    return [write_run(tmp / "b", "bf16", 1, losses, lr=[1.5e-4, 3e-4, 2.99e-4, 2.98e-4,
+                                                       2.97e-4, 2.96e-4], steps=3000),
+            write_run(tmp / "u", "ufp4", 1, losses, lr=[1.5e-4, 3e-4, 2.5e-4, 1.6e-4,
+                                                      7e-5, 3e-5], steps=6)]
+
+
+def _planned_other_schedule(tmp):
+    """No LRs logged: the configs' planned schedules decide."""
+    return [write_run(tmp / "b", "bf16", 1, BF16, steps=3000),
+            write_run(tmp / "u", "ufp4", 1, BF16, steps=6)]
+
+
+def _nan_loss(tmp):
+    return [write_run(tmp / "b", "bf16", 1, BF16),
+            write_run(tmp / "u", "ufp4", 1, [*BF16[:3], float("nan")])]
+
+
+def _out_is_a_file(tmp):
+    (tmp / "out").write_text("my notes")
+    return _pair(tmp)
+
+
 BAD = {
     "mistyped run path": (_typo, [], "no such run dir: runs/default/tiny-ufp4-s123 (in "
                                      "runs/default: did you mean tiny-bf16-s1234?)"),
@@ -164,6 +196,15 @@ BAD = {
     "no bf16 run of that seed": (_no_sibling, [], "has no 'bf16' run of the same model"),
     "no bf16 run at all": (lambda tmp: _pair(tmp)[1:], [], "no 'bf16' run among the 1 given"),
     "corrupt metrics line": (_partial_metrics, [], "metrics.jsonl:2: not a JSON step record"),
+    "siblings on other LR schedules": (
+        _other_schedule, [], "trained with different learning rates from step 3 on (0.00025 vs "
+                             "0.000299; their schedules differ in decay_steps 6 vs 3000): their "
+                             "loss gap is not the recipe's"),
+    "siblings planned on other schedules": (
+        _planned_other_schedule, [], "plan different LR schedules (decay_steps 6 vs 3000)"),
+    "a NaN loss": (_nan_loss, [], "loss is nan at step 4 (1 non-finite step(s)): the run "
+                                  "diverged and has no gap to measure"),
+    "--out is a file": (_out_is_a_file, [], "--out out: a file is there; give a directory"),
 }
 
 
@@ -176,4 +217,19 @@ def test_bad_input_exits_2_with_one_line(tmp_path, case):
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert lines[0].startswith("python -m ufp4_megatron.cli.compare: error: ")
     assert message in lines[0], lines[0]
-    assert not (tmp_path / "out" / "loss_gap.json").exists()  # nothing half-written
+    assert not (tmp_path / "out").is_dir()  # nothing half-written
+
+
+def test_one_compare_run_per_experiment(tmp_path):
+    from ufp4_megatron.report.wandb_log import compare_id
+
+    runs = study(tmp_path)
+    for out in ("a", "b"):  # two compares of exp1 (two sweeps), into different dirs
+        assert compare(tmp_path, *runs, "--last", "2", "--out", out).returncode == 0
+    ids = {find_run_file(tmp_path / out).stem for out in ("a", "b")}
+    assert ids == {f"run-{compare_id(None, 'ufp4-test', 'exp1')}"}
+    other = study(tmp_path / "other", experiment="exp2")
+    assert compare(tmp_path, *other, "--last", "2", "--out", "c").returncode == 0
+    assert find_run_file(tmp_path / "c").stem == f"run-{compare_id(None, 'ufp4-test', 'exp2')}"
+    assert compare_id(None, "ufp4-test", "exp2") != compare_id(None, "ufp4-test", "exp1")
+    assert compare_id("team", "ufp4-test", "exp1") != compare_id(None, "ufp4-test", "exp1")

@@ -10,6 +10,8 @@
     test_same_run_twice_is_refused
     test_missing_reference_is_an_error
     test_models_in_natural_order           a depth sweep's L3 before L12, in windows and summaries
+    test_siblings_must_share_the_lr_schedule   the LRs logged at the compared steps decide; a
+                                           run without logged LRs is judged by its planned one
 """
 import pytest
 
@@ -122,3 +124,26 @@ def test_models_in_natural_order():
     assert list(cmp.windows) == ["m", "m_L3", "m_L12"]
     summaries, _ = summarize(cmp)
     assert [s.model for s in summaries] == ["m", "m_L3", "m_L12"]
+
+
+def test_siblings_must_share_the_lr_schedule():
+    def run(recipe, logged=None, steps=1000, **optim):
+        r = mk(recipe, [3.0, 2.5, 2.2, 2.0])
+        r.config["train"]["steps"] = steps  # not in the sibling key: a run may be extended
+        r.config["optim"] = {"lr": 3e-4, "warmup_steps": 2, "decay_style": "cosine", **optim}
+        r.lr = dict(zip(range(1, 5), logged)) if logged else {}
+        return r
+
+    warm = [1.5e-4, 3e-4]
+    # the same LRs at every compared step: comparable, whatever each planned beyond them
+    compare([run("bf16", warm, steps=3000), run("ufp4", warm, steps=2)], last=2)
+    # different LRs from step 3 (4-step run vs 3000-step run): refused, naming the step
+    with pytest.raises(BadInput, match=r"different learning rates from step 3 on \(0.0002 vs "
+                                       r"0.0003; their schedules differ in decay_steps 4 vs "
+                                       r"3000\)"):
+        compare([run("bf16", [*warm, 3e-4, 3e-4], steps=3000),
+                 run("ufp4", [*warm, 2e-4, 1e-4], steps=4)], last=2)
+    # an explicit optim.decay_steps makes runs of different lengths one schedule
+    compare([run("bf16", steps=3000, decay_steps=5000), run("ufp4", steps=4, decay_steps=5000)])
+    with pytest.raises(BadInput, match=r"plan different LR schedules \(decay_steps 4 vs 3000\)"):
+        compare([run("bf16", steps=3000), run("ufp4", steps=4)])

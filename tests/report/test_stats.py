@@ -11,6 +11,9 @@
     test_seeds_for_power_is_the_first_n_with_the_power   noncentral t, checked at n and n - 1
     test_bad_input_is_refused
     test_t_band_is_t_interval_per_column   the plot's band = the table's interval, per step
+    test_equal_values_have_the_mean_as_interval_where_scipy_says_nan
+    test_every_interval_refuses_a_confidence_outside_0_1
+The intervals are scipy.stats' t-tests; the by-hand cases show they are the textbook ones.
 """
 import math
 
@@ -188,3 +191,24 @@ def test_t_band_is_t_interval_per_column():
         assert (mean[j], lo[j], hi[j]) == pytest.approx((iv.mean, iv.lo, iv.hi))
     one = t_band([[0.1, 0.2]])
     assert list(one[1]) == list(one[2]) == [0.1, 0.2]
+
+
+def test_equal_values_have_the_mean_as_interval_where_scipy_says_nan():
+    """scipy's t-tests give NaN for values without spread; the answer is exact: the mean."""
+    iv = t_interval([0.25, 0.25, 0.25])
+    assert (iv.mean, iv.lo, iv.hi, iv.resolved) == (0.25, 0.25, 0.25, True)
+    assert t_interval([0.0, 0.0]).resolved is False  # exactly zero: nothing resolved
+    _, lo, hi = t_band([[0.5, 1.0], [0.5, 2.0]])
+    assert list(lo[:1]) == list(hi[:1]) == [0.5] and lo[1] < 1.5 < hi[1]
+
+
+@pytest.mark.parametrize("confidence", [0, 1, 1.5, -0.1, 95, float("nan")])
+def test_every_interval_refuses_a_confidence_outside_0_1(confidence):
+    for call in (lambda: t_interval([1.0, 2.0], confidence),
+                 lambda: paired_difference([1.0, 2.0], [2.0, 4.0], confidence),
+                 lambda: welch_difference([1.0, 2.0], [2.0, 4.0], confidence),
+                 lambda: fieller_ratio([1.0, 2.0], [2.0, 4.0], confidence)):
+        with pytest.raises(ValueError, match="between 0 and 1"):
+            call()
+    with pytest.raises(ValueError, match="no values"):
+        t_interval([])

@@ -20,9 +20,10 @@ def test_dashboard_lays_out_gap_loss_and_diagnostics(tmp_path):
     panels = {s["name"]: [p["config"] for p in s["panels"]] for s in sections}
     assert list(panels) == ["Gap vs bf16 (compare run)", "Live gap (training runs)", "Loss",
                             "Per-layer diagnostics"]
-    (gap,) = panels["Gap vs bf16 (compare run)"]
-    assert gap["xAxis"] == "tokens" and gap["metrics"][:3] == [
-        "gap/tiny/e2m1/mean", "gap/tiny/e2m1/lo", "gap/tiny/e2m1/hi"]
+    (gap,) = panels["Gap vs bf16 (compare run)"]  # the latest compare's table, as lines
+    assert gap["panelDefId"] == "wandb/line/v0"
+    assert gap["fieldSettings"] == {"x": "tokens", "y": "gap", "groupKeys": "series"}
+    assert "gap_curves/tiny" in json.dumps(gap["userQuery"])
     live = panels["Live gap (training runs)"]
     assert [(p["xAxis"], p["metrics"]) for p in live] == [
         ("gap_vs_bf16_at_tokens", ["gap_vs_bf16"]), ("gap_vs_e2m1_at_tokens", ["gap_vs_e2m1"])]

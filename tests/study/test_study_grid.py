@@ -31,10 +31,12 @@ from ufp4_megatron.study.cli import paired_runs
 from ufp4_megatron.study.grid import (
     E2M1_ABLATIONS,
     StudyGrid,
+    check_grid,
     expand,
     grid_names,
     load_grid,
     parse_seeds,
+    seeds_of,
 )
 from ufp4_megatron.study.packing import Slot, child_env, make_slots
 from ufp4_megatron.study.resolve import RunInfo, resolve
@@ -73,10 +75,34 @@ def test_named_ablations_label_their_runs():
 def test_every_shipped_grid_composes(name):
     g = load_grid(name)
     runs = expand(g)
-    infos = resolve(runs)  # raises SystemExit naming the run on any bad override
-    assert len(infos) == len(g.arms) * len(g.seeds) * max(
+    assert len(runs) == sum(len(seeds_of(g, a)) for a in g.arms) * max(
         1, len(next(iter(g.axes.values()), {})))
+    # the seeds differ in train.seed alone: every arm and axis value at one seed composes
+    # what every run does (all of them: ~0.4 s a run on a 2-core machine, 188 in prereg)
+    first = {}
+    for r in runs:
+        first.setdefault((r.arm, tuple(r.axis.items())), r)
+    infos = resolve(list(first.values()))  # raises SystemExit naming the run on any bad one
     assert {i.recipe for i in infos.values()} == set(g.arms)
+
+
+def test_arm_seeds_give_an_arm_its_own_seeds(tmp_path):
+    """arm_seeds: BF16 at fewer seeds than the arms compared with each other, seed-major
+    still; such a grid fixes its seeds (--seeds is refused), --arms still chooses arms."""
+    g = grid(arms=["bf16", "e2m1", "ufp4"], seeds=[1, 2], arm_seeds={"e2m1": [1, 2, 3, 4],
+                                                                      "ufp4": [1, 2, 3, 4]})
+    assert [r.name for r in expand(g)] == [
+        "bf16-s1", "e2m1-s1", "ufp4-s1", "bf16-s2", "e2m1-s2", "ufp4-s2",
+        "e2m1-s3", "ufp4-s3", "e2m1-s4", "ufp4-s4"]
+    with pytest.raises(SystemExit, match="arm_seeds of ufp4: \\[\\]; give distinct"):
+        check_grid(grid(arm_seeds={"ufp4": []}))
+    with pytest.raises(SystemExit, match="unknown arm 'ufp5'"):
+        check_grid(grid(arm_seeds={"ufp5": [1]}))
+    with pytest.raises(SystemExit, match="fixes each arm's seeds"):
+        study_main(["--out", str(tmp_path), "--grid", "prereg", "--seeds", "1", "--dry-run"])
+    primary = load_grid("prereg")
+    primary.arms = ["bf16", "e2m1", "ufp4"]  # --arms bf16,e2m1,ufp4
+    assert len(expand(primary)) == 12 + 28 + 28
 
 
 def test_study_grids_share_their_runs():
@@ -203,6 +229,9 @@ def test_cli_errors(tmp_path, capsys):
         study_main(["--out", str(tmp_path), "--grid", "demo", "--gpus", ",", "--dry-run"])
     with pytest.raises(SystemExit, match="--pause-at-limit needs --time-limit SECONDS"):
         study_main(["--out", str(tmp_path), "--grid", "demo", "--pause-at-limit", "--dry-run"])
+    with pytest.raises(SystemExit, match="--restart-incomplete starts them over: choose one"):
+        study_main(["--out", str(tmp_path), "--grid", "demo", "--time-limit", "9",
+                    "--pause-at-limit", "--restart-incomplete", "--dry-run"])
     # the subcommand of ufp4-launch is the same parser
     assert launch_main(["study", "--out", str(tmp_path / "s"), "--grid", "demo", "--gpus", "none",
                         "--seeds", "4", "--dry-run"]) == 0
@@ -226,11 +255,43 @@ def test_pause_at_limit_reaches_the_runner(tmp_path, monkeypatch):
             return self.manifest
 
     monkeypatch.setattr(cli, "Runner", Recorder)
-    for flags, pause in ((["--time-limit", "60", "--pause-at-limit"], True),
-                         (["--time-limit", "60"], False)):
-        study_main(["--out", str(tmp_path / str(pause)), "--grid", "demo", "--gpus", "none",
+    for flags, pause, restart in ((["--time-limit", "60", "--pause-at-limit"], True, False),
+                                  (["--time-limit", "60"], False, False),
+                                  (["--restart-incomplete"], False, True)):
+        study_main(["--out", str(tmp_path / str(flags)), "--grid", "demo", "--gpus", "none",
                     "--no-compare", *flags])
-        assert (seen[-1].time_limit, seen[-1].pause_at_limit) == (60.0, pause)
+        assert (seen[-1].pause_at_limit, seen[-1].restart_incomplete) == (pause, restart)
+    assert seen[0].time_limit == 60.0
+
+
+def test_restart_incomplete_moves_partial_runs_aside_and_launch_records_the_start(tmp_path):
+    """--restart-incomplete: a run an earlier invocation left at step 3 (metrics and a
+    checkpoint) is moved to discarded/ before anything starts, so it trains from step 0; a
+    complete run's files are never touched. Each launch writes launch.json (the start step of
+    the process that will complete the run)."""
+    from ufp4_megatron.study.runner import Options, Runner
+
+    partial = mf.run_dir(tmp_path, "ufp4-s1")
+    (partial / "checkpoints").mkdir(parents=True)
+    (partial / "checkpoints" / "latest").write_text("3")
+    (partial / "metrics.jsonl").write_text("".join(f'{{"step": {i}}}\n' for i in (1, 2, 3)))
+    untouched = mf.run_dir(tmp_path, "bf16-s1")
+    untouched.mkdir(parents=True)
+    records = [{"name": "ufp4-s1", "attempts": 1, "steps": 10},
+               {"name": "ufp4-s2", "attempts": 0, "steps": 10}]
+    runner = Runner(tmp_path, {"name": "t", "runs": records}, {}, [],
+                    Options(restart_incomplete=True))
+    runner._discard_partial(records)
+    moved = tmp_path / "discarded" / "ufp4-s1-attempt1"
+    assert (moved / "checkpoints" / "latest").read_text() == "3" and not partial.exists()
+    assert untouched.exists()
+    partial.mkdir()
+    (partial / "metrics.jsonl").write_text('{"step": 1}\n')
+    runner._discard_partial(records[:1])  # a second discard of the same attempt: own name
+    assert (tmp_path / "discarded" / "ufp4-s1-attempt1.1" / "metrics.jsonl").exists()
+    partial.mkdir()
+    mf.write_launch(partial, attempt=2, from_step=0)
+    assert json.loads((partial / mf.LAUNCH).read_text()) == {"attempt": 2, "from_step": 0}
 
 
 def test_lock_refuses_a_second_runner(tmp_path):

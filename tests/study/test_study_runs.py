@@ -15,6 +15,8 @@
     test_an_invocation_trains_its_own_runs   --seeds 1 leaves an earlier invocation's seed 2
     test_sigterm_stops_cleanly_and_resume_finishes   the trainer saves where it is; --resume
         (make test-slow)
+    test_restart_incomplete_trains_a_stopped_run_again_in_one_process   no resume across
+        invocations: from step 0, the partial run kept in discarded/ (make test-slow)
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ def trainer_children(pid: int) -> list[int]:
             if "ufp4_megatron.train" in ((proc_view(c) or {}).get("cmd") or [])]
 
 
-# slow (make test's 20-minute budget, 2026-12-03): in make test the slots' CPUs and the child's
+# slow (kept out of make test's 20 minutes): in make test the slots' CPUs and the child's
 # environment are test_study_grid.py's test_slots_share_cpus_and_alternate_gpus and
 # test_child_env_pins_threads_and_gpu, and a study of real trainers runs in
 # test_killed_study_resumes_and_skips_complete_runs
@@ -126,7 +128,7 @@ def test_killed_study_resumes_and_skips_complete_runs(tmp_path):
     assert (out / "compare" / "loss_gap.md").exists()
 
 
-# slow (make test's 20-minute budget, 2026-12-03): in make test the time limit's exit 3 with
+# slow (kept out of make test's 20 minutes): in make test the time limit's exit 3 with
 # runs left pending is test_an_invocation_trains_its_own_runs', the stop decision on real
 # processes the shed tests below, a trainer's save and stop on SIGTERM test_train_run.py's
 @pytest.mark.slow
@@ -248,10 +250,10 @@ def test_a_pause_at_the_limit_sheds_nothing_and_starts_while_there_is_time(tmp_p
 
 
 def test_no_start_without_time_for_it_when_nothing_runs(tmp_path):
-    """pysrc round 2: the runs ended 56 s before the limit, nothing was running, so nothing
-    was measured and 8 new runs started "regardless"; all were stopped. The latest rate
-    measured now stands in: a 1000-step run at 40 steps/s with a 30-s start-up needs 55 s x
-    1.15, more than 56 s; with 100 s left it starts. Before any measurement, runs start."""
+    """With 56 s left and nothing running, nothing is being measured; a new run must not start
+    regardless only to be stopped at the limit. The latest rate measured stands in: a
+    1000-step run at 40 steps/s with a 30-s start-up needs 55 s x 1.15, more than 56 s; with
+    100 s left it starts. Before any measurement, runs start."""
     from ufp4_megatron.study.packing import Slot
     from ufp4_megatron.study.runner import Options, Runner
 
@@ -268,7 +270,7 @@ def test_no_start_without_time_for_it_when_nothing_runs(tmp_path):
 
 def test_an_invocation_trains_its_own_runs(tmp_path):
     """An invocation with --seeds 1 trains seed 1 only, though the study holds seed 2 from an
-    earlier one (pysrc round 2 asked for seeds 1-5 and got 6-8 started too); it says what it
+    earlier one (it must not start the other invocation's pending runs too); it says what it
     left, and its exit status is about its own runs."""
     out = tmp_path / "study"
     args = ["--arms", "bf16", "--no-compare", "--", *FAST, "train.steps=3"]
@@ -285,10 +287,10 @@ def test_an_invocation_trains_its_own_runs(tmp_path):
 
 
 def test_warm_up_and_shed_do_not_cascade(tmp_path):
-    """Round 1 on the H200: 12 packed trainers measured while compiling kernels looked slow,
-    the runner shed one, re-measured at once (the rest still slow), shed again, down to one
-    run. Now a trainer's first WARMUP_STEPS steps do not count, and a shed waits SETTLE
-    seconds of fresh steps before deciding again."""
+    """Packed trainers measured while they compile kernels look slow: a runner that sheds one
+    and re-measures at once (the rest still slow) would shed again, down to one run. A
+    trainer's first WARMUP_STEPS steps do not count, and a shed waits SETTLE seconds of fresh
+    steps before deciding again."""
     from ufp4_megatron.study.packing import Slot
     from ufp4_megatron.study.runner import Active, Options, Runner
 
@@ -324,7 +326,7 @@ def test_warm_up_and_shed_do_not_cascade(tmp_path):
             p.wait()
 
 
-# slow (make test's 20-minute budget, 2026-12-03): in make test a study resumes in
+# slow (kept out of make test's 20 minutes): in make test a study resumes in
 # test_killed_study_resumes_and_skips_complete_runs, the runner's SIGTERM to its trainers is
 # the shed tests' and a trainer saves on SIGTERM and stops in test_train_run.py
 @pytest.mark.slow
@@ -354,3 +356,36 @@ def test_sigterm_stops_cleanly_and_resume_finishes(tmp_path):
                           env=env(tmp_path), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert status(out) == {"bf16-s1": "done"} and len(lines(metrics)) == steps
+
+
+# slow: in make test the discard and launch.json are test_study_grid.py's
+# test_restart_incomplete_moves_partial_runs_aside_and_launch_records_the_start
+@pytest.mark.slow
+def test_restart_incomplete_trains_a_stopped_run_again_in_one_process(tmp_path):
+    """--restart-incomplete (the pre-registered study's rule: a run counts if one process
+    trained all its steps): a run SIGTERMed mid-way with a checkpoint does not resume in the
+    next invocation; it starts over from step 0, its partial files kept in discarded/, and
+    its launch.json says from_step 0."""
+    out = tmp_path / "study"
+    steps = 400
+    args = ["--arms", "bf16", "--seeds", "1", "--no-compare", "--restart-incomplete", "--",
+            *FAST, f"train.steps={steps}", "logging.print_interval=50"]
+    runner = subprocess.Popen(study_cmd(out, *args), cwd=ROOT, env=env(tmp_path),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = out / "runs" / "bf16-s1"
+    deadline = time.monotonic() + 300
+    while len(lines(run / "metrics.jsonl")) < 5:
+        assert runner.poll() is None and time.monotonic() < deadline, "no steps to stop at"
+        time.sleep(0.05)
+    runner.send_signal(signal.SIGTERM)
+    assert runner.wait(timeout=300) == 3
+    stopped = int((run / "checkpoints" / "latest").read_text())
+    assert 5 <= stopped < steps
+    done = subprocess.run(study_cmd(out, *args), cwd=ROOT, env=env(tmp_path),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "starts over from step 0" in done.stdout and "resuming at step" not in done.stdout
+    assert json.loads((run / "launch.json").read_text()) == {"attempt": 2, "from_step": 0}
+    assert len(lines(run / "metrics.jsonl")) == steps
+    kept = out / "discarded" / "bf16-s1-attempt1"
+    assert int((kept / "checkpoints" / "latest").read_text()) == stopped

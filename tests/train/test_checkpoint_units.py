@@ -8,7 +8,8 @@
     test_check_layout_refusals                   pp or ep change, distributed optimizer on/off,
         dp_reshardable at another TP
     test_check_layout_allows_what_megatron_reshards   DP changes; TP changes in model space
-    test_metrics_partial_last_line_dropped       a line cut by a kill: dropped, warned, rest kept
+    test_metrics_partial_last_line_dropped       a line cut by a kill: moved to metrics.jsonl.bad,
+        warned, rest kept; records past the checkpoint to metrics.jsonl.superseded
     test_read_metrics_skips_a_line_being_written, test_read_metrics_names_a_damaged_line
 """
 from __future__ import annotations
@@ -99,7 +100,10 @@ def test_metrics_partial_last_line_dropped(tmp_path, capsys):
     m.close()
     assert [r["step"] for r in read_metrics(f)] == [1, 2, 3, 4]
     assert read_metrics(f)[-1]["loss"] == 0.5
-    assert "dropped unreadable line(s) 5" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "line(s) 5 cut short (a run killed mid-write): moved to" in err
+    assert (tmp_path / "metrics.jsonl.bad").read_text() == '{"step": 5, "lo\n'  # kept aside
+    assert json.loads((tmp_path / "metrics.jsonl.superseded").read_text())["step"] == 4
 
 
 def test_read_metrics_skips_a_line_being_written(tmp_path):
@@ -135,3 +139,28 @@ def test_unreadable_config_yaml_is_one_line(tmp_path):
         _load(bad)
     msg = str(e.value)
     assert "\n" not in msg and str(bad) in msg and "repair or remove it" in msg
+
+
+def test_ctrl_c_while_the_writer_queue_starts_is_blocked_not_ignored(monkeypatch):
+    """While Megatron's writer Manager starts (seconds on a loaded machine), SIGINT is blocked,
+    not ignored: a Ctrl-C then stays pending for the trainer, where an ignored one was dropped;
+    SIGTERM and SIGUSR1 are ignored, which the Manager inherits. Everything is restored after."""
+    import signal
+
+    import megatron.core.dist_checkpointing.strategies.filesystem_async as fa
+    from ufp4_megatron.train import checkpoint
+
+    seen = {}
+
+    def start():
+        seen["blocked"] = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        seen["int"] = signal.getsignal(signal.SIGINT)
+        seen["term"] = signal.getsignal(signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(fa, "get_write_results_queue", start)
+    checkpoint.start_checkpoint_writer_queue()
+    assert seen["blocked"] and seen["int"] != signal.SIG_IGN
+    assert seen["term"] == signal.SIG_IGN
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before

@@ -47,9 +47,11 @@ def test_every_precision_yaml_is_its_preset_plus_stated_overrides():
     assert sorted(p.stem for p in PRECISION_DIR.glob("*.yaml")) == sorted(SHIPPED)
     for name, (preset, overrides) in SHIPPED.items():
         raw = OmegaConf.to_container(OmegaConf.load(PRECISION_DIR / f"{name}.yaml"))
-        assert raw["recipe"] == preset and raw["name"] == name
+        # named after itself, and after what an override changes (train/ablation_name.py)
+        assert raw["recipe"] == preset and raw["name"] == f"${{ufp4.ablation_name:{name}}}"
         assert set(raw) - {"name", "recipe"} == set(overrides), (name, raw)
         cfg = load(f"precision={name}").precision
+        assert cfg.name == name
         assert recipe_from_config(cfg) == get_recipe(preset, **overrides) == PRESETS[preset]
         # the switches the preset supplies are resolved, so config.yaml records each one
         stated = preset_switches(PRESETS[preset])
@@ -95,7 +97,8 @@ def test_config_yaml_of_an_older_run_still_resumes(tmp_path):
     assert plan.step == 0 and not plan.changes
     other = compose("config", overrides=["model=tiny", "precision=ufp4",
                                          "precision.rht.fprop=false"])
-    assert identity.differences(old, other) == ["precision.rht.fprop"]
+    # the ablation is named after its change (train/ablation_name.py)
+    assert identity.differences(old, other) == ["precision.name", "precision.rht.fprop"]
 
 
 def test_preset_switches_state_every_preset_and_refuse_what_they_cannot():
@@ -157,10 +160,12 @@ def _trainer(tmp_path, *overrides: str, flags: tuple[str, ...] = ()):
     (["precision=typo"], "precision.recipe='ufp5' is not a recipe; valid: bf16, e2m1, ufp4"),
     # unknown override keys
     (["+precision.overrides.fprop.x.gird=e2m1"],
-     "precision config 'ufp4': override 'fprop.x.gird': unknown field 'gird'; valid:"),
-    (["+precision.overrides.rhtt=1"], "precision config 'ufp4': unknown recipe override 'rhtt'"),
+     "precision config 'ufp4-overrides.fprop.x.gird=e2m1': override 'fprop.x.gird': unknown "
+     "field 'gird'; valid:"),
+    (["+precision.overrides.rhtt=1"],
+     "precision config 'ufp4-overrides.rhtt=1': unknown recipe override 'rhtt'"),
     # bad override values
-    (["precision.grid=e3m3"], "precision config 'ufp4': unknown grid 'e3m3'; valid: e2m1"),
+    (["precision.grid=e3m3"], "precision config 'ufp4-grid=e3m3': unknown grid 'e3m3'; valid:"),
     (["+precision.overrides.wgrad.rht=17"],
      "override wgrad.rht=17: rht size must be one of 16, 32, 64, 128 or None, got 17"),
     (["precision.rht.size=17"], "rht size must be one of 16, 32, 64, 128 or None, got 17"),

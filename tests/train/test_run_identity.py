@@ -56,7 +56,8 @@ def test_run_id_changes_with_identity_keys_only():
     assert base not in ids and len(set(ids)) == len(ids)
     same = ["train.steps=5", "train.micro_batch=4", "train.eval_interval=3",
             "logging.log_interval=5", "parallel.tp=2", "checkpoint.interval=7",
-            "data.cache_dir=/elsewhere", "experiment=other", "train.device=cpu"]
+            "data.cache_dir=/elsewhere", "data.valid_seed=7", "experiment=other",
+            "train.device=cpu"]
     assert {identity.run_id(compose_cfg(o)) for o in same} == {base}
     # the BF16 reference and the 4-bit runs of one model/data/seed are siblings
     assert identity.sibling_key(compose_cfg("precision=bf16")) == identity.sibling_key(
@@ -74,7 +75,7 @@ model.hidden_size model.init_std model.kv_channels model.max_seq_len model.moe_a
 model.moe_ffn_hidden_size model.moe_first_dense model.moe_grouped_gemm model.moe_router_topk
 model.moe_shared_expert_size model.name model.num_attention_heads model.num_experts
 model.num_layers model.num_query_groups model.rotary_base model.sdpa_kernels
-model.untie_embeddings model.vocab_size optim.adam_kernel optim.beta1 optim.beta2
+model.transformer_impl model.untie_embeddings model.vocab_size optim.adam_kernel optim.beta1 optim.beta2
 optim.clip_grad optim.decay_steps optim.decay_style optim.eps optim.lr optim.min_lr
 optim.warmup_steps optim.weight_decay optim.wsd_decay_steps optim.wsd_decay_style
 precision.bf16_layers precision.block precision.block_2d precision.grid precision.name
@@ -108,8 +109,8 @@ def test_a_key_added_later_renames_no_run():
 
 
 def test_the_study_archives_pair_across_a_key_added_later(tmp_path):
-    """The real recorded configs: e2m1_uniform-s4 (pysrc round 15, with
-    model.cross_entropy_fusion=false) against bf16-s4 (an earlier round, without the key)."""
+    """The real recorded configs of the pysrc study's archives: e2m1_uniform-s4 (recorded with
+    model.cross_entropy_fusion=false) against bf16-s4 (recorded before the key existed)."""
     import tarfile
 
     import yaml
@@ -128,9 +129,10 @@ def test_the_study_archives_pair_across_a_key_added_later(tmp_path):
 
 
 def test_hydra_run_and_sweep_dirs_carry_the_run_id():
-    for overrides in ([], ["precision.rht.fprop=false", "experiment=abl"]):
+    for overrides, label in (([], "ufp4"), (["precision.rht.fprop=false", "experiment=abl"],
+                                             "ufp4-rht.fprop=false")):  # an ablation's name
         cfg = compose_cfg(*overrides, hydra=True)
-        name = f"tiny-ufp4-s1234-{identity.run_id(cfg)}"
+        name = f"tiny-{label}-s1234-{identity.run_id(cfg)}"
         assert OmegaConf.select(cfg, "hydra.run.dir") == f"runs/{cfg.experiment}/{name}"
         assert OmegaConf.select(cfg, "hydra.sweep.subdir") == name
         assert OmegaConf.select(cfg, "hydra.sweep.dir") == f"runs/{cfg.experiment}"
@@ -181,8 +183,10 @@ def test_ablations_and_resumes_are_checked(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     dirs = _dirs(tmp_path)
     assert set(dirs) == {True, False} and dirs[True] != dirs[False]
+    # the ablation's dir is named after its change (train/ablation_name.py)
+    assert dirs[True].name.startswith("tiny-ufp4-s1234-")
+    assert dirs[False].name.startswith("tiny-ufp4-rht.fprop=false-s1234-")
     for d in dirs.values():
-        assert d.name.startswith("tiny-ufp4-s1234-")
         assert [x["step"] for x in _lines(d / "metrics.jsonl")] == [1, 2]
         assert (d / ".hydra" / "overrides.yaml").exists()
 

@@ -174,14 +174,17 @@ def test_what_cannot_run_here_is_refused(cuda, keys, fragments):
 
 
 def test_a_wrong_cached_launch_setting_is_refused_at_the_start(monkeypatch):
+    from _config import typed_default
     from ufp4_megatron.train.validate import ConfigError, check_machine
+
+    cfg = typed_default("train.device=cpu")
     for ok in ("0", "1"):
         monkeypatch.setenv("UFP4_CACHED_LAUNCH", ok)
-        check_machine(_cfg())
+        check_machine(cfg)
     monkeypatch.setenv("UFP4_CACHED_LAUNCH", "true")
     with pytest.raises(ConfigError, match=r"^UFP4_CACHED_LAUNCH='true': give 1 \(cached kernel "
                        r"launches, the default\) or 0 .*, or unset it$"):
-        check_machine(_cfg())
+        check_machine(cfg)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")

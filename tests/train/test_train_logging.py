@@ -1,11 +1,14 @@
 """What a run shows and logs: diagnostics on the interval's steps, val_loss on the terminal,
-Megatron's start-up warnings reduced to one note.
+Megatron's start-up warnings reduced to one note; the step line, parameter count and summary.
 
     test_diagnostics_val_loss_and_quiet_start    one CPU run (6 steps, diagnostics every 3,
         metrics every 2, eval every 3), read back from its offline W&B run file:
         diag/ keys on steps 3 and 6 exactly (3 is not a log step), every key of the recipe;
         `val_loss` on the terminal at steps 3 and 6; one note instead of Megatron's warnings
     test_show_warnings_brings_them_back          UFP4_SHOW_WARNINGS=1
+    test_filters_hide_only_megatrons_noise_and_keep_showwarning   warnings.filterwarnings
+        keyed on module and message: Megatron's noise only; showwarning is Python's own
+    test_a_mistyped_show_warnings_is_refused     UFP4_SHOW_WARNINGS=yes: error, exit 2
 """
 from __future__ import annotations
 
@@ -59,7 +62,14 @@ def test_diagnostics_val_loss_and_quiet_start(tmp_path):
     val_lines = [line for line in r.stdout.splitlines()
                  if line.startswith("step") and "val_loss" in line]
     assert [int(line.split()[1]) for line in val_lines] == [3, 6]
-    assert all(math.isfinite(float(line.split("val_loss")[1])) for line in val_lines)
+    assert all(math.isfinite(float(line.split("val_loss ")[1].split()[0])) for line in val_lines)
+    # Megatron-LM's --log-throughput fields, and the plain lines' elapsed time and ETA
+    for part in ("step 6 of 6 |", "ms/it", "TFLOP/s/GPU", "rss", "elapsed", "ETA 0:00:00"):
+        assert part in val_lines[-1], val_lines[-1]
+    assert "MFU" not in r.stdout  # no peak on a CPU: left out, not guessed
+    assert "parameters (" in r.stdout  # the count at start
+    assert r.stdout.strip().splitlines()[-1].startswith("done: steps 1-6 of 6 in ")
+    assert r.stdout.strip().endswith(f"run dir {run_dir}")
 
     assert r.stderr.count(NOTE) == 1
     rest = (r.stdout + r.stderr).replace(NOTE, "")
@@ -77,3 +87,41 @@ def test_show_warnings_brings_them_back(tmp_path):
     assert "not installed" not in quiet.stderr and quiet.stderr.count(NOTE) == 1
     assert "Transformer Engine and Apex are not installed" in shown.stderr
     assert "absl.logging is not installed" in shown.stderr and NOTE not in shown.stderr
+
+
+FILTERS = """\
+import io, sys, warnings
+from contextlib import redirect_stderr
+from ufp4_megatron.train.quiet import hide_megatron_noise
+before = warnings.showwarning
+hide_megatron_noise()
+hide_megatron_noise()  # idempotent: one note, one set of filters
+assert warnings.showwarning is before, "warnings.showwarning replaced"
+def issue(module, message):
+    exec("import warnings; warnings.warn(%r)" % message, {"__name__": module})
+issue("megatron.core.fake", "Apex is not installed. Falling back to torch")
+issue("ufp4_megatron.megatron.cpu_compat", "x is deprecated")
+issue("megatron.core.fake", "a real problem")            # Megatron, but not noise: shown
+issue("mylib.module", "mylib is not installed")           # noise words, not Megatron: shown
+issue("megatronish.x", "foo is deprecated")               # a look-alike module: shown
+"""
+
+
+def test_filters_hide_only_megatrons_noise_and_keep_showwarning(tmp_path):
+    r = run([sys.executable, "-c", FILTERS], tmp_path, env_extra={"PYTHONWARNINGS": "default"})
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count(NOTE) == 1
+    assert "Falling back" not in r.stderr and "x is deprecated" not in r.stderr
+    for shown in ("a real problem", "mylib is not installed", "foo is deprecated"):
+        assert shown in r.stderr, r.stderr
+
+
+def test_a_mistyped_show_warnings_is_refused(tmp_path):
+    r = run([sys.executable, "-m", "ufp4_megatron.train", *FAST, "train.steps=1",
+             f"hydra.run.dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'c'}"],
+            tmp_path, env_extra={"UFP4_SHOW_WARNINGS": "yes"})
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == (
+        "error: UFP4_SHOW_WARNINGS='yes': give 1 (show Megatron's start-up warnings) or 0 "
+        "(hide them behind one note, the default)")
+    assert not (tmp_path / "run").exists()

@@ -90,7 +90,7 @@ def test_kill_and_resume_gives_identical_losses(unbroken, tmp_path, cache):
     assert losses(run_dir) == losses(unbroken)  # exact equality, step by step
 
 
-# slow (make test's 20-minute budget, 2026-12-03): make test's test_checkpoint_reshard.py::
+# slow (kept out of make test's 20 minutes): make test's test_checkpoint_reshard.py::
 # test_tp2_resumes_at_tp1[distributed-fully_reshardable] checks the same, BF16 TP=2 + SP losses
 # against a TP=1 run to rel 1e-5 (its steps 1-3, then resharded to TP=1)
 @pytest.mark.slow

@@ -118,15 +118,10 @@ def gemm_tflops(n: int = 8192) -> float:
 def model_flops(shape: Shape) -> tuple[float, int]:
     """(training FLOPs per token, total parameters) from the composed config alone."""
     from ..train.footprint import count_params, load_config
+    from ..train.log_line import flops_per_token  # the trainer's MFU counts the same FLOPs
 
     m = load_config(list(shape.overrides)).model
-    c = count_params(m)
-    h, d = m.hidden_size, (m.kv_channels or m.hidden_size // m.num_attention_heads)
-    lookup = m.vocab_size * h if m.untie_embeddings else 0  # the input embedding is a gather
-    norms = h * (2 * m.num_layers + 1)
-    n_matmul = c.active - lookup - norms
-    attention = 12 * m.num_layers * m.num_attention_heads * d * shape.seq_len
-    return 6 * n_matmul + attention, c.total
+    return flops_per_token(m, shape.seq_len), count_params(m).total
 
 
 def _status(run: dict, steps: int | None = None) -> str:

@@ -10,9 +10,10 @@
    E2M1 against E1M2/INT4, with and without RHT16, per layer and GEMM operand, and the product
    of alpha through the network (report/mechanism.py): a table and a plot.
 
-On a CPU it trains the tiny model (configs/study/demo.yaml: 3 seeds, 150 steps each; 3.5
-minutes on a shared 2-core machine, docs/demo-report.md); with CUDA it runs the study's 11M configuration (configs/study/
-main.yaml: bf16, e2m1 and ufp4 over 4 seeds of 32.8M tokens, packed on the GPU). Outputs:
+On a CPU it trains the tiny model (configs/study/demo.yaml: 3 seeds, 150 steps each; a few
+minutes on 2 cores, docs/demo-report.md); with CUDA it runs the study's 11M configuration
+(configs/study/main.yaml: bf16, e2m1 and ufp4 over 4 seeds of 32.8M tokens, packed on the
+GPU). Outputs:
 runs/demo/ (study.json, runs/, compare/, mechanism/).
 """
 from __future__ import annotations

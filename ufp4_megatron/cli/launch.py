@@ -16,6 +16,10 @@ package's (ufp4_megatron/scripts/), so a wheel install needs no checkout.
 
 runs inside each array element, on every rank torchrun starts: it replaces itself with the
 trainer, `python -m ufp4_megatron.train <that element's overrides>` (no shell in between).
+
+Bad input (an option out of range, a sweep.json that is missing or not one this command
+wrote, an override every run would fail on) ends with one line `ufp4-launch: error: ...` and
+exit status 2, before anything is submitted or written.
 """
 from __future__ import annotations
 
@@ -34,6 +38,11 @@ from ..train.precision import ABLATION_OVERRIDES as ABLATIONS  # recipe.ABLATION
 TRAIN_MODULE = "ufp4_megatron.train"
 REPORT_MODULE = "ufp4_megatron.report.compare"
 DEFAULT_PRECISIONS = ("bf16", "e2m1", "ufp4")
+NPROC_WORDS = ("auto", "gpu", "cpu")  # torchrun's --nproc-per-node besides a number
+
+
+class LaunchError(ValueError):
+    """Bad input to ufp4-launch; main() prints it as one `error:` line and returns 2."""
 
 
 def plan_runs(precisions: list[str], ablations: bool, overrides: list[str],
@@ -44,8 +53,11 @@ def plan_runs(precisions: list[str], ablations: bool, overrides: list[str],
         runs += [(name, ("precision=ufp4", f"precision.name={name}", *extra))
                  for name, extra in ABLATIONS.items()]
     names = [name for name, _ in runs]
+    if not names:
+        raise LaunchError("--precisions names no precision: give a comma-separated list, e.g. "
+                          f"--precisions {','.join(DEFAULT_PRECISIONS)}")
     if len(set(names)) != len(names):
-        raise SystemExit(f"ufp4-launch: duplicate run names in {names}")
+        raise LaunchError(f"duplicate run names in {names}: give each precision once")
     plan = []
     for name, own in runs:
         run_dir = out / name
@@ -83,14 +95,30 @@ def _sbatch(cmd: list[str], env: dict) -> str:
     return res.stdout.strip().split(";")[0]  # --parsable prints "jobid[;cluster]"
 
 
+def check_compare_args(args) -> None:
+    """The options of `compare` in range (LaunchError, one line)."""
+    if not 1 <= args.nodes < 2**16:
+        raise LaunchError(f"--nodes {args.nodes}: give the nodes per run, a number >= 1")
+    if not 0 <= args.max_restarts < 2**16:
+        raise LaunchError(f"--max-restarts {args.max_restarts}: give a number >= 0 (0: none)")
+    n = args.nproc_per_node
+    if n is not None and n not in NPROC_WORDS and not (n.isdigit() and int(n) >= 1):
+        raise LaunchError(f"--nproc-per-node {n!r}: give a number >= 1 or one of "
+                          f"{', '.join(NPROC_WORDS)} (as torchrun takes it)")
+    if not args.job_name.strip() or any(not c.isprintable() for c in args.job_name):
+        raise LaunchError(f"--job-name {args.job_name!r}: give a printable, non-empty name")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise LaunchError(f"--out {args.out}: a file is there; give a directory for the sweep")
+
+
 def compare(args) -> int:
+    check_compare_args(args)
     out = Path(args.out).resolve()
     precisions = [p for p in args.precisions.split(",") if p]
     plan = plan_runs(precisions, args.ablations, args.overrides, out)
     for run in plan:  # refuse here what every array element would fail on, one by one
         if problem := compose_problem(run["overrides"]):
-            print(f"error: run {run['name']}: {problem}", file=sys.stderr)
-            return 2
+            raise LaunchError(f"run {run['name']}: {problem}")
     array_cmd, report_cmd = sbatch_commands(out, plan, args)
     if args.dry_run:
         print(shlex.join(array_cmd))
@@ -113,14 +141,37 @@ def compare(args) -> int:
     return 0
 
 
+def read_sweep(path: str) -> list[dict]:
+    """The runs of a sweep.json that `compare` wrote (LaunchError, one line, otherwise)."""
+    try:
+        sweep = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise LaunchError(f"task: no such sweep file: {path} (ufp4-launch compare --out DIR "
+                          "writes DIR/sweep.json)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise LaunchError(f"task: cannot read {path}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise LaunchError(f"task: {path} is not JSON ({e.msg}, line {e.lineno}); it is "
+                          "written by ufp4-launch compare: submit the sweep again") from None
+    runs = sweep.get("runs") if isinstance(sweep, dict) else None
+    ok = isinstance(runs, list) and runs and all(
+        isinstance(r, dict) and isinstance(r.get("overrides"), list)
+        and all(isinstance(o, str) for o in r["overrides"]) for r in runs)
+    if not ok:
+        raise LaunchError(f"task: {path} is not a sweep file: it needs a non-empty 'runs' list "
+                          "of {name, overrides: [strings]} (as ufp4-launch compare writes it)")
+    return runs
+
+
 def task(args) -> int:
-    sweep = json.loads(Path(args.sweep).read_text())
+    runs = read_sweep(args.sweep)
     index = args.index if args.index is not None else os.environ.get("SLURM_ARRAY_TASK_ID")
     if index is None:
-        raise SystemExit("ufp4-launch task: no --index and no SLURM_ARRAY_TASK_ID")
-    runs = sweep["runs"]
+        raise LaunchError("task: no --index and no SLURM_ARRAY_TASK_ID")
+    if not str(index).strip().lstrip("-").isdigit():
+        raise LaunchError(f"task: SLURM_ARRAY_TASK_ID={index!r} is not an index")
     if not 0 <= int(index) < len(runs):
-        raise SystemExit(f"ufp4-launch task: index {index} outside 0..{len(runs) - 1}")
+        raise LaunchError(f"task: index {index} outside 0..{len(runs) - 1}")
     argv = [sys.executable, "-m", args.module, *runs[int(index)]["overrides"]]
     sys.stdout.flush()
     os.execv(argv[0], argv)  # same pid: torchrun's signals reach the trainer directly
@@ -163,7 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "overrides", None) and args.overrides[0] == "--":
         args.overrides = args.overrides[1:]
-    return args.func(args)
+    try:
+        return args.func(args)
+    except LaunchError as e:
+        print(f"ufp4-launch: error: {e}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
     corpus.py      the embedded corpus: this Python's standard-library sources
     indexed.py     documents -> Megatron's .bin/.idx (IndexedDatasetBuilder), atomically
     prepare.py     files -> indexed data (`ufp4-prepare-data`, cli/prepare_data.py)
-    errors.py      TokenizerError (raised by tokenizers.py and tokenizer_json.py)
+    errors.py      DataError, and TokenizerError (raised by tokenizers.py, tokenizer_json.py)
     datasets.py    Megatron's GPTDataset over indexed data, and each step's micro-batches
 
 Imports Megatron's dataset code only inside functions; nothing here imports the trainer.

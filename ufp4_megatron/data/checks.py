@@ -20,11 +20,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import DataError
+
 _CHUNK = 1 << 26  # tokens per slice of the max-id pass: bounded memory on any file size
-
-
-class DataError(ValueError):
-    """Data that cannot be trained on as configured; the message says what to change."""
 
 
 def file_identity(prefix: str) -> list:
@@ -54,10 +52,16 @@ def inspect(prefix: str) -> IndexedInfo:
     """Opens <prefix>.idx and checks the .bin's size against it."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
+    if any(c in prefix for c in "*?[") and not Path(f"{prefix}.idx").is_file():
+        raise DataError(f"data.prefixes: {prefix} is a pattern, and prefixes are not expanded: "
+                        "list each file prefix (the path without .bin/.idx)")
     for ext in (".idx", ".bin"):
         if not Path(f"{prefix}{ext}").is_file():
             raise DataError(f"data.prefixes: {prefix}{ext} not found; write it with "
-                            f"`python -m ufp4_megatron.cli.prepare_data --out {prefix} <files>`")
+                            f"`python -m ufp4_megatron.cli.prepare_data --out {prefix} <files>`"
+                            + (f" ({prefix} is a directory: give the prefix of the files in "
+                               "it, e.g. dir/name for dir/name.bin)" if Path(prefix).is_dir()
+                               else ""))
     try:
         index = IndexedDataset(prefix).index
         lengths, pointers = index.sequence_lengths, index.sequence_pointers

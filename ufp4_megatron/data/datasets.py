@@ -1,19 +1,24 @@
 """Megatron's GPTDataset over indexed data, read in a fixed global order.
 
 Step s uses the global batch of samples [s * G, (s + 1) * G) of the (seeded, shuffled)
-GPTDataset; data-parallel rank r takes micro-batch m's slice starting at
+GPTDataset (validation: of the validation split's, shuffled with data.valid_seed when set);
+data-parallel rank r takes micro-batch m's slice starting at
 s * G + (m * dp + r) * micro_batch. The data position is therefore the step number alone,
 the same for every recipe, and restored exactly on resume.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
+import os
 from pathlib import Path
 
 import torch
 
-from . import checks
+from . import checks, index_cache
 from .corpus import embedded_corpus, embedded_bpe_path, train_embedded_bpe
+from .errors import DataError
 from .tokenizers import build_tokenizer, describe
 
 
@@ -57,9 +62,24 @@ def build_datasets(data, *, seed: int, seq_len: int, vocab_size: int, n_train: i
     )
     for p in _paths(prefixes):
         _check_split_sizes(p, config.split_matrix, data.split)
-    train, valid, _ = BlendedMegatronDatasetBuilder(
-        GPTDataset, [n_train, n_valid, None], lambda: True, config).build()
+    _check_index_memory(prefixes, config.split_matrix, n_train, seq_len)
+    with index_cache.guard(config.path_to_cache, build_here=_rank() == 0):
+        train, valid, _ = BlendedMegatronDatasetBuilder(
+            GPTDataset, [n_train, n_valid, None], lambda: True, config).build()
+        valid_seed = getattr(data, "valid_seed", None)  # configs saved before it: None
+        if valid_seed is not None and valid_seed != seed:
+            # the same split's documents, shuffled with valid_seed: every run validates on the
+            # same samples whatever its train.seed (the train split of this build is not used)
+            _, valid, _ = BlendedMegatronDatasetBuilder(
+                GPTDataset, [1, n_valid, None], lambda: True,
+                dataclasses.replace(config, random_seed=valid_seed)).build()
     return train, valid
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def tokenizer_config(data):
@@ -68,11 +88,11 @@ def tokenizer_config(data):
     if not data.corpus_bpe_vocab:
         return cfg
     if data.prefixes:
-        raise ValueError(f"data.corpus_bpe_vocab={data.corpus_bpe_vocab} trains a BPE on the "
+        raise DataError(f"data.corpus_bpe_vocab={data.corpus_bpe_vocab} trains a BPE on the "
                          f"embedded corpus, but data.prefixes is set: set "
                          f"data.corpus_bpe_vocab=0 and data.tokenizer to your data's tokenizer")
     if cfg.type != "huggingface" or cfg.path:
-        raise ValueError(f"data.corpus_bpe_vocab={data.corpus_bpe_vocab} brings its own "
+        raise DataError(f"data.corpus_bpe_vocab={data.corpus_bpe_vocab} brings its own "
                          f"tokenizer: leave data.tokenizer.type=huggingface and "
                          f"data.tokenizer.path=null (as data=embedded_bpe does)")
     cfg = copy.copy(cfg)
@@ -91,8 +111,35 @@ def _check_split_sizes(prefix: str, split_matrix, split: str) -> None:
     n = checks.inspect(prefix).sequences
     for name, bounds in zip(("train", "valid", "test"), split_matrix):
         if bounds is not None and round(bounds[1] * n) - round(bounds[0] * n) == 0:
-            raise ValueError(f"data.split={split!r} leaves the {name} split of {prefix} "
+            raise DataError(f"data.split={split!r} leaves the {name} split of {prefix} "
                              f"({n} documents) empty; use more data or change data.split")
+
+
+def _check_index_memory(prefixes: list[str], split_matrix, n_train: int, seq_len: int) -> None:
+    """Megatron's GPTDataset builds its sample order in memory: per prefix a document index of
+    (epochs x documents) entries, made through numpy.mgrid (two int64 grids, then an int32
+    copy), and sample and shuffle indices of 24 bytes per sample. A run far longer than its
+    data (train.steps=2000000000) asks for terabytes of them and dies in a MemoryError, or in
+    the OOM killer; refuse it here, with the numbers."""
+    paths = _paths(prefixes)
+    weights = ([float(w) for w in prefixes[0::2]] if len(paths) != len(prefixes)
+               else [1.0] * len(paths))
+    lo, hi = split_matrix[0] or (0.0, 0.0)
+    need = 0.0
+    for p, w in zip(paths, weights):
+        info = checks.inspect(p)
+        docs = max(1.0, info.sequences * (hi - lo))
+        tokens = max(1.0, info.tokens * (hi - lo))
+        samples = n_train * w / sum(weights) * 1.005  # Megatron's mid-level surplus
+        epochs = math.ceil((samples * seq_len + 1) / tokens)
+        need += 20 * epochs * docs + 24 * samples
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > total:
+        raise DataError(f"{n_train:,} training samples (train.steps x train.global_batch) of "
+                        f"{seq_len} tokens from {', '.join(paths)}: Megatron's dataset index "
+                        f"for them would take about {need / 2**30:,.0f} GiB of memory, more "
+                        f"than this machine's {total / 2**30:,.0f} GiB; train fewer steps or "
+                        "on more data")
 
 
 def _embedded(data, tok_cfg) -> str:
@@ -103,7 +150,7 @@ def _embedded(data, tok_cfg) -> str:
     elif tok_cfg.type == "byte-level":
         name = "byte"
     else:
-        raise ValueError(f"data.prefixes is empty (the embedded corpus) with "
+        raise DataError(f"data.prefixes is empty (the embedded corpus) with "
                          f"data.tokenizer.type={tok_cfg.type}: the corpus is tokenized with "
                          f"bytes or its own BPE (data=embedded_bpe); for another tokenizer run "
                          f"prepare_data --tokenizer ... and set data.prefixes")

@@ -33,15 +33,11 @@ class IndexedWriter:
 
     def add(self, sentences: list[str]) -> int:
         """Adds one document; returns its number of tokens (0 for an empty document)."""
-        ids, lengths = [], []
-        for sentence in sentences:
-            sentence_ids = self.tokenizer.tokenize(sentence)
-            if sentence_ids:
-                ids.extend(sentence_ids)
-                lengths.append(len(sentence_ids))
+        return self.add_encoded(*encode(self.tokenizer, sentences))
+
+    def add_encoded(self, ids: list[int], lengths: list[int]) -> int:
+        """Adds one document `encode` made (in this process or a worker's)."""
         if ids:
-            ids.append(self.tokenizer.eod)
-            lengths[-1] += 1
             lo, hi = min(ids), max(ids)
             if lo < 0 or hi >= self.tokenizer.vocab_size:  # would wrap around in uint16
                 bad = lo if lo < 0 else hi
@@ -53,7 +49,7 @@ class IndexedWriter:
         return len(ids)
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None and self.documents:
+        if exc_type is None and self.documents and self.tokens:
             self._builder.finalize(f"{self._tmp}.idx")
             for ext in (".bin", ".idx"):
                 os.replace(f"{self._tmp}{ext}", f"{self.prefix}{ext}")
@@ -61,9 +57,27 @@ class IndexedWriter:
         self._builder.data_file.close()  # an error, or nothing to write: leave no files
         for ext in (".bin", ".idx"):
             Path(f"{self._tmp}{ext}").unlink(missing_ok=True)
+        if exc_type is None and self.documents:  # e.g. one empty text file
+            raise ValueError(f"no text to write to {self.prefix}: all {self.documents} "
+                             "documents are empty; give files that hold text")
         if exc_type is None:
             raise ValueError(f"no documents to write to {self.prefix}: give text or JSONL "
                              f"files, or directories that hold some")
+
+
+def encode(tokenizer, sentences: list[str]) -> tuple[list[int], list[int]]:
+    """(ids, sentence lengths) of one document: each sentence tokenized on its own, EOD
+    appended to the last, as preprocess_data.py --append-eod does; empty sentences dropped."""
+    ids, lengths = [], []
+    for sentence in sentences:
+        sentence_ids = tokenizer.tokenize(sentence)
+        if sentence_ids:
+            ids.extend(sentence_ids)
+            lengths.append(len(sentence_ids))
+    if ids:
+        ids.append(tokenizer.eod)
+        lengths[-1] += 1
+    return ids, lengths
 
 
 def write_indexed(documents: Iterable[list[str]], prefix: str | Path,

@@ -43,7 +43,7 @@ def collect(paths: list[str]) -> list[Path]:
                 else:
                     files.append(f)
         elif p.is_file():
-            why = _not_text(p)
+            why = _not_text(p) or ("empty (0 bytes)" if p.stat().st_size == 0 else None)
             if why:
                 raise InputError(f"{p}: {why}; give text (UTF-8) or JSONL files")
             files.append(p)

@@ -1,12 +1,13 @@
 """Triton twin of numerics/hadamard.py: the RHT butterfly on a register tile.
 
-Same fp32 operations in the same order as `RHT.rotate_fp32_lastdim`: signs (exact), then for
-h = 1, 2, 4, ..., H/2 the pairs (i, i+h) of each aligned group of 2h become (a + b, a - b),
-then one multiply by fp32(1/sqrt(H)). Each step is one IEEE operation per element, so the
-result is bit-identical to the reference. Two layouts of the same butterfly: `rht_rows` on a
-[rows, cols] tile (groups of H along axis 1), `rht16` on a block held as 16 same-shaped
-tensors (element j of every block in the j-th; quantize16_triton.py), where every stage is
-elementwise.
+Same fp32 operations in the same order as `RHT.rotate_fp32_lastdim`: signs (exact), a
+multiply by 1/H (exact), then for h = 1, 2, 4, ..., H/2 the pairs (i, i+h) of each aligned
+group of 2h become (a + b, a - b), then one multiply by norm * H = fp32(sqrt(H)) (the scaling
+that keeps every sum within the input's range: numerics/hadamard.py). Each step is one IEEE
+operation per element, so the result is bit-identical to the reference. Two layouts of the
+same butterfly: `rht_rows` on a [rows, cols] tile (groups of H along axis 1), `rht16` on a
+block held as 16 same-shaped tensors (element j of every block in the j-th;
+quantize16_triton.py), where every stage is elementwise.
 """
 import triton
 import triton.language as tl
@@ -23,11 +24,12 @@ def _stage(x, BR: tl.constexpr, BC: tl.constexpr, h: tl.constexpr):
 
 @triton.jit
 def rht_rows(x, signs, norm, BR: tl.constexpr, BC: tl.constexpr, LOG_H: tl.constexpr):
-    """x [BR, BC] fp32, groups of H = 2^LOG_H along axis 1 (aligned); signs [1, BC] of +-1."""
-    x = x * signs
+    """x [BR, BC] fp32, groups of H = 2^LOG_H along axis 1 (aligned); signs [1, BC] of +-1;
+    norm: fp32(1/sqrt(H))."""
+    x = x * signs * (1.0 / (1 << LOG_H))
     for i in tl.static_range(LOG_H):
         x = _stage(x, BR, BC, 1 << i)
-    return x * norm
+    return x * (norm * (1 << LOG_H))
 
 
 @triton.jit
@@ -44,13 +46,15 @@ def _stage16(xs, h: tl.constexpr):
 
 @triton.jit
 def rht16(xs, sign_ptr, norm):
-    """RHT16 of blocks held as a 16-tuple of fp32 tensors; sign_ptr: the 16 signs (+-1)."""
+    """RHT16 of blocks held as a 16-tuple of fp32 tensors; sign_ptr: the 16 signs (+-1);
+    norm: fp32(1/4)."""
     sx = ()
     for j in tl.static_range(16):
-        sx = sx + (xs[j] * tl.load(sign_ptr + j),)
+        sx = sx + (xs[j] * tl.load(sign_ptr + j) * 0.0625,)
     for i in tl.static_range(4):
         sx = _stage16(sx, 1 << i)
+    post = norm * 16.0
     out = ()
     for j in tl.static_range(16):
-        out = out + (sx[j] * norm,)
+        out = out + (sx[j] * post,)
     return out

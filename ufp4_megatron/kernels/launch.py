@@ -1,11 +1,11 @@
-"""Kernel launches with Triton's per-call binding done once per specialization (issue 11).
+"""Kernel launches with Triton's per-call binding done once per specialization.
 
 `kernel[grid](*args, **kw)` spends most of its host time before the launch itself: Triton
 binds all parameters into a dict, specializes each (dtype, 16-byte alignment, an int equal
 to 1 or divisible by 16), builds its cache key from all of them and looks the kernel up,
-on every call. For the pair kernel (70 parameters) that Python path measured ~30 us per
-call on the CPU machine against ~13 us for the key below (2026-12-02, docs/performance.md
-"Host cost"); the launch proper (CompiledKernel.run) measured 12.8 us on the H200.
+on every call. For the pair kernel (70 parameters) that Python path measures ~30 us per
+call on a CPU core against ~13 us for the key below; the launch proper (CompiledKernel.run)
+measured 12.8 us on an H200 (docs/performance.md, "Host cost per call").
 
 `launch` keys the compiled kernel by everything Triton's key depends on: the kernel, the
 device, Triton's debug and instrumentation knobs, the keyword arguments (constexprs and
@@ -17,15 +17,13 @@ returns; a hit calls that kernel's launcher directly with every parameter in sig
 order, as JITFunction.run does, without the launch metadata and the empty hook chains
 (the launcher skips hooks passed as None).
 
-On by default; UFP4_CACHED_LAUNCH=0 turns it off (Triton's own path for every launch).
-Checked on an H200 on 2026-12-02 (docs/performance.md "Host cost"): the CUDA kernel suite
-through it (`UFP4_CACHED_LAUNCH=1 bash gpu/kernels_exact.sh`: 189 of 192 tests finished in
-the call's time, all passed, among them tests/kernels/test_launch_gpu.py's cache hits bit for
-bit), and `gpu/host_overhead.py --only cached`: identical outputs, 19-108 us less host time
-per quantize()/ops call. The launcher's argument list is Triton 3.6's (runtime/jit.py
-JITFunction.run). Always off on other Triton versions, in Triton's CPU interpreter, without a
-CUDA driver, while a launch hook is set (a profiler's), and for a kernel called with a
-constexpr positionally.
+On by default; UFP4_CACHED_LAUNCH=0 turns it off (Triton's own path for every launch). On a
+GPU the CUDA kernel suite runs through it (`bash gpu/kernels_exact.sh`, among them
+tests/kernels/test_launch_gpu.py's cache hits, bit for bit), and `gpu/host_overhead.py
+--only cached` shows identical outputs and 19-108 us less host time per quantize()/ops call.
+The launcher's argument list is Triton 3.6's (runtime/jit.py JITFunction.run). Always off on
+other Triton versions, in Triton's CPU interpreter, without a CUDA driver, while a launch
+hook is set (a profiler's), and for a kernel called with a constexpr positionally.
 """
 from __future__ import annotations
 

@@ -5,8 +5,17 @@ diagonal of random signs. D H / sqrt(n) is orthonormal, so applying the same RHT
 operands of a GEMM along its reduction dim cancels inside the product: (A R)(B R)^T = A B^T.
 
 The reference computes H with the fast Walsh-Hadamard butterfly in fp32 in a fixed order
-(h = 1, 2, 4, ...: pairs (i, i+h) -> (a+b, a-b)), then multiplies by fp32(1/sqrt(n)); every
-step is one IEEE operation, so a kernel doing the same butterfly matches bit for bit.
+(h = 1, 2, 4, ...: pairs (i, i+h) -> (a+b, a-b)); every step is one IEEE operation, so a
+kernel doing the same butterfly matches bit for bit.
+
+Scaling: the butterfly sums n values, so it runs on x / n (exact: a power of two) and its
+result is multiplied by fp32(1/sqrt(n)) * n (exact too: fp32(sqrt(n))). No intermediate then
+exceeds max|x|, and the result is the same bits as butterfly(x) * fp32(1/sqrt(n)) wherever
+that did not overflow: a block of finite values up to fp32's max / sqrt(n) (8.5e37 for
+RHT16) rotates to finite values, where the unscaled butterfly reached inf near 2.1e37 (and
+inf - inf = NaN). Only blocks holding values below 2^-126 * n (2^-122, about 1.9e-37, for
+RHT16) may round differently: x / n is subnormal there. A rotated value beyond fp32's range
+(a block near fp32's max) is inf, and its block quantizes to NaN as an input inf would.
 """
 from __future__ import annotations
 
@@ -43,6 +52,9 @@ class RHT:
         gen = torch.Generator().manual_seed(seed)
         self.signs = torch.randint(0, 2, (size,), generator=gen).to(torch.float32) * 2 - 1
         self.norm = float(torch.tensor(1.0 / math.sqrt(size), dtype=torch.float32))
+        # x / n before the butterfly and norm * n after it (both exact): see the module doc
+        self.prescale = 1.0 / size
+        self.postscale = float(torch.tensor(self.norm, dtype=torch.float32) * size)
 
     def __repr__(self) -> str:
         return f"RHT(size={self.size}, seed={self.seed})"
@@ -73,7 +85,7 @@ class RHT:
         """The exact fp32 rotation along the last dim (size a multiple of self.size)."""
         signs = self.signs.to(x.device)
         y = x.to(torch.float32).unflatten(-1, (-1, self.size)) * signs
-        return (_butterfly(y) * self.norm).flatten(-2)
+        return (_butterfly(y * self.prescale) * self.postscale).flatten(-2)
 
     def _apply(self, x: torch.Tensor, dim: int, inverse: bool) -> torch.Tensor:
         check_float_tensor(x, "x", "RHT.rotate/inverse")
@@ -84,7 +96,8 @@ class RHT:
                              f"of {self.size}, got {n}: pad the tensor or choose rht=None")
         moved = x.movedim(dim, -1)
         if inverse:
-            y = _butterfly(moved.to(torch.float32).unflatten(-1, (-1, self.size))) * self.norm
+            y = moved.to(torch.float32).unflatten(-1, (-1, self.size)) * self.prescale
+            y = _butterfly(y) * self.postscale
             y = (y * self.signs.to(x.device)).flatten(-2)
         else:
             y = self.rotate_fp32_lastdim(moved)

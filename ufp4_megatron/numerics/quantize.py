@@ -1,6 +1,6 @@
 """Fake quantization (quantize -> dequantize) of a 2D view along its last dim: the spec.
 
-`quantize_view` is the reference every kernel is tested against. Steps (docs/architecture.md):
+`quantize_view` is the reference every kernel is tested against. Steps (docs/numerics.md):
 pad -> optional RHT -> block amax -> scale -> |x| / s -> round onto the grid -> dequantize.
 """
 from __future__ import annotations

@@ -10,9 +10,10 @@ with a Student-t interval over seeds; the validation gap likewise; the ratio to 
 paired by seed, with Fieller's interval ("reduction" = 1 - ratio). An interval that contains
 zero is reported as "not resolved at this size".
 
-Writes <out>/loss_gap.md, <out>/loss_gap.json (keys: docs/training.md), <out>/loss_gap.png,
+Writes <out>/loss_gap.md, <out>/loss_gap.json (keys: docs/comparing.md), <out>/loss_gap.png,
 <out>/wandb_workspace.json, and a W&B run (job_type compare) in the training runs' group.
-Bad input (a missing run, --last 0, a run given twice, no BF16 sibling) ends with one line
+Bad input (a missing run, --last 0, a run given twice, no BF16 sibling, a sibling trained on
+another LR schedule, a run whose loss went NaN, an --out that is a file) ends with one line
 and exit status 2.
 """
 from __future__ import annotations
@@ -70,6 +71,9 @@ def _check(args) -> None:
         raise BadInput(f"--confidence {args.confidence}: must be in (0, 1), e.g. 0.95")
     if args.smooth < 1:
         raise BadInput(f"--smooth {args.smooth}: must be >= 1 (1: no smoothing)")
+    if args.out.exists() and not args.out.is_dir():
+        raise BadInput(f"--out {args.out}: a file is there; give a directory (loss_gap.md, "
+                       ".json and .png are written into it)")
 
 
 def _shared(runs: list[Run], *keys, default=None):
@@ -131,6 +135,8 @@ def _to_wandb(args, runs, cmp, summaries, table, png) -> None:
         wb = log_compare(cmp, summaries, table_md=table, png=png, out=args.out, mode=mode,
                          project=project, entity=entity, group=group, config=config,
                          smooth=args.smooth, confidence=args.confidence)
+        if mode == "online" and wb.settings.mode == "offline":  # no W&B server: said there
+            mode = "offline"
         entity = entity or (wb.entity if mode == "online" else None)
         print(f"W&B ({mode}): run compare-{group} in project {project}, group {group}")
     layers = sorted({i for r in runs for i in (config_value(r.config, "logging", "wandb",

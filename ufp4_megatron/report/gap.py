@@ -1,7 +1,9 @@
 """The paper's BF16-relative loss gap, (L - L_bf16) / L_bf16, per run and seed.
 
 Each quantized run is paired with the reference run of the same seed, model, data and schedule
-(equal `train.identity.sibling_key`: same data order and initial weights). All runs of one
+(equal `train.identity.sibling_key`: same data order and initial weights; and the same
+learning rate at every compared step, check_same_schedule: the key leaves out train.steps,
+over which a null optim.decay_steps decays). All runs of one
 model are compared over the same steps: those every run logged (a longer run is cut to the
 common steps, and the output says so), and the mean is over the latest `last` of those steps.
 """
@@ -144,6 +146,41 @@ def check_window(last: int | None, last_fraction: float | None) -> None:
         raise BadInput(f"--last-fraction {last_fraction}: must be in (0, 1], e.g. 0.2")
 
 
+def planned_schedule(run: Run) -> dict:
+    """The LR schedule a run's config plans: optim's schedule keys, with decay_steps null
+    resolved as the trainer resolves it (train.steps of the first start, at least warmup + 1;
+    train/optim.py decay_steps)."""
+    optim = dict(run.config.get("optim") or {})
+    steps = (run.config.get("train") or {}).get("steps")
+    if optim.get("decay_steps") is None and steps is not None:
+        optim["decay_steps"] = max(steps, (optim.get("warmup_steps") or 0) + 1)
+    return {k: optim.get(k) for k in ("lr", "min_lr", "warmup_steps", "decay_style",
+                                      "decay_steps", "wsd_decay_steps", "wsd_decay_style")}
+
+
+def check_same_schedule(run: Run, ref: Run, steps: list[int]) -> None:
+    """A run and its reference must have trained with the same learning rate at every step
+    they are compared on: the sibling key leaves train.steps out (a run may be extended), and
+    with optim.decay_steps=null the schedule decays over train.steps, so a 6-step run and a
+    3000-step reference share a key but not a schedule. The logged LRs decide; a run logged
+    without them is compared on its planned schedule."""
+    both = [s for s in steps if s in run.lr and s in ref.lr]
+    first = next((s for s in both if run.lr[s] != ref.lr[s]), None)
+    plan, plan_ref = planned_schedule(run), planned_schedule(ref)
+    differ = ", ".join(f"{k} {plan[k]} vs {plan_ref[k]}" for k in plan if plan[k] != plan_ref[k])
+    if first is not None:
+        why = (f"trained with different learning rates from step {first} on "
+               f"({run.lr[first]:g} vs {ref.lr[first]:g}; their schedules differ in "
+               f"{differ or 'the logged LRs'})")
+    elif not both and differ:
+        why = f"plan different LR schedules ({differ})"
+    else:
+        return
+    raise BadInput(f"{run.source} and its {ref.label!r} reference {ref.source} {why}: their "
+                   "loss gap is not the recipe's. Compare runs of one schedule (the same "
+                   "train.steps, or an explicit optim.decay_steps)")
+
+
 def compare(runs: list[Run], reference: str = "bf16", last: int | None = 1000,
             last_fraction: float | None = None) -> Comparison:
     """Every non-reference run against its sibling reference run, over common steps."""
@@ -172,6 +209,7 @@ def compare(runs: list[Run], reference: str = "bf16", last: int | None = 1000,
             raise BadInput(f"{r.source} has {len(mine)} {reference!r} runs of the same model, "
                            f"data and seed: {', '.join(x.source for x in mine)}; pass one")
         ref, w = mine[0], windows[r.model]
+        check_same_schedule(r, ref, w.common)
         series = {s: (r.loss[s] - ref.loss[s]) / ref.loss[s] for s in w.common}
         val = gap_series(r.val_loss, ref.val_loss)
         gaps.append(SeedGap(

@@ -54,7 +54,10 @@ def capture(run_dir: Path, batch: int | None = None) -> tuple[dict, dict]:
 
     cfg = load_config(run_dir)
     ckpt_dir = Path(cfg.checkpoint.dir or Path(run_dir) / "checkpoints")
-    step = checkpoint.latest_step(ckpt_dir)
+    try:  # reads pickles restricted to plain data (train/unpickling.py): a planted one refused
+        step = checkpoint.latest_step(ckpt_dir)
+    except checkpoint.CheckpointError as e:
+        raise SystemExit(f"mechanism: {e}") from None
     if step is None or not (ckpt_dir / f"step_{step:08d}").is_dir():
         raise SystemExit(f"mechanism: no checkpoint under {ckpt_dir}; train the run with "
                          f"checkpoint.save_at_end=true (the default) and keep its checkpoints")
@@ -76,8 +79,13 @@ def _capture(cfg, rt, ckpt_dir: Path, step: int, run_dir: Path, batch: int | Non
     recipe = recipe_from_config(cfg.precision)
     model, policy = model_lib.build_model(cfg, recipe, rt.dtype, device)
     opt = optim.build_optimizer(model, cfg, rt)
-    checkpoint.load(ckpt_dir, model, opt, {"policy": policy, "lr_schedule": opt.scheduler},
-                    runtime=rt)
+    try:
+        checkpoint.load(ckpt_dir, model, opt, {"policy": policy, "lr_schedule": opt.scheduler},
+                        runtime=rt, run=checkpoint.owner(cfg, run_dir), run_dir=Path(run_dir),
+                        verify=cfg.checkpoint.checksums)
+    except checkpoint.CheckpointError as e:
+        distributed.shutdown()
+        raise SystemExit(f"mechanism: {e}") from None
     fwd_model = opt.model  # Megatron's DDP wrapper, as the trainer runs it
 
     t = cfg.train

@@ -10,6 +10,7 @@ part is not a local directory either (so a mistyped `runs/default/tiny-bf16-s1` 
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ class Run:
     loss: dict[int, float]  # step -> training loss
     tokens: dict[int, int]  # step -> tokens seen
     val_loss: dict[int, float] = field(default_factory=dict)
+    lr: dict[int, float] = field(default_factory=dict)  # step -> learning rate of its update
     # the resolved config; without one, the identity is (model, recipe, seed) only
     config: dict = field(default_factory=dict)
     label: str = ""  # the name in tables: recipe, or recipe#setting when two settings share it
@@ -86,10 +88,17 @@ def _from_rows(source: str, config: dict, rows: list[dict], step_key: str) -> Ru
         loss={int(r[step_key]): float(r["loss"]) for r in rows if "loss" in r},
         tokens={int(r[step_key]): int(r["tokens"]) for r in rows if "tokens" in r},
         val_loss={int(r[step_key]): float(r["val_loss"]) for r in rows if "val_loss" in r},
+        lr={int(r[step_key]): float(r["lr"]) for r in rows if "lr" in r},
         config={k: v for k, v in config.items() if not k.startswith("_")},  # not W&B's _wandb
     )
     if not run.loss:
         raise BadInput(f"{source}: no logged training loss (is it a training run?)")
+    for key, series in (("loss", run.loss), ("val_loss", run.val_loss)):
+        bad = [s for s in sorted(series) if not math.isfinite(series[s])]
+        if bad:  # a diverged run: every mean and interval over it would be NaN
+            raise BadInput(f"{source}: {key} is {series[bad[0]]} at step {bad[0]} ({len(bad)} "
+                           f"non-finite step(s)): the run diverged and has no gap to measure; "
+                           "leave it out")
     return run
 
 
@@ -108,9 +117,11 @@ def _from_run_dir(path: Path) -> Run:
             config = OmegaConf.load(path / name)
             # Hydra's copy is unresolved: its rht/sr switches default to `${ufp4.preset:...}`
             # (train/schema.py); resolve them, or compare would read the strings as switches
+            from ..train.ablation_name import register_resolver as register_ablation_resolver
             from ..train.preset_switches import register_preset_resolver
 
             register_preset_resolver()
+            register_ablation_resolver()  # precision.name of the package's YAMLs
             try:
                 config = OmegaConf.to_container(config, resolve=True)
             except Exception as e:  # noqa: BLE001 - e.g. an interpolation of another tool

@@ -26,6 +26,12 @@ pairs are few and Fieller's interval over them says little; Welch's interval for
 difference of the two means uses every seed of each, not paired. The runs of a seed share
 their BF16 reference, which correlates the two gaps positively, so ignoring the pairing makes
 that interval wider than it would be, not narrower.
+
+The t-interval, the paired t-test and Welch's interval are scipy.stats' (`ttest_1samp`,
+`ttest_rel`, `ttest_ind(equal_var=False)` and their `confidence_interval`); what this module
+adds is the cases scipy answers with NaN, each with its exact answer: one value (no interval),
+values that are all equal (the interval is the mean itself, p 0 or 1). Fieller's interval,
+which scipy lacks, is written out below.
 """
 from __future__ import annotations
 
@@ -66,21 +72,24 @@ class Interval:
         return self.lo is not None and (self.lo > 0 or self.hi < 0)
 
 
-def _sample_sd(vals, mean: float) -> float:
-    """The sample standard deviation (ddof 1) of two or more values about their mean."""
-    return math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+def _constant(vals) -> bool:
+    return all(v == vals[0] for v in vals)
 
 
 def t_interval(values, confidence: float = 0.95) -> Interval:
-    """mean +- t_{(1+c)/2, n-1} * s / sqrt(n), s the sample standard deviation (ddof 1)."""
+    """mean +- t_{(1+c)/2, n-1} * s / sqrt(n), s the sample standard deviation (ddof 1):
+    scipy.stats.ttest_1samp(values, 0).confidence_interval(confidence)."""
+    from scipy.stats import ttest_1samp
+
     vals = _check(values, confidence)
     n = len(vals)
     mean = sum(vals) / n
     if n == 1:
         return Interval(mean, None, None, 1)
-    sd = _sample_sd(vals, mean)
-    half = t_quantile(confidence, n - 1) * sd / math.sqrt(n)
-    return Interval(mean, mean - half, mean + half, n)
+    if _constant(vals):  # s = 0: scipy gives NaN; the mean is known exactly
+        return Interval(mean, mean, mean, n)
+    ci = ttest_1samp(vals, 0.0).confidence_interval(confidence)
+    return Interval(mean, float(ci.low), float(ci.high), n)
 
 
 @dataclass(frozen=True)
@@ -138,21 +147,23 @@ def paired_difference(x, y, confidence: float = 0.95
     """mean(x_i - y_i) over n pairs with the paired t-interval (t_interval of the
     differences), the two-sided p-value of the paired t-test of a zero mean difference (None
     for one pair; 0 or 1 when every difference is the same, nonzero or zero), and the
-    differences' sample standard deviation (None for one pair)."""
-    from scipy.stats import t
+    differences' sample standard deviation (None for one pair): scipy.stats.ttest_rel."""
+    import numpy as np
+    from scipy.stats import ttest_rel
 
     xs, ys = _check(x, confidence), _check(y, confidence)
     if len(xs) != len(ys):
         raise ValueError(f"{len(xs)} x values but {len(ys)} y values: pairs needed")
     d = [u - v for u, v in zip(xs, ys)]
-    iv = t_interval(d, confidence)
-    if iv.n == 1:
-        return iv, None, None
-    sd = _sample_sd(d, iv.mean)
-    if sd == 0:
-        return iv, 0.0 if iv.mean != 0 else 1.0, sd
-    stat = iv.mean / (sd / math.sqrt(iv.n))
-    return iv, float(2 * t.sf(abs(stat), iv.n - 1)), sd
+    n, mean = len(d), sum(d) / len(d)
+    if n == 1:
+        return Interval(mean, None, None, 1), None, None
+    if _constant(d):  # every difference the same: known exactly, scipy gives NaN
+        return Interval(mean, mean, mean, n), 0.0 if mean != 0 else 1.0, 0.0
+    res = ttest_rel(xs, ys)
+    ci = res.confidence_interval(confidence)
+    sd = float(np.std(d, ddof=1))
+    return Interval(mean, float(ci.low), float(ci.high), n), float(res.pvalue), sd
 
 
 MOST_SEEDS = 10_000  # seeds_for_power looks no further
@@ -188,32 +199,36 @@ def seeds_for_power(diff: float, sd: float, power: float = 0.8, confidence: floa
 def welch_difference(x, y, confidence: float = 0.95) -> Interval:
     """mean(x) - mean(y) from independent samples, with Welch's interval: half width
     t_{(1+c)/2, df} * se, se^2 = s_x^2 / n_x + s_y^2 / n_y, df by Welch-Satterthwaite
-    se^4 / ((s_x^2 / n_x)^2 / (n_x - 1) + (s_y^2 / n_y)^2 / (n_y - 1)). No interval (lo, hi
-    None) unless both samples have 2 values or more; n is n_x + n_y."""
+    se^4 / ((s_x^2 / n_x)^2 / (n_x - 1) + (s_y^2 / n_y)^2 / (n_y - 1)):
+    scipy.stats.ttest_ind(x, y, equal_var=False).confidence_interval(confidence). No interval
+    (lo, hi None) unless both samples have 2 values or more; n is n_x + n_y."""
+    from scipy.stats import ttest_ind
+
     xs, ys = _check(x, confidence), _check(y, confidence)
     nx, ny = len(xs), len(ys)
-    mx, my = sum(xs) / nx, sum(ys) / ny
+    diff = sum(xs) / nx - sum(ys) / ny
     if nx < 2 or ny < 2:
-        return Interval(mx - my, None, None, nx + ny)
-    vx = sum((v - mx) ** 2 for v in xs) / (nx - 1) / nx
-    vy = sum((v - my) ** 2 for v in ys) / (ny - 1) / ny
-    se2 = vx + vy
-    if se2 == 0:  # both samples constant: the difference is known exactly
-        return Interval(mx - my, mx - my, mx - my, nx + ny)
-    df = se2 ** 2 / (vx ** 2 / (nx - 1) + vy ** 2 / (ny - 1))
-    half = t_quantile(confidence, df) * math.sqrt(se2)
-    return Interval(mx - my, mx - my - half, mx - my + half, nx + ny)
+        return Interval(diff, None, None, nx + ny)
+    if _constant(xs) and _constant(ys):  # se = 0: the difference is known exactly
+        return Interval(diff, diff, diff, nx + ny)
+    ci = ttest_ind(xs, ys, equal_var=False).confidence_interval(confidence)
+    return Interval(diff, float(ci.low), float(ci.high), nx + ny)
 
 
 def t_band(rows, confidence: float = 0.95):
     """Pointwise t-interval over seeds: rows is (n_seeds, n_points); returns mean, lo, hi
-    arrays (lo = hi = mean for one seed). The same formula as t_interval, per column."""
+    arrays (lo = hi = mean for one seed or a column of equal values). t_interval per column,
+    through the same scipy.stats.ttest_1samp."""
     import numpy as np
+    from scipy.stats import ttest_1samp
 
     a = np.asarray(rows, dtype=float)
     mean = a.mean(axis=0)
-    n = a.shape[0]
-    if n == 1:
+    if a.shape[0] == 1:
         return mean, mean.copy(), mean.copy()
-    half = t_quantile(confidence, n - 1) * a.std(axis=0, ddof=1) / math.sqrt(n)
-    return mean, mean - half, mean + half
+    constant = (a == a[0]).all(axis=0)
+    # a column of equal values has no spread (scipy: NaN and a warning): any non-constant
+    # stand-in goes to scipy, and the band there is the mean itself
+    stand_in = np.where(constant, (np.arange(a.shape[0]) % 2)[:, None], a)
+    ci = ttest_1samp(stand_in, 0.0, axis=0).confidence_interval(confidence)
+    return mean, np.where(constant, mean, ci.low), np.where(constant, mean, ci.high)

@@ -3,7 +3,7 @@ baseline's gap (the paper's "reduction" = 1 - ratio) with Fieller's interval, pa
 and the paired difference of the two gaps (points, paired t).
 
 `to_json` is the machine-readable result (`loss_gap.json`); its keys are documented in
-docs/training.md ("Comparing runs") and versioned by SCHEMA_VERSION.
+docs/comparing.md ("Outputs") and versioned by SCHEMA_VERSION.
 """
 from __future__ import annotations
 

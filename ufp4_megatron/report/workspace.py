@@ -1,8 +1,9 @@
 """The gap dashboard as a W&B workspace (`wandb-workspaces`), for one experiment (W&B group).
 
 Sections, each panel against tokens:
-  Gap vs BF16 (compare run)     gap/<model>/<recipe>/{mean,lo,hi}: the mean over seeds and the
-                                edges of its confidence band, one panel per model
+  Gap vs BF16 (compare run)     the compare run's table gap_curves/<model> (its latest
+                                version: the experiment's latest compare) as a line chart,
+                                one line per recipe and series (mean, lo, hi, s<seed>)
   Live gap (training runs)      gap_vs_bf16, gap_vs_e2m1 of each run while it trains, runs
                                 grouped by precision.name: mean over seeds, band = +-1 standard
                                 error (W&B's own grouping; the 95% band is the compare run's)
@@ -33,9 +34,11 @@ def build(*, entity: str | None, project: str, group: str, recipes: dict[str, li
 
     by_recipe = dict(groupby=wr.Config("precision.name"), groupby_aggfunc="mean",
                      groupby_rangefunc="stderr")
-    gap = [wr.LinePlot(title=f"{model}: gap vs {reference} (mean; lo, hi of the band)",
-                       x="tokens", y=[f"gap/{model}/{r}/{k}" for r in labels
-                                      for k in ("mean", "lo", "hi")])
+    gap = [wr.CustomChart(query={"summaryTable": {"tableKey": f"gap_curves/{model}"}},
+                          chart_name="wandb/line/v0",
+                          chart_fields={"x": "tokens", "y": "gap", "groupKeys": "series"},
+                          chart_strings={"title": f"{model}: gap vs {reference} "
+                                                  f"({', '.join(labels)}; mean, lo, hi, seeds)"})
            for model, labels in recipes.items()]
     live = [wr.LinePlot(title=f"live gap_vs_{ref} (runs grouped by recipe, +-1 s.e.)",
                         x=f"gap_vs_{ref}_at_tokens", y=[f"gap_vs_{ref}"], **by_recipe)

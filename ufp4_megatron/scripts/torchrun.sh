@@ -57,7 +57,7 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # Workers get their own TCPStore instead of sharing the rendezvous store: with the shared one,
 # workers restarted by --max-restarts read keys of the failed attempt and connect to dead peers
-# (pytorch/pytorch#135712; seen here with gloo and torch 2.13).
+# (pytorch/pytorch#135712; seen with gloo and torch 2.13).
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
 
 if [ "$NPROC_PER_NODE" = gpu ] &&

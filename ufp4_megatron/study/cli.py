@@ -3,7 +3,8 @@ machine, resumable, then the loss-gap comparison over every complete run.
 
     ufp4-launch study --out runs/study --grid main [--seeds 1-8] [--arms bf16,e2m1,ufp4]
                       [--axis NAME=V1,V2] [--per-device N] [--gpus auto|none|0,1]
-                      [--time-limit SECONDS [--pause-at-limit]] [--dry-run] [-- OVERRIDES ...]
+                      [--time-limit SECONDS [--pause-at-limit]] [--restart-incomplete]
+                      [--dry-run] [-- OVERRIDES ...]
     ufp4-launch study --out runs/study --arms bf16,e2m1,ufp4 --seeds 1-3 -- model=tiny ...
     ufp4-launch study --out runs/study --resume [--compare-only]
 
@@ -62,6 +63,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="the time limit pauses the study: every run trains until it and saves "
                         "a checkpoint for a later invocation (runs longer than one allocation); "
                         "nothing is shed or held back")
+    p.add_argument("--restart-incomplete", action="store_true",
+                   help="a run counts only if one process trained all its steps: an "
+                        "incomplete run starts over from step 0 (its partial files are moved "
+                        "to <out>/discarded/), never resumes an earlier invocation's checkpoint")
     p.add_argument("--wandb-mode", default=None, help="logging.wandb.mode of every run")
     p.add_argument("--progress", default="auto", choices=("auto", "bar", "plain"))
     p.add_argument("--last", type=int, default=None,
@@ -99,6 +104,9 @@ def plan(args) -> tuple[dict | None, StudyGrid | None, list]:
     if args.arms:
         grid.arms = [a for a in args.arms.split(",") if a]
     if args.seeds:
+        if grid.arm_seeds:
+            raise SystemExit(f"ufp4-launch study: grid {args.grid} fixes each arm's seeds "
+                             f"(arm_seeds: its design); drop --seeds, choose arms with --arms")
         grid.seeds = parse_seeds(args.seeds)
     for spec in args.axis:
         select_axis_values(grid, spec)
@@ -112,6 +120,9 @@ def study(args) -> int:
     warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine|apex|absl).*")
     if args.overrides and args.overrides[0] == "--":
         args.overrides = args.overrides[1:]
+    if args.pause_at_limit and args.restart_incomplete:
+        raise SystemExit("ufp4-launch study: --pause-at-limit continues runs in a later "
+                         "invocation, --restart-incomplete starts them over: choose one")
     if args.pause_at_limit and args.time_limit is None:
         raise SystemExit("ufp4-launch study: --pause-at-limit needs --time-limit SECONDS (the "
                          "limit it pauses at)")
@@ -145,7 +156,7 @@ def study(args) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     mf.save(args.out, manifest)
     options = Options(time_limit=args.time_limit, pause_at_limit=args.pause_at_limit,
-                      stop_grace=args.stop_grace,
+                      restart_incomplete=args.restart_incomplete, stop_grace=args.stop_grace,
                       threads=args.threads, hide_gpus=args.gpus == "none",
                       wandb_mode=args.wandb_mode, progress=args.progress)
     names = None if grid is None else {s.name for s in runs}  # this invocation's runs

@@ -21,7 +21,7 @@ from ..train.precision import ABLATION_OVERRIDES as ABLATIONS
 
 GRID_DIR = Path(CONFIG_DIR) / "study"
 
-# Ablations of the E2M1 baseline (paper, Section "Ablation"; issue 14 section 2): RHT16 on all
+# Ablations of the E2M1 baseline (paper, Section "Ablation"): RHT16 on all
 # three GEMMs (the mechanism predicts it is the worst: RHT moves values into E2M1's asymmetric
 # bins), and E2M1 capped to its uniform part {0, 0.5, 1, 1.5, 2} (a 5-level codebook grid).
 E2M1_ABLATIONS: dict[str, tuple[str, ...]] = {
@@ -46,6 +46,9 @@ class StudyGrid:
     axes: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     # name -> overrides of arms defined in the grid itself (precision=... included)
     custom_arms: dict[str, list[str]] = field(default_factory=dict)
+    # arm -> that arm's own seeds, in place of `seeds` (e.g. a design with BF16 at 12 seeds
+    # beside E2M1 and UFP4 at 28); a grid with arm_seeds fixes its seeds: no --seeds
+    arm_seeds: dict[str, list[int]] = field(default_factory=dict)
     reference: str = "bf16"  # the arm every gap is relative to
     baseline: str = "e2m1"  # the arm whose gap the others are divided by
     last_frac: float = 0.2  # the mean gap is over the latest last_frac of the steps
@@ -165,16 +168,29 @@ def check_grid(grid: StudyGrid) -> None:
             fail(f"axis {axis!r} has no values")
     for arm in grid.arms:
         arm_overrides(arm, grid)
+    for arm, seeds in grid.arm_seeds.items():
+        arm_overrides(arm, grid)  # a misspelt arm fails naming the valid ones
+        if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+            fail(f"arm_seeds of {arm}: {seeds}; give distinct non-negative seeds")
+
+
+def seeds_of(grid: StudyGrid, arm: str) -> list[int]:
+    """The seeds an arm trains: its arm_seeds, else the grid's seeds."""
+    return list(grid.arm_seeds.get(arm, grid.seeds))
 
 
 def expand(grid: StudyGrid) -> list[RunSpec]:
-    """Seed-major: all arms x axis values of the first seed, then the next seed."""
+    """Seed-major: all arms x axis values of the first seed, then the next seed (an arm with
+    arm_seeds only at its own seeds)."""
     axes = list(grid.axes.items())
     combos = list(itertools.product(*[list(values.items()) for _, values in axes]))
     runs = []
-    for seed in grid.seeds:
+    extra = sorted({s for arm in grid.arms for s in seeds_of(grid, arm)} - set(grid.seeds))
+    for seed in [*grid.seeds, *extra]:
         for combo in combos:
             for arm in grid.arms:
+                if seed not in seeds_of(grid, arm):
+                    continue
                 labels = {axis: label for (axis, _), (label, _) in zip(axes, combo)}
                 axis_overrides = [o for _, overrides in combo for o in overrides]
                 name = "-".join([arm, *labels.values(), f"s{seed}"])

@@ -110,6 +110,19 @@ def last_step(path: Path) -> int:
     return 0
 
 
+LAUNCH = "launch.json"
+
+
+def write_launch(run: Path, *, attempt: int, from_step: int) -> None:
+    """<run>/launch.json: the trainer process started last, and the step it starts from (0:
+    from scratch). The process that completes a run is the last one started, so a complete
+    run's launch.json says whether one process trained all its steps (from_step 0)."""
+    path = Path(run) / LAUNCH
+    tmp = path.with_name(f"{LAUNCH}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"attempt": attempt, "from_step": from_step}) + "\n")
+    os.replace(tmp, path)
+
+
 def checkpoint_step(run: Path) -> int | None:
     f = Path(run) / "checkpoints" / "latest"
     return int(f.read_text()) if f.exists() else None

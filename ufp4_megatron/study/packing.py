@@ -4,8 +4,8 @@ A ~11M-parameter model cannot fill an H200; several trainer processes on one GPU
 once gave ~1.8x the aggregate steps/s of running them one after another). Each process is
 pinned to its own share of the CPUs (os.sched_setaffinity) and runs one OpenMP thread by
 default: 12 processes with default thread counts on 16 cores ran 100x slower (threads
-oversubscribing the cores), and on a shared 2-core machine a tiny-model ufp4 run with 2
-threads took 139 s where the same run with 1 thread took 11-14 s. Slots alternate over the
+oversubscribing the cores), and on two busy cores a tiny-model ufp4 run with 2 threads took
+139 s where the same run with 1 thread took 11-14 s. Slots alternate over the
 GPUs (CUDA_VISIBLE_DEVICES round-robin), so the first runs spread over every GPU.
 
 A trainer dies with its runner: PR_SET_PDEATHSIG delivers SIGTERM, on which the trainer saves
@@ -89,8 +89,8 @@ def child_env(base: dict, slot: Slot, threads: int, hide_gpus: bool) -> dict:
 
 
 def spawn(argv: list[str], slot: Slot, env: dict, log, keep_fds: tuple[int, ...] = ()):
-    """Starts one trainer pinned to the slot's CPUs, in its own session (a Ctrl-C reaches the
-    runner, which stops it cleanly); it gets SIGTERM if this process dies."""
+    """Starts one trainer pinned to the slot's CPUs, in its own process session (a Ctrl-C
+    reaches the runner, which stops it cleanly); it gets SIGTERM if this process dies."""
     parent = os.getpid()
 
     def in_child() -> None:  # between fork and exec

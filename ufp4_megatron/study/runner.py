@@ -12,14 +12,19 @@ With a time limit, a run starts only if it and the running ones are estimated to
 the limit (from the steps/s this machine is measured to train in all, see Runner._fits); runs
 that would not end are stopped early, the highest seed first, so that the others do and the
 runs that complete are paired by seed; at the limit every trainer still running is stopped.
-Runs not started stay pending for the next round, stopped ones resume there from their
+Runs not started stay pending for the next invocation, stopped ones resume there from their
 checkpoints. With pause_at_limit the limit is a pause, not an end (runs longer than one
-allocation, e.g. a 125M model on a 10-minute GPU lease): every run starts and trains until
-the limit, nothing is shed, and the next invocation continues them.
+allocation, e.g. a 125M model in a Slurm job shorter than its training): every run starts and
+trains until the limit, nothing is shed, and the next invocation continues them.
 
 The lock (<study>/study.lock, flock) is inherited by every trainer: while any trainer of a
 killed runner still runs, a second runner on the same study waits instead of starting the
 same run twice.
+
+With restart_incomplete a run is never continued from an earlier invocation's checkpoint: a
+run found incomplete starts over from step 0 (its partial files are moved to
+<study>/discarded/), so every complete run was trained by one process; each launch writes
+<run>/launch.json, which says from which step the process that completed the run started.
 """
 from __future__ import annotations
 
@@ -47,6 +52,10 @@ class Options:
     # the limit pauses the study instead of ending it: runs longer than one allocation train
     # until it and stop with a checkpoint for a later invocation; nothing is shed or held back
     pause_at_limit: bool = False
+    # a run counts only if one trainer process trained all its steps: a run this invocation
+    # finds incomplete starts over from step 0 (its partial files are moved to
+    # <study>/discarded/), never from a checkpoint of an earlier invocation
+    restart_incomplete: bool = False
     stop_grace: float = 90.0  # seconds a stopped trainer has to save before SIGKILL
     threads: int = 1  # OpenMP threads per run (packing.py says why 1)
     hide_gpus: bool = False  # CUDA_VISIBLE_DEVICES="" for CPU slots on a GPU machine
@@ -184,18 +193,17 @@ class Runner:
     # end (their share goes to the others: optimistic, hence the margin). A set of runs then
     # ends after sum(steps left) / aggregate, plus one start-up for a new run.
     # Two things make a measurement lie low, and a low rate sheds runs that would have fit
-    # (round 1 on the H200 stopped 11 of 12 packed runs, measured while they compiled kernels):
-    # a trainer's first steps (kernel compiles, data-loader start) and the seconds right after
-    # a shed (the stopped trainers still hold their CPUs and the GPU while they save). So a
-    # trainer's rate counts only after WARMUP_STEPS new steps, and after a shed the rate is
-    # measured afresh, from SETTLE seconds of steps after it, before anything else is shed.
-    # While nothing is measurable (all runs starting, or none running), the latest rate
-    # measured stands in: round 2 on the pysrc corpus started 8 runs 56 s before its limit
-    # once the running ones had ended (nothing running, so "nothing measured"), all stopped.
-    # What is shed: the runs of the highest seed first (then the most steps left), so that
-    # what completes is whole seeds, paired across recipes. Shedding the most steps left
-    # first stopped E2M1's runs in both pysrc rounds (its kernels compile longest, so it is
-    # always furthest behind early), leaving E2M1 seeds 1, 3, 5 against UFP4's 1-4: two pairs.
+    # (packed trainers compiling kernels at once all look slow, and the runner would shed
+    # nearly all of them): a trainer's first steps (kernel compiles, data-loader start) and the
+    # seconds right after a shed (the stopped trainers still hold their CPUs and the GPU while
+    # they save). So a trainer's rate counts only after WARMUP_STEPS new steps, and after a
+    # shed the rate is measured afresh, from SETTLE seconds of steps after it, before anything
+    # else is shed. While nothing is measurable (all runs starting, or none running), the
+    # latest rate measured stands in, so that runs are not started just before the limit only
+    # to be stopped at it. What is shed: the runs of the highest seed first (then the most
+    # steps left), so that what completes is whole seeds, paired across recipes. Shedding the
+    # most steps left first would always stop the recipe whose kernels compile longest (it is
+    # furthest behind early), leaving that recipe's seeds unpaired with the others'.
     MARGIN = 1.15
 
     WINDOW = 60.0  # seconds of recent progress a trainer's rate is measured over
@@ -277,6 +285,23 @@ class Runner:
             self._say(f"stop {a.record['name']} at step {a.step}: it would not end within the "
                       f"time limit ({rate:.1f} steps/s in all)")
 
+    def _discard_partial(self, queue: list[dict]) -> None:
+        """restart_incomplete: moves each queued run's partial files (metrics, checkpoints)
+        to <study>/discarded/<run>-attempt<K>, so that it trains from step 0 in one process;
+        kept, not deleted, and said."""
+        for r in queue:
+            d = mf.run_dir(self.study, r["name"])
+            if not (d / "metrics.jsonl").exists() and mf.checkpoint_step(d) is None:
+                continue
+            dest = self.study / "discarded" / f"{r['name']}-attempt{r['attempts']}"
+            n = 1
+            while dest.exists():  # a name taken by an earlier discard
+                dest, n = dest.with_name(f"{r['name']}-attempt{r['attempts']}.{n}"), n + 1
+            dest.parent.mkdir(exist_ok=True)
+            os.replace(d, dest)
+            self._say(f"{r['name']}: incomplete ({mf.last_step(dest / 'metrics.jsonl')} steps);"
+                      f" it starts over from step 0 (the partial run: {dest})")
+
     def _launch(self, r: dict, slot: Slot, lock_fd: int) -> None:
         d = mf.run_dir(self.study, r["name"])
         d.mkdir(parents=True, exist_ok=True)
@@ -285,6 +310,7 @@ class Runner:
         log = open(logs / f"{r['name']}.log", "ab")
         argv = self._argv(r)
         start_step = mf.checkpoint_step(d) or 0
+        mf.write_launch(d, attempt=r["attempts"] + 1, from_step=start_step)
         header = (f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} attempt {r['attempts'] + 1} "
                   f"slot {slot.index} gpu {slot.gpu} cpus {list(slot.cpus)} from step "
                   f"{start_step}: {' '.join(argv)}\n")
@@ -395,6 +421,8 @@ class Runner:
             for r in queue:
                 if r["status"] == "failed":
                     self._say(f"{r['name']} failed before (exit {r['returncode']}): trying again")
+            if self.opt.restart_incomplete:
+                self._discard_partial(queue)
             self._save()
             prepare_data(self.study, queue, self.infos)
             if self.opt.progress == "bar" or (self.opt.progress == "auto" and sys.stderr.isatty()):

@@ -1,11 +1,20 @@
 """Process-group and Megatron parallel-state set-up, on GPU (nccl) or CPU (gloo).
 
 The backend and device come decided (train/runtime.py); on CPU this runs inside the
-runtime's scope (the CPU shims), entered by the caller around the whole run."""
+runtime's scope (the CPU shims), entered by the caller around the whole run.
+
+Addresses: under torchrun the process group joins torchrun's rendezvous (env://, its
+MASTER_ADDR/MASTER_PORT). A single process (no WORLD_SIZE) needs no rendezvous: its group is
+made over an in-process store (`single_process_group`), so it opens no port, takes no
+port another job could take, and cannot wait on a connection: with the loopback interface
+down, a TCP store on 127.0.0.1 retried its connection for torch's 30-minute default timeout.
+A process group that cannot be made (gloo finds no network interface, NCCL fails to set
+up) is a ConfigError, one line saying what the machine lacks.
+"""
 from __future__ import annotations
 
+import datetime
 import os
-import socket
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +24,7 @@ from ..megatron.cpu_compat import active as cpu_compat_active
 from ..megatron.cpu_compat import seed_model_parallel
 from .runtime import Runtime
 from .schema import ParallelConfig
+from .validate import ConfigError
 
 
 @dataclass(frozen=True)
@@ -26,10 +36,27 @@ class Dist:
     dp_rank: int
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+SINGLE_PROCESS_TIMEOUT = datetime.timedelta(minutes=5)  # a collective of one waits on no one
+
+
+def single_process_group(backend: str) -> None:
+    """torch.distributed's default group for this process alone, over an in-process store."""
+    _make_group(lambda: dist.init_process_group(
+        backend, store=dist.HashStore(), rank=0, world_size=1, timeout=SINGLE_PROCESS_TIMEOUT))
+
+
+def _make_group(make) -> None:
+    try:
+        make()
+    except (RuntimeError, ValueError) as e:  # DistNetworkError, gloo's enforce failures, ...
+        what = " ".join(str(e).split())[:300]
+        hint = ""
+        if "interface" in what.lower() or "network" in what.lower():
+            hint = ("; gloo needs a network interface for its address, even alone: bring the "
+                    "loopback interface up (`ip link set lo up`) or name one with "
+                    "GLOO_SOCKET_IFNAME")
+        raise ConfigError(f"torch.distributed could not set up its process group on this "
+                          f"machine ({type(e).__name__}: {what}){hint}") from None
 
 
 def init(cfg: ParallelConfig, runtime: Runtime, seed: int) -> Dist:
@@ -43,11 +70,9 @@ def init(cfg: ParallelConfig, runtime: Runtime, seed: int) -> Dist:
         if "WORLD_SIZE" in os.environ:
             if runtime.on_gpu:
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-            dist.init_process_group(runtime.backend)
+            _make_group(lambda: dist.init_process_group(runtime.backend))
         else:
-            dist.init_process_group(runtime.backend,
-                                    init_method=f"tcp://127.0.0.1:{_free_port()}",
-                                    rank=0, world_size=1)
+            single_process_group(runtime.backend)
     world = dist.get_world_size()
     model_ranks = cfg.tp * cfg.pp
     if world % model_ranks:

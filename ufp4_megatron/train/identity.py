@@ -28,16 +28,18 @@ from typing import Any, Mapping
 IDENTITY_GROUPS = ("model", "precision", "data", "optim")
 # Keys of `train` that define the run; the rest (steps, micro_batch, eval_*, device) do not.
 IDENTITY_TRAIN_KEYS = ("seed", "seq_len", "global_batch", "dtype")
-# Keys inside the groups above that do not change the run (where files go, not what is in them).
-NON_IDENTITY_KEYS = {("data", "cache_dir")}
+# Keys inside the groups above that do not change the run (where files go, not what is in them;
+# which held-out samples validation reads, not what is trained).
+NON_IDENTITY_KEYS = {("data", "cache_dir"), ("data", "valid_seed")}
 # Keys added to an identity group after runs had been recorded without them, each with the
 # value those earlier runs trained with. At that value the key is left out of the identity, so
 # an option that defaults to the old behaviour renames no run: an earlier run keeps its run dir
-# (a resume finds it) and its BF16 sibling (compare pairs it). 2026-12-02: the study's
-# e2m1_uniform-s4, recorded after model.cross_entropy_fusion existed, had no bf16 sibling among
-# the runs recorded before it. A new identity key goes here, with the value that reproduces
+# (a resume finds it) and its BF16 sibling (compare pairs it): without this, a run recorded
+# after the key existed finds no sibling among the runs recorded before it. A new identity
+# key goes here, with the value that reproduces
 # the earlier runs, and into tests/train/test_run_identity.py's IDENTITY_KEYS.
-KEYS_ADDED_LATER: dict[tuple[str, str], Any] = {("model", "cross_entropy_fusion"): False}
+KEYS_ADDED_LATER: dict[tuple[str, str], Any] = {("model", "cross_entropy_fusion"): False,
+                                                   ("model", "transformer_impl"): "local"}
 
 
 def _plain(cfg: Any) -> Mapping:

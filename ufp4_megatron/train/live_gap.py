@@ -30,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from . import identity
+from .log_line import say
 
 REFERENCES = ("bf16", "e2m1")  # precision.name of the runs gaps are taken against
 MAX_RESCAN_S = 3600.0
@@ -124,12 +125,11 @@ class LiveGap:
             for name, runs in found.items():
                 if len(runs) == 1:
                     self.refs[name] = _Curve(runs.pop() / "metrics.jsonl")
-                    if announce:
-                        print(f"live gap: gap_vs_{name} from {self.refs[name].path.parent}",
-                              flush=True)
+                    if announce:  # mid-run: above the progress bar, not over it
+                        say(f"live gap: gap_vs_{name} from {self.refs[name].path.parent}")
                 elif runs:
-                    print(f"live gap: {len(runs)} {name} runs match ({', '.join(map(str, runs))})"
-                          f"; gap_vs_{name} not logged", flush=True)
+                    say(f"live gap: {len(runs)} {name} runs match ({', '.join(map(str, runs))})"
+                        f"; gap_vs_{name} not logged")
                     self.refs.pop(name)
 
     def log(self, record: dict) -> None:

@@ -1,4 +1,4 @@
-"""<run dir>/metrics.jsonl (one JSON object per logged step) and the console progress view."""
+"""<run dir>/metrics.jsonl: one JSON object per logged step (the console view: log_line.py)."""
 from __future__ import annotations
 
 import json
@@ -7,24 +7,46 @@ import sys
 from pathlib import Path
 
 
+BAD = ".bad"  # metrics.jsonl.bad: unreadable lines, as they were
+SUPERSEDED = ".superseded"  # metrics.jsonl.superseded: records of steps trained again
+
+
 class MetricsFile:
-    """Appends step records; on resume, drops records past the checkpoint's step so the file
-    reads as one unbroken run. A line cut short by a kill mid-write (or otherwise unreadable)
-    is dropped with a warning; the rest is kept. The file is rewritten atomically."""
+    """Appends step records. On resume the file is made to read as one unbroken run, and
+    nothing recorded is dropped silently: records past the checkpoint's step (steps that
+    train again) go to metrics.jsonl.superseded, unreadable lines (a line cut by a kill, a
+    damaged or hand-edited one, a step that is not a number) to metrics.jsonl.bad, each with
+    a line saying so. The file is rewritten atomically (a fresh temp file, renamed), and no
+    link at its name is followed."""
 
     def __init__(self, path: Path, resumed_step: int):
         self.path = Path(path)
         if self.path.exists():
-            rows, bad, _ = _parse(self.path)
+            rows, bad, last = _parse(self.path)
+            lines = self.path.read_text(errors="replace").splitlines()
             if bad:
-                print(f"WARNING: {self.path}: dropped unreadable line(s) "
-                      f"{', '.join(map(str, bad))} (a run killed mid-write); kept {len(rows)}",
-                      file=sys.stderr, flush=True)
-            kept = [line for line, row in rows if row["step"] <= resumed_step]
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, self.path)
-        self._f = self.path.open("a")
+                _aside(self.path, BAD, [lines[n - 1] for n in bad])
+                why = ("cut short (a run killed mid-write)" if bad == [last]
+                       else "not JSON step records (damaged or edited)")
+                print(f"WARNING: {self.path}: line(s) {', '.join(map(str, bad))} {why}: "
+                      f"moved to {self.path}{BAD}; kept {len(rows)}", file=sys.stderr,
+                      flush=True)
+            past = [(line, row) for line, row in rows if row["step"] > resumed_step]
+            if past:
+                _aside(self.path, SUPERSEDED, [line for line, _ in past])
+                steps = [row["step"] for _, row in past]
+                where = f"the checkpoint's step {resumed_step}" if resumed_step else \
+                    "step 0 (no checkpoint to resume)"
+                print(f"note: {self.path}: {len(past)} record(s) of steps {min(steps)}-"
+                      f"{max(steps)} are past {where}; those steps train again: moved to "
+                      f"{self.path}{SUPERSEDED}", file=sys.stderr, flush=True)
+            if bad or past:
+                from .checkpoint import write_atomic
+
+                kept = [line for line, row in rows if row["step"] <= resumed_step]
+                write_atomic(self.path, "".join(line + "\n" for line in kept), sync_dir=False)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        self._f = os.fdopen(fd, "a")
 
     def write(self, record: dict) -> None:
         self._f.write(json.dumps(record) + "\n")
@@ -34,11 +56,24 @@ class MetricsFile:
         self._f.close()
 
 
+def _aside(path: Path, suffix: str, lines: list[str]) -> None:
+    fd = os.open(f"{path}{suffix}", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                 0o644)
+    with os.fdopen(fd, "a") as f:
+        f.write("".join(line + "\n" for line in lines))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _is_step(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _parse(path: Path) -> tuple[list[tuple[str, dict]], list[int], int]:
     """([(line, record)], numbers of unreadable lines, number of the last non-blank line),
-    1-based; one read of the file."""
+    1-based; one read of the file. A record needs an integer "step"."""
     rows, bad, last = [], [], 0
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for n, line in enumerate(Path(path).read_text(errors="replace").splitlines(), 1):
         if not line.strip():
             continue
         last = n
@@ -47,7 +82,7 @@ def _parse(path: Path) -> tuple[list[tuple[str, dict]], list[int], int]:
         except json.JSONDecodeError:
             bad.append(n)
             continue
-        if not isinstance(row, dict) or "step" not in row:
+        if not isinstance(row, dict) or not _is_step(row.get("step")):
             bad.append(n)
             continue
         rows.append((line, row))
@@ -64,41 +99,6 @@ def read_metrics(path: Path, note=None) -> list[dict]:
             note(f"{path}: skipped a partial last line (a run killed mid-write)")
     elif bad:
         raise ValueError(f"{path}:{bad[0]}: not a JSON step record ({len(bad)} unreadable "
-                         "line(s)); repair or remove it (a resume of its run drops them)")
+                         "line(s)); repair or remove it (a resume of its run moves them to "
+                         f"{Path(path).name}{BAD})")
     return [row for _, row in rows]
-
-
-class Progress:
-    """tqdm bar with tokens/s and ETA on a terminal; plain lines when output is a file/pipe.
-
-    The validation loss is always printed on the steps that evaluate (a line of its own under
-    the bar; in plain mode the step's line, printed whatever print_interval says)."""
-
-    def __init__(self, mode: str, total: int, initial: int, print_interval: int):
-        tty = sys.stderr.isatty()
-        self.total, self.print_interval = total, max(1, print_interval)
-        self.bar = None
-        if mode == "bar" or (mode == "auto" and tty):
-            from tqdm import tqdm
-            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
-        elif mode not in ("auto", "plain", "bar"):
-            raise ValueError(f"logging.progress={mode!r}; valid: auto, bar, plain")
-
-    def update(self, record: dict) -> None:
-        """Called every step; plain mode prints every print_interval steps, eval steps and the
-        last."""
-        step, val = record["step"], record.get("val_loss")
-        if self.bar is not None:
-            self.bar.set_postfix(loss=f"{record['loss']:.4f}",
-                                 tok_s=f"{record['tokens_per_s']:.0f}")
-            self.bar.update(1)
-            if val is not None:
-                self.bar.write(f"step {step:>6} val_loss {val:.4f}")
-        elif step % self.print_interval == 0 or step == self.total or val is not None:
-            line = (f"step {step:>6} loss {record['loss']:.4f} lr {record['lr']:.2e} "
-                    f"grad_norm {record['grad_norm']:.3f} tok/s {record['tokens_per_s']:.0f}")
-            print(line + (f" val_loss {val:.4f}" if val is not None else ""), flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

@@ -6,11 +6,13 @@ import torch.nn.functional as F
 
 from ..megatron.policy import UFP4Policy
 from ..recipe import Recipe
-from . import graphs
+from . import graphs, te_route
 from .schema import Config
 
 
-def transformer_config(cfg: Config, dtype: torch.dtype, device: torch.device):
+def transformer_config(cfg: Config, dtype: torch.dtype, device: torch.device,
+                       recipe: Recipe | None = None):
+    """recipe: the run's, for model.transformer_impl=transformer_engine (TE's FP4 fields)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     m, p, bf16 = cfg.model, cfg.parallel, cfg.precision.bf16_layers
@@ -27,6 +29,8 @@ def transformer_config(cfg: Config, dtype: torch.dtype, device: torch.device):
                    moe_grouped_gemm=m.moe_grouped_gemm,
                    # alltoall's split sizes stay tensors on gloo; allgather runs everywhere
                    moe_token_dispatcher_type="alltoall" if on_gpu else "allgather")
+    # the TE route: Megatron's FP4 path with the recipe's TE quantizer factory (te_route.py)
+    te = te_route.config_fields(recipe) if m.transformer_impl == te_route.TE else {}
     return TransformerConfig(
         num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
         num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
@@ -48,15 +52,19 @@ def transformer_config(cfg: Config, dtype: torch.dtype, device: torch.device):
         # the loss over the logits in fewer passes (unfused: an estimated ~12 ms of the BF16
         # small step's ~60 ms of kernels, fp32 passes over its logits; docs/performance.md)
         cross_entropy_loss_fusion=m.cross_entropy_fusion, cross_entropy_fusion_impl="native",
-        **moe, **graphs.megatron_config(cfg),
+        # train.deterministic: Megatron's deterministic code paths (train/determinism.py)
+        deterministic_mode=cfg.train.deterministic,
+        **moe, **te, **graphs.megatron_config(cfg),
     )
 
 
 def block_spec(config, policy: UFP4Policy, *, attention_backend: str = "sdpa",
-               sdpa_kernels=None, pp_rank: int | None = None):
+               sdpa_kernels=None, pp_rank: int | None = None, transformer_impl: str = "local"):
     """Megatron's local GPT spec (dense, or per-layer dense/MoE) with the core attention of
     `attention_backend` (megatron/attention.py; the same for every recipe), rewritten by the
-    plugin: UFP4 linears where the policy quantizes, Megatron's own classes elsewhere.
+    plugin: UFP4 linears where the policy quantizes, Megatron's own classes elsewhere. With
+    transformer_impl="transformer_engine": Megatron's TE spec with that core attention, not
+    rewritten (TE quantizes through the config's FP4 recipe: train/te_route.py).
     pp_rank: None for this rank's pipeline stage (needs Megatron's parallel state)."""
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_decoder_block_spec,
@@ -66,6 +74,9 @@ def block_spec(config, policy: UFP4Policy, *, attention_backend: str = "sdpa",
     from ..megatron.attention import core_attention_spec, with_core_attention
     from ..megatron.spec import ufp4_block_spec
 
+    if transformer_impl == te_route.TE:
+        return with_core_attention(te_route.te_spec(config, pp_rank=pp_rank), core_attention_spec(
+            attention_backend, tuple(sdpa_kernels) if sdpa_kernels else None))
     if config.num_moe_experts:
         base = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
                                           normalization="RMSNorm", pp_rank=pp_rank)
@@ -95,13 +106,14 @@ def build_model(cfg: Config, recipe: Recipe, dtype: torch.dtype, device: torch.d
     if cfg.train.seq_len > m.max_seq_len:
         raise ValueError(f"train.seq_len={cfg.train.seq_len} exceeds "
                          f"model.max_seq_len={m.max_seq_len}")
-    config = transformer_config(cfg, dtype, device)
+    config = transformer_config(cfg, dtype, device, recipe)
     policy = UFP4Policy(recipe, sr_seed=cfg.train.seed,
                         **({} if weight_cache is None else {"weight_cache": weight_cache}))
     model = GPTModel(
         config=config,
         transformer_layer_spec=block_spec(config, policy, attention_backend=m.attention_backend,
-                                          sdpa_kernels=m.sdpa_kernels),
+                                          sdpa_kernels=m.sdpa_kernels,
+                                          transformer_impl=m.transformer_impl),
         vocab_size=m.vocab_size, max_sequence_length=m.max_seq_len,
         pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
         share_embeddings_and_output_weights=not m.untie_embeddings,

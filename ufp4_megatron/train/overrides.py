@@ -81,15 +81,65 @@ def compose_training(overrides: list[str], config_dir: str | None = None):
 
 def compose_problem(overrides: list[str], config_dir: str | None = None) -> str | None:
     """None if `overrides` compose into the training config; else Hydra's complaint, one line."""
+    return composed(overrides, config_dir)[1]
+
+
+def composed(overrides: list[str], config_dir: str | None = None):
+    """(the composed config, None), or (None, one line saying why it does not compose: Hydra's
+    complaint, a key outside the schema, a mandatory value left unset)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        with training_configs():
+        with _configs():
             cfg = compose_training(overrides, config_dir)
     except (HydraException, OmegaConfBaseException) as e:
-        return describe_error(e)
-    return schema_problem(cfg)
+        return None, describe_error(e)
+    problem = schema_problem(cfg) or missing_problem(cfg)
+    return (None, problem) if problem else (cfg, None)
+
+
+def _configs():
+    """training_configs(), or nothing where a caller is already inside it (tests compose
+    many configs in one context)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    return contextlib.nullcontext() if GlobalHydra.instance().is_initialized() else \
+        training_configs()
+
+
+def missing_problem(cfg) -> str | None:
+    """None, or one line naming the mandatory values a composed config leaves unset: a group
+    removed with `~precision`, a key a user's own YAML does not give."""
+    from omegaconf import OmegaConf
+
+    from ..configs import CONFIG_DIR
+
+    # not OmegaConf.missing_keys: it resolves every value on the way, and ${hydra:run.dir}
+    # (data.cache_dir='${hydra:run.dir}/data-cache') resolves only inside a Hydra run
+    missing = sorted(_missing_keys(OmegaConf.to_container(cfg, resolve=False)))
+    if not missing:
+        return None
+    groups = [k for k in missing if "." not in k]
+    if groups:
+        options = sorted(p.stem for p in (Path(CONFIG_DIR) / groups[0]).glob("*.yaml"))
+        hint = (f"; the trainer has no default for it (`~{groups[0]}` removes the group): "
+                f"choose one of {', '.join(options)}, e.g. {groups[0]}={options[0]}")
+    else:
+        hint = "; set it on the command line or in the YAML that leaves it out"
+    return f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set{hint}"
+
+
+def _missing_keys(node, key: str = ""):
+    """The full keys of the values that are '???' in a config's unresolved container."""
+    if node == "???":
+        yield key
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            yield from _missing_keys(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _missing_keys(v, f"{key}[{i}]")
 
 
 def schema_problem(cfg) -> str | None:

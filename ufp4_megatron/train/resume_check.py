@@ -59,19 +59,52 @@ def checkpoint_dir(cfg, run_dir: Path) -> Path:
     return Path(cfg.checkpoint.dir or Path(run_dir) / "checkpoints")
 
 
+def _stored_checkpoint_dir(stored: Mapping, run_dir: Path) -> Path:
+    """The checkpoint dir a stored config.yaml trained with."""
+    return Path(((stored.get("checkpoint") or {}).get("dir")) or Path(run_dir) / "checkpoints")
+
+
+# the files the trainer writes in a run dir: it never follows a link there (a link planted
+# at one of these names would make it write, append or read elsewhere)
+WRITTEN = (CONFIG, METRICS, HISTORY, ".hydra", "metrics.jsonl.bad", "metrics.jsonl.superseded")
+
+
+def check_run_dir_files(run_dir: Path) -> None:
+    for name in WRITTEN:
+        p = Path(run_dir) / name
+        if p.is_symlink():
+            raise ConfigError(f"{p} is a symbolic link (to {os.readlink(p)}); the trainer "
+                              "writes its run dir's files itself and never through a link: "
+                              "remove it")
+        if name != ".hydra" and p.exists() and not p.is_file():
+            raise ConfigError(f"{p} is not a regular file; remove it")
+
+
 def plan_start(cfg, run_dir: Path) -> StartPlan:
     """What starting `cfg` in `run_dir` means; raises ConfigError when it must not start."""
-    from .checkpoint import CheckpointError, check_start, latest_step
+    from .checkpoint import CheckpointError, check_owner, check_start, owner, steps_on_disk
 
     run_dir = Path(run_dir)
     ckpt_dir = checkpoint_dir(cfg, run_dir)
-    try:  # resume=false over saved steps, or no intact step left: refused before any write
-        check_start(ckpt_dir, cfg.checkpoint.resume)
-    except CheckpointError as e:
-        raise ConfigError(str(e)) from None
+    check_run_dir_files(run_dir)
     stored = _load(run_dir / CONFIG)
-    step = latest_step(ckpt_dir)
-    trained = step is not None or _has_lines(run_dir / METRICS)
+    if stored is not None:  # the checkpoints of this run dir are where it trained them
+        theirs = _stored_checkpoint_dir(stored, run_dir)
+        if theirs.resolve() != ckpt_dir.resolve() and (
+                steps_on_disk(theirs) or (theirs / "latest").exists()):
+            raise ConfigError(
+                f"{run_dir} keeps its checkpoints in {theirs} (its {CONFIG}), but this start "
+                f"uses {ckpt_dir}: it would start or resume this run from another dir's "
+                f"steps and cut its {METRICS}. Drop the checkpoint.dir override (or set "
+                f"checkpoint.dir={theirs}); to move the checkpoints, move the step dirs and "
+                f"`latest` from {theirs} to {ckpt_dir} first")
+    # a checkpoint converted from Megatron-LM's layout (train/checkpoint_megatron_lm.py) that
+    # this run dir has not trained from yet pins no config: a start refused before step 1
+    # (say, for a model its tensors do not fit) must not keep the right one out
+    fresh_conversion = not _has_lines(run_dir / METRICS) and bool(steps_on_disk(ckpt_dir)) \
+        and _converted(ckpt_dir)
+    trained = (bool(steps_on_disk(ckpt_dir)) and not fresh_conversion) \
+        or _has_lines(run_dir / METRICS)
     if stored is not None and trained:  # (a start that failed before step 1 pins nothing)
         differ = identity.differences(stored, cfg)
         if differ:
@@ -79,10 +112,24 @@ def plan_start(cfg, run_dir: Path) -> StartPlan:
                 f"{run_dir} holds another run: its {CONFIG} differs in {', '.join(differ)}. "
                 "To start a fresh run, drop hydra.run.dir (the default dir follows the "
                 "config) or give a new one; to continue that run, use its config")
+    try:  # resume=false over saved steps, no intact step left, another run's checkpoints:
+        found = check_start(ckpt_dir, cfg.checkpoint.resume)  # refused before any write
+        check_owner(found.common, owner(cfg, run_dir), ckpt_dir, run_dir)
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
+    step = found.step
+    if not cfg.checkpoint.resume and _has_lines(run_dir / METRICS):
+        raise ConfigError(
+            f"checkpoint.resume=false but {run_dir} holds the {METRICS} of an earlier run; "
+            f"starting over there would cut it. Start a fresh run in a new run dir "
+            "(hydra.run.dir=... or another experiment=/seed), or delete that run dir; drop "
+            "checkpoint.resume=false to continue the run")
     if not cfg.checkpoint.resume:
         step = None
     if step is None:
         return StartPlan(run_dir, ckpt_dir, 0, cfg.train.steps)
+    if fresh_conversion:  # no config trained it: this one is recorded; the load still
+        return StartPlan(run_dir, ckpt_dir, step, cfg.train.steps)  # refuses another model
     if stored is None:
         raise ConfigError(
             f"{ckpt_dir} holds a checkpoint (step {step}) but {run_dir / CONFIG}, the config "
@@ -91,6 +138,17 @@ def plan_start(cfg, run_dir: Path) -> StartPlan:
             "to start fresh")
     changes = _changed(stored, _as_dict(cfg))
     return StartPlan(run_dir, ckpt_dir, step, cfg.train.steps, changes)
+
+
+def _converted(ckpt_dir: Path) -> bool:
+    """Whether the newest intact step was converted from Megatron-LM's layout (a damaged or
+    planted one is left to check_start, which says why)."""
+    from .checkpoint import PREFIX, CheckpointError, find
+
+    try:
+        return bool((find(ckpt_dir).common or {}).get(f"{PREFIX}.converted_from"))
+    except CheckpointError:
+        return False
 
 
 def record(plan: StartPlan, config_yaml: str, hydra_files: Mapping[str, str]) -> None:
@@ -103,7 +161,9 @@ def record(plan: StartPlan, config_yaml: str, hydra_files: Mapping[str, str]) ->
     if plan.step > 0:
         entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "step": plan.step,
                  "steps": plan.total, "changes": plan.changes, "argv": sys.argv[1:]}
-        with open(plan.run_dir / HISTORY, "a") as f:
+        fd = os.open(plan.run_dir / HISTORY,
+                     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "a") as f:
             f.write(json.dumps(entry, default=str) + "\n")
 
 
@@ -147,6 +207,6 @@ def _changed(old: Mapping, new: Mapping) -> dict[str, list]:
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    from .checkpoint import write_atomic
+
+    write_atomic(path, text, sync_dir=False)

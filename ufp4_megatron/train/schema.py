@@ -13,6 +13,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING
 
 from ..data.tokenizers import TokenizerConfig  # `data.tokenizer`; prepare_data builds the same
+from .ablation_name import register_resolver as register_ablation_resolver
 from .preset_switches import PRESET_RESOLVER, register_preset_resolver
 
 
@@ -33,6 +34,9 @@ class ModelConfig:
     untie_embeddings: bool = True  # separate output head (Megatron's default for GPT-3 style)
     init_std: float = 0.02
     cpu_init: Optional[bool] = None  # None: on CPU only; true: TP-layout-invariant weights
+    # linears: local (the plugin's UFP4 linears in Megatron's local spec) or transformer_engine
+    # (Megatron's TE spec, UFP4 through TE's custom FP4 recipe: train/te_route.py; needs TE)
+    transformer_impl: str = "local"
     # core attention, the same for every recipe: sdpa (PyTorch's fused kernels, no mask
     # tensor), te (TransformerEngine, when installed), megatron (unfused, materialised mask)
     attention_backend: str = "sdpa"
@@ -100,7 +104,9 @@ class PrecisionConfig:
     `precision.sr.dy=false` edit one switch of it.
     """
 
-    name: str = MISSING  # label used in run names and reports
+    # label used in run names and reports; the package's YAMLs name an override ablation
+    # after what it changes (train/ablation_name.py: ufp4-rht.fprop=false)
+    name: str = MISSING
     recipe: str = MISSING  # a name from list_recipes()
     grid: Optional[str] = None
     block: Optional[int] = None
@@ -143,6 +149,10 @@ class DataConfig:
     # The tokenizer the data was made with: its EOD/pad ids and vocabulary are checked
     # against model.vocab_size and the data at start (data/tokenizers.py).
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    # The shuffling seed of the validation split. null: train.seed's, so each seed validates
+    # on other samples of the held-out documents; a number: every run validates on the same
+    # samples whatever its seed (a fixed validation set shared by a study's seeds).
+    valid_seed: Optional[int] = None
 
 
 @dataclass(kw_only=True)
@@ -174,10 +184,16 @@ class TrainConfig:
     seq_len: int = 1024
     micro_batch: int = 1  # sequences per rank per forward pass
     global_batch: int = 8  # sequences per optimizer step (micro_batch * dp * accumulation)
-    eval_interval: int = 0  # steps between validation passes; 0: never
-    eval_iters: int = 4
+    # steps between validation passes on the held-out split (data.split's second part), and
+    # at the last step, as Megatron-LM's --eval-interval (default 1000); 0: never
+    eval_interval: int = 1000
+    eval_iters: int = 4  # validation batches per pass (of global_batch sequences each)
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"  # params/activations: auto = bf16 on CUDA, fp32 on CPU
+    # the same bits from the same command, run after run and across resumes, slower: Megatron's
+    # deterministic_mode, torch.use_deterministic_algorithms, cuBLAS/NCCL settings
+    # (train/determinism.py; its cost: docs/training.md)
+    deterministic: bool = False
     # CUDA graphs (Megatron-Core's cuda_graph_impl): none | local (one graph per transformer
     # layer, forward and backward) | full_iteration (all micro-batches' forward and backward
     # in one graph); captured after cuda_graph_warmup eager steps
@@ -203,7 +219,11 @@ class WandbConfig:
 class LoggingConfig:
     log_interval: int = 1  # steps between metrics.jsonl lines
     progress: str = "auto"  # auto: a tqdm bar on a TTY, plain lines otherwise | bar | plain
-    print_interval: int = 10  # steps between plain progress lines
+    print_interval: int = 10  # steps between printed step lines (train/log_line.py)
+    # the GPU's dense BF16 peak in TFLOP/s for the MFU column; null: looked up by device name
+    # (train/log_line.py's table), no MFU on CPU or a GPU it lacks
+    peak_tflops: Optional[float] = None
+    tensorboard: bool = False  # also write the logged scalars to <run dir>/tensorboard
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
@@ -212,13 +232,16 @@ class CheckpointConfig:
     """Megatron dist_checkpointing, saved atomically (see train/checkpoint.py)."""
 
     dir: Optional[str] = None  # None: <run dir>/checkpoints; a checkpoint there is resumed
-    interval: int = 0  # steps between saves; 0: only at the end and on SIGTERM/SIGUSR1
+    interval: int = 0  # steps between saves; 0: only at the end and on SIGTERM/SIGUSR1/SIGINT
     save_at_end: bool = True
     resume: bool = True  # false: refuse to start if the dir already holds checkpoints
     keep: int = 2  # newest checkpoints kept (by step); older ones are deleted; <= 0: keep all
     # distributed optimizer state in Megatron's fully_reshardable form (resumable at another
     # TP; gathers the state over DP at save) instead of dp_reshardable (only DP may change)
     optim_fully_reshardable: bool = False
+    # a sha256 manifest with every checkpoint (each rank hashes the files it wrote), checked
+    # before a resume loads it; false: neither written nor checked (train/checksums.py)
+    checksums: bool = True
 
 
 @dataclass(kw_only=True)
@@ -238,4 +261,5 @@ def register_configs() -> None:
     """Registers the schema as `base_config`, the first entry of ufp4_megatron/configs/config.yaml,
     and the resolver of its preset defaults."""
     register_preset_resolver()
+    register_ablation_resolver()
     ConfigStore.instance().store(name="base_config", node=Config)
