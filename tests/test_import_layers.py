@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("configs", "scripts"),  # package data (Hydra YAMLs, launch scripts): imports nothing
     ("numerics",),
     ("kernels",),
-    ("recipe", "fake_quant", "ops", "grouped_ops", "diagnostics", "__init__"),
+    ("recipe", "fake_quant", "ops", "grouped_ops", "weight_cache", "diagnostics", "__init__"),
     ("megatron", "te"),
     ("data",),
     ("train",),

@@ -23,19 +23,30 @@ def _kernels():
     return kernels
 
 
+def _reference(x: torch.Tensor, grid, **kw) -> torch.Tensor:
+    """numerics.quantize.quantize_view; an SR key in device memory (a 1-element int64 tensor
+    of a key table) is read back to the host first, which the reference needs (on CUDA a
+    synchronisation: only the reference path pays it)."""
+    seed = kw.get("seed")
+    if isinstance(seed, torch.Tensor):
+        kw = dict(kw, seed=int(seed.item()))
+    return _reference_view(x, grid, **kw)
+
+
 def quantize_view(x: torch.Tensor, grid, *, backend: str = "auto", **kw) -> torch.Tensor:
-    """Dispatching twin of numerics.quantize.quantize_view (same arguments)."""
+    """Dispatching twin of numerics.quantize.quantize_view (same arguments; seed may also be
+    an SR key in device memory, a 1-element int64 tensor)."""
     if backend == "auto":
         if x.is_cuda:  # the kernels where they cover the arguments (None: they do not)
             q = _kernels().quantize_view(x, grid, strict=False, **kw)
             if q is not None:
                 return q
-        return _reference_view(x, grid, **kw)
+        return _reference(x, grid, **kw)
     if backend == "torch":
-        return _reference_view(x, grid, **kw)
+        return _reference(x, grid, **kw)
     if backend == "triton":  # the kernels, or a one-line error saying what they lack
         if x.numel() == 0:  # nothing to launch: the reference's empty result is exact
-            return _reference_view(x, grid, **kw)
+            return _reference(x, grid, **kw)
         return _kernels().quantize_view(x, grid, **kw)
     raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
 
@@ -52,10 +63,16 @@ def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *,
     return quantize_view(a, backend=backend, **a_kw), quantize_view(b, backend=backend, **b_kw)
 
 
-def _operand_kw(spec: OperandSpec, key: dict, rht, out_dtype) -> dict:
-    # the one place a GEMM operand's OperandSpec becomes the reference's/kernels' arguments
+def operand_kw(spec: OperandSpec, rht, out_dtype) -> dict:
+    """The one place a GEMM operand's OperandSpec becomes the reference's/kernels' keyword
+    arguments (its padding kept: zeros add nothing to the product); seed, origin and
+    segments are the call's."""
     return dict(grid=spec.grid, block=spec.block, block_2d=spec.block_2d, scale=spec.scale,
-                rounding=spec.rounding, rht=rht, keep_padding=True, out_dtype=out_dtype, **key)
+                rounding=spec.rounding, rht=rht, keep_padding=True, out_dtype=out_dtype)
+
+
+def _operand_kw(spec: OperandSpec, key: dict, rht, out_dtype) -> dict:
+    return dict(operand_kw(spec, rht, out_dtype), **key)
 
 
 def quantize_operand(view: torch.Tensor, spec: OperandSpec, *, rht=None, seed: int = 0,
@@ -66,15 +83,6 @@ def quantize_operand(view: torch.Tensor, spec: OperandSpec, *, rht=None, seed: i
     quantize_view."""
     key = dict(seed=seed, origin=origin, segments=segments)
     return quantize_view(view, backend=backend, **_operand_kw(spec, key, rht, out_dtype))
-
-
-def quantize_operand_pair(views, specs, keys, *, rht=None, out_dtype=None,
-                          backend: str = "auto"):
-    """The two operands of one GEMM (views, OperandSpecs, and per operand its SR key: a dict
-    of seed and origin), quantized as quantize_operand does, in one kernel launch where the
-    kernels cover both."""
-    a_kw, b_kw = (_operand_kw(spec, key, rht, out_dtype) for spec, key in zip(specs, keys))
-    return quantize_pair(views[0], a_kw, views[1], b_kw, backend=backend)
 
 
 def quantize(x: torch.Tensor, fmt, *, block: int = 16, scale: str = "fp32",

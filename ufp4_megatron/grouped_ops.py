@@ -48,7 +48,7 @@ from . import ops
 from .fake_quant import quantize_operand
 from .numerics.checks import check_int, check_seed
 from .numerics.hadamard import RHT, get_rht, rotated_dtype
-from .numerics.philox import mix_seed, mix_seeds
+from .numerics.philox import key_row, mix_seed, mix_seeds
 from .numerics.quantize import padded_length
 from .numerics.segments import Segments, tensor_scale_segments_problem
 from .recipe import GEMMS, OPERANDS, GemmSpec, OperandSpec, Recipe, reduction_dim
@@ -242,6 +242,17 @@ def _operand_seeds(seed: int, first_expert: int, experts: int, gemm: str,
     return tuple(mix_seeds(per_expert, _GEMM_ID[gemm], operand))
 
 
+def _segment_seeds(seed, first_expert: int, experts: int, gemm: str, operand: int):
+    """Per local expert, this GEMM operand's SR key: of a host seed _operand_seeds; of a key
+    table drawn on the device (megatron/seeds.py: [6, E], numerics.philox.operand_keys, the
+    same values) its row, read in place by the kernels (no host copy per call)."""
+    if isinstance(seed, torch.Tensor):
+        if seed.shape[1] != experts:
+            raise ValueError(f"a key table of {seed.shape[1]} experts for {experts} experts")
+        return seed[key_row(_GEMM_ID[gemm], operand)]
+    return _operand_seeds(seed, first_expert, experts, gemm, operand)
+
+
 # ----------------------------------------------------------------------------- operands
 
 
@@ -298,7 +309,7 @@ def _gemm_operand(gemm: str, name: str, t: torch.Tensor, spec: GemmSpec, *, rht:
     swapped, segments then along the columns)."""
     rows = reduction_dim(gemm, name) == 0
     q = _operand(t.t() if rows else t, getattr(spec, name), rht=rht,
-                 seeds=_operand_seeds(seed, first_expert, experts, gemm,
+                 seeds=_segment_seeds(seed, first_expert, experts, gemm,
                                       OPERANDS[gemm].index(name)),
                  origin=(origin[1], origin[0]) if rows else origin, starts=starts,
                  along_columns=rows, dtype=dtype, backend=backend)
@@ -338,9 +349,11 @@ def _check_layout(name: str, t: torch.Tensor, groups: ExpertGroups, recipe: Reci
 
 
 def fprop(x: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recipe, *,
-          seed: int = 0, first_expert: int = 0, x_origin=(0, 0), w_origin=(0, 0),
-          backend: str = "auto", gemm_backend: str = "auto") -> torch.Tensor:
-    """Y_e = Q(X_e) Q(W_e)^T: x [Mp, K] (padded layout), w [E, N, K] -> [Mp, N]."""
+          seed=0, first_expert: int = 0, x_origin=(0, 0), w_origin=(0, 0),
+          backend: str = "auto", gemm_backend: str = "auto",
+          qw: torch.Tensor | None = None) -> torch.Tensor:
+    """Y_e = Q(X_e) Q(W_e)^T: x [Mp, K] (padded layout), w [E, N, K] -> [Mp, N]. qw: the
+    weight's operand made by `weight_operand("fprop", ...)` (the weight cache), as it is."""
     E, N, K = w.shape
     w = w.to(x.dtype)
     _check_layout("fprop", x, groups, recipe)
@@ -350,17 +363,19 @@ def fprop(x: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recipe
     kw = dict(rht=rht, seed=seed, first_expert=first_expert, experts=E, dtype=dtype,
               backend=backend)
     qx = _gemm_operand("fprop", "x", x, spec, origin=x_origin, starts=groups.padded_starts, **kw)
-    qw = _gemm_operand("fprop", "w", w.reshape(E * N, K), spec, origin=w_origin,
-                       starts=_weight_starts(E, N), **kw)
+    if qw is None:
+        qw = _gemm_operand("fprop", "w", w.reshape(E * N, K), spec, origin=w_origin,
+                           starts=_weight_starts(E, N), **kw)
     y = grouped_mm(qx, qw.view(E, N, K).transpose(1, 2), groups, backend=gemm_backend)
     return y.to(x.dtype)
 
 
 def dgrad(dy: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recipe, *,
-          seed: int = 0, first_expert: int = 0, dy_origin=(0, 0), w_origin=(0, 0),
-          backend: str = "auto", gemm_backend: str = "auto") -> torch.Tensor:
+          seed=0, first_expert: int = 0, dy_origin=(0, 0), w_origin=(0, 0),
+          backend: str = "auto", gemm_backend: str = "auto",
+          qw: torch.Tensor | None = None) -> torch.Tensor:
     """dX_e = Q(dY_e) Q(W_e): dy [Mp, N] (padded layout), w [E, N, K] -> [Mp, K]; W
-    quantized along N."""
+    quantized along N. qw: the weight's operand made by `weight_operand("dgrad", ...)`."""
     E, N, K = w.shape
     w = w.to(dy.dtype)
     _check_layout("dgrad", dy, groups, recipe)
@@ -372,14 +387,15 @@ def dgrad(dy: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recip
     qdy = _gemm_operand("dgrad", "dy", dy, spec, origin=dy_origin,
                         starts=groups.padded_starts, **kw)
     # the stack [E*N, K] quantized along N: its transpose in the kernels' column layout
-    qw = _gemm_operand("dgrad", "w", w.reshape(E * N, K), spec, origin=w_origin,
-                       starts=_weight_starts(E, N), **kw)
+    if qw is None:
+        qw = _gemm_operand("dgrad", "w", w.reshape(E * N, K), spec, origin=w_origin,
+                           starts=_weight_starts(E, N), **kw)
     dx = grouped_mm(qdy, qw.reshape(E, N, K), groups, backend=gemm_backend)
     return dx.to(dy.dtype)
 
 
 def wgrad(dy: torch.Tensor, x: torch.Tensor, groups: ExpertGroups, recipe: Recipe, *,
-          seed: int = 0, first_expert: int = 0, dy_origin=(0, 0), x_origin=(0, 0),
+          seed=0, first_expert: int = 0, dy_origin=(0, 0), x_origin=(0, 0),
           backend: str = "auto", gemm_backend: str = "auto") -> torch.Tensor:
     """dW_e = Q(dY_e)^T Q(X_e): dy [Mp, N], x [Mp, K] (padded layout) -> [E, N, K]; both
     quantized along tokens, in blocks that start at each expert's first token."""
@@ -394,6 +410,21 @@ def wgrad(dy: torch.Tensor, x: torch.Tensor, groups: ExpertGroups, recipe: Recip
     qdy = _gemm_operand("wgrad", "dy", dy, spec, origin=dy_origin, **kw)
     qx = _gemm_operand("wgrad", "x", x, spec, origin=x_origin, **kw)
     return grouped_mm(qdy.t(), qx, groups, backend=gemm_backend).to(dy.dtype)
+
+
+def weight_operand(gemm: str, w: torch.Tensor, recipe: Recipe, *, origin=(0, 0),
+                   dtype: torch.dtype | None = None, backend: str = "auto") -> torch.Tensor:
+    """The stacked weight's operand of `gemm` ("fprop" or "dgrad", an RTNE operand:
+    ops.cacheable) exactly as fprop / dgrad quantize it for activations of `dtype` (None:
+    w's): what the weight cache keeps."""
+    if not ops.cacheable(recipe, gemm):
+        raise ValueError(f"{gemm}.w is not an RTNE-quantized operand of {recipe.name}")
+    w = w.to(dtype or w.dtype)
+    E, N, K = w.shape
+    spec, rht, dtype = _gemm_setup(gemm, recipe, w, K if gemm == "fprop" else N)
+    return _gemm_operand(gemm, "w", w.reshape(E * N, K), spec, rht=rht, seed=0,
+                         first_expert=0, experts=E, origin=origin,
+                         starts=_weight_starts(E, N), dtype=dtype, backend=backend)
 
 
 # ----------------------------------------------------------------------------- the twin

@@ -11,8 +11,9 @@ with an RHT: operands in float32, a rotated block can exceed fp16's range, and t
 cast to float16 once). Both operands are zero-padded along the reduction dim to a common
 multiple of block and RHT size; zeros add nothing to the product. Which operand is reduced
 along which dim, and how each is quantized, is the recipe's (recipe.reduction_dim,
-recipe.operand): an operand's OperandSpec goes whole to fake_quant.quantize_operand(_pair),
-which runs both of a GEMM in one kernel launch where the kernels cover them. Backward
+recipe.operand): an operand's OperandSpec goes whole to fake_quant.operand_kw, and both
+operands of a GEMM run in one kernel launch where the kernels cover them (prepared once per
+shape: kernels/dispatch.py PreparedQDQ). Backward
 quantizes from the tensors BF16 saves anyway (x, w): no extra copies are kept for backward.
 
 Origins are each operand's (row, column) offset in the full tensor, natural layout (dy:
@@ -25,10 +26,10 @@ import functools
 
 import torch
 
-from .fake_quant import BACKENDS, quantize_operand, quantize_operand_pair
+from .fake_quant import BACKENDS, operand_kw, quantize_pair, quantize_view
 from .numerics.checks import check_float_tensor, check_seed
 from .numerics.hadamard import RHT, get_rht, rotated_dtype
-from .numerics.philox import mix_seed
+from .numerics.philox import key_row, mix_seed
 from .numerics.quantize import padded_length
 from .recipe import GEMMS, OPERANDS, GemmSpec, Recipe, reduction_dim
 
@@ -61,65 +62,173 @@ def _rotated(view: torch.Tensor, length: int, rht: RHT | None, dtype) -> torch.T
     return out.to(dtype)
 
 
-def _pad(q: torch.Tensor, length: int) -> torch.Tensor:
-    if q.shape[1] != length:  # the other operand needed a longer padding unit
-        q = torch.nn.functional.pad(q, (0, length - q.shape[1]))
+def _pad(q: torch.Tensor, length: int, rows: bool = False) -> torch.Tensor:
+    """q (natural orientation) padded along the reduction dim (dim 0 when rows) to length:
+    the other operand needed a longer padding unit."""
+    dim = 0 if rows else 1
+    if q.shape[dim] != length:
+        q = torch.nn.functional.pad(q, (0, 0, 0, length - q.shape[0]) if rows
+                                    else (0, length - q.shape[1]))
     return q
 
 
-def _gemm_operands(gemm: str, recipe: Recipe, tensors, origins, *, seed: int, backend: str):
+def _gemm_operands(gemm: str, recipe: Recipe, tensors, origins, *, seed, backend: str,
+                   given=(None, None)):
     """`gemm`'s two operands (natural layouts, OPERANDS order) quantized along the GEMM's
     reduction dim as the recipe says, padded to a common length along it, in natural
     orientation. An operand reduced along its rows is quantized as its transpose (origin
-    swapped); the two quantizations run in one kernel launch where the kernels cover both."""
+    swapped); the two quantizations run in one kernel launch where the kernels cover both.
+    given[i]: operand i already quantized so (the weight cache), used as it is.
+    seed: the call's SR seed (an int), or its key table in device memory
+    (numerics.philox.operand_keys: int64 [6, E], the call's column first)."""
+    plan = _operands_plan(gemm, recipe, tensors, origins, seed, backend, given)
+    return plan(tensors, seed, given)
+
+
+_PLANS: dict = {}
+
+
+def _operands_plan(gemm, recipe, tensors, origins, seed, backend, given) -> "_OperandsPlan":
+    """The cached plan of a GEMM's operand preparation for these shapes, strides, dtypes,
+    device, origins, recipe, seed kind and given operands (host time per call)."""
+    a, b = tensors
+    key = (gemm, id(recipe), backend, a.shape, a.stride(), a.dtype, b.shape, b.stride(),
+           b.dtype, a.device, origins, isinstance(seed, int), given[0] is None,
+           given[1] is None)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) > 1024:  # shapes are few per model; never grow without bound
+            _PLANS.clear()
+        plan = _PLANS[key] = _OperandsPlan(gemm, recipe, tensors, origins, seed, backend, given)
+    return plan
+
+
+class _OperandsPlan:
+    """What `_gemm_operands` computes once per key (_operands_plan): the recipe's specs, the
+    RHT, the common length and dtype, each operand's fixed keyword arguments, and where the
+    kernels cover the operands, a prepared launch (kernels/dispatch.py PreparedQDQ)."""
+
+    def __init__(self, gemm, recipe, tensors, origins, seed, backend, given):
+        spec: GemmSpec = getattr(recipe, gemm)
+        self.recipe = recipe  # keeps id(recipe) of the key alive and unique
+        self.gid, self.along_rows = _GEMM_ID[gemm], _ALONG_ROWS[gemm]
+        self.ops = tuple(getattr(spec, name) for name in OPERANDS[gemm])
+        first = tensors[0]
+        reduction = first.shape[0 if self.along_rows[0] else 1]
+        self.rht, self.length, self.dtype = _gemm_plan(spec, gemm, recipe.rht_seed, reduction,
+                                                       first.dtype)
+        self.backend = backend
+        self.origins = tuple((o[1], o[0]) if rows else o
+                             for o, rows in zip(origins, self.along_rows))
+        self.kws = tuple(None if op is None else operand_kw(op, self.rht, self.dtype)
+                         for op in self.ops)
+        # the operands this plan quantizes: quantized by the recipe and not given
+        self.todo = tuple(i for i, op in enumerate(self.ops) if op is not None and
+                          given[i] is None)
+        self.prepared = None
+        kernels = backend == "triton" or (backend == "auto" and first.is_cuda)
+        if kernels and self.todo:
+            from .kernels import prepare  # lazy: triton is only needed on the kernel path
+            self.prepared = prepare(
+                [tensors[i] for i in self.todo], [self.along_rows[i] for i in self.todo],
+                [dict(self.kws[i], origin=self.origins[i]) for i in self.todo],
+                [self._seed(seed, i, prepared=True) for i in self.todo])
+
+    def _seed(self, seed, i: int, prepared: bool = False):
+        """Operand i's SR key: mix_seed(seed, gemm, i) of a host seed; of a key table its
+        entry (prepared: as (table, element offset), else as a 1-element view); 0 for RTNE."""
+        op = self.ops[i]
+        if op is None or op.rounding != "sr":
+            return 0
+        if isinstance(seed, int):
+            return mix_seed(seed, self.gid, i)
+        offset = key_row(self.gid, i) * seed.stride(0)
+        return (seed, offset) if prepared else _key_view(seed, offset)
+
+    def __call__(self, tensors, seed, given):
+        q = list(given)
+        if self.prepared is not None:
+            outs = self.prepared([tensors[i] for i in self.todo],
+                                 [self._seed(seed, i, prepared=True) for i in self.todo])
+            for i, out in zip(self.todo, outs):
+                q[i] = out
+        elif self.todo:
+            views = [t.t() if rows else t for t, rows in zip(tensors, self.along_rows)]
+            keys = [dict(self.kws[i], origin=self.origins[i], seed=self._seed(seed, i))
+                    for i in range(2) if i in self.todo]
+            if len(self.todo) == 2:
+                qs = quantize_pair(views[0], keys[0], views[1], keys[1], backend=self.backend)
+            else:
+                qs = (quantize_view(views[self.todo[0]], backend=self.backend, **keys[0]),)
+            for i, qi in zip(self.todo, qs):
+                q[i] = qi.t() if self.along_rows[i] else qi
+        for i, (t, rows) in enumerate(zip(tensors, self.along_rows)):
+            if q[i] is None:  # left in high precision (still rotated: the RHT cancels)
+                q[i] = _rotated(t.t() if rows else t, self.length, self.rht, self.dtype)
+                q[i] = q[i].t() if rows else q[i]
+        return tuple(_pad(qi, self.length, rows) for qi, rows in zip(q, self.along_rows))
+
+
+def _key_view(table: torch.Tensor, offset: int) -> torch.Tensor:
+    """The 1-element view of `table`'s element at storage offset `offset` from its own."""
+    return torch.as_strided(table, (1,), (1,), table.storage_offset() + offset)
+
+
+def cacheable(recipe: Recipe, gemm: str, name: str = "w") -> bool:
+    """Whether operand `name` of `gemm` is quantized with RTNE: deterministic, so `operand`
+    can be computed once and reused (weight_cache.py); SR and unquantized operands are not."""
+    spec = getattr(recipe, gemm)
+    op = None if spec is None else getattr(spec, name)
+    return op is not None and op.rounding == "rtne"
+
+
+def operand(gemm: str, name: str, t: torch.Tensor, recipe: Recipe, *, origin=(0, 0),
+            backend: str = "auto") -> torch.Tensor:
+    """Operand `name` of `gemm` (natural layout, origin in it) quantized exactly as
+    _gemm_operands quantizes it for that GEMM (natural orientation, padded to the GEMM's
+    reduction unit), for an RTNE operand (`cacheable`): what the weight cache stores. The
+    same kernel job as the pair launch runs, so the same bits."""
+    if not cacheable(recipe, gemm, name):
+        raise ValueError(f"{gemm}.{name} is not an RTNE-quantized operand of {recipe.name}")
     spec: GemmSpec = getattr(recipe, gemm)
-    names, along_rows = OPERANDS[gemm], _ALONG_ROWS[gemm]
-    first = tensors[0]
-    reduction = first.shape[0 if along_rows[0] else 1]
-    rht, length, dtype = _gemm_plan(spec, gemm, recipe.rht_seed, reduction, first.dtype)
-    gid = _GEMM_ID[gemm]
-    views, keys, ops = [], [], []
-    for i, (name, t, origin, rows) in enumerate(zip(names, tensors, origins, along_rows)):
-        op = getattr(spec, name)
-        views.append(t.t() if rows else t)
-        # seeds only matter to SR (RTNE results do not depend on them)
-        keys.append(dict(origin=(origin[1], origin[0]) if rows else origin,
-                         seed=mix_seed(seed, gid, i) if op is not None and op.rounding == "sr"
-                         else 0))
-        ops.append(op)
-    if ops[0] is not None and ops[1] is not None:
-        q = quantize_operand_pair(views, ops, keys, rht=rht, out_dtype=dtype, backend=backend)
-    else:
-        q = [quantize_operand(v, op, rht=rht, out_dtype=dtype, backend=backend, **key)
-             if op is not None else _rotated(v, length, rht, dtype)
-             for v, op, key in zip(views, ops, keys)]
-    return tuple(_pad(qi, length).t() if rows else _pad(qi, length)
-                 for qi, rows in zip(q, along_rows))
+    i = OPERANDS[gemm].index(name)
+    op = getattr(spec, name)
+    rows = _ALONG_ROWS[gemm][i]
+    reduction = t.shape[0 if rows else 1]
+    rht, length, dtype = _gemm_plan(spec, gemm, recipe.rht_seed, reduction, t.dtype)
+    kw = dict(operand_kw(op, rht, dtype), origin=(origin[1], origin[0]) if rows else origin,
+              seed=0)
+    q = quantize_view(t.t() if rows else t, backend=backend, **kw)
+    return _pad(q.t() if rows else q, length, rows)
 
 
-def fprop(x: torch.Tensor, w: torch.Tensor, recipe: Recipe, *, seed: int = 0,
-          x_origin=(0, 0), w_origin=(0, 0), backend: str = "auto") -> torch.Tensor:
-    """Y = Q(X) Q(W)^T: x [M, K], w [N, K] -> [M, N]."""
+def fprop(x: torch.Tensor, w: torch.Tensor, recipe: Recipe, *, seed=0,
+          x_origin=(0, 0), w_origin=(0, 0), backend: str = "auto",
+          qw: torch.Tensor | None = None) -> torch.Tensor:
+    """Y = Q(X) Q(W)^T: x [M, K], w [N, K] -> [M, N]. qw: Q(W) already made by
+    `operand("fprop", "w", w, ...)` (the weight cache), used as it is."""
     w = w.to(x.dtype)
     if recipe.fprop is None:
         return x @ w.t()
     qx, qw = _gemm_operands("fprop", recipe, (x, w), (x_origin, w_origin), seed=seed,
-                            backend=backend)
+                            backend=backend, given=(None, qw))
     return (qx @ qw.t()).to(x.dtype)
 
 
-def dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: Recipe, *, seed: int = 0,
-          dy_origin=(0, 0), w_origin=(0, 0), backend: str = "auto") -> torch.Tensor:
-    """dX = Q(dY) Q(W): dy [M, N], w [N, K] -> [M, K]; W quantized along N (its columns)."""
+def dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: Recipe, *, seed=0,
+          dy_origin=(0, 0), w_origin=(0, 0), backend: str = "auto",
+          qw: torch.Tensor | None = None) -> torch.Tensor:
+    """dX = Q(dY) Q(W): dy [M, N], w [N, K] -> [M, K]; W quantized along N (its columns).
+    qw: Q(W) already made by `operand("dgrad", "w", w, ...)`, used as it is."""
     w = w.to(dy.dtype)
     if recipe.dgrad is None:
         return dy @ w
     qdy, qw = _gemm_operands("dgrad", recipe, (dy, w), (dy_origin, w_origin), seed=seed,
-                             backend=backend)
+                             backend=backend, given=(None, qw))
     return (qdy @ qw).to(dy.dtype)
 
 
-def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: Recipe, *, seed: int = 0,
+def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: Recipe, *, seed=0,
           dy_origin=(0, 0), x_origin=(0, 0), backend: str = "auto") -> torch.Tensor:
     """dW = Q(dY)^T Q(X): dy [M, N], x [M, K] -> [N, K]; both quantized along tokens M."""
     x = x.to(dy.dtype)

@@ -27,6 +27,9 @@ pass (sm90_compile.py intercepts the launch), one representative setting per fam
 | amax nvfp4 grouped dgrad w col 2d per block column | _tensor_amax_kernel | 16x16, col, a max per block column |
 | generic nvfp4 grouped dgrad w col 2d e4m3 segments | _qdq_kernel | 16x16, e4m3 per expert, column segments |
 | col16 nvfp4 grouped wgrad dy sr e4m3 segments | _col16_kernel | e2m1, SR, RHT16, e4m3 per expert, column segments |
+| pair16 ufp4 dgrad dy sr device key + w col rtne | _pair16_kernel | dY's SR key read from a key table (SEED_PTR) |
+| generic mxfp4 wgrad dy col sr device key | _qdq_kernel  | 1x32, e8m0, SR key from a key table |
+| draw keys 64 experts / plain linear      | _draw_keys_kernel | a call's key table drawn on the device (uint64 splitmix) |
 
 Each compiled kernel also keeps its tile spread over the threads: no layout of its TTGIR
 holds more than 32 values per thread (a 16x128 tile over 4 warps is 16 each). The 2D-block

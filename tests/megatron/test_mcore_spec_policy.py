@@ -7,6 +7,7 @@ import functools
 import json
 
 import pytest
+import torch
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig
@@ -104,6 +105,35 @@ def test_sr_seeds_state_dict_restores_the_stream_exactly():
     resumed.load_state_dict(saved)
     assert [resumed.draw(layer, 7, 0, 0) for layer in (1, 2, 3)] == expected
     assert resumed.draws == 6
+
+
+def test_sr_seeds_are_the_counter_based_stream():
+    from ufp4_megatron.numerics.philox import stream_seed
+
+    seeds = SRSeeds(2**40 + 3)
+    assert [seeds.draw(1, 7, 0, 2) for _ in range(3)] == [
+        stream_seed(2**40 + 3, k, 1, 7, 0, 2) for k in range(3)]
+    assert seeds.state_dict() == {"format": 2, "seed": 2**40 + 3, "draws": 3}
+
+
+def test_sr_seeds_of_an_older_checkpoint_continue_its_stream():
+    """A format-1 state (a CPU generator's, saved before the counter-based stream) resumes
+    exactly: each call seed is mix_seed(the generator's next value, *salt), as it was."""
+    from ufp4_megatron.numerics.philox import mix_seed
+
+    gen = torch.Generator().manual_seed(21)
+    old = {"seed": 21, "draws": 0, "generator": gen.get_state()}
+    want = [mix_seed(int(torch.randint(0, 2**62, (1,), generator=gen).item()), 4, 1, 0, 0)
+            for _ in range(2)]
+    seeds = SRSeeds(0)
+    seeds.load_state_dict(old)
+    assert [seeds.draw(4, 1, 0, 0) for _ in range(2)] == want
+    assert set(seeds.state_dict()) == {"seed", "draws", "generator"}  # saved as it came
+
+
+def test_sr_seeds_refuse_an_unknown_format():
+    with pytest.raises(ValueError, match="format 7"):
+        SRSeeds(0).load_state_dict({"format": 7, "seed": 1, "draws": 0})
 
 
 def test_sr_seeds_mix_layer_and_data_parallel_rank():

@@ -10,9 +10,12 @@ launch where it can. Modules, each importing only those above it:
   quantize_triton    the generic tile kernel; quantize16_triton the 16-tensor kernels;
   launch             kernel[grid](...) with Triton's per-call binding cached per
                      specialization (on by default; UFP4_CACHED_LAUNCH=0 turns it off);
-  dispatch           host side: what the kernels cover, cached launch plans, the launches.
+  keys_triton        an SR call's key table drawn on the device (the draw counter there);
+  dispatch           host side: what the kernels cover, cached launch plans, the launches,
+                     and `prepare`: one or two operands' launch prepared once per shape.
 """
-from .dispatch import INTERPRETED, check_device, quantize_pair, quantize_view, supports, unsupported
+from .dispatch import (INTERPRETED, PreparedQDQ, check_device, is_device_key, prepare,
+                       quantize_pair, quantize_view, supports, unsupported)
 
 __all__ = ["supports", "unsupported", "check_device", "quantize_view", "quantize_pair",
-           "INTERPRETED"]
+           "prepare", "PreparedQDQ", "is_device_key", "INTERPRETED"]

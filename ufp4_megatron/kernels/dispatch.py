@@ -42,7 +42,7 @@ from ..numerics.scaling import E4M3_MAX
 from ..numerics.segments import Segments, tensor_scale_segments_problem
 from . import quantize16_triton as k16
 from .amax_triton import _tensor_amax_kernel
-from .launch import launch
+from .launch import Prepared, _spec, launch
 from .quantize_triton import _qdq_kernel
 
 SCALES = {"fp32": 0, "e4m3": 1, "e8m0": 2}
@@ -90,6 +90,8 @@ class _Layout(NamedTuple):
     out_len: int
     seg: int  # SR keys and e4m3 tensor scales: 0 one for the view, 1 per row segment, 2 per
     #           column segment
+    seed_ptr: int  # 1: the SR seed is read from device memory (args' seed is a 1-element
+    #                int64 tensor, a key table's entry), 0: a host integer
 
 
 _PLANS: dict = {}
@@ -172,6 +174,12 @@ def _is_int(v) -> bool:
     return type(v) is int or (isinstance(v, numbers.Integral) and not isinstance(v, bool))
 
 
+def is_device_key(seed) -> bool:
+    """Whether `seed` is an SR key in device memory: a 1-element int64 tensor (an entry of a
+    key table, numerics.philox.operand_keys, drawn by keys_triton.py)."""
+    return isinstance(seed, torch.Tensor) and seed.dtype == torch.int64 and seed.numel() == 1
+
+
 def _call_reason(x, rounding, seed, origin, segments=None, scale="fp32", block=16,
                  block_2d=False, rht=None, tensor_amax=None) -> str | None:
     """What the kernels refuse in a call's own arguments (shape, seed, origin, segments)."""
@@ -179,8 +187,11 @@ def _call_reason(x, rounding, seed, origin, segments=None, scale="fp32", block=1
         return f"a {x.dim()}-D view (kernels take 2D views)"
     if x.numel() == 0:
         return "an empty tensor"
-    if not (_is_int(seed) and 0 <= seed < SEED_LIMIT):
-        return f"seed={seed!r} (an int in [0, 2^63))"
+    if is_device_key(seed):
+        if seed.device != x.device:
+            return f"an SR key on {seed.device} for a tensor on {x.device}"
+    elif not (_is_int(seed) and 0 <= seed < SEED_LIMIT):
+        return f"seed={seed!r} (an int in [0, 2^63), or a 1-element int64 tensor)"
     if len(origin) != 2 or not (_is_int(origin[0]) and _is_int(origin[1])
                                 and origin[0] >= 0 and origin[1] >= 0):
         return f"origin={origin!r} (two non-negative ints)"
@@ -260,9 +271,12 @@ def _layout(view: torch.Tensor, grid, block=16, block_2d=False, scale="fp32", ro
         st = (tensor_amax.to(torch.float32) / (E4M3_MAX * plan.g_top)).reshape(-1)
         if seg and st.numel() == 1:  # one tensor amax given for every segment
             st = st.expand(len(segments.starts)).contiguous()
-    args = (plan.lv, plan.mid, st, plan.sign, *plan.scalars, int(seed), int(origin[0]),
+    # the view's own seed: only SR without segments reads it (a device key in place)
+    seed_ptr = int(seg == 0 and rounding == "sr" and isinstance(seed, torch.Tensor))
+    seed_arg = seed if seed_ptr else 0 if isinstance(seed, torch.Tensor) else int(seed)
+    args = (plan.lv, plan.mid, st, plan.sign, *plan.scalars, seed_arg, int(origin[0]),
             int(origin[1]), *tables)
-    return _Layout(plan, args, length, other, length if keep_padding else C, seg)
+    return _Layout(plan, args, length, other, length if keep_padding else C, seg, seed_ptr)
 
 
 _SEGMENT_TABLES: dict = {}
@@ -272,7 +286,8 @@ def _segment_tables(segments: Segments, length: int, device) -> tuple:
     """(idx, n16, seeds, starts) of segments over `length` positions along their axis: the
     segment of every 16 positions (int32, n16 entries; segments_triton.py clamps positions
     past it), each segment's seed (int64) and start (int32). The first two and the last
-    depend on the layout only and are cached; the seeds change every call."""
+    depend on the layout only and are cached; the seeds change every call (copied from the
+    host, or a device key table's row used in place)."""
     n16 = max(1, -(-length // 16))
     key = (segments.starts, n16, str(device))
     static = _SEGMENT_TABLES.get(key)
@@ -282,7 +297,10 @@ def _segment_tables(segments: Segments, length: int, device) -> tuple:
         idx = segments.index(torch.arange(n16, dtype=torch.int64) * 16).to(torch.int32)
         starts = torch.tensor(segments.starts, dtype=torch.int32)
         static = _SEGMENT_TABLES[key] = (_to_device(idx, device), _to_device(starts, device))
-    seeds = _to_device(torch.tensor(segments.seeds, dtype=torch.int64), device)
+    if isinstance(segments.seeds, torch.Tensor):  # a key table's row: read in place
+        seeds = segments.seeds.to(device)
+    else:
+        seeds = _to_device(torch.tensor(segments.seeds, dtype=torch.int64), device)
     return static[0], n16, seeds, static[1]
 
 
@@ -329,10 +347,10 @@ def _launch16(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> tor
     _, view, n, warps, args, (t0, t1) = _job16(t, lay, along_rows, tile)
     if along_rows:
         launch(k16._col16_kernel, n, *args, BG=t0, BB=t1, num_warps=warps,
-               INTERP=INTERPRETED, SEG=lay.seg, **lay.plan.consts16)
+               INTERP=INTERPRETED, SEG=lay.seg, SEED_PTR=lay.seed_ptr, **lay.plan.consts16)
     else:
         launch(k16._row16_kernel, n, *args, BR=t0, BG=t1, num_warps=warps,
-               INTERP=INTERPRETED, SEG=lay.seg, **lay.plan.consts16)
+               INTERP=INTERPRETED, SEG=lay.seg, SEED_PTR=lay.seed_ptr, **lay.plan.consts16)
     return view
 
 
@@ -363,7 +381,8 @@ def _launch(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> torch
     out = torch.empty(shape, dtype=plan.out_dtype, device=t.device)
     launch(_qdq_kernel, grid,
            t, t.stride(0), A, B, out, lay.out_len, *lay.args, BA=ba, BB=bb, COL=along_rows,
-           SEG=lay.seg, INTERP=INTERPRETED, num_warps=warps, **plan.consts)
+           SEG=lay.seg, SEED_PTR=lay.seed_ptr, INTERP=INTERPRETED, num_warps=warps,
+           **plan.consts)
     return out.t() if along_rows else out
 
 
@@ -460,7 +479,116 @@ def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *, t
     programs_a = na[0] * na[1]
     launch(k16._pair16_kernel, (programs_a + nb[0] * nb[1],),
            *args_a, na[1], programs_a, *args_b, nb[1],
-           A_COL=a_rows, A_T0=a0, A_T1=a1, A_SEG=la.seg, **la.plan.prefixed["A_"],
-           B_COL=b_rows, B_T0=b0, B_T1=b1, B_SEG=lb.seg, **lb.plan.prefixed["B_"],
+           A_COL=a_rows, A_T0=a0, A_T1=a1, A_SEG=la.seg, A_SEED_PTR=la.seed_ptr,
+           **la.plan.prefixed["A_"],
+           B_COL=b_rows, B_T0=b0, B_T1=b1, B_SEG=lb.seg, B_SEED_PTR=lb.seed_ptr,
+           **lb.plan.prefixed["B_"],
            INTERP=INTERPRETED, num_warps=wa)
     return va, vb
+
+
+# ----------------------------------------------------------------------------- prepared launches
+# The host path of a training step calls the same GEMMs with the same shapes every
+# micro-batch: only the data and the SR keys change. A PreparedQDQ does once what every
+# quantize_pair call above redoes (the layouts' checks and arguments, the program grid, the
+# kernel's launch key) and then costs per call the outputs' allocation and one launcher call.
+
+
+class PreparedQDQ:
+    """One or two GEMM operands quantized by one launch of the 16-tensor kernels, for calls
+    whose operands keep the shapes, strides, dtype, device and settings of the call it was
+    built from (the caller keys it by them: ops.py). Operand i is a row-major tensor t_i
+    [A, B] quantized along B, or along A when along_rows[i] (then its output is [A', B],
+    the transposed layout: a GEMM operand in natural orientation either way). Only the SR
+    keys differ per call: a host int, or a device key given as (tensor, element offset)
+    (SEED_PTR); each operand's kind is the building call's. Bit for bit what quantize_pair
+    returns: the same kernels, arguments and tiles (tests/kernels/test_prepared.py)."""
+
+    def __init__(self, tensors, along_rows, kws, seeds):
+        self.along_rows = tuple(along_rows)
+        jobs, self.kinds = [], []
+        for t, rows, kw, seed in zip(tensors, along_rows, kws, seeds):
+            view = t.t() if rows else t
+            key = seed if isinstance(seed, int) else _key_view(*seed)
+            lay = _layout(view, seed=key, **kw)
+            if lay.plan.consts16 is None or lay.seg or lay.plan.g_top is not None:
+                raise ValueError("not a 16-tensor job without segments or e4m3 scales")
+            t0, t1, warps = TILES16["col16" if rows else "row16"]
+            A, B = t.shape
+            n = ((_cdiv(lay.length // 16, t0), _cdiv(B, t1)) if rows
+                 else (_cdiv(A, t0), _cdiv(lay.length // 16, t1)))
+            shape = (lay.out_len, B) if rows else (A, lay.out_len)
+            args = [None, t.stride(0), A, B, None, lay.out_len, *lay.args]
+            args[13] = None  # the seed: per call
+            jobs.append((lay, n, warps, t0, t1, shape, args))
+            self.kinds.append(lay.seed_ptr)
+        self.shapes = [j[5] for j in jobs]
+        self.out_dtypes = [j[0].plan.out_dtype for j in jobs]
+        self.device = tensors[0].device
+        if len(jobs) == 1:
+            lay, n, warps, t0, t1, _, args = jobs[0]
+            self.kernel = k16._col16_kernel if along_rows[0] else k16._row16_kernel
+            tiles = dict(BG=t0, BB=t1) if along_rows[0] else dict(BR=t0, BG=t1)
+            self.grid = n
+            self.kwargs = dict(tiles, num_warps=warps, INTERP=INTERPRETED, SEG=0,
+                               SEED_PTR=lay.seed_ptr, **lay.plan.consts16)
+            self.template = args
+            self.slots = ((0, 4, 13),)
+        else:
+            (la, na, wa, a0, a1, _, args_a), (lb, nb, wb, b0, b1, _, args_b) = jobs
+            if wa != wb:
+                raise ValueError("the two jobs need different warp counts")
+            programs_a = na[0] * na[1]
+            self.kernel = k16._pair16_kernel
+            self.grid = (programs_a + nb[0] * nb[1],)
+            self.kwargs = dict(A_COL=along_rows[0], A_T0=a0, A_T1=a1, A_SEG=0,
+                               A_SEED_PTR=la.seed_ptr, **la.plan.prefixed["A_"],
+                               B_COL=along_rows[1], B_T0=b0, B_T1=b1, B_SEG=0,
+                               B_SEED_PTR=lb.seed_ptr, **lb.plan.prefixed["B_"],
+                               INTERP=INTERPRETED, num_warps=wa)
+            self.template = [*args_a, na[1], programs_a, *args_b, nb[1]]
+            off = len(args_a) + 2
+            self.slots = ((0, 4, 13), (off, off + 4, off + 13))
+        self._launches: dict = {}
+
+    def __call__(self, tensors, seeds) -> list[torch.Tensor]:
+        """The quantized operands, in natural orientation (module docstring)."""
+        aligned = tuple(t.data_ptr() % 16 == 0 for t in tensors)
+        classes = tuple(_spec(s) if isinstance(s, int) else (s[0].data_ptr() + 8 * s[1]) % 16
+                        for s in seeds)
+        key = (aligned, classes)
+        prepared = self._launches.get(key)
+        if prepared is None:
+            if len(self._launches) > 64:  # seed classes are few; never grow without bound
+                self._launches.clear()
+            prepared = self._launches[key] = Prepared(self.kernel, self.grid, self.kwargs)
+        ready = prepared.ready
+        args = self.template.copy()
+        outs = []
+        for (i_t, i_out, i_seed), t, seed, shape, dtype in zip(self.slots, tensors, seeds,
+                                                                self.shapes, self.out_dtypes):
+            out = torch.empty(shape, dtype=dtype, device=self.device)
+            args[i_t], args[i_out] = t, out
+            if isinstance(seed, int):
+                args[i_seed] = seed
+            else:  # a device key: its address once the launcher is direct, else a view
+                args[i_seed] = (seed[0].data_ptr() + 8 * seed[1] if ready
+                                else _key_view(*seed))
+            outs.append(out)
+        prepared(*args)
+        return outs
+
+
+def _key_view(table: torch.Tensor, offset: int) -> torch.Tensor:
+    """The 1-element view of `table`'s element at storage offset `offset` from its own."""
+    return torch.as_strided(table, (1,), (1,), table.storage_offset() + offset)
+
+
+def prepare(tensors, along_rows, kws, seeds) -> PreparedQDQ | None:
+    """A PreparedQDQ for these operands, or None where they need more than the prepared path
+    does (other kernels, segments, e4m3 tensor scales, different warp counts, or arguments the
+    kernels refuse): the caller then takes quantize_view / quantize_pair."""
+    try:
+        return PreparedQDQ(tensors, along_rows, kws, seeds)
+    except ValueError:
+        return None

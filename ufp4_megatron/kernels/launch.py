@@ -141,3 +141,55 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     g = (*grid, 1, 1)
     compiled.run(g[0], g[1], g[2], driver.active.get_current_stream(device), compiled.function,
                  compiled.packed_metadata, None, None, None, *args, *tail)
+
+
+_NEVER = (None,)  # Prepared: this site's launches always take `launch` (cache off)
+
+
+class Prepared:
+    """kernel[grid](*args, **kwargs) at one launch site whose kernel, grid, keyword arguments
+    and argument classes (`_spec`: dtypes and alignment of tensors, classes of ints) are the
+    same at every call: the caller keys its Prepared by them (dispatch.PairLaunch). The first
+    call launches through `launch` (compiling as Triton would) and keeps the compiled kernel
+    of its key; later calls go to that kernel's launcher directly, without computing even
+    launch's key. Once `ready`, a pointer argument may also be a raw device address (an int):
+    the launcher reads a tensor's data_ptr() and an int alike, so a caller can point at an
+    element of a tensor without building a view. Where `launch` would not cache (module
+    docstring: off, interpreter, no driver) every call takes `launch`; while a launch hook
+    is set, too."""
+
+    __slots__ = ("kernel", "grid", "kwargs", "_hit")
+
+    def __init__(self, kernel, grid: tuple, kwargs: dict):
+        self.kernel, self.grid, self.kwargs = kernel, tuple(grid), kwargs
+        self._hit = None  # (compiled, tail, padded grid, device); _NEVER: uncacheable
+
+    @property
+    def ready(self) -> bool:
+        """Whether calls go to the compiled kernel's launcher (raw addresses allowed)."""
+        return self._hit is not None and self._hit is not _NEVER and not _hooked()
+
+    def __call__(self, *args) -> None:
+        hit = self._hit
+        if hit is None or hit is _NEVER or _hooked():
+            launch(self.kernel, self.grid, *args, **self.kwargs)
+            if hit is None:
+                self._hit = self._lookup(args)
+            return
+        compiled, tail, g, device = hit
+        compiled.run(g[0], g[1], g[2], driver.active.get_current_stream(device),
+                     compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
+
+    def _lookup(self, args: tuple):
+        """After the first launch: what `launch` cached for it, or _NEVER."""
+        if (not (ENABLED and SUPPORTED) or isinstance(self.kernel, InterpretedFunction)
+                or not _cuda()):
+            return _NEVER
+        device = driver.active.get_current_device()
+        try:
+            entry = _cache.get(_key(self.kernel, device, args, self.kwargs))
+        except TypeError:
+            return _NEVER
+        if entry is None or entry[0] is None:
+            return _NEVER
+        return entry[0], entry[1], (*self.grid, 1, 1), device

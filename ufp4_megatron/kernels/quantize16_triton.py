@@ -73,8 +73,7 @@ def _col16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
                BG: tl.constexpr, BB: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
                RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr, D: tl.constexpr,
                INV_D: tl.constexpr, FP_M: tl.constexpr, EXACT_DIV: tl.constexpr,
-               SEG: tl.constexpr,
-               INTERP: tl.constexpr):
+               SEG: tl.constexpr, INTERP: tl.constexpr, SEED_PTR: tl.constexpr):
     """Program (p0, p1) of a column job: out [out_len, B] row-major, rows 16 g .. 16 g + 15
     of x quantized as one block. The view is x.t(): view row b, view column 16 g + j; SEG keys
     SR per segment (segments_triton.py)."""
@@ -85,7 +84,8 @@ def _col16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
         a = g * 16 + j
         x = tl.load(x_ptr + a.to(tl.int64) * stride_a + b, mask=(a < A) & (b < B), other=0.0)
         xs = xs + (x.to(tl.float32),)
-    sd, vr, vc, i = segment_keys(seed, b, g * 16, sg_idx, sg_n16, sg_seed, sg_start, SEG)
+    sd, vr, vc, i = segment_keys(seed, b, g * 16, sg_idx, sg_n16, sg_seed, sg_start, SEG,
+                                  SEED_PTR)
     ys = _qdq16(xs, (vc + org1) >> 2, vr + org0, sd, lv_ptr, mid_ptr, st_ptr + i, sign_ptr,
                 norm, gmax, gneg, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV)
     for j in tl.static_range(16):
@@ -100,12 +100,13 @@ def _col16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_p
                   BG: tl.constexpr, BB: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
                   RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
                   D: tl.constexpr, INV_D: tl.constexpr, FP_M: tl.constexpr, EXACT_DIV: tl.constexpr,
-                  INTERP: tl.constexpr, SEG: tl.constexpr = 0):
+                  INTERP: tl.constexpr, SEG: tl.constexpr = 0, SEED_PTR: tl.constexpr = 0):
     """One column job on a 2D grid of programs."""
     _col16_job(tl.program_id(0), tl.program_id(1), x_ptr, stride_a, A, B, out_ptr, out_len,
                lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg, seed, org0, org1,
                sg_idx, sg_n16, sg_seed, sg_start,
-               BG, BB, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV, SEG, INTERP)
+               BG, BB, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV, SEG, INTERP,
+               SEED_PTR)
 
 
 @triton.jit
@@ -139,8 +140,7 @@ def _row16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
                BR: tl.constexpr, BG: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
                RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr, D: tl.constexpr,
                INV_D: tl.constexpr, FP_M: tl.constexpr, EXACT_DIV: tl.constexpr,
-               SEG: tl.constexpr,
-               INTERP: tl.constexpr):
+               SEG: tl.constexpr, INTERP: tl.constexpr, SEED_PTR: tl.constexpr):
     """Program (p0, p1) of a row job: out [A, out_len] row-major, quantized along B in blocks
     of 16. Each block is loaded as two 16-byte halves and split in registers into 16
     tensors, then as in _col16_job."""
@@ -154,7 +154,8 @@ def _row16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
     xs = _split8(lo, BR, BG) + _split8(hi, BR, BG)
     g2 = tl.reshape(g, (1, BG))
     r2 = tl.reshape(r, (BR, 1))
-    sd, vr, vc, i = segment_keys(seed, r2, g2 * 16, sg_idx, sg_n16, sg_seed, sg_start, SEG)
+    sd, vr, vc, i = segment_keys(seed, r2, g2 * 16, sg_idx, sg_n16, sg_seed, sg_start, SEG,
+                                  SEED_PTR)
     ys = _qdq16(xs, (vc + org1) >> 2, vr + org0, sd, lv_ptr, mid_ptr, st_ptr + i, sign_ptr,
                 norm, gmax, gneg, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV)
     out = out_ptr + r.to(tl.int64) * out_len
@@ -170,12 +171,13 @@ def _row16_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_p
                   BR: tl.constexpr, BG: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
                   RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
                   D: tl.constexpr, INV_D: tl.constexpr, FP_M: tl.constexpr, EXACT_DIV: tl.constexpr,
-                  INTERP: tl.constexpr, SEG: tl.constexpr = 0):
+                  INTERP: tl.constexpr, SEG: tl.constexpr = 0, SEED_PTR: tl.constexpr = 0):
     """One row job on a 2D grid of programs."""
     _row16_job(tl.program_id(0), tl.program_id(1), x_ptr, stride_a, A, B, out_ptr, out_len,
                lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg, seed, org0, org1,
                sg_idx, sg_n16, sg_seed, sg_start,
-               BR, BG, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV, SEG, INTERP)
+               BR, BG, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV, SEG, INTERP,
+               SEED_PTR)
 
 
 @triton.jit(noinline=True)
@@ -184,8 +186,7 @@ def _job(p, n1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr
          COL: tl.constexpr, T0: tl.constexpr, T1: tl.constexpr, SCALE: tl.constexpr,
          SR: tl.constexpr, RHT: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr,
          D: tl.constexpr, INV_D: tl.constexpr, FP_M: tl.constexpr, EXACT_DIV: tl.constexpr,
-         SEG: tl.constexpr,
-         INTERP: tl.constexpr):
+         SEG: tl.constexpr, INTERP: tl.constexpr, SEED_PTR: tl.constexpr):
     """Program p of a job whose 2D program grid has n1 columns, on a 1D launch. Not inlined:
     inlined, both jobs of a pair share one register allocation that exceeds either's (sm_90,
     ptxas: fprop pair 96 registers vs 63 for one row job; noinline: 64)."""
@@ -193,12 +194,14 @@ def _job(p, n1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr
         _col16_job(p // n1, p % n1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
                    st_ptr, sign_ptr, norm, gmax, gneg, seed, org0, org1,
                    sg_idx, sg_n16, sg_seed, sg_start,
-                   T0, T1, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV, SEG, INTERP)
+                   T0, T1, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV, SEG, INTERP,
+                   SEED_PTR)
     else:
         _row16_job(p // n1, p % n1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
                    st_ptr, sign_ptr, norm, gmax, gneg, seed, org0, org1,
                    sg_idx, sg_n16, sg_seed, sg_start,
-                   T0, T1, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV, SEG, INTERP)
+                   T0, T1, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV, SEG, INTERP,
+                   SEED_PTR)
 
 
 @triton.jit
@@ -217,7 +220,8 @@ def _pair16_kernel(a_x, a_stride, a_A, a_B, a_out, a_out_len, a_lv, a_mid, a_st,
                    B_NLEV: tl.constexpr, B_ASYM: tl.constexpr, B_D: tl.constexpr,
                    B_INV_D: tl.constexpr, B_FP_M: tl.constexpr, B_EXACT_DIV: tl.constexpr,
                    INTERP: tl.constexpr,
-                   A_SEG: tl.constexpr = 0, B_SEG: tl.constexpr = 0):
+                   A_SEG: tl.constexpr = 0, B_SEG: tl.constexpr = 0,
+                   A_SEED_PTR: tl.constexpr = 0, B_SEED_PTR: tl.constexpr = 0):
     """Two jobs (the two operands of one GEMM) in one launch: programs [0, a_programs) run
     job a, the rest job b. Each program runs exactly the code of its single-job kernel, so
     the outputs are those of two launches, bit for bit; one launch saves one launch's host
@@ -227,10 +231,9 @@ def _pair16_kernel(a_x, a_stride, a_A, a_B, a_out, a_out_len, a_lv, a_mid, a_st,
         _job(pid, a_n1, a_x, a_stride, a_A, a_B, a_out, a_out_len, a_lv, a_mid, a_st, a_sign,
              a_norm, a_gmax, a_gneg, a_seed, a_org0, a_org1, a_sg_idx, a_sg_n16, a_sg_seed,
              a_sg_start, A_COL, A_T0, A_T1, A_SCALE, A_SR, A_RHT, A_NLEV, A_ASYM, A_D, A_INV_D,
-             A_FP_M,
-             A_EXACT_DIV, A_SEG, INTERP)
+             A_FP_M, A_EXACT_DIV, A_SEG, INTERP, A_SEED_PTR)
     else:
         _job(pid - a_programs, b_n1, b_x, b_stride, b_A, b_B, b_out, b_out_len, b_lv, b_mid,
              b_st, b_sign, b_norm, b_gmax, b_gneg, b_seed, b_org0, b_org1, b_sg_idx, b_sg_n16,
              b_sg_seed, b_sg_start, B_COL, B_T0, B_T1, B_SCALE, B_SR, B_RHT, B_NLEV, B_ASYM,
-             B_D, B_INV_D, B_FP_M, B_EXACT_DIV, B_SEG, INTERP)
+             B_D, B_INV_D, B_FP_M, B_EXACT_DIV, B_SEG, INTERP, B_SEED_PTR)

@@ -165,8 +165,9 @@ def enable_cpu_compat() -> bool:
     return True
 
 
-def seed_model_parallel(seed: int) -> None:
-    """`model_parallel_cuda_manual_seed(seed)` that also works on CPU.
+def seed_model_parallel(seed: int, graphs: bool = False) -> None:
+    """`model_parallel_cuda_manual_seed(seed)` that also works on CPU; graphs: with
+    Megatron's cudagraphable RNG tracker (its states registered with every CUDA graph).
 
     On CPU the tracker is Megatron's inference tracker (its fork() does not touch the CUDA
     RNG), and torch's CPU generator is seeded first: with `use_cpu_initialization` every TP
@@ -177,7 +178,8 @@ def seed_model_parallel(seed: int) -> None:
 
     torch.manual_seed(seed)
     if cuda_available():
-        model_parallel_cuda_manual_seed(seed)
+        model_parallel_cuda_manual_seed(seed, use_cudagraphable_rng=graphs,
+                                        force_reset_rng=graphs)
     else:
         with cpu_compat():
             model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True,

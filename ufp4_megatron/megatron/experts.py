@@ -45,10 +45,11 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.utils import divide, get_pg_rank, get_pg_size
 
-from .. import grouped_ops
+from .. import grouped_ops, ops
 from ..recipe import Recipe
+from ..weight_cache import WeightOperands
 from .linear import _UFP4Mixin
-from .parallel_gemm import Shard, _accumulate, _chunks
+from .parallel_gemm import Shard, _accumulate, _chunks, save_seed
 from .policy import UFP4Binding
 from .seeds import SRSeeds
 
@@ -60,15 +61,19 @@ def _will_backward(input_requires_grad: bool, *params) -> bool:
                                         any(p.requires_grad for p in params))
 
 
-def _call_seed(binding: UFP4Binding, dp_rank: int) -> int:
-    """The one SR seed of a role's call over all local experts (module docstring)."""
-    return binding.seeds.draw(binding.layer_number, binding.role, 0, dp_rank)
+def _call_seed(binding: UFP4Binding, dp_rank: int, first_expert: int, experts: int, device):
+    """The one SR seed of a role's call over all local experts (module docstring): on the GPU
+    the key table [6, experts] of global experts first_expert.. (seeds.py), else an int."""
+    return binding.seeds.draw(binding.layer_number, binding.role, 0, dp_rank,
+                              experts=(first_expert, experts), device=device)
 
 
 class _RoleSeed:
-    """The seed one role (fc1 or fc2) of UFP4SequentialMLP drew for the current forward."""
+    """The seed one role (fc1 or fc2) of UFP4SequentialMLP drew for the current forward: an
+    int, or the key table of its local experts."""
 
     seed = 0
+    first = 0  # global index of local expert 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +86,12 @@ class _ExpertSeeds:
     expert: int
     stream: SRSeeds  # the policy's stream, which the host draws from and checkpoints save
 
-    def draw(self, *salt: int) -> int:
-        return grouped_ops.expert_seed(self.role.seed, self.expert)
+    def draw(self, *salt: int, device=None):
+        seed = self.role.seed
+        if isinstance(seed, torch.Tensor):  # the expert's column of the role's key table
+            local = self.expert - self.role.first
+            return seed[:, local:local + 1]
+        return grouped_ops.expert_seed(seed, self.expert)
 
     # The linear's `_extra_state` (linear.py) carries the stream's state, as every UFP4 linear's
     def state_dict(self) -> dict:
@@ -106,6 +115,7 @@ class UFP4SequentialMLP(SequentialMLP):
             if not all(isinstance(linear, _UFP4Mixin) for linear in linears):
                 continue  # Megatron's own linears (the policy keeps this role in BF16)
             role = _RoleSeed()
+            role.first = first
             self._roles[name] = (linears[0].ufp4, role, linears)
             for i, linear in enumerate(linears):
                 linear.expert_index = first + i
@@ -123,7 +133,7 @@ class UFP4SequentialMLP(SequentialMLP):
                        any(p.requires_grad for p in fc1_params)}
         for name, (binding, role, linears) in self._roles.items():
             backward = _will_backward(inputs_grad[name], *(linear.weight for linear in linears))
-            role.seed = (_call_seed(binding, self._dp_rank)
+            role.seed = (_call_seed(binding, self._dp_rank, role.first, len(linears), x.device)
                          if backward and binding.recipe.uses_sr else 0)
         return super().forward(permuted_local_hidden_states, tokens_per_expert, permuted_probs,
                                **kw)
@@ -160,6 +170,8 @@ class _UFP4GroupedLinear(MegatronModule):
         self._first_expert = get_pg_rank(self.ep_group) * num_local_experts
         self._sr = ufp4.recipe.uses_sr
         self._align = grouped_ops.token_alignment(ufp4.recipe)
+        # the experts' RTNE weight operands, kept until the weights change (weight_cache.py)
+        self.weight_operands = WeightOperands() if ufp4.cache_weights else None
 
         # As Megatron's linears: expert weights reduce over the expert-DP group, not DP.
         use_expert_pgs = (config.expert_model_parallel_size > 1 or
@@ -195,13 +207,14 @@ class _UFP4GroupedLinear(MegatronModule):
         counts = tuple(tokens_per_expert.tolist() if torch.is_tensor(tokens_per_expert)
                        else tokens_per_expert)
         groups = grouped_ops.expert_groups(counts, self._align)
-        seed = (_call_seed(self.ufp4, self._dp_rank)
+        seed = (_call_seed(self.ufp4, self._dp_rank, self._first_expert, self.num_gemms,
+                           x.device)
                 if self._sr and _will_backward(x.requires_grad, self.weight) else 0)
         bias = None if self.skip_bias_add else self.bias
         fuse = self.config.gradient_accumulation_fusion
         y = _GroupedExpertsFn.apply(x.reshape(-1, x.shape[-1]), self.weight, bias,
                                     self.ufp4.recipe, seed, self._first_expert, groups,
-                                    self._shard, fuse)
+                                    self._shard, fuse, self.weight_operands)
         y = y.view(*x.shape[:-1], y.shape[-1])
         return y, (self.bias if self.skip_bias_add else None)
 
@@ -247,30 +260,38 @@ class _GroupedExpertsFn(torch.autograd.Function):
     main_grad when fused."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe: Recipe, seed: int, first_expert: int, groups,
-                shard: Shard, fuse_wgrad: bool):
+    def forward(ctx, x, weight, bias, recipe: Recipe, seed, first_expert: int, groups,
+                shard: Shard, fuse_wgrad: bool, cache=None):
         xp = groups.pad(x)
         keys = dict(seed=seed, first_expert=first_expert)
         ys = [grouped_ops.fprop(xp, w, groups, recipe, **keys, x_origin=(0, shard.k),
-                                w_origin=(n0, shard.k)) for w, n0 in _chunks(shard, weight, 1)]
+                                w_origin=(n0, shard.k),
+                                qw=_kept(cache, "fprop", c, weight, w, recipe, (n0, shard.k),
+                                         xp.dtype))
+              for c, (w, n0) in enumerate(_chunks(shard, weight, 1))]
         y = groups.unpad(ys[0] if len(ys) == 1 else torch.cat(ys, dim=1))
         if bias is not None:
             y = y + bias.index_select(0, groups.token_experts(y.device)).to(y.dtype)
-        ctx.save_for_backward(xp, weight)
+        ctx.save_for_backward(xp, weight, *save_seed(seed))
         ctx.main_grad = getattr(weight, "main_grad", None) if fuse_wgrad else None
-        ctx.recipe, ctx.keys, ctx.groups, ctx.shard = recipe, keys, groups, shard
+        ctx.recipe, ctx.groups, ctx.shard, ctx.cache = recipe, groups, shard, cache
+        ctx.first_expert, ctx.seed = first_expert, seed if isinstance(seed, int) else 0
         ctx.use_bias = bias is not None
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        xp, weight = ctx.saved_tensors
-        recipe, keys, groups, shard = ctx.recipe, ctx.keys, ctx.groups, ctx.shard
+        xp, weight, *table = ctx.saved_tensors
+        recipe, groups, shard = ctx.recipe, ctx.groups, ctx.shard
+        keys = dict(seed=table[0] if table else ctx.seed, first_expert=ctx.first_expert)
         dy = dy.contiguous().to(xp.dtype)
         dyp = groups.pad(dy)
         dxs = [grouped_ops.dgrad(d, w, groups, recipe, **keys, dy_origin=(0, n0),
-                                 w_origin=(n0, shard.k))
-               for (d, n0), (w, _) in zip(_chunks(shard, dyp, 1), _chunks(shard, weight, 1))]
+                                 w_origin=(n0, shard.k),
+                                 qw=_kept(ctx.cache, "dgrad", c, weight, w, recipe,
+                                          (n0, shard.k), xp.dtype))
+               for c, ((d, n0), (w, _)) in enumerate(zip(_chunks(shard, dyp, 1),
+                                                         _chunks(shard, weight, 1)))]
         dx = groups.unpad(dxs[0] if len(dxs) == 1 else torch.stack(dxs).sum(0))
         grad_weight = None
         if ctx.needs_input_grad[1]:
@@ -279,7 +300,16 @@ class _GroupedExpertsFn(torch.autograd.Function):
             dw = dws[0] if len(dws) == 1 else torch.cat(dws, dim=1)
             grad_weight = _accumulate(weight, dw, ctx.main_grad)
         grad_bias = grouped_ops.per_expert_sum(dy, groups) if ctx.use_bias else None
-        return dx, grad_weight, grad_bias, None, None, None, None, None, None
+        return dx, grad_weight, grad_bias, None, None, None, None, None, None, None
+
+
+def _kept(cache, gemm: str, chunk: int, weight, w, recipe, origin, dtype):
+    """The stacked weight's operand of `gemm` for one chunk from the module's WeightOperands
+    (keyed by the parameter `weight`), or None: no cache, or not RTNE (quantized per call)."""
+    if cache is None or not ops.cacheable(recipe, gemm):
+        return None
+    return cache.get((gemm, chunk), weight, lambda: grouped_ops.weight_operand(
+        gemm, w, recipe, origin=origin, dtype=dtype))
 
 
 def _check_grouped(binding: UFP4Binding, dims, partition_dim: int, stride: int, tp: int,

@@ -22,16 +22,19 @@ from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParall
 from megatron.core.utils import get_pg_rank, get_pg_size
 
 from .parallel_gemm import Comm, Shard, UFP4ParallelLinearFn
+from ..weight_cache import WeightOperands
 from .policy import UFP4Binding
 
 
 def draw_seed(binding: UFP4Binding, sr: bool, x: torch.Tensor, weight: torch.Tensor,
-              expert_index: int, dp_rank: int) -> int:
-    """This call's SR seed (seeds.py). Only forwards that will run backward draw, so eval
-    leaves the stream alone; recipes without SR draw nothing."""
+              expert_index: int, dp_rank: int):
+    """This call's SR seed (seeds.py): on the GPU its key table in device memory, else an
+    int. Only forwards that will run backward draw, so eval leaves the stream alone; recipes
+    without SR draw nothing (0)."""
     if not (sr and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return 0
-    return binding.seeds.draw(binding.layer_number, binding.role, expert_index + 1, dp_rank)
+    return binding.seeds.draw(binding.layer_number, binding.role, expert_index + 1, dp_rank,
+                              device=x.device)
 
 
 class _UFP4Mixin:
@@ -56,6 +59,8 @@ class _UFP4Mixin:
         self._dp_rank = (parallel_state.get_expert_data_parallel_rank() if self.is_expert else
                          parallel_state.get_data_parallel_rank(with_context_parallel=True))
         self._sr = ufp4.recipe.uses_sr
+        # the weight's RTNE operands, kept until it changes (weight_cache.py)
+        self.weight_operands = WeightOperands() if ufp4.cache_weights else None
 
     def _forward_impl(self, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
                       sequence_parallel, *args, **kwargs):
@@ -96,8 +101,10 @@ class _UFP4Mixin:
                     grad_accumulation_fusion=gradient_accumulation_fusion,
                     tp_group=tp_group if tp_group is not None else self.tp_group)
         seed = draw_seed(self.ufp4, self._sr, input, weight, self.expert_index, self._dp_rank)
+        # the cache only where `weight` is this module's own (the parameter its stamp reads)
+        cache = self.weight_operands if weight is self.weight else None
         return UFP4ParallelLinearFn.apply(input, weight, bias, self.ufp4.recipe, seed, shard,
-                                          comm)
+                                          comm, cache)
 
 
 def _config_without_apex_check(config):

@@ -74,15 +74,28 @@ def _chunks(shard: Shard, t: torch.Tensor, dim: int):
         yield (t if width < 0 else t.narrow(dim, local, width).contiguous()), full
 
 
-def _fprop(x2d, weight, recipe, seed, shard: Shard):
-    ys = [ops.fprop(x2d, w, recipe, seed=seed, x_origin=(0, shard.k), w_origin=(n0, shard.k))
-          for w, n0 in _chunks(shard, weight, 0)]
+def kept_weight(cache, gemm: str, chunk: int, weight, w, recipe, origin):
+    """The weight operand of `gemm` for chunk `chunk` (w, at `origin` in the full weight) from
+    the module's WeightOperands (weight_cache.py; keyed by the parameter `weight`), or None:
+    no cache, or an operand that is not RTNE (then ops quantizes it every call)."""
+    if cache is None or not ops.cacheable(recipe, gemm):
+        return None
+    return cache.get((gemm, chunk), weight,
+                     lambda: ops.operand(gemm, "w", w, recipe, origin=origin))
+
+
+def _fprop(x2d, weight, recipe, seed, shard: Shard, cache=None):
+    ys = [ops.fprop(x2d, w, recipe, seed=seed, x_origin=(0, shard.k), w_origin=(n0, shard.k),
+                    qw=kept_weight(cache, "fprop", c, weight, w, recipe, (n0, shard.k)))
+          for c, (w, n0) in enumerate(_chunks(shard, weight, 0))]
     return ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
 
 
-def _dgrad(dy2d, weight, recipe, seed, shard: Shard):
-    dxs = [ops.dgrad(dy, w, recipe, seed=seed, dy_origin=(0, n0), w_origin=(n0, shard.k))
-           for (dy, n0), (w, _) in zip(_chunks(shard, dy2d, 1), _chunks(shard, weight, 0))]
+def _dgrad(dy2d, weight, recipe, seed, shard: Shard, cache=None):
+    dxs = [ops.dgrad(dy, w, recipe, seed=seed, dy_origin=(0, n0), w_origin=(n0, shard.k),
+                     qw=kept_weight(cache, "dgrad", c, weight, w, recipe, (n0, shard.k)))
+           for c, ((dy, n0), (w, _)) in enumerate(zip(_chunks(shard, dy2d, 1),
+                                                      _chunks(shard, weight, 0)))]
     return dxs[0] if len(dxs) == 1 else torch.stack(dxs).sum(0)
 
 
@@ -94,27 +107,32 @@ def _wgrad(dy2d, x2d, recipe, seed, shard: Shard):
 
 class UFP4ParallelLinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe: Recipe, seed: int, shard: Shard, comm: Comm):
+    def forward(ctx, x, weight, bias, recipe: Recipe, seed, shard: Shard, comm: Comm,
+                cache=None):
         if comm.sequence_parallel:
             total_x, _ = _gather_tokens(x, comm.tp_group)
         else:
             total_x = x
-        y = _fprop(total_x.reshape(-1, total_x.shape[-1]), weight, recipe, seed, shard)
+        y = _fprop(total_x.reshape(-1, total_x.shape[-1]), weight, recipe, seed, shard, cache)
         y = y.view(*total_x.shape[:-1], weight.shape[0])
         if bias is not None:
             y = y + bias
-        ctx.save_for_backward(x, weight)  # the shard, as Megatron: SP re-gathers in backward
+        # the shard, as Megatron: SP re-gathers in backward; a device key table too, so that a
+        # CUDA graph runner (Megatron's) keeps its memory to the backward graph
+        ctx.save_for_backward(x, weight, *save_seed(seed))
         # main_grad is kept off save_for_backward as Megatron does (modules reused across
         # layers, e.g. MTP, would trip the in-place version check).
         ctx.main_grad = getattr(weight, "main_grad", None) if comm.grad_accumulation_fusion else None
-        ctx.recipe, ctx.seed, ctx.shard, ctx.comm = recipe, seed, shard, comm
+        ctx.recipe, ctx.shard, ctx.comm, ctx.cache = recipe, shard, comm, cache
+        ctx.seed = seed if isinstance(seed, int) else 0
         ctx.use_bias = bias is not None
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        recipe, seed, shard, comm = ctx.recipe, ctx.seed, ctx.shard, ctx.comm
+        x, weight, *keys = ctx.saved_tensors
+        recipe, shard, comm = ctx.recipe, ctx.shard, ctx.comm
+        seed = keys[0] if keys else ctx.seed
         wgrad_needed = ctx.needs_input_grad[1]
         handle = None
         if wgrad_needed and comm.sequence_parallel:
@@ -122,7 +140,8 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
         else:
             total_x = x
         dy2d = dy.reshape(-1, dy.shape[-1]).contiguous()
-        dx = _dgrad(dy2d, weight, recipe, seed, shard).view(*dy.shape[:-1], weight.shape[1])
+        dx = _dgrad(dy2d, weight, recipe, seed, shard, ctx.cache).view(*dy.shape[:-1],
+                                                                       weight.shape[1])
         if handle is not None:
             handle.wait()
 
@@ -145,7 +164,13 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
             dx = sub_dx
         elif comm.allreduce_dgrad:
             handle.wait()
-        return dx, grad_weight, grad_bias, None, None, None, None
+        return dx, grad_weight, grad_bias, None, None, None, None, None
+
+
+def save_seed(seed) -> tuple:
+    """What of an SR seed goes to save_for_backward: a device key table (seeds.py), not an
+    int (kept on ctx)."""
+    return (seed,) if isinstance(seed, torch.Tensor) else ()
 
 
 def _accumulate(weight, dw, main_grad):

@@ -36,21 +36,35 @@ class UFP4Binding:
     layer_number: int  # global, 1-based (Megatron's TransformerLayer.layer_number)
     path: str          # policy path, for errors and logs
     role: int          # stable id of the path without the layer index, mixed into SR seeds
+    cache_weights: bool = False  # keep the weight's RTNE operands per step (weight_cache.py)
 
     def __repr__(self) -> str:
         return f"UFP4Binding({self.path}, recipe={self.recipe.name}, layer={self.layer_number})"
 
 
+WEIGHT_CACHE = ("experts", "all", "none")
+
+
 class UFP4Policy:
-    """Recipe per linear (default + path rules + Megatron's BF16 layers) and the SR seeds."""
+    """Recipe per linear (default + path rules + Megatron's BF16 layers) and the SR seeds.
+
+    weight_cache: which linears keep their weight's RTNE operands from one optimizer step to
+    the next (weight_cache.py; bit for bit the same results, at the memory of two quantized
+    copies of each such weight): "experts" (routed experts, whose weights are the largest
+    and are re-quantized for the fewest tokens; the default), "all" quantized linears, or
+    "none".
+    """
 
     def __init__(self, recipe: RecipeLike = "ufp4", *,
                  rules: Mapping[str, RecipeLike] | Sequence[tuple[str, RecipeLike]] = (),
-                 sr_seed: int = 0):
+                 sr_seed: int = 0, weight_cache: str = "experts"):
         self.default = _resolve(recipe)
         items = rules.items() if isinstance(rules, Mapping) else rules
         self.rules = tuple((str(pattern), _resolve(r)) for pattern, r in items)
         self.seeds = SRSeeds(sr_seed)
+        if weight_cache not in WEIGHT_CACHE:
+            raise ValueError(f"weight_cache={weight_cache!r}; valid: {', '.join(WEIGHT_CACHE)}")
+        self.weight_cache = weight_cache
 
     def recipe_for(self, path: str, *, layer_number: int, config=None) -> Recipe | None:
         """The recipe of the linear at `path` in global layer `layer_number` (1-based), or None
@@ -67,7 +81,14 @@ class UFP4Policy:
             return None
         role = path.split(".", 3)[-1] if path.startswith("decoder.layers.") else path
         return UFP4Binding(recipe=recipe, seeds=self.seeds, layer_number=layer_number,
-                           path=path, role=_stable_id(role))
+                           path=path, role=_stable_id(role),
+                           cache_weights=self.caches_weights(path))
+
+    def caches_weights(self, path: str) -> bool:
+        """Whether the linear at `path` keeps its weight operands (weight_cache)."""
+        if self.weight_cache == "all":
+            return True
+        return self.weight_cache == "experts" and ".experts." in path
 
     def state_dict(self) -> dict:
         """The SR seed stream's state (recipes are configuration, not state)."""
@@ -77,7 +98,7 @@ class UFP4Policy:
         self.seeds.load_state_dict(state["sr_seeds"])
 
     def describe(self) -> str:
-        lines = [f"UFP4Policy: default {self.default.name}"]
+        lines = [f"UFP4Policy: default {self.default.name}, weight cache {self.weight_cache}"]
         lines += [f"  {pattern} -> {r.name}" for pattern, r in self.rules]
         return "\n".join(lines)
 

@@ -114,7 +114,8 @@ def ufp4_gpt_spec(config, vp_stage: int | None = None, *rest,
 
     The recipe: `recipe` (bound by --fp4-recipe ufp4, patches/0001), else the environment,
     read here only: UFP4_RECIPE is a preset name (default "ufp4") or the path of a JSON file
-    {"recipe": ..., "rules": {...}, "sr_seed": N} (policy_from_env). Each call builds its own
+    {"recipe": ..., "rules": {...}, "sr_seed": N, "weight_cache": "experts" | "all" | "none"}
+    (policy_from_env). Each call builds its own
     policy, so every model chunk (vp_stage) has its own SR stream.
     Also accepts the (args, config, vp_stage) call of forks that call --spec hooks.
     """
@@ -160,11 +161,13 @@ def policy_from_env() -> UFP4Policy:
         return UFP4Policy(value)
     with open(value) as f:
         cfg = json.load(f)
-    unknown = set(cfg) - {"recipe", "rules", "sr_seed"}
+    unknown = set(cfg) - {"recipe", "rules", "sr_seed", "weight_cache"}
     if unknown:
-        raise ValueError(f"{value}: unknown keys {sorted(unknown)}; valid: recipe, rules, sr_seed")
+        raise ValueError(f"{value}: unknown keys {sorted(unknown)}; valid: recipe, rules, "
+                         "sr_seed, weight_cache")
     return UFP4Policy(cfg.get("recipe", "ufp4"), rules=cfg.get("rules", {}),
-                      sr_seed=cfg.get("sr_seed", 0))
+                      sr_seed=cfg.get("sr_seed", 0),
+                      weight_cache=cfg.get("weight_cache", "experts"))
 
 
 # ----------------------------------------------------------------------------- the walk

@@ -91,3 +91,36 @@ def mix_seeds(seeds, *salt) -> list[int]:
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z = z ^ (z >> np.uint64(31))
     return (z >> np.uint64(1)).tolist()
+
+
+# ----------------------------------------------------------------------------- SR key tables
+# One quantized linear call keys its stochastic rounding with one call seed; each GEMM operand
+# then takes mix_seed(call seed, gemm, operand) (gemm: 0 fprop, 1 dgrad, 2 wgrad; operand: its
+# index in the GEMM, recipe.OPERANDS order), and expert e of a grouped call
+# mix_seed(mix_seed(call seed, e), gemm, operand). A key table holds all six of a call,
+# row 2 gemm + operand, one column per expert (one column for a plain linear): what a kernel
+# reads from device memory when the seed is not a host integer (kernels/keys_triton.py
+# computes the same table on the device, from a draw counter kept there).
+KEY_ROWS = 6
+
+
+def key_row(gemm: int, operand: int) -> int:
+    """The row of GEMM `gemm`'s operand `operand` in a key table."""
+    return 2 * gemm + operand
+
+
+def operand_keys(call_seed: int, experts=None) -> list[list[int]]:
+    """The key table [KEY_ROWS][E] of a call: E = 1 column without experts, else one per
+    global expert index in `experts`."""
+    if experts is None:
+        return [[mix_seed(call_seed, g, o)] for g in range(3) for o in range(2)]
+    per_expert = mix_seeds([call_seed] * len(experts), list(experts))
+    return [mix_seeds(per_expert, g, o) for g in range(3) for o in range(2)]
+
+
+def stream_seed(run_seed: int, draw: int, *salt: int) -> int:
+    """The call seed of draw number `draw` (0, 1, ...) of a run's SR stream, salted with
+    the caller's identity (megatron/seeds.py: layer, role, expert, data-parallel rank).
+    Counter-based: any draw is computable from (run_seed, draw) alone, on the host or in a
+    kernel, so a device-side counter can advance it inside a replayed CUDA graph."""
+    return mix_seed(run_seed, draw, *salt)

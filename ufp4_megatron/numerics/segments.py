@@ -41,24 +41,37 @@ class Segments:
 
     axis:   0 when segments are row ranges, 1 when they are column ranges.
     starts: first position of each segment; starts[0] == 0, non-decreasing.
-    seeds:  one SR seed per segment, ints in [0, 2^63).
+    seeds:  one SR seed per segment, ints in [0, 2^63); or a 1-D int64 tensor of them (a row
+            of a key table drawn on the device, philox.py: the kernels read it in place,
+            the reference reads its values).
     """
 
     axis: int
     starts: tuple[int, ...]
-    seeds: tuple[int, ...]
+    seeds: tuple[int, ...] | torch.Tensor
 
     def __post_init__(self):
         if self.axis not in (0, 1) or isinstance(self.axis, bool):
             raise ValueError(f"Segments.axis must be 0 (row ranges) or 1 (column ranges), got "
                              f"{self.axis!r}")
-        starts, seeds = tuple(self.starts), tuple(self.seeds)
-        plain = (all(type(v) is int for v in starts + seeds) and min(starts, default=0) >= 0
-                 and 0 <= min(seeds, default=0) and max(seeds, default=0) < SEED_LIMIT)
+        starts = tuple(self.starts)
+        if isinstance(self.seeds, torch.Tensor):
+            if self.seeds.dtype != torch.int64 or self.seeds.dim() != 1:
+                raise ValueError(f"Segments.seeds as a tensor must be 1-D int64 (a key table's "
+                                 f"row), got {self.seeds.dtype} of shape "
+                                 f"{tuple(self.seeds.shape)}")
+            seeds = self.seeds
+        else:
+            seeds = tuple(self.seeds)
+        plain = (all(type(v) is int for v in starts) and min(starts, default=0) >= 0 and (
+            isinstance(seeds, torch.Tensor) or (
+                all(type(v) is int for v in seeds) and 0 <= min(seeds, default=0)
+                and max(seeds, default=0) < SEED_LIMIT)))
         if not plain:  # one value at a time, for a message naming it (a grouped GEMM builds
             #            Segments per call: plain ints skip this)
             starts = tuple(check_int(s, "a segment start", 0) for s in starts)
-            seeds = tuple(check_seed(s, "a segment seed") for s in seeds)
+            if not isinstance(seeds, torch.Tensor):
+                seeds = tuple(check_seed(s, "a segment seed") for s in seeds)
         if not starts or len(starts) != len(seeds):
             raise ValueError(f"Segments need one seed per start and at least one segment, got "
                              f"{len(starts)} starts and {len(seeds)} seeds")
@@ -89,7 +102,7 @@ def segment_bits(rows: int, cols: int, segments: Segments, origin: tuple[int, in
     pos = R if segments.axis == 0 else C
     seg = segments.index(pos)
     start = torch.tensor(segments.starts, dtype=torch.int64, device=device)[seg]
-    seed = torch.tensor(segments.seeds, dtype=torch.int64, device=device)[seg]
+    seed = torch.as_tensor(segments.seeds, dtype=torch.int64, device=device)[seg]
     if segments.axis == 0:
         R = R - start
     else:

@@ -70,6 +70,41 @@ def memory_estimate(cfg: Config) -> dict[str, float]:
     return out
 
 
+def quantized_weights(cfg: Config) -> tuple[float, float]:
+    """(dense, routed-expert) weight elements per GPU of the linears the recipe quantizes:
+    every transformer layer's linears (attention, MLP, shared experts, routed experts; not
+    the router, embeddings or head) outside the layers kept in BF16; (0, 0) for a recipe
+    that quantizes nothing."""
+    from .precision import recipe_from_config
+
+    if not recipe_from_config(cfg.precision).quantized:
+        return 0.0, 0.0
+    m, p = cfg.model, cfg.parallel
+    h = m.hidden_size
+    d = m.kv_channels or h // m.num_attention_heads
+    attn = h * d * (m.num_attention_heads + 2 * m.num_query_groups) + m.num_attention_heads * d * h
+    bf16 = cfg.precision.bf16_layers
+    quantized = [i for i in range(m.num_layers) if bf16.start <= i < m.num_layers - bf16.end]
+    dense = expert = 0
+    for i in quantized:
+        dense += attn
+        if m.num_experts is None or i < m.moe_first_dense:
+            dense += 3 * h * m.ffn_hidden_size
+        else:
+            dense += 3 * h * (m.moe_shared_expert_size or 0)
+            expert += m.num_experts * 3 * h * m.moe_ffn_hidden_size
+    return dense / (p.tp * p.pp), expert / (p.ep * p.tp * p.pp)
+
+
+def weight_cache_gib(cfg: Config, which: str, element_bytes: int = 2) -> float:
+    """GiB per GPU of the weight cache (ufp4_megatron/weight_cache.py) for `which` linears
+    ("all", "experts", "none"): two quantized copies (fprop's and dgrad's layouts) of each
+    cached weight, element_bytes each (bf16 runs: 2)."""
+    dense, expert = quantized_weights(cfg)
+    elements = {"all": dense + expert, "experts": expert, "none": 0.0}[which]
+    return 2 * element_bytes * elements / 2**30
+
+
 def with_smallest_dp(cfg: Config) -> Config:
     """parallel.dp=null means "whatever the world gives": describe the smallest world the
     layout fits in, dp = ep (the experts are spread over the data-parallel replicas)."""
@@ -89,6 +124,11 @@ def describe(cfg: Config) -> str:
              f"distributed_optimizer={p.distributed_optimizer} seq_len={cfg.train.seq_len} "
              f"micro_batch={cfg.train.micro_batch}"]
     lines += [f"per_gpu_{k}: {v:.2f}" for k, v in mem.items()]
+    # the weight cache is beside the estimate above: what each train.weight_cache setting
+    # adds (auto picks the largest that fits the device, train/graphs.py)
+    lines.append("per_gpu_weight_cache_gib: " + " ".join(
+        f"{which}={weight_cache_gib(cfg, which):.2f}" for which in ("all", "experts")) +
+        f" (train.weight_cache={cfg.train.weight_cache})")
     return "\n".join(lines)
 
 

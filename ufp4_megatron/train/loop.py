@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .. import weight_cache
 from ..data import datasets as data
 from . import checkpoint, distributed, log_line, model as model_lib, optim, resume_check, schedule
 from . import wandb_run
@@ -64,7 +65,8 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
                      (run["run_dir"], str(Path(ckpt_dir).resolve()), run["run_id"]))
     recipe = recipe_from_config(cfg.precision)
     check_bf16_layers(cfg.precision, cfg.model.num_layers)
-    model, policy = model_lib.build_model(cfg, recipe, rt.dtype, device)
+    model, policy = model_lib.build_model(cfg, recipe, rt.dtype, device,
+                                          weight_cache=rt.weight_cache)
     opt = optim.build_optimizer(model, cfg, rt)
     train_model = opt.model  # Megatron's DDP wrapper
     t = cfg.train
@@ -82,6 +84,7 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
     if cfg.checkpoint.resume and checkpoint.latest_step(ckpt_dir) is not None:
         start = checkpoint.load(ckpt_dir, model, opt, extra, runtime=rt, run=run,
                                 run_dir=run_dir, verify=cfg.checkpoint.checksums)
+        weight_cache.invalidate()  # loaded weights: kept operands of the built ones are stale
     is_main = env.rank == 0
     if is_main:
         print(rt.describe(), flush=True)
@@ -111,6 +114,7 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
     stop.steps_done = start
     tokens_per_step = t.global_batch * t.seq_len
     records = []
+    step_fn = schedule.step_function(rt.cuda_graph, cfg.train.cuda_graph_warmup)
 
     step, stopping = start, False
     while step < t.steps:
@@ -123,7 +127,8 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
             probes.active = diag_step
         reports = schedule.forward_backward(
             train_model, _batches(train_ds, step, cfg, env, device),
-            n_micro=n_micro, seq_len=t.seq_len, micro_batch=t.micro_batch, forward_only=False)
+            n_micro=n_micro, seq_len=t.seq_len, micro_batch=t.micro_batch, forward_only=False,
+            step_fn=step_fn)
         grad_norm = opt.step()
         loss = _mean_loss(reports, rt)
         step += 1
@@ -140,6 +145,9 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
             _stop_if_not_finite(step, {"val_loss": record["val_loss"]}, ckpt_dir)
         if rt.on_gpu:
             record["mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            if step == start + 1 and is_main and rt.weight_cache != "none":
+                print(f"weight cache: {weight_cache.kept_bytes(model) / 2**30:.2f} GiB kept "
+                      f"({rt.weight_cache})", flush=True)
         else:  # peak resident memory of this process (Linux reports KiB)
             record["max_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         logged = step % cfg.logging.log_interval == 0 or step == t.steps

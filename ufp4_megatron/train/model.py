@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from ..megatron.policy import UFP4Policy
 from ..recipe import Recipe
-from . import te_route
+from . import graphs, te_route
 from .schema import Config
 
 
@@ -54,7 +54,7 @@ def transformer_config(cfg: Config, dtype: torch.dtype, device: torch.device,
         cross_entropy_loss_fusion=m.cross_entropy_fusion, cross_entropy_fusion_impl="native",
         # train.deterministic: Megatron's deterministic code paths (train/determinism.py)
         deterministic_mode=cfg.train.deterministic,
-        **moe, **te,
+        **moe, **te, **graphs.megatron_config(cfg),
     )
 
 
@@ -94,8 +94,11 @@ def needs_attention_mask(cfg: Config) -> bool:
     return cfg.model.attention_backend == "megatron"
 
 
-def build_model(cfg: Config, recipe: Recipe, dtype: torch.dtype, device: torch.device):
-    """(GPTModel, policy); the policy owns the SR-seed stream that checkpoints must save."""
+def build_model(cfg: Config, recipe: Recipe, dtype: torch.dtype, device: torch.device, *,
+                weight_cache: str | None = None):
+    """(GPTModel, policy); the policy owns the SR-seed stream that checkpoints must save.
+    weight_cache: which linears keep their weight operands per step (Runtime.weight_cache;
+    None: UFP4Policy's default)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
@@ -104,7 +107,8 @@ def build_model(cfg: Config, recipe: Recipe, dtype: torch.dtype, device: torch.d
         raise ValueError(f"train.seq_len={cfg.train.seq_len} exceeds "
                          f"model.max_seq_len={m.max_seq_len}")
     config = transformer_config(cfg, dtype, device, recipe)
-    policy = UFP4Policy(recipe, sr_seed=cfg.train.seed)
+    policy = UFP4Policy(recipe, sr_seed=cfg.train.seed,
+                        **({} if weight_cache is None else {"weight_cache": weight_cache}))
     model = GPTModel(
         config=config,
         transformer_layer_spec=block_spec(config, policy, attention_backend=m.attention_backend,

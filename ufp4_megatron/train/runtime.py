@@ -28,6 +28,10 @@ facts from it and never ask `torch.cuda.is_available()` again. The table it enco
     optim.adam_kernel=foreach         torch AdamW foreach; refused where TE/Apex is installed
     checkpoint file format            torch_dist (Megatron 0.19's only save strategy), the
                                       CUDA RNG state saved on GPU only
+    train.cuda_graph=local|full_iteration  Megatron-Core's CUDA graphs     refused
+                                      (train/graphs.py: what is refused on a GPU too)
+    train.weight_cache=auto           all / experts / none by what      all
+                                      fits the GPU (train/graphs.py)
 
 train.device=cpu where CUDA is visible is refused: the CPU shims act only where CUDA is absent
 (a no-op with CUDA, by design), so Megatron-Core would place its gradient buffers, RoPE tables
@@ -66,13 +70,16 @@ class Runtime:
     # the Adam step: te_fused | apex_fused (Megatron-Core's FusedAdam) | torch_fused | torch_foreach
     adam: str
     checkpoint_format: str = CHECKPOINT_FORMAT  # dist_checkpointing's backend
+    cuda_graph: str = "none"  # train.cuda_graph: none | local | full_iteration
+    weight_cache: str = "none"  # train.weight_cache decided: all | experts | none
 
     def describe(self) -> str:
         """One line for the run's log: what was decided."""
         dtype = str(self.dtype).removeprefix("torch.")
         opt = (f"distributed optimizer ({self.optim_sharding})" if self.distributed_optimizer
                else "plain optimizer")
-        return f"runtime: {self.device.type} {dtype}, {self.backend}, {opt}, adam {self.adam}"
+        return (f"runtime: {self.device.type} {dtype}, {self.backend}, {opt}, adam {self.adam}, "
+                f"cuda graphs {self.cuda_graph}, weight cache {self.weight_cache}")
 
     @property
     def on_gpu(self) -> bool:
@@ -137,10 +144,13 @@ INSTALLED = "installed"  # decide()'s default: ask this machine which FusedAdam 
 
 
 def decide(cfg: Config, *, cuda: bool | None = None,
-           adam_library: str | None = INSTALLED) -> Runtime:
+           adam_library: str | None = INSTALLED, device_bytes: int | None = None) -> Runtime:
     """The Runtime of `cfg` on a machine with (cuda=True) or without CUDA (None: this one),
-    with `adam_library` ('te', 'apex', None: neither; INSTALLED: what this machine has).
+    with `adam_library` ('te', 'apex', None: neither; INSTALLED: what this machine has) and
+    a GPU of `device_bytes` memory (None: this one's, asked when the run is on the GPU).
     Raises ValueError, one line naming the key to change, for what cannot run there."""
+    from .graphs import check_cuda_graph, resolve_weight_cache
+
     cuda = torch.cuda.is_available() if cuda is None else cuda
     device = resolve_device(cfg.train.device, cuda=cuda)
     if device.type == "cpu" and cuda:
@@ -171,6 +181,12 @@ def decide(cfg: Config, *, cuda: bool | None = None,
         sharding = ("fully_reshardable" if cfg.checkpoint.optim_fully_reshardable
                     else "dp_reshardable")
     library = fused_adam_library() if adam_library == INSTALLED else adam_library
+    on_gpu = device.type == "cuda"
+    check_cuda_graph(cfg, on_gpu)
+    if on_gpu and device_bytes is None and torch.cuda.is_available():
+        device_bytes = torch.cuda.get_device_properties(0).total_memory
     return Runtime(device=device, dtype=dtype, backend=backend,
                    distributed_optimizer=p.distributed_optimizer, optim_sharding=sharding,
-                   adam=resolve_adam(cfg.optim.adam_kernel, library))
+                   adam=resolve_adam(cfg.optim.adam_kernel, library),
+                   cuda_graph=cfg.train.cuda_graph,
+                   weight_cache=resolve_weight_cache(cfg, device_bytes if on_gpu else None))

@@ -25,13 +25,30 @@ def forward_step(data_iterator, model):
     return out, partial(_loss_func, b["loss_mask"])
 
 
-def forward_backward(model, batches, *, n_micro: int, seq_len: int, micro_batch: int,
-                     forward_only: bool) -> list[dict]:
-    """Runs n_micro micro-batches, accumulating grads unless forward_only; returns reports
-    (empty on pipeline stages other than the last)."""
+def step_function(cuda_graph: str = "none", warmup: int = 3):
+    """Megatron's forward-backward function for training steps: with
+    train.cuda_graph=full_iteration wrapped in Megatron-Core's FullCudaGraphWrapper (after
+    `warmup` eager steps it captures the next step's forward and backward of all
+    micro-batches, batches copied into static buffers, and replays it from then on; the
+    optimizer step stays eager). local graphs are per layer, inside the model (train/graphs.py)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    return get_forward_backward_func()(
+    fn = get_forward_backward_func()
+    if cuda_graph == "full_iteration":
+        from megatron.core.full_cuda_graph import FullCudaGraphWrapper
+
+        fn = FullCudaGraphWrapper(fn, cuda_graph_warmup_steps=warmup)
+    return fn
+
+
+def forward_backward(model, batches, *, n_micro: int, seq_len: int, micro_batch: int,
+                     forward_only: bool, step_fn=None) -> list[dict]:
+    """Runs n_micro micro-batches, accumulating grads unless forward_only; returns reports
+    (empty on pipeline stages other than the last). step_fn: step_function()'s (training
+    steps; None: Megatron's plain function)."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    return (step_fn or get_forward_backward_func())(
         forward_step_func=forward_step, data_iterator=iter(batches), model=[model],
         num_microbatches=n_micro, seq_length=seq_len, micro_batch_size=micro_batch,
         decoder_seq_length=seq_len, forward_only=forward_only)

@@ -54,6 +54,11 @@ class ModelConfig:
     moe_first_dense: int = 0
     moe_aux_loss_coeff: float = 1e-3
     moe_grouped_gemm: bool = True  # all experts' GEMMs at once; false: one MLP per expert
+    # tokens per expert capped at capacity_factor * tokens * topk / experts (None: dropless),
+    # and with moe_pad_to_capacity every expert's input padded to that capacity: static
+    # shapes, what CUDA graphs of an MoE model need (train.cuda_graph)
+    moe_capacity_factor: Optional[float] = None
+    moe_pad_to_capacity: bool = False
 
 
 def _preset(key: str) -> Any:
@@ -189,6 +194,15 @@ class TrainConfig:
     # deterministic_mode, torch.use_deterministic_algorithms, cuBLAS/NCCL settings
     # (train/determinism.py; its cost: docs/training.md)
     deterministic: bool = False
+    # CUDA graphs (Megatron-Core's cuda_graph_impl): none | local (one graph per transformer
+    # layer, forward and backward) | full_iteration (all micro-batches' forward and backward
+    # in one graph); captured after cuda_graph_warmup eager steps
+    cuda_graph: str = "none"
+    cuda_graph_warmup: int = 3
+    # weights' RTNE operands kept from one optimizer step to the next (bit for bit the same
+    # results, for memory): auto (all where the estimate fits the device, else experts, else
+    # none) | all | experts | none
+    weight_cache: str = "auto"
 
 
 @dataclass(kw_only=True)
