@@ -72,7 +72,7 @@ IDENTITY_KEYS = frozenset("""
 data.corpus_bpe_vocab data.corpus_max_bytes data.prefixes data.split data.tokenizer
 model.attention_backend model.cpu_init model.cross_entropy_fusion model.ffn_hidden_size
 model.hidden_size model.init_std model.kv_channels model.max_seq_len model.moe_aux_loss_coeff
-model.moe_ffn_hidden_size model.moe_first_dense model.moe_grouped_gemm model.moe_router_topk
+model.moe_capacity_factor model.moe_ffn_hidden_size model.moe_first_dense model.moe_pad_to_capacity model.moe_grouped_gemm model.moe_router_topk
 model.moe_shared_expert_size model.name model.num_attention_heads model.num_experts
 model.num_layers model.num_query_groups model.rotary_base model.sdpa_kernels
 model.transformer_impl model.untie_embeddings model.vocab_size optim.adam_kernel optim.beta1 optim.beta2
@@ -98,13 +98,15 @@ def test_identity_keys_are_known():
 
 def test_a_key_added_later_renames_no_run():
     for (group, key), earlier in identity.KEYS_ADDED_LATER.items():
-        now = OmegaConf.to_container(compose_cfg(f"{group}.{key}={earlier}"), resolve=True)
+        value = "null" if earlier is None else earlier  # Hydra's spelling of None
+        now = OmegaConf.to_container(compose_cfg(f"{group}.{key}={value}"), resolve=True)
         before = {g: (dict(n) if isinstance(n, dict) else n) for g, n in now.items()}
         del before[group][key]  # a config.yaml stored before the key existed
         assert identity.run_id(before) == identity.run_id(now)
         assert identity.sibling_key(before) == identity.sibling_key(now)
         assert identity.differences(before, now) == []
-        other = OmegaConf.to_container(compose_cfg(f"{group}.{key}={not earlier}"), resolve=True)
+        changed = 1.0 if earlier is None else not earlier  # another value of the key's type
+        other = OmegaConf.to_container(compose_cfg(f"{group}.{key}={changed}"), resolve=True)
         assert identity.run_id(other) != identity.run_id(now)  # any other value: another run
 
 

@@ -31,6 +31,7 @@ from ufp4_megatron.train.runtime import (
 from ufp4_megatron.train.schema import (
     CheckpointConfig,
     Config,
+    ModelConfig,
     OptimConfig,
     ParallelConfig,
     TrainConfig,
@@ -42,7 +43,7 @@ CPU, GPU = torch.device("cpu"), torch.device("cuda")
 
 def _cfg(device="auto", dtype="auto", backend="auto", pp=1, distributed_optimizer=True,
          fully_reshardable=False, adam_kernel="auto") -> Config:
-    return Config(train=TrainConfig(device=device, dtype=dtype),
+    return Config(model=ModelConfig(), train=TrainConfig(device=device, dtype=dtype),
                   optim=OptimConfig(adam_kernel=adam_kernel),
                   parallel=ParallelConfig(pp=pp, backend=backend,
                                           distributed_optimizer=distributed_optimizer),

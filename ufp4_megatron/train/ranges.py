@@ -101,6 +101,7 @@ RANGES: dict[str, Range] = {
     "model.moe_shared_expert_size": at_least(0, "(0 or null: none)"),
     "model.moe_first_dense": at_least(0),
     "model.moe_aux_loss_coeff": Range(lo=0.0),
+    "model.moe_capacity_factor": Range(lo=0.0, lo_open=True, note="(null: dropless)"),
     # precision (the recipe checks which blocks, sizes and grids exist)
     "precision.block": at_least(1),
     "precision.rht.size": at_least(1),
@@ -138,6 +139,8 @@ RANGES: dict[str, Range] = {
     "train.global_batch": at_least(1),
     "train.eval_interval": at_least(0, "(0: never)"),
     "train.eval_iters": at_least(0),
+    # eager steps before CUDA-graph capture (train/graphs.py: the kernels compile eagerly first)
+    "train.cuda_graph_warmup": at_least(1),
     # logging
     "logging.log_interval": at_least(1),
     "logging.print_interval": at_least(1),
