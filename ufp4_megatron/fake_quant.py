@@ -4,6 +4,7 @@ CUDA tensors go to the fused Triton kernels (bit-identical to the reference in n
 where they cover the arguments, the reference otherwise; CPU tensors, or backend="torch", run
 the reference; backend="triton" runs the kernels or says why it cannot.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,12 +41,16 @@ def quantize_view(x: torch.Tensor, grid, *, backend: str = "auto", **kw) -> torc
     raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
 
 
-def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *,
-                  backend: str = "auto"):
+def quantize_pair(
+    a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *, backend: str = "auto"
+):
     """(quantize_view(a, **a_kw), quantize_view(b, **b_kw)), grid in the kw dicts: the two
     operands of one GEMM, in one kernel launch where the kernels cover both."""
-    if a.numel() and b.numel() and (backend == "triton" or (backend == "auto" and a.is_cuda
-                                                            and b.is_cuda)):
+    if (
+        a.numel()
+        and b.numel()
+        and (backend == "triton" or (backend == "auto" and a.is_cuda and b.is_cuda))
+    ):
         pair = _kernels().quantize_pair(a, a_kw, b, b_kw, strict=backend == "triton")
         if pair is not None:
             return pair
@@ -54,13 +59,30 @@ def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *,
 
 def _operand_kw(spec: OperandSpec, key: dict, rht, out_dtype) -> dict:
     # the one place a GEMM operand's OperandSpec becomes the reference's/kernels' arguments
-    return dict(grid=spec.grid, block=spec.block, block_2d=spec.block_2d, scale=spec.scale,
-                rounding=spec.rounding, rht=rht, keep_padding=True, out_dtype=out_dtype, **key)
+    return dict(
+        grid=spec.grid,
+        block=spec.block,
+        block_2d=spec.block_2d,
+        scale=spec.scale,
+        rounding=spec.rounding,
+        rht=rht,
+        keep_padding=True,
+        out_dtype=out_dtype,
+        **key,
+    )
 
 
-def quantize_operand(view: torch.Tensor, spec: OperandSpec, *, rht=None, seed: int = 0,
-                     origin=(0, 0), segments=None, out_dtype=None,
-                     backend: str = "auto") -> torch.Tensor:
+def quantize_operand(
+    view: torch.Tensor,
+    spec: OperandSpec,
+    *,
+    rht=None,
+    seed: int = 0,
+    origin=(0, 0),
+    segments=None,
+    out_dtype=None,
+    backend: str = "auto",
+) -> torch.Tensor:
     """A GEMM operand's [R, C] view quantized along C as `spec` says, its padding kept (zeros
     add nothing to the product); rht, seed, origin, segments and out_dtype as in
     quantize_view."""
@@ -68,8 +90,7 @@ def quantize_operand(view: torch.Tensor, spec: OperandSpec, *, rht=None, seed: i
     return quantize_view(view, backend=backend, **_operand_kw(spec, key, rht, out_dtype))
 
 
-def quantize_operand_pair(views, specs, keys, *, rht=None, out_dtype=None,
-                          backend: str = "auto"):
+def quantize_operand_pair(views, specs, keys, *, rht=None, out_dtype=None, backend: str = "auto"):
     """The two operands of one GEMM (views, OperandSpecs, and per operand its SR key: a dict
     of seed and origin), quantized as quantize_operand does, in one kernel launch where the
     kernels cover both."""
@@ -77,10 +98,20 @@ def quantize_operand_pair(views, specs, keys, *, rht=None, out_dtype=None,
     return quantize_pair(views[0], a_kw, views[1], b_kw, backend=backend)
 
 
-def quantize(x: torch.Tensor, fmt, *, block: int = 16, scale: str = "fp32",
-             rounding: str = "rtne", dim: int = -1, rht=None, seed: int = 0,
-             block_2d: bool = False, origin: tuple[int, int] = (0, 0),
-             backend: str = "auto") -> torch.Tensor:
+def quantize(
+    x: torch.Tensor,
+    fmt,
+    *,
+    block: int = 16,
+    scale: str = "fp32",
+    rounding: str = "rtne",
+    dim: int = -1,
+    rht=None,
+    seed: int = 0,
+    block_2d: bool = False,
+    origin: tuple[int, int] = (0, 0),
+    backend: str = "auto",
+) -> torch.Tensor:
     """Fake-quantize `x` along `dim` in 1 x `block` blocks; same shape as x, same dtype
     except that rotated float16 comes back in float32 (a rotated block can exceed fp16's
     range: 16 values of 16400 rotate to 65600).
@@ -114,13 +145,23 @@ def quantize(x: torch.Tensor, fmt, *, block: int = 16, scale: str = "fp32",
     dim = check_dim(dim, x.dim())
     r = as_rht(rht)
     if r is not None and x.shape[dim] % r.size:
-        raise ValueError(f"with rht={r.size} the size along dim {dim} ({x.shape[dim]}) must be "
-                         f"a multiple of {r.size}: the result lives in the rotated domain and "
-                         "cannot be unpadded; pad x or pass rht=None")
+        raise ValueError(
+            f"with rht={r.size} the size along dim {dim} ({x.shape[dim]}) must be "
+            f"a multiple of {r.size}: the result lives in the rotated domain and "
+            "cannot be unpadded; pad x or pass rht=None"
+        )
     if x.numel() == 0:
         return x.to(output_dtype(x.dtype, r), copy=True)
-    kw = dict(block=block, block_2d=block_2d, scale=scale, rounding=rounding, rht=r, seed=seed,
-              origin=origin, backend=backend)
+    kw = dict(
+        block=block,
+        block_2d=block_2d,
+        scale=scale,
+        rounding=rounding,
+        rht=r,
+        seed=seed,
+        origin=origin,
+        backend=backend,
+    )
     if x.requires_grad and torch.is_grad_enabled():
         return _StraightThrough.apply(x, fmt, dim, kw)
     return _quantize_along(x, fmt, dim, kw)
@@ -154,6 +195,8 @@ def _check_origin(origin, rounding: str) -> tuple[int, int]:
     r0 = check_int(origin[0], "origin row", 0)
     c0 = check_int(origin[1], "origin column", 0)
     if rounding == "sr" and c0 % 4:
-        raise ValueError(f"with rounding='sr' the origin column must be a multiple of 4 (one "
-                         f"Philox call serves 4 neighbours), got {c0}")
+        raise ValueError(
+            f"with rounding='sr' the origin column must be a multiple of 4 (one "
+            f"Philox call serves 4 neighbours), got {c0}"
+        )
     return r0, c0

@@ -19,6 +19,7 @@ Origins are each operand's (row, column) offset in the full tensor, natural layo
 tokens x N, x: tokens x K, w: N x K): a tensor-parallel shard passes its offset and gets the
 stochastic-rounding bits of the unsharded tensor.
 """
+
 from __future__ import annotations
 
 import functools
@@ -45,8 +46,10 @@ def _gemm_plan(spec: GemmSpec, gemm: str, rht_seed: int, reduction: int, dtype: 
     the common padded length and the operands' dtype (fp32 for rotated fp16: a rotated block
     can exceed fp16's range)."""
     rht = get_rht(spec.rht, rht_seed) if spec.rht else None
-    length = max(padded_length(reduction, op.block if op else 1, rht)
-                 for op in (getattr(spec, name) for name in OPERANDS[gemm]))
+    length = max(
+        padded_length(reduction, op.block if op else 1, rht)
+        for op in (getattr(spec, name) for name in OPERANDS[gemm])
+    )
     return rht, length, rotated_dtype(dtype) if rht is not None else dtype
 
 
@@ -83,50 +86,84 @@ def _gemm_operands(gemm: str, recipe: Recipe, tensors, origins, *, seed: int, ba
         op = getattr(spec, name)
         views.append(t.t() if rows else t)
         # seeds only matter to SR (RTNE results do not depend on them)
-        keys.append(dict(origin=(origin[1], origin[0]) if rows else origin,
-                         seed=mix_seed(seed, gid, i) if op is not None and op.rounding == "sr"
-                         else 0))
+        keys.append(
+            dict(
+                origin=(origin[1], origin[0]) if rows else origin,
+                seed=mix_seed(seed, gid, i) if op is not None and op.rounding == "sr" else 0,
+            )
+        )
         ops.append(op)
     if ops[0] is not None and ops[1] is not None:
         q = quantize_operand_pair(views, ops, keys, rht=rht, out_dtype=dtype, backend=backend)
     else:
-        q = [quantize_operand(v, op, rht=rht, out_dtype=dtype, backend=backend, **key)
-             if op is not None else _rotated(v, length, rht, dtype)
-             for v, op, key in zip(views, ops, keys)]
-    return tuple(_pad(qi, length).t() if rows else _pad(qi, length)
-                 for qi, rows in zip(q, along_rows))
+        q = [
+            quantize_operand(v, op, rht=rht, out_dtype=dtype, backend=backend, **key)
+            if op is not None
+            else _rotated(v, length, rht, dtype)
+            for v, op, key in zip(views, ops, keys)
+        ]
+    return tuple(
+        _pad(qi, length).t() if rows else _pad(qi, length) for qi, rows in zip(q, along_rows)
+    )
 
 
-def fprop(x: torch.Tensor, w: torch.Tensor, recipe: Recipe, *, seed: int = 0,
-          x_origin=(0, 0), w_origin=(0, 0), backend: str = "auto") -> torch.Tensor:
+def fprop(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    recipe: Recipe,
+    *,
+    seed: int = 0,
+    x_origin=(0, 0),
+    w_origin=(0, 0),
+    backend: str = "auto",
+) -> torch.Tensor:
     """Y = Q(X) Q(W)^T: x [M, K], w [N, K] -> [M, N]."""
     w = w.to(x.dtype)
     if recipe.fprop is None:
         return x @ w.t()
-    qx, qw = _gemm_operands("fprop", recipe, (x, w), (x_origin, w_origin), seed=seed,
-                            backend=backend)
+    qx, qw = _gemm_operands(
+        "fprop", recipe, (x, w), (x_origin, w_origin), seed=seed, backend=backend
+    )
     return (qx @ qw.t()).to(x.dtype)
 
 
-def dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: Recipe, *, seed: int = 0,
-          dy_origin=(0, 0), w_origin=(0, 0), backend: str = "auto") -> torch.Tensor:
+def dgrad(
+    dy: torch.Tensor,
+    w: torch.Tensor,
+    recipe: Recipe,
+    *,
+    seed: int = 0,
+    dy_origin=(0, 0),
+    w_origin=(0, 0),
+    backend: str = "auto",
+) -> torch.Tensor:
     """dX = Q(dY) Q(W): dy [M, N], w [N, K] -> [M, K]; W quantized along N (its columns)."""
     w = w.to(dy.dtype)
     if recipe.dgrad is None:
         return dy @ w
-    qdy, qw = _gemm_operands("dgrad", recipe, (dy, w), (dy_origin, w_origin), seed=seed,
-                             backend=backend)
+    qdy, qw = _gemm_operands(
+        "dgrad", recipe, (dy, w), (dy_origin, w_origin), seed=seed, backend=backend
+    )
     return (qdy @ qw).to(dy.dtype)
 
 
-def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: Recipe, *, seed: int = 0,
-          dy_origin=(0, 0), x_origin=(0, 0), backend: str = "auto") -> torch.Tensor:
+def wgrad(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    recipe: Recipe,
+    *,
+    seed: int = 0,
+    dy_origin=(0, 0),
+    x_origin=(0, 0),
+    backend: str = "auto",
+) -> torch.Tensor:
     """dW = Q(dY)^T Q(X): dy [M, N], x [M, K] -> [N, K]; both quantized along tokens M."""
     x = x.to(dy.dtype)
     if recipe.wgrad is None:
         return dy.t() @ x
-    qdy, qx = _gemm_operands("wgrad", recipe, (dy, x), (dy_origin, x_origin), seed=seed,
-                             backend=backend)
+    qdy, qx = _gemm_operands(
+        "wgrad", recipe, (dy, x), (dy_origin, x_origin), seed=seed, backend=backend
+    )
     return (qdy.t() @ qx).to(dy.dtype)
 
 
@@ -159,9 +196,15 @@ class _QuantizedLinear(torch.autograd.Function):
         return dx, dw, db, None, None, None
 
 
-def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                     recipe: Recipe, *, seed: int | None = None,
-                     backend: str = "auto") -> torch.Tensor:
+def quantized_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    recipe: Recipe,
+    *,
+    seed: int | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
     """y = x W^T + b with the recipe's fake-quantized GEMMs in forward and backward.
 
     x: [..., K]; weight: [N, K]; bias: [N] or None; floating-point tensors (weight and bias
@@ -188,13 +231,17 @@ def _check_linear_args(x, weight, bias) -> None:
         if t is not None or name != "bias":
             check_float_tensor(t, name, "quantized_linear")
     if weight.dim() != 2 or x.dim() < 1:
-        raise ValueError(f"quantized_linear takes x [..., in_features] and weight "
-                         f"[out_features, in_features], got x {tuple(x.shape)} and weight "
-                         f"{tuple(weight.shape)}")
+        raise ValueError(
+            f"quantized_linear takes x [..., in_features] and weight "
+            f"[out_features, in_features], got x {tuple(x.shape)} and weight "
+            f"{tuple(weight.shape)}"
+        )
     if x.shape[-1] != weight.shape[-1]:
-        raise ValueError(f"x has {x.shape[-1]} features but weight is {tuple(weight.shape)} "
-                         "([out_features, in_features])")
+        raise ValueError(
+            f"x has {x.shape[-1]} features but weight is {tuple(weight.shape)} "
+            "([out_features, in_features])"
+        )
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(f"bias must have shape ({weight.shape[0]},) (out_features), got "
-                         f"{tuple(bias.shape)}")
-
+        raise ValueError(
+            f"bias must have shape ({weight.shape[0]},) (out_features), got {tuple(bias.shape)}"
+        )

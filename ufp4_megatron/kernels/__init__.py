@@ -12,7 +12,14 @@ launch where it can. Modules, each importing only those above it:
                      specialization (on by default; UFP4_CACHED_LAUNCH=0 turns it off);
   dispatch           host side: what the kernels cover, cached launch plans, the launches.
 """
+
 from .dispatch import INTERPRETED, check_device, quantize_pair, quantize_view, supports, unsupported
 
-__all__ = ["supports", "unsupported", "check_device", "quantize_view", "quantize_pair",
-           "INTERPRETED"]
+__all__ = [
+    "supports",
+    "unsupported",
+    "check_device",
+    "quantize_view",
+    "quantize_pair",
+    "INTERPRETED",
+]

@@ -13,11 +13,12 @@ Layers that Megatron's `first_last_layers_bf16` / `num_layers_at_start_in_bf16` 
 A linear whose recipe quantizes nothing keeps Megatron's own class, so `bf16` is exactly
 Megatron's local spec. Embeddings, LM head, norms, attention core and router are never touched.
 """
+
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from megatron.core.fp8_utils import is_first_last_bf16_layer
 
@@ -34,8 +35,8 @@ class UFP4Binding:
     recipe: Recipe
     seeds: SRSeeds
     layer_number: int  # global, 1-based (Megatron's TransformerLayer.layer_number)
-    path: str          # policy path, for errors and logs
-    role: int          # stable id of the path without the layer index, mixed into SR seeds
+    path: str  # policy path, for errors and logs
+    role: int  # stable id of the path without the layer index, mixed into SR seeds
 
     def __repr__(self) -> str:
         return f"UFP4Binding({self.path}, recipe={self.recipe.name}, layer={self.layer_number})"
@@ -44,9 +45,13 @@ class UFP4Binding:
 class UFP4Policy:
     """Recipe per linear (default + path rules + Megatron's BF16 layers) and the SR seeds."""
 
-    def __init__(self, recipe: RecipeLike = "ufp4", *,
-                 rules: Mapping[str, RecipeLike] | Sequence[tuple[str, RecipeLike]] = (),
-                 sr_seed: int = 0):
+    def __init__(
+        self,
+        recipe: RecipeLike = "ufp4",
+        *,
+        rules: Mapping[str, RecipeLike] | Sequence[tuple[str, RecipeLike]] = (),
+        sr_seed: int = 0,
+    ):
         self.default = _resolve(recipe)
         items = rules.items() if isinstance(rules, Mapping) else rules
         self.rules = tuple((str(pattern), _resolve(r)) for pattern, r in items)
@@ -57,8 +62,9 @@ class UFP4Policy:
         when it stays in Megatron's BF16 module."""
         if config is not None and is_first_last_bf16_layer(config, layer_number - 1):
             return None
-        recipe = next((r for pattern, r in self.rules if fnmatch.fnmatchcase(path, pattern)),
-                      self.default)
+        recipe = next(
+            (r for pattern, r in self.rules if fnmatch.fnmatchcase(path, pattern)), self.default
+        )
         return recipe if recipe.quantized else None
 
     def bind(self, path: str, *, layer_number: int, config=None) -> UFP4Binding | None:
@@ -66,8 +72,13 @@ class UFP4Policy:
         if recipe is None:
             return None
         role = path.split(".", 3)[-1] if path.startswith("decoder.layers.") else path
-        return UFP4Binding(recipe=recipe, seeds=self.seeds, layer_number=layer_number,
-                           path=path, role=_stable_id(role))
+        return UFP4Binding(
+            recipe=recipe,
+            seeds=self.seeds,
+            layer_number=layer_number,
+            path=path,
+            role=_stable_id(role),
+        )
 
     def state_dict(self) -> dict:
         """The SR seed stream's state (recipes are configuration, not state)."""
@@ -87,8 +98,10 @@ def _resolve(recipe: RecipeLike) -> Recipe:
         return recipe
     if isinstance(recipe, str):
         return get_recipe(recipe)
-    raise TypeError(f"a recipe is a preset name (see ufp4_megatron.list_recipes()) or a Recipe, "
-                    f"got {type(recipe).__name__}")
+    raise TypeError(
+        f"a recipe is a preset name (see ufp4_megatron.list_recipes()) or a Recipe, "
+        f"got {type(recipe).__name__}"
+    )
 
 
 def _stable_id(text: str) -> int:

@@ -18,6 +18,7 @@ the unbiased noise SR is for), and the stream would stop advancing. A draw durin
 therefore refuses (SRCaptureError) instead of training on frozen noise; recipes without SR
 draw nothing and are not affected.
 """
+
 from __future__ import annotations
 
 import torch
@@ -49,7 +50,8 @@ class SRSeeds:
                 "stochastic rounding inside a CUDA graph: its seed is a host value the graph "
                 "would replay every step (the same rounding noise each step); run without CUDA "
                 "graphs (Megatron: drop --enable-cuda-graph / --cuda-graph-impl, "
-                "cuda_graph_impl='none') or with a recipe without SR")
+                "cuda_graph_impl='none') or with a recipe without SR"
+            )
         base = int(torch.randint(0, 2**62, (1,), generator=self._gen).item())
         self.draws += 1
         return mix_seed(base, *salt)

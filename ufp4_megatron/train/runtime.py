@@ -34,6 +34,7 @@ train.device=cpu where CUDA is visible is refused: the CPU shims act only where 
 and token counters on `torch.cuda.current_device()` beside CPU parameters. A CPU run on a GPU
 machine hides the GPUs instead, as `ufp4-launch study --gpus none` does.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -70,8 +71,11 @@ class Runtime:
     def describe(self) -> str:
         """One line for the run's log: what was decided."""
         dtype = str(self.dtype).removeprefix("torch.")
-        opt = (f"distributed optimizer ({self.optim_sharding})" if self.distributed_optimizer
-               else "plain optimizer")
+        opt = (
+            f"distributed optimizer ({self.optim_sharding})"
+            if self.distributed_optimizer
+            else "plain optimizer"
+        )
         return f"runtime: {self.device.type} {dtype}, {self.backend}, {opt}, adam {self.adam}"
 
     @property
@@ -98,8 +102,9 @@ class Runtime:
         return cpu_compat()
 
 
-def resolve_device(requested: str, *, cuda: bool | None = None,
-                   key: str = "train.device") -> torch.device:
+def resolve_device(
+    requested: str, *, cuda: bool | None = None, key: str = "train.device"
+) -> torch.device:
     """auto | cpu | cuda -> the device, given whether CUDA is visible (None: ask torch)."""
     if requested not in DEVICES:
         raise ValueError(f"{key}={requested!r}; valid: {', '.join(DEVICES)}")
@@ -107,8 +112,10 @@ def resolve_device(requested: str, *, cuda: bool | None = None,
     if requested == "auto":
         return torch.device("cuda" if cuda else "cpu")
     if requested == "cuda" and not cuda:
-        raise ValueError(f"{key}=cuda but no CUDA device is visible here "
-                         f"(torch.cuda.is_available() is False); use {key}=auto or cpu")
+        raise ValueError(
+            f"{key}=cuda but no CUDA device is visible here "
+            f"(torch.cuda.is_available() is False); use {key}=auto or cpu"
+        )
     return torch.device(requested)
 
 
@@ -126,9 +133,11 @@ def resolve_adam(requested: str, library: str | None) -> str:
         raise ValueError(f"optim.adam_kernel={requested!r}; valid: {', '.join(ADAM_KERNELS)}")
     if library is not None:
         if requested == "foreach":
-            raise ValueError(f"optim.adam_kernel=foreach asks for torch's AdamW, but "
-                             f"Megatron-Core uses {library}'s FusedAdam here; use "
-                             "optim.adam_kernel=auto")
+            raise ValueError(
+                f"optim.adam_kernel=foreach asks for torch's AdamW, but "
+                f"Megatron-Core uses {library}'s FusedAdam here; use "
+                "optim.adam_kernel=auto"
+            )
         return f"{library}_fused"
     return "torch_foreach" if requested == "foreach" else "torch_fused"
 
@@ -136,18 +145,21 @@ def resolve_adam(requested: str, library: str | None) -> str:
 INSTALLED = "installed"  # decide()'s default: ask this machine which FusedAdam it has
 
 
-def decide(cfg: Config, *, cuda: bool | None = None,
-           adam_library: str | None = INSTALLED) -> Runtime:
+def decide(
+    cfg: Config, *, cuda: bool | None = None, adam_library: str | None = INSTALLED
+) -> Runtime:
     """The Runtime of `cfg` on a machine with (cuda=True) or without CUDA (None: this one),
     with `adam_library` ('te', 'apex', None: neither; INSTALLED: what this machine has).
     Raises ValueError, one line naming the key to change, for what cannot run there."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
     device = resolve_device(cfg.train.device, cuda=cuda)
     if device.type == "cpu" and cuda:
-        raise ValueError("train.device=cpu but a CUDA device is visible here: Megatron-Core "
-                         "would put its gradient buffers on the GPU (the CPU shims act only "
-                         "without CUDA); use train.device=auto, or hide the GPUs "
-                         "(CUDA_VISIBLE_DEVICES=)")
+        raise ValueError(
+            "train.device=cpu but a CUDA device is visible here: Megatron-Core "
+            "would put its gradient buffers on the GPU (the CPU shims act only "
+            "without CUDA); use train.device=auto, or hide the GPUs "
+            "(CUDA_VISIBLE_DEVICES=)"
+        )
     d = cfg.train.dtype
     if d == "auto":
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -157,20 +169,29 @@ def decide(cfg: Config, *, cuda: bool | None = None,
         raise ValueError(f"train.dtype={d!r}; valid: {', '.join(DTYPES)}")
     p = cfg.parallel
     if p.pp > 1 and device.type == "cpu":
-        raise ValueError(f"parallel.pp={p.pp} runs on GPU only (pipeline parallelism is not "
-                         "tested on CPU/gloo); use parallel.pp=1 on CPU")
+        raise ValueError(
+            f"parallel.pp={p.pp} runs on GPU only (pipeline parallelism is not "
+            "tested on CPU/gloo); use parallel.pp=1 on CPU"
+        )
     if p.backend not in BACKENDS:
         raise ValueError(f"parallel.backend={p.backend!r}; valid: {', '.join(BACKENDS)}")
-    backend = p.backend if p.backend != "auto" else (
-        "nccl" if device.type == "cuda" else "gloo")
+    backend = p.backend if p.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
     if backend == "nccl" and device.type == "cpu":
-        raise ValueError("parallel.backend=nccl needs GPU tensors but this run is on CPU; use "
-                         "parallel.backend=auto or gloo")
+        raise ValueError(
+            "parallel.backend=nccl needs GPU tensors but this run is on CPU; use "
+            "parallel.backend=auto or gloo"
+        )
     sharding = None
     if p.distributed_optimizer:
-        sharding = ("fully_reshardable" if cfg.checkpoint.optim_fully_reshardable
-                    else "dp_reshardable")
+        sharding = (
+            "fully_reshardable" if cfg.checkpoint.optim_fully_reshardable else "dp_reshardable"
+        )
     library = fused_adam_library() if adam_library == INSTALLED else adam_library
-    return Runtime(device=device, dtype=dtype, backend=backend,
-                   distributed_optimizer=p.distributed_optimizer, optim_sharding=sharding,
-                   adam=resolve_adam(cfg.optim.adam_kernel, library))
+    return Runtime(
+        device=device,
+        dtype=dtype,
+        backend=backend,
+        distributed_optimizer=p.distributed_optimizer,
+        optim_sharding=sharding,
+        adam=resolve_adam(cfg.optim.adam_kernel, library),
+    )

@@ -5,6 +5,7 @@ CPU (its token counters on "cuda" land on CPU inside the CPU runtime's scope, th
 cpu_compat), so the loss contract (sum / tokens / micro-batches), the MoE aux-loss scaling and
 the gradient finalization (DP all-reduce, SP norm grads) are Megatron's on both.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -25,13 +26,20 @@ def forward_step(data_iterator, model):
     return out, partial(_loss_func, b["loss_mask"])
 
 
-def forward_backward(model, batches, *, n_micro: int, seq_len: int, micro_batch: int,
-                     forward_only: bool) -> list[dict]:
+def forward_backward(
+    model, batches, *, n_micro: int, seq_len: int, micro_batch: int, forward_only: bool
+) -> list[dict]:
     """Runs n_micro micro-batches, accumulating grads unless forward_only; returns reports
     (empty on pipeline stages other than the last)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     return get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=iter(batches), model=[model],
-        num_microbatches=n_micro, seq_length=seq_len, micro_batch_size=micro_batch,
-        decoder_seq_length=seq_len, forward_only=forward_only)
+        forward_step_func=forward_step,
+        data_iterator=iter(batches),
+        model=[model],
+        num_microbatches=n_micro,
+        seq_length=seq_len,
+        micro_batch_size=micro_batch,
+        decoder_seq_length=seq_len,
+        forward_only=forward_only,
+    )
