@@ -24,10 +24,11 @@ $(STAMP): Makefile pyproject.toml scripts/install.sh $(wildcard requirements/*.t
 # 2-core machine. GPU-only and long tests have their own targets. Two xdist workers by default
 # (most tests wait on trainer subprocesses); --dist loadgroup puts the tests that share a costly
 # fixture on one worker (tests/conftest.py). TEST_WORKERS=0 runs them in this process. The
-# tests on the local Slurm cluster run after, alone.
+# tests on the local Slurm cluster run after, alone. `lint` runs first: a lint or format
+# finding fails the suite in seconds.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
-test: install
+test: install lint
 	$(PYTEST) -q -m "not gpu and not slow and not slurm" -p no:cacheprovider $(XDIST)
 	$(PYTEST) -q -m "slurm and not gpu and not slow" -p no:cacheprovider
 
@@ -50,6 +51,7 @@ test-wheel: install
 		-p no:cacheprovider
 
 # ruff's lint rules and formatter (pyproject.toml, [tool.ruff]); ruff comes with the test extra.
+# `ruff check --fix . && ruff format .` repairs most findings.
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -23,6 +23,7 @@ launches; kernels/launch.py's cached launch against Triton's (host time, identic
 outputs; `--only cached`); and the SR kernels against the copy roofline. The target:
 public quantize() loop within 1.2x of the bare kernel's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -127,23 +128,53 @@ def kernel_section(rows, log):
     n = shape[0] * shape[1]
     xs = rotating(lambda: torch.randn(shape, device="cuda", dtype=torch.bfloat16), 4 * n)
     out = torch.empty_like(xs[0])
-    measure("copy (roofline)", lambda x: out.copy_(x), xs, rows, log, shape="8192x8192")
+    measure("copy (roofline)", lambda x: out.copy_(x), xs, rows, log, shape="8192x8192")  # noqa: F821 - called before the del below
     rht = get_rht(16, 0)
-    for layout, rounding, r in (("col", "rtne", rht), ("row", "rtne", rht), ("row", "rtne", None),
-                                ("col", "sr", rht), ("row", "sr", rht)):
+    for layout, rounding, r in (
+        ("col", "rtne", rht),
+        ("row", "rtne", rht),
+        ("row", "rtne", None),
+        ("col", "sr", rht),
+        ("row", "sr", rht),
+    ):
         spec = dict(grid="e1m2", rounding=rounding, rht=r, seed=1234)
         tag = f"{layout} {rounding}{'+rht16' if r else ''}"
         view = (lambda x: x.t()) if layout == "col" else (lambda x: x)
         bare, bare_out = bare_launch(view(xs[0]), **spec)
         bare(view(xs[0]))
         same = bool(torch.equal(bare_out, quantize_view(view(xs[0]), **spec)))
-        base = measure(f"bare launch, {tag}", lambda x: bare(view(x)), xs, rows, log,
-                       shape="8192x8192", bare_equals_quantize_view=same)
-        measure(f"kernels.quantize_view, {tag}", lambda x: quantize_view(view(x), **spec), xs,
-                rows, log, shape="8192x8192")
-        q = measure(f"quantize(), {tag}", lambda x: quantize(
-            x, "e1m2", rounding=rounding, rht=16 if r else None, seed=1234,
-            dim=0 if layout == "col" else -1), xs, rows, log, shape="8192x8192")
+        base = measure(
+            f"bare launch, {tag}",
+            lambda x: bare(view(x)),
+            xs,
+            rows,
+            log,
+            shape="8192x8192",
+            bare_equals_quantize_view=same,
+        )
+        measure(
+            f"kernels.quantize_view, {tag}",
+            lambda x: quantize_view(view(x), **spec),
+            xs,
+            rows,
+            log,
+            shape="8192x8192",
+        )
+        q = measure(
+            f"quantize(), {tag}",
+            lambda x: quantize(
+                x,
+                "e1m2",
+                rounding=rounding,
+                rht=16 if r else None,
+                seed=1234,
+                dim=0 if layout == "col" else -1,
+            ),
+            xs,
+            rows,
+            log,
+            shape="8192x8192",
+        )
         q["x_bare_loop"] = q["loop_us"] / base["loop_us"]
         q["x_bare_device"] = q["loop_us"] / base["device_us"]
     del xs, out
@@ -165,39 +196,78 @@ def layer_section(rows, log):
             continue
 
         def make():
-            return (torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16),
-                    torch.randn(nn, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5,
-                    torch.randn(TOKENS, nn, device="cuda", dtype=torch.bfloat16))
+            return (
+                torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16),
+                torch.randn(nn, k, device="cuda", dtype=torch.bfloat16) * k**-0.5,
+                torch.randn(TOKENS, nn, device="cuda", dtype=torch.bfloat16),
+            )
+
         ins = rotating(make, 2 * (TOKENS * k + nn * k + TOKENS * nn))
         shape = f"{name} {k}x{nn}"
         measure("bf16 GEMM x @ w.t()", lambda a: a[0] @ a[1].t(), ins, rows, log, shape=shape)
-        for gemm, fn in (("fprop", lambda a: ops.fprop(a[0], a[1], recipe, seed=7)),
-                         ("dgrad", lambda a: ops.dgrad(a[2], a[1], recipe, seed=7)),
-                         ("wgrad", lambda a: ops.wgrad(a[2], a[0], recipe, seed=7))):
+        for gemm, fn in (
+            ("fprop", lambda a: ops.fprop(a[0], a[1], recipe, seed=7)),
+            ("dgrad", lambda a: ops.dgrad(a[2], a[1], recipe, seed=7)),
+            ("wgrad", lambda a: ops.wgrad(a[2], a[0], recipe, seed=7)),
+        ):
             measure(f"ops.{gemm} ufp4", fn, ins, rows, log, shape=shape)
         # ops.fprop's host time is more than its pair launch's plus the GEMM's: these two rows
         # bisect it (ops' operand glue with the launch, and the product alone on the quantized
         # operands)
-        measure("fprop operands: ops._gemm_operands",
-                lambda a: ops._gemm_operands("fprop", recipe, (a[0], a[1]), ((0, 0), (0, 0)),
-                                             seed=7, backend="auto"), ins, rows, log,
-                shape=shape)
-        q = ops._gemm_operands("fprop", recipe, (ins[0][0], ins[0][1]), ((0, 0), (0, 0)),
-                               seed=7, backend="auto")
-        measure("fprop product on quantized operands", lambda a: (q[0] @ q[1].t()).to(a[0].dtype),
-                ins, rows, log, shape=shape)
-        measure("fprop operands: pair (1 launch)",
-                lambda a: quantize_pair(a[0], kw, a[1], kw), ins, rows, log, shape=shape)
-        measure("fprop operands: 2 launches",
-                lambda a: (quantize_view(a[0], **kw), quantize_view(a[1], **kw)), ins, rows,
-                log, shape=shape)
+        measure(
+            "fprop operands: ops._gemm_operands",
+            lambda a: ops._gemm_operands(
+                "fprop", recipe, (a[0], a[1]), ((0, 0), (0, 0)), seed=7, backend="auto"
+            ),
+            ins,
+            rows,
+            log,
+            shape=shape,
+        )
+        q = ops._gemm_operands(
+            "fprop", recipe, (ins[0][0], ins[0][1]), ((0, 0), (0, 0)), seed=7, backend="auto"
+        )
+        measure(
+            "fprop product on quantized operands",
+            lambda a: (q[0] @ q[1].t()).to(a[0].dtype),
+            ins,
+            rows,
+            log,
+            shape=shape,
+        )
+        measure(
+            "fprop operands: pair (1 launch)",
+            lambda a: quantize_pair(a[0], kw, a[1], kw),
+            ins,
+            rows,
+            log,
+            shape=shape,
+        )
+        measure(
+            "fprop operands: 2 launches",
+            lambda a: (quantize_view(a[0], **kw), quantize_view(a[1], **kw)),
+            ins,
+            rows,
+            log,
+            shape=shape,
+        )
         sr = dict(kw, rounding="sr", seed=3)
-        measure("wgrad operands: pair (1 launch)",
-                lambda a: quantize_pair(a[2].t(), sr, a[0].t(), kw), ins, rows, log,
-                shape=shape)
-        measure("wgrad operands: 2 launches",
-                lambda a: (quantize_view(a[2].t(), **sr), quantize_view(a[0].t(), **kw)), ins,
-                rows, log, shape=shape)
+        measure(
+            "wgrad operands: pair (1 launch)",
+            lambda a: quantize_pair(a[2].t(), sr, a[0].t(), kw),
+            ins,
+            rows,
+            log,
+            shape=shape,
+        )
+        measure(
+            "wgrad operands: 2 launches",
+            lambda a: (quantize_view(a[2].t(), **sr), quantize_view(a[0].t(), **kw)),
+            ins,
+            rows,
+            log,
+            shape=shape,
+        )
         del ins
         torch.cuda.empty_cache()
 
@@ -224,16 +294,30 @@ def direct_launch_probe(rows, log):
 
         def direct(_):
             run(n[0], n[1], 1, stream, fn, meta, None, None, None, *values)
+
         direct(None)
         sync()
     except Exception as e:  # internal API of triton 3.6: report and go on
         log(dict(what="direct launch probe failed", error=repr(e)[:300]))
         return
-    measure("256x256 row rtne+rht16: kernel[grid](...)",
-            lambda _: kernel[n](*args, **consts, num_warps=warps), [None], rows, log,
-            device=False, shape="256x256")
-    measure("256x256 row rtne+rht16: CompiledKernel.run (direct)", direct, [None], rows, log,
-            device=False, shape="256x256")
+    measure(
+        "256x256 row rtne+rht16: kernel[grid](...)",
+        lambda _: kernel[n](*args, **consts, num_warps=warps),
+        [None],
+        rows,
+        log,
+        device=False,
+        shape="256x256",
+    )
+    measure(
+        "256x256 row rtne+rht16: CompiledKernel.run (direct)",
+        direct,
+        [None],
+        rows,
+        log,
+        device=False,
+        shape="256x256",
+    )
 
 
 def cached_launch_section(rows, log):
@@ -249,9 +333,12 @@ def cached_launch_section(rows, log):
     tokens, k, n = 8192, 2048, 3072  # dense_1p5b's qkv at 8192 tokens
 
     def make():
-        return (torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16),
-                torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5,
-                torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16))
+        return (
+            torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16),
+            torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5,
+            torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16),
+        )
+
     ins = rotating(make, 2 * (tokens * k + n * k + tokens * n))
     cases = {
         "quantize() col rtne+rht16 8192x2048": lambda a: (quantize(a[0], "e1m2", rht=16, dim=0),),
@@ -267,10 +354,17 @@ def cached_launch_section(rows, log):
             for on in (False, True):
                 launch.ENABLED = on
                 outs[on] = [t.clone() for t in fn(ins[0])]
-                measure(f"{name}, {'cached' if on else 'Triton'} launch", fn, ins, rows, log,
-                        shape=f"qkv {k}x{n}")
+                measure(
+                    f"{name}, {'cached' if on else 'Triton'} launch",
+                    fn,
+                    ins,
+                    rows,
+                    log,
+                    shape=f"qkv {k}x{n}",
+                )
             rows[-1]["same_as_triton_launch"] = all(
-                torch.equal(a, b) for a, b in zip(outs[False], outs[True]))
+                torch.equal(a, b) for a, b in zip(outs[False], outs[True])
+            )
             log(dict(what=name, same_as_triton_launch=rows[-1]["same_as_triton_launch"]))
     finally:
         launch.ENABLED = before
@@ -279,14 +373,18 @@ def cached_launch_section(rows, log):
 
 
 def table(rows) -> str:
-    out = ["| shape | what | host us | loop us | device us | loop / bare |",
-           "| --- | --- | ---: | ---: | ---: | ---: |"]
+    out = [
+        "| shape | what | host us | loop us | device us | loop / bare |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
         if "host_us" not in r:
             continue
         ratio = f"{r['x_bare_loop']:.2f}" if "x_bare_loop" in r else ""
-        out.append(f"| {r.get('shape', '')} | {r['what']} | {r['host_us']:.1f} | "
-                   f"{r['loop_us']:.1f} | {r['device_us']:.1f} | {ratio} |")
+        out.append(
+            f"| {r.get('shape', '')} | {r['what']} | {r['host_us']:.1f} | "
+            f"{r['loop_us']:.1f} | {r['device_us']:.1f} | {ratio} |"
+        )
     return "\n".join(out)
 
 
@@ -313,8 +411,12 @@ def launch_key_cost(log, pair_kernel):
     dispatch.check_device = lambda x: None
     try:
         kw = dict(grid="e1m2", rht=get_rht(16, 0), keep_padding=True)
-        dispatch.quantize_pair(torch.randn(8192, 2048, dtype=torch.bfloat16), kw,
-                               torch.randn(3072, 2048, dtype=torch.bfloat16), kw)
+        dispatch.quantize_pair(
+            torch.randn(8192, 2048, dtype=torch.bfloat16),
+            kw,
+            torch.randn(3072, 2048, dtype=torch.bfloat16),
+            kw,
+        )
     finally:
         dispatch.launch, dispatch.check_device = real, real_check
     args, kwargs = seen["args"], seen["kwargs"]
@@ -324,8 +426,8 @@ def launch_key_cost(log, pair_kernel):
     def tritons():
         bound, spec, opts = binder(*args, **options)
         lookup.get((tuple(spec), str(opts)))
-        knobs.runtime.debug, knobs.compilation.instrumentation_mode
-        knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        knobs.runtime.debug, knobs.compilation.instrumentation_mode  # noqa: B018 - read for the cost of the read
+        knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook  # noqa: B018 - read for the cost of the read
         return tuple(bound.values())
 
     def ours():
@@ -333,8 +435,10 @@ def launch_key_cost(log, pair_kernel):
         return args
 
     rows = []
-    for name, fn in ((f"Triton bind + key, pair kernel ({len(jit.params)} parameters)", tritons),
-                     ("kernels/launch.py key, pair kernel", ours)):
+    for name, fn in (
+        (f"Triton bind + key, pair kernel ({len(jit.params)} parameters)", tritons),
+        ("kernels/launch.py key, pair kernel", ours),
+    ):
         best = min(timeit.repeat(fn, number=2000, repeat=5)) / 2000 * 1e6
         rows.append(dict(what=name, host_us=best))
         log(rows[-1])
@@ -374,11 +478,14 @@ def cpu_glue(log):
         "glue: quantize() row rtne+rht16": lambda: quantize(x, "e1m2", rht=16, backend=t),
         "glue: quantize() row sr": lambda: quantize(x, "e1m2", rounding="sr", seed=3, backend=t),
         "glue: fprop operands (ufp4)": lambda: ops._gemm_operands(
-            "fprop", r, (x, w), ((0, 0), (0, 0)), seed=1, backend=t),
+            "fprop", r, (x, w), ((0, 0), (0, 0)), seed=1, backend=t
+        ),
         "glue: dgrad operands (ufp4)": lambda: ops._gemm_operands(
-            "dgrad", r, (dy, w), ((0, 0), (0, 0)), seed=1, backend=t),
+            "dgrad", r, (dy, w), ((0, 0), (0, 0)), seed=1, backend=t
+        ),
         "glue: wgrad operands (ufp4)": lambda: ops._gemm_operands(
-            "wgrad", r, (dy, x), ((0, 0), (0, 0)), seed=1, backend=t),
+            "wgrad", r, (dy, x), ((0, 0), (0, 0)), seed=1, backend=t
+        ),
     }
     xs, ws, dys = torch.randn(64, 64), torch.randn(32, 64), torch.randn(64, 32)
     cases |= {  # the torch reference path (CPU training, backend="torch")
@@ -419,60 +526,91 @@ def sass_counts(log):
         sig = {}
         for n in kernel.arg_names:
             base = n[2:] if n[:2] in ("a_", "b_") else n
-            sig[n] = ("constexpr" if n in consts else
-                      ("*bf16" if base in ("x", "out", "x_ptr", "out_ptr") else "*fp32")
-                      if base in ptrs or base in ("x", "out", "lv", "mid", "st", "sign")
-                      else "fp32" if base in ("norm", "gmax", "gneg")
-                      else "i64" if base == "seed" else "i32")
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig)
-                 if sig[n].startswith("*")}
-        src = ASTSource(fn=kernel, signature=sig, attrs=attrs,
-                        constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
+            sig[n] = (
+                "constexpr"
+                if n in consts
+                else ("*bf16" if base in ("x", "out", "x_ptr", "out_ptr") else "*fp32")
+                if base in ptrs or base in ("x", "out", "lv", "mid", "st", "sign")
+                else "fp32"
+                if base in ("norm", "gmax", "gneg")
+                else "i64"
+                if base == "seed"
+                else "i32"
+            )
+        attrs = {
+            (i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if sig[n].startswith("*")
+        }
+        src = ASTSource(
+            fn=kernel,
+            signature=sig,
+            attrs=attrs,
+            constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()},
+        )
         ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(ck.asm["cubin"])
-        sass = subprocess.run([f"{bin_dir}/cuobjdump", "-sass", f.name], capture_output=True,
-                              text=True).stdout
-        res = subprocess.run([f"{bin_dir}/cuobjdump", "-res-usage", f.name],
-                             capture_output=True, text=True).stdout
+        sass = subprocess.run(
+            [f"{bin_dir}/cuobjdump", "-sass", f.name], capture_output=True, text=True
+        ).stdout
+        res = subprocess.run(
+            [f"{bin_dir}/cuobjdump", "-res-usage", f.name], capture_output=True, text=True
+        ).stdout
         os.unlink(f.name)
-        ops = [re.sub(r"^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
-               for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/\s+", line)]
+        ops = [
+            re.sub(r"^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
+            for line in sass.splitlines()
+            if re.match(r"\s+/\*[0-9a-f]{4}\*/\s+", line)
+        ]
         regs = re.search(r"REG:(\d+)", res)
         return collections.Counter(o.split(".")[0] for o in ops), int(regs.group(1))
 
-    base = dict(SCALE=0, NLEV=8, ASYM=False, D=0.25, INV_D=4.0, FP_M=0, EXACT_DIV=False,
-                RHT=True, SEG=0)
+    base = dict(
+        SCALE=0, NLEV=8, ASYM=False, D=0.25, INV_D=4.0, FP_M=0, EXACT_DIV=False, RHT=True, SEG=0
+    )
     # E2M1 is not uniform: it rounds within v's binade (FP_M = 1, what dispatch.py passes),
     # or by searching the level table ("table": FP_M = 0, the generic codebook path); its
     # fprop and dgrad take no RHT. The operands of the e2m1 recipe next to UFP4's.
     e2m1 = dict(D=0.0, INV_D=0.0, FP_M=minifloat_mantissa(get_grid("e2m1").levels_tensor()))
-    grids = (("e1m2 rht16", {}), ("e2m1", dict(e2m1, RHT=False)), ("e2m1 rht16", e2m1),
-             ("e2m1 table", dict(e2m1, FP_M=0, RHT=False)),
-             ("e2m1 table rht16", dict(e2m1, FP_M=0)))
+    grids = (
+        ("e1m2 rht16", {}),
+        ("e2m1", dict(e2m1, RHT=False)),
+        ("e2m1 rht16", e2m1),
+        ("e2m1 table", dict(e2m1, FP_M=0, RHT=False)),
+        ("e2m1 table rht16", dict(e2m1, FP_M=0)),
+    )
     rows = []
-    for name, kernel, tiles in (("row16", k16._row16_kernel, dict(BR=8, BG=16)),
-                                ("col16", k16._col16_kernel, dict(BG=2, BB=128))):
+    for name, kernel, tiles in (
+        ("row16", k16._row16_kernel, dict(BR=8, BG=16)),
+        ("col16", k16._col16_kernel, dict(BG=2, BB=128)),
+    ):
         for grid, consts in grids:
             for sr in (False, True):
                 ops, regs = compile_(kernel, dict(base, SR=sr, INTERP=False, **tiles, **consts))
-                rows.append(dict(what=f"{name} {grid} {'sr' if sr else 'rtne'}",
-                                 sass=sum(ops.values()), regs=regs,
-                                 top=dict(ops.most_common(8))))
+                rows.append(
+                    dict(
+                        what=f"{name} {grid} {'sr' if sr else 'rtne'}",
+                        sass=sum(ops.values()),
+                        regs=regs,
+                        top=dict(ops.most_common(8)),
+                    )
+                )
                 log(rows[-1])
 
     def job(p, col, sr, consts):
         d = {p + k: v for k, v in dict(base, SR=sr, **consts).items()}
         return d | {p + "COL": col, p + "T0": 2 if col else 8, p + "T1": 128 if col else 16}
+
     for name, a, b, consts in (
-            ("fprop row rtne + row rtne", (False, False), (False, False), {}),
-            ("dgrad row sr + col rtne", (False, True), (True, False), {}),
-            ("wgrad col sr + col rtne", (True, True), (True, False), {}),
-            ("e2m1 fprop", (False, False), (False, False), dict(e2m1, RHT=False)),
-            ("e2m1 dgrad", (False, True), (True, False), dict(e2m1, RHT=False)),
-            ("e2m1 wgrad (rht16)", (True, True), (True, False), e2m1)):
-        ops, regs = compile_(k16._pair16_kernel, dict(**job("A_", *a, consts),
-                                                      **job("B_", *b, consts), INTERP=False))
+        ("fprop row rtne + row rtne", (False, False), (False, False), {}),
+        ("dgrad row sr + col rtne", (False, True), (True, False), {}),
+        ("wgrad col sr + col rtne", (True, True), (True, False), {}),
+        ("e2m1 fprop", (False, False), (False, False), dict(e2m1, RHT=False)),
+        ("e2m1 dgrad", (False, True), (True, False), dict(e2m1, RHT=False)),
+        ("e2m1 wgrad (rht16)", (True, True), (True, False), e2m1),
+    ):
+        ops, regs = compile_(
+            k16._pair16_kernel, dict(**job("A_", *a, consts), **job("B_", *b, consts), INTERP=False)
+        )
         rows.append(dict(what=f"pair {name}", sass=sum(ops.values()), regs=regs))
         log(rows[-1])
     return rows
@@ -481,16 +619,26 @@ def sass_counts(log):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python3 gpu/host_overhead.py")
     p.add_argument("--cpu", action="store_true", help="CPU-only host glue and reference rows")
-    p.add_argument("--sass", action="store_true",
-                   help="CPU-only: sm_90 SASS instruction and register counts of the kernels")
-    p.add_argument("--only", default="kernels,layer,direct,cached",
-                   help="sections, comma-separated: kernels, layer, direct, cached")
+    p.add_argument(
+        "--sass",
+        action="store_true",
+        help="CPU-only: sm_90 SASS instruction and register counts of the kernels",
+    )
+    p.add_argument(
+        "--only",
+        default="kernels,layer,direct,cached",
+        help="sections, comma-separated: kernels, layer, direct, cached",
+    )
     args = p.parse_args(argv)
-    log = lambda row: print({k: (round(v, 2) if isinstance(v, float) else v)  # noqa: E731
-                             for k, v in row.items()}, flush=True)
+    log = lambda row: print(
+        {k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()},
+        flush=True,
+    )
     if args.sass:
         rows = sass_counts(log)
-        print("\n| kernel (sm_90, 4 warps) | SASS instructions | registers |\n| --- | ---: | ---: |")
+        print(
+            "\n| kernel (sm_90, 4 warps) | SASS instructions | registers |\n| --- | ---: | ---: |"
+        )
         for r in rows:
             print(f"| {r['what']} | {r['sass']} | {r['regs']} |")
         return
@@ -514,8 +662,12 @@ def main(argv=None):
         direct_launch_probe(rows, log)
     if "cached" in parts:
         cached_launch_section(rows, log)
-    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                seconds=round(time.time() - T0, 1), n_calls=N_CALLS)
+    meta = dict(
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        seconds=round(time.time() - T0, 1),
+        n_calls=N_CALLS,
+    )
     with open(os.path.join(out_dir, "host_overhead.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     print(f"\n{meta}\n\n{table(rows)}")

@@ -8,6 +8,7 @@ It answers a question of docs/performance.md ("Where a step's time goes"): is E2
 path heavier than UFP4's? The time includes the CPU GEMM of 256x256 operands and every line
 of Python up to the launch: a comparison between recipes on one machine, not a GPU number.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,8 @@ import torch
 from triton.runtime.jit import JITFunction
 
 from ufp4_megatron import ops
-from ufp4_megatron.kernels import dispatch, launch as cached
+from ufp4_megatron.kernels import dispatch
+from ufp4_megatron.kernels import launch as cached
 from ufp4_megatron.recipe import get_recipe
 
 

@@ -11,6 +11,7 @@ weights and data (quantization error, expected ~1e-2..1e-1; 0 for bf16), whether
 is finite, median fwd+bwd time of the timed steps, peak memory. Exit status 1 if any run is
 non-finite or any quantized run leaves the gradients bitwise unchanged (not quantized).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=3, help="timed steps after the first")
-    p.add_argument("--cpu", action="store_true",
-                   help="dry-run the script itself on CPU (gloo, CPU compat layer)")
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="dry-run the script itself on CPU (gloo, CPU compat layer)",
+    )
     return p.parse_args()
 
 
@@ -44,8 +48,13 @@ DEVICE = "cuda"
 
 def init_distributed(cpu: bool) -> None:
     global DEVICE
-    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29512")):
+    for key, value in (
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29512"),
+    ):
         os.environ.setdefault(key, value)
     if cpu:
         from ufp4_megatron.megatron import enable_cpu_compat
@@ -68,29 +77,50 @@ def build(kind: str, recipe: str, a, seed: int = 1234):
     from ufp4_megatron.megatron.spec import ufp4_block_spec
 
     ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tensor_model_parallel_size=a.tp,
-                                 expert_model_parallel_size=a.ep)
+    ps.initialize_model_parallel(tensor_model_parallel_size=a.tp, expert_model_parallel_size=a.ep)
     seed_model_parallel(seed)
     moe = kind.startswith("moe")
-    kw = dict(num_layers=2, hidden_size=a.hidden, ffn_hidden_size=4 * a.hidden,
-              num_attention_heads=8, params_dtype=torch.bfloat16, bf16=True,
-              hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=a.tp,
-              sequence_parallel=a.sp, expert_model_parallel_size=a.ep,
-              add_bias_linear=not moe, gated_linear_unit=True,
-              activation_func=torch.nn.functional.silu, normalization="RMSNorm",
-              use_cpu_initialization=DEVICE == "cpu")
+    kw = dict(
+        num_layers=2,
+        hidden_size=a.hidden,
+        ffn_hidden_size=4 * a.hidden,
+        num_attention_heads=8,
+        params_dtype=torch.bfloat16,
+        bf16=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=a.tp,
+        sequence_parallel=a.sp,
+        expert_model_parallel_size=a.ep,
+        add_bias_linear=not moe,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        normalization="RMSNorm",
+        use_cpu_initialization=DEVICE == "cpu",
+    )
     if moe:
-        kw.update(num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=a.hidden,
-                  moe_grouped_gemm=kind == "moe_grouped",
-                  moe_shared_expert_intermediate_size=a.hidden,
-                  moe_token_dispatcher_type="alltoall" if DEVICE == "cuda" else "allgather")
+        kw.update(
+            num_moe_experts=8,
+            moe_router_topk=2,
+            moe_ffn_hidden_size=a.hidden,
+            moe_grouped_gemm=kind == "moe_grouped",
+            moe_shared_expert_intermediate_size=a.hidden,
+            moe_token_dispatcher_type="alltoall" if DEVICE == "cuda" else "allgather",
+        )
     config = TransformerConfig(**kw)
-    base = get_gpt_layer_local_spec(num_experts=config.num_moe_experts,
-                                    moe_grouped_gemm=config.moe_grouped_gemm,
-                                    normalization="RMSNorm")
+    base = get_gpt_layer_local_spec(
+        num_experts=config.num_moe_experts,
+        moe_grouped_gemm=config.moe_grouped_gemm,
+        normalization="RMSNorm",
+    )
     spec = ufp4_block_spec(base, config, UFP4Policy(recipe))
-    return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=1024,
-                    max_sequence_length=a.seq, position_embedding_type="rope").to(DEVICE)
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=1024,
+        max_sequence_length=a.seq,
+        position_embedding_type="rope",
+    ).to(DEVICE)
 
 
 def step(model, tokens, a) -> float:
@@ -102,8 +132,12 @@ def step(model, tokens, a) -> float:
 
 
 def grads(model) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).float().flatten()
-                      for p in model.parameters()])
+    return torch.cat(
+        [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).float().flatten()
+            for p in model.parameters()
+        ]
+    )
 
 
 def main() -> int:
@@ -118,8 +152,11 @@ def main() -> int:
         for recipe in a.recipes.split(","):
             model = build(kind, recipe, a)
             if reference_state is None:
-                reference_state = {k: v.clone() for k, v in model.state_dict().items()
-                                   if isinstance(v, torch.Tensor)}
+                reference_state = {
+                    k: v.clone()
+                    for k, v in model.state_dict().items()
+                    if isinstance(v, torch.Tensor)
+                }
             else:
                 model.load_state_dict(reference_state, strict=False)
             g = torch.Generator(device=DEVICE).manual_seed(ps.get_data_parallel_rank())
@@ -147,14 +184,17 @@ def main() -> int:
             rows.append((kind, recipe, loss, rel, finite, statistics.median(times), peak))
             del model
     if rank0:
-        print(f"tp={a.tp} ep={a.ep} sp={a.sp} hidden={a.hidden} seq={a.seq} batch={a.batch} "
-              f"device={torch.cuda.get_device_name() if DEVICE == 'cuda' else 'cpu'} "
-              f"torch={torch.__version__}")
+        print(
+            f"tp={a.tp} ep={a.ep} sp={a.sp} hidden={a.hidden} seq={a.seq} batch={a.batch} "
+            f"device={torch.cuda.get_device_name() if DEVICE == 'cuda' else 'cpu'} "
+            f"torch={torch.__version__}"
+        )
         print("| model | recipe | loss | grad rel. to bf16 | finite | fwd+bwd ms | peak MiB |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for kind, recipe, loss, rel, finite, ms, mib in rows:
-            print(f"| {kind} | {recipe} | {loss:.5f} | {rel:.3e} | {finite} | {ms:.1f} | "
-                  f"{mib:.0f} |")
+            print(
+                f"| {kind} | {recipe} | {loss:.5f} | {rel:.3e} | {finite} | {ms:.1f} | {mib:.0f} |"
+            )
         print("OK" if ok else "FAILED: a run is non-finite or a quantized run is unquantized")
     dist.destroy_process_group()
     return 0 if ok else 1

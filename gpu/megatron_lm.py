@@ -13,6 +13,7 @@ unbroken run's losses 21..30.
 
 `documented_runs()` is also what tests/megatron_lm uses to parse the same blocks on CPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,10 +30,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "megatron-lm.md"
 PROBE = ROOT / "gpu" / "megatron_lm_probe"
-_BLOCK = re.compile(r"<!-- megatron-lm-run: (\S+)(?: (stock|patched))? -->\s*\n```bash\n(.*?)```",
-                    re.S)
-_ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)"
-                   r".*?lm loss: ([-+.\dEe]+)")
+_BLOCK = re.compile(
+    r"<!-- megatron-lm-run: (\S+)(?: (stock|patched))? -->\s*\n```bash\n(.*?)```", re.S
+)
+_ITER = re.compile(
+    r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)"
+    r".*?lm loss: ([-+.\dEe]+)"
+)
 _MCORE = re.compile(r"Megatron-Core version \.+ (\S+)")
 
 
@@ -87,26 +91,40 @@ def _datasets_helpers(checkout: Path, site: Path, notes: dict) -> None:
     built = sorted(wheel.glob("helpers_cpp*.so"))
     same = (wheel / "helpers.cpp").read_bytes() == (ds / "helpers.cpp").read_bytes()
     if not built or not same:
-        raise SystemExit(f"make in {ds} failed ({res.stderr[-500:]}) and the wheel's helpers "
-                         f"are {'missing' if not built else 'from another helpers.cpp'}")
+        raise SystemExit(
+            f"make in {ds} failed ({res.stderr[-500:]}) and the wheel's helpers "
+            f"are {'missing' if not built else 'from another helpers.cpp'}"
+        )
     for so in built:
         shutil.copy2(so, ds / so.name)
     (ds / "Makefile").write_text("default:\n\t@true\n")
     why = (res.stderr.strip().splitlines() or ["no make"])[-1][:80]
-    notes["datasets helpers"] = (f"make failed or absent ({why}); "
-                                 f"used the wheel's {built[0].name} (same helpers.cpp), no-op "
-                                 "Makefile")
+    notes["datasets helpers"] = (
+        f"make failed or absent ({why}); "
+        f"used the wheel's {built[0].name} (same helpers.cpp), no-op "
+        "Makefile"
+    )
 
 
 def run_one(name: str, checkout: Path, script: str, work: Path, timeout: int) -> dict:
     probe = work / f"probe-{name}.jsonl"
-    env = dict(os.environ, UFP4_PROBE_OUT=str(probe), CKPT=str(work / f"ckpt-{name}"),
-               PYTHONPATH=os.pathsep.join([str(PROBE), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        UFP4_PROBE_OUT=str(probe),
+        CKPT=str(work / f"ckpt-{name}"),
+        PYTHONPATH=os.pathsep.join([str(PROBE), os.environ.get("PYTHONPATH", "")]),
+    )
     t0 = time.time()
     try:
         # no `set -e`: the checks below judge a run by its log (iterations, probe, reload)
-        res = subprocess.run(["bash", "-c", script], cwd=checkout, env=env,
-                             capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run(
+            ["bash", "-c", script],
+            cwd=checkout,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         log, rc = res.stdout + res.stderr, res.returncode
     except subprocess.TimeoutExpired as e:
         log = (e.stdout or b"").decode() + (e.stderr or b"").decode() + f"\nTIMEOUT {timeout}s"
@@ -114,10 +132,16 @@ def run_one(name: str, checkout: Path, script: str, work: Path, timeout: int) ->
     wall = time.time() - t0
     iters = {int(i): (float(loss), float(ms)) for i, ms, loss in _ITER.findall(log)}
     probes = [json.loads(line) for line in probe.read_text().splitlines()] if probe.exists() else []
-    return {"name": name, "rc": rc, "wall_s": round(wall, 1), "log": log,
-            "mcore": sorted(set(_MCORE.findall(log))), "probes": probes,
-            "loss": {i: v[0] for i, v in sorted(iters.items())},
-            "ms": {i: v[1] for i, v in sorted(iters.items())}}
+    return {
+        "name": name,
+        "rc": rc,
+        "wall_s": round(wall, 1),
+        "log": log,
+        "mcore": sorted(set(_MCORE.findall(log))),
+        "probes": probes,
+        "loss": {i: v[0] for i, v in sorted(iters.items())},
+        "ms": {i: v[1] for i, v in sorted(iters.items())},
+    }
 
 
 def _max_diff(a: dict, b: dict, its) -> float | None:
@@ -126,8 +150,14 @@ def _max_diff(a: dict, b: dict, its) -> float | None:
 
 
 # Per documented run: UFP4 linears of 17 (4 layers x 4 + the BF16 LM head), and their recipe.
-EXPECTED = {"bf16": (0, None), "spec-ufp4": (16, "ufp4"), "spec-e2m1": (16, "e2m1"),
-            "flags-ufp4": (16, "ufp4"), "flags-e2m1": (16, "e2m1"), "resume": (16, "ufp4")}
+EXPECTED = {
+    "bf16": (0, None),
+    "spec-ufp4": (16, "ufp4"),
+    "spec-e2m1": (16, "e2m1"),
+    "flags-ufp4": (16, "ufp4"),
+    "flags-e2m1": (16, "e2m1"),
+    "resume": (16, "ufp4"),
+}
 
 
 def evaluate(results: dict[str, dict], iters: int) -> list[tuple[str, bool, str]]:
@@ -135,18 +165,25 @@ def evaluate(results: dict[str, dict], iters: int) -> list[tuple[str, bool, str]
     every = range(1, iters + 1)
     for name, r in results.items():
         ok = r["rc"] == 0 and all(i in r["loss"] for i in every)
-        checks.append((f"{name}: ran {iters} iterations", ok,
-                       f"rc={r['rc']}, {len(r['loss'])} logged"))
+        checks.append(
+            (f"{name}: ran {iters} iterations", ok, f"rc={r['rc']}, {len(r['loss'])} logged")
+        )
         if name in EXPECTED:
             n_ufp4, recipe = EXPECTED[name]
             # one probe line per Python process of the run: only those that built a model
             # (the torchrun agent and Megatron's helper processes build none) are judged
             got = [(p["linears"], p["ufp4"], p["recipes"]) for p in r["probes"] if p["linears"]]
-            ok = bool(got) and all(n == 17 and u == n_ufp4 and rec == ({recipe: 16} if recipe
-                                                                         else {})
-                                   for n, u, rec in got)
-            checks.append((f"{name}: {n_ufp4}/17 UFP4 linears" + (f" ({recipe})" if recipe
-                                                                    else ""), ok, str(got)))
+            ok = bool(got) and all(
+                n == 17 and u == n_ufp4 and rec == ({recipe: 16} if recipe else {})
+                for n, u, rec in got
+            )
+            checks.append(
+                (
+                    f"{name}: {n_ufp4}/17 UFP4 linears" + (f" ({recipe})" if recipe else ""),
+                    ok,
+                    str(got),
+                )
+            )
     bf16 = results.get("bf16")
     for name in results:
         if name != "bf16" and bf16:
@@ -161,15 +198,24 @@ def evaluate(results: dict[str, dict], iters: int) -> list[tuple[str, bool, str]
         want = logged_after_restart(results["spec-ufp4"]["loss"], start)
         its = range(start + 1, iters + 1)
         d = _max_diff(r["loss"], want, its)
-        loaded = re.search(rf"successfully loaded checkpoint from .* at iteration {start}",
-                           r["log"])
+        loaded = re.search(
+            rf"successfully loaded checkpoint from .* at iteration {start}", r["log"]
+        )
         # exact, except the one averaged line: to the printed precision (%.6E of each loss)
-        ok = all(i in r["loss"] and abs(r["loss"][i] - want[i])
-                 <= (1e-6 * abs(want[i]) if i == start + 2 else 0.0) for i in its)
-        checks.append((f"resume: saved at {start}, reloaded, losses {start + 1}..{iters} == "
-                       f"unbroken spec-ufp4 ({start + 2}: as Megatron-LM logs it, the mean of "
-                       f"{start + 1} and {start + 2})",
-                       ok and bool(loaded), f"max {d}, loaded at {start}: {bool(loaded)}"))
+        ok = all(
+            i in r["loss"]
+            and abs(r["loss"][i] - want[i]) <= (1e-6 * abs(want[i]) if i == start + 2 else 0.0)
+            for i in its
+        )
+        checks.append(
+            (
+                f"resume: saved at {start}, reloaded, losses {start + 1}..{iters} == "
+                f"unbroken spec-ufp4 ({start + 2}: as Megatron-LM logs it, the mean of "
+                f"{start + 1} and {start + 2})",
+                ok and bool(loaded),
+                f"max {d}, loaded at {start}: {bool(loaded)}",
+            )
+        )
     return checks
 
 
@@ -187,19 +233,23 @@ def logged_after_restart(unbroken: dict[int, float], start: int) -> dict[int, fl
 
 
 def table(results: dict[str, dict], checks, notes: dict, iters: int) -> str:
-    rows = ["| run | Megatron-LM | megatron.core | UFP4 linears | loss 1 | loss 30 | "
-            "max abs diff vs bf16 | ms/iter (6-30, median) | wall s |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| run | Megatron-LM | megatron.core | UFP4 linears | loss 1 | loss 30 | "
+        "max abs diff vs bf16 | ms/iter (6-30, median) | wall s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     bf16 = results.get("bf16", {}).get("loss", {})
     for name, r in results.items():
         ms = sorted(v for i, v in r["ms"].items() if i >= 6)
         med = f"{ms[len(ms) // 2]:.1f}" if ms else "-"
         probe = "; ".join(f"{p['ufp4']}/{p['linears']}" for p in r["probes"] if p["linears"]) or "-"
         d = _max_diff(r["loss"], bf16, range(1, iters + 1)) if name != "bf16" else None
-        rows.append(f"| {name} | {r['checkout']} | {', '.join(r['mcore']) or '-'} | {probe} | "
-                    f"{r['loss'].get(1, float('nan')):.6f} | "
-                    f"{r['loss'].get(iters, float('nan')):.6f} | "
-                    f"{'-' if d is None else f'{d:.6f}'} | {med} | {r['wall_s']} |")
+        rows.append(
+            f"| {name} | {r['checkout']} | {', '.join(r['mcore']) or '-'} | {probe} | "
+            f"{r['loss'].get(1, float('nan')):.6f} | "
+            f"{r['loss'].get(iters, float('nan')):.6f} | "
+            f"{'-' if d is None else f'{d:.6f}'} | {med} | {r['wall_s']} |"
+        )
     rows += ["", "| check | result | detail |", "| --- | --- | --- |"]
     rows += [f"| {c} | {'PASS' if ok else 'FAIL'} | {detail} |" for c, ok, detail in checks]
     rows += ["", "Setup: " + "; ".join(f"{k}: {v}" for k, v in notes.items())]
@@ -229,16 +279,24 @@ def main() -> int:
             r = run_one(name, a.work / checkout, common + "\n" + block, a.work, a.timeout)
             r["checkout"] = checkout
             results[name] = r
-            logf.write(f"\n{'=' * 30} {name} ({checkout}) rc={r['rc']} wall={r['wall_s']}s\n"
-                       f"{block}\n{r['log']}\n")
+            logf.write(
+                f"\n{'=' * 30} {name} ({checkout}) rc={r['rc']} wall={r['wall_s']}s\n"
+                f"{block}\n{r['log']}\n"
+            )
             logf.flush()
-            print(f"{name}: rc={r['rc']} wall={r['wall_s']}s iterations={len(r['loss'])} "
-                  f"probe={r['probes']}", flush=True)
+            print(
+                f"{name}: rc={r['rc']} wall={r['wall_s']}s iterations={len(r['loss'])} "
+                f"probe={r['probes']}",
+                flush=True,
+            )
     checks = evaluate(results, a.iters)
     text = table(results, checks, notes, a.iters)
     (a.out / "megatron_lm.md").write_text(text + "\n")
-    (a.out / "results.json").write_text(json.dumps(
-        {n: {k: v for k, v in r.items() if k != "log"} for n, r in results.items()}, indent=1))
+    (a.out / "results.json").write_text(
+        json.dumps(
+            {n: {k: v for k, v in r.items() if k != "log"} for n, r in results.items()}, indent=1
+        )
+    )
     print(text)
     return 0 if all(ok for _, ok, _ in checks) else 1
 

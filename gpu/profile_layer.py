@@ -1,6 +1,7 @@
 """Where a UFP4 linear layer's time goes (one CUDA GPU): CPU vs GPU time per fwd+bwd, the
 kernels by GPU time, and how often the reference (non-kernel) path runs. About a minute on
 an H200; prints its tables."""
+
 import time
 
 import torch
@@ -38,11 +39,17 @@ for name, (k, n) in {"proj": (2048, 2048), "fc1": (2048, 12288)}.items():
     cpu_ms = (time.perf_counter() - t) * 100
     torch.cuda.synchronize()
     wall_ms = (time.perf_counter() - t) * 100
-    print(f"{name}: per fwd+bwd CPU issue {cpu_ms:.3f} ms, wall {wall_ms:.3f} ms, "
-          f"reference calls per step {calls['reference'] / 10}")
+    print(
+        f"{name}: per fwd+bwd CPU issue {cpu_ms:.3f} ms, wall {wall_ms:.3f} ms, "
+        f"reference calls per step {calls['reference'] / 10}"
+    )
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(3):
             step()
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
-    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=60))
+    print(
+        prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60)
+    )
+    print(
+        prof.key_averages().table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=60)
+    )

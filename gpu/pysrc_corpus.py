@@ -11,6 +11,7 @@ corpus) and tokenizes them with the project's own prepare_data (byte tokens):
 Writes <out>.bin/.idx (Megatron indexed data) and <out>.manifest.json (file count, bytes, a
 sha256 over the staged bytes, the packages' versions) and prints the trainer's overrides.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,17 @@ import sys
 import sysconfig
 from pathlib import Path
 
-SKIP_DIRS = {"test", "tests", "testing", "idle_test", "site-packages", "dist-packages",
-             "__pycache__", "lib2to3", "ensurepip"}
+SKIP_DIRS = {
+    "test",
+    "tests",
+    "testing",
+    "idle_test",
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "lib2to3",
+    "ensurepip",
+}
 
 
 def sources(root: Path) -> list[Path]:
@@ -35,15 +45,20 @@ def sources(root: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="output prefix (<out>.bin/.idx)")
-    ap.add_argument("--packages", default="torch",
-                    help="comma-separated importable packages added after the stdlib")
+    ap.add_argument(
+        "--packages",
+        default="torch",
+        help="comma-separated importable packages added after the stdlib",
+    )
     args = ap.parse_args(argv)
     roots = [("stdlib", Path(sysconfig.get_paths()["stdlib"]), sys.version.split()[0])]
     for name in filter(None, args.packages.split(",")):
         try:
             mod = importlib.import_module(name)
         except ImportError as e:
-            raise SystemExit(f"pysrc_corpus: --packages {name}: not importable here ({e})")
+            raise SystemExit(
+                f"pysrc_corpus: --packages {name}: not importable here ({e})"
+            ) from None
         roots.append((name, Path(mod.__file__).parent, getattr(mod, "__version__", "?")))
     out = Path(args.out)
     stage = out.parent / f"{out.name}.src"
@@ -60,11 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     from ufp4_megatron.data.prepare import main as prepare
 
     prepare(["--out", str(out), "--progress", "off", str(stage)])
-    manifest = dict(roots=[dict(name=n, root=str(r), version=v) for n, r, v in roots],
-                    files=n_files, bytes=n_bytes, sha256=digest.hexdigest())
+    manifest = dict(
+        roots=[dict(name=n, root=str(r), version=v) for n, r, v in roots],
+        files=n_files,
+        bytes=n_bytes,
+        sha256=digest.hexdigest(),
+    )
     Path(f"{out}.manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    print(f"pysrc corpus: {n_files} files, {n_bytes / 1e6:.1f} MB, "
-          f"sha256 {digest.hexdigest()[:16]}")
+    print(
+        f"pysrc corpus: {n_files} files, {n_bytes / 1e6:.1f} MB, sha256 {digest.hexdigest()[:16]}"
+    )
     shutil.rmtree(stage)
     return 0
 

@@ -2,6 +2,7 @@
 the node id of every test whose teardown ran, passed or not, to $FINISHED_TESTS. A run cut
 short at its time limit then names exactly the tests that did not finish; parsing `-v` lines
 could not (node ids hold spaces, and faulthandler dumps land on the same line)."""
+
 import os
 
 

@@ -8,6 +8,7 @@ rounds (PAUSE=1) or resumed from an earlier round's checkpoint trained only part
 tokens here, and dividing whole runs' tokens by one round's time would overstate the rate
 many times over.
 """
+
 from __future__ import annotations
 
 import re
@@ -57,16 +58,23 @@ def report(study: Path, rnd: str, t0: int, t_train: int, per_device: str, new: l
     for r in m["runs"]:
         counts[r["status"]] += 1
     wall = max(1, t_train - t0)
-    lines = [f"# Study round {rnd} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
-             f"{len(new)} runs new to the archives (completed in this round, or on this node "
-             "earlier and not archived); study: "
-             + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f" of {len(m['runs'])}.",
-             f"Runner wall time {t_train - t0} s ({per_device} runs per GPU); the runs trained "
-             f"{tokens:,} tokens in it ({tokens / wall:,.0f} tokens/s in all, counting only the "
-             "steps each trained in this round).", "",
-             "| arm | runs completed this round | median step time (s), packed |",
-             "| --- | --- | --- |"]
-    lines += [f"| {arm} | {len(t)} | {statistics.median(t):.3f} |" for arm, t in sorted(per.items())]
+    lines = [
+        f"# Study round {rnd} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+        "",
+        f"{len(new)} runs new to the archives (completed in this round, or on this node "
+        "earlier and not archived); study: "
+        + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+        + f" of {len(m['runs'])}.",
+        f"Runner wall time {t_train - t0} s ({per_device} runs per GPU); the runs trained "
+        f"{tokens:,} tokens in it ({tokens / wall:,.0f} tokens/s in all, counting only the "
+        "steps each trained in this round).",
+        "",
+        "| arm | runs completed this round | median step time (s), packed |",
+        "| --- | --- | --- |",
+    ]
+    lines += [
+        f"| {arm} | {len(t)} | {statistics.median(t):.3f} |" for arm, t in sorted(per.items())
+    ]
     done = sorted(r["name"] for r in m["runs"] if r["status"] == "done")
     lines += ["", f"done: {' '.join(done)}"]
     return "\n".join(lines)

@@ -21,6 +21,7 @@ Megatron-LM logs them).
 
     python3 gpu/te_megatron_lm.py --tarball T --out DIR [--only NAME,...] [--jobs 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,22 +33,31 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import megatron_lm as mlm  # noqa: E402  (gpu/megatron_lm.py: checkouts, runs, log parsing)
+import megatron_lm as mlm
 
 _TE_BLOCK = re.compile(r"<!-- megatron-lm-te-run: (\S+) -->\s*\n```bash\n(.*?)```", re.S)
 TE_FLAGS = "--transformer-impl transformer_engine"
 SPEC = "--spec ufp4_megatron.megatron.spec ufp4_gpt_spec"
 COMPARISONS = {  # the --spec route in Megatron's TE spec (docs/megatron-lm.md, TransformerEngine)
-    "spec-te-ufp4": (f"UFP4_RECIPE=ufp4 torchrun --standalone --nproc-per-node 1 pretrain_gpt.py "
-                     f'"${{ARGS[@]}}" {TE_FLAGS} {SPEC}'),
-    "spec-te-ufp4-sr1": ("echo '{\"recipe\": \"ufp4\", \"sr_seed\": 1}' > \"$CKPT.json\"\n"
-                         "UFP4_RECIPE=\"$CKPT.json\" torchrun --standalone --nproc-per-node 1 "
-                         f'pretrain_gpt.py "${{ARGS[@]}}" {TE_FLAGS} {SPEC}'),
+    "spec-te-ufp4": (
+        f"UFP4_RECIPE=ufp4 torchrun --standalone --nproc-per-node 1 pretrain_gpt.py "
+        f'"${{ARGS[@]}}" {TE_FLAGS} {SPEC}'
+    ),
+    "spec-te-ufp4-sr1": (
+        'echo \'{"recipe": "ufp4", "sr_seed": 1}\' > "$CKPT.json"\n'
+        'UFP4_RECIPE="$CKPT.json" torchrun --standalone --nproc-per-node 1 '
+        f'pretrain_gpt.py "${{ARGS[@]}}" {TE_FLAGS} {SPEC}'
+    ),
 }
 # name -> (parallel linears, of them UFP4, TE linears, of them quantized by ufp4_megatron.te, recipe)
-EXPECTED = {"te-bf16": (1, 0, 16, 0, None), "te-ufp4": (1, 0, 16, 16, "ufp4"),
-            "te-e2m1": (1, 0, 16, 16, "e2m1"), "te-resume": (1, 0, 16, 16, "ufp4"),
-            "spec-te-ufp4": (17, 16, 0, 0, None), "spec-te-ufp4-sr1": (17, 16, 0, 0, None)}
+EXPECTED = {
+    "te-bf16": (1, 0, 16, 0, None),
+    "te-ufp4": (1, 0, 16, 16, "ufp4"),
+    "te-e2m1": (1, 0, 16, 16, "e2m1"),
+    "te-resume": (1, 0, 16, 16, "ufp4"),
+    "spec-te-ufp4": (17, 16, 0, 0, None),
+    "spec-te-ufp4-sr1": (17, 16, 0, 0, None),
+}
 
 
 def te_runs(text: str | None = None) -> list[tuple[str, str]]:
@@ -61,19 +71,36 @@ def evaluate(results: dict[str, dict], iters: int) -> list[tuple[str, bool, str]
     every = range(1, iters + 1)
     for name, r in results.items():
         ok = r["rc"] == 0 and all(i in r["loss"] for i in every)
-        checks.append((f"{name}: ran {iters} iterations", ok,
-                       f"rc={r['rc']}, {len(r['loss'])} logged"))
+        checks.append(
+            (f"{name}: ran {iters} iterations", ok, f"rc={r['rc']}, {len(r['loss'])} logged")
+        )
         if name not in EXPECTED:
             continue
         lin, ufp4, te_lin, te_q, recipe = EXPECTED[name]
-        got = [(p["linears"], p["ufp4"], p.get("te_linears", 0), p.get("te_ufp4", 0),
-                p.get("te_recipes", {})) for p in r["probes"]
-               if p["linears"] or p.get("te_linears")]
+        got = [
+            (
+                p["linears"],
+                p["ufp4"],
+                p.get("te_linears", 0),
+                p.get("te_ufp4", 0),
+                p.get("te_recipes", {}),
+            )
+            for p in r["probes"]
+            if p["linears"] or p.get("te_linears")
+        ]
         want_recipes = {recipe: te_q} if recipe else {}
-        ok = bool(got) and all((a, b, c, d) == (lin, ufp4, te_lin, te_q) and rec == want_recipes
-                               for a, b, c, d, rec in got)
-        checks.append((f"{name}: {lin + te_lin} linears, {ufp4 + te_q} quantized"
-                       + (f" by ufp4_megatron.te ({recipe})" if te_q else ""), ok, str(got)))
+        ok = bool(got) and all(
+            (a, b, c, d) == (lin, ufp4, te_lin, te_q) and rec == want_recipes
+            for a, b, c, d, rec in got
+        )
+        checks.append(
+            (
+                f"{name}: {lin + te_lin} linears, {ufp4 + te_q} quantized"
+                + (f" by ufp4_megatron.te ({recipe})" if te_q else ""),
+                ok,
+                str(got),
+            )
+        )
     loss = {n: r["loss"] for n, r in results.items()}
 
     def diff(a, b):
@@ -83,48 +110,80 @@ def evaluate(results: dict[str, dict], iters: int) -> list[tuple[str, bool, str]
         d = diff(a, b)
         if d is not None:
             checks.append((f"{a} differs from {b}", d > 0, f"max {d}"))
-    if "te-ufp4" in loss and "spec-te-ufp4" in loss and 1 in loss["te-ufp4"] \
-            and 1 in loss["spec-te-ufp4"]:
+    if (
+        "te-ufp4" in loss
+        and "spec-te-ufp4" in loss
+        and 1 in loss["te-ufp4"]
+        and 1 in loss["spec-te-ufp4"]
+    ):
         # iteration 1 is a forward from the same initial weights, and ufp4's forward rounds to
         # nearest: the same quantized operands, so the same loss up to kernel rounding
         d1 = abs(loss["te-ufp4"][1] - loss["spec-te-ufp4"][1])
-        checks.append(("te-ufp4 == spec-te-ufp4 at iteration 1 (same weights, RTNE forward)",
-                       d1 <= 2e-3, f"diff {d1:.2e} (<= 2e-3)"))
+        checks.append(
+            (
+                "te-ufp4 == spec-te-ufp4 at iteration 1 (same weights, RTNE forward)",
+                d1 <= 2e-3,
+                f"diff {d1:.2e} (<= 2e-3)",
+            )
+        )
     d, yard = diff("te-ufp4", "spec-te-ufp4"), diff("spec-te-ufp4", "spec-te-ufp4-sr1")
     if d is not None and yard is not None:
         bound = 3 * max(yard, 1e-3)
-        checks.append(("te-ufp4 vs spec-te-ufp4 (local route) within 3x the SR yardstick "
-                       "(spec-te-ufp4 vs spec-te-ufp4-sr1)", d <= bound,
-                       f"max {d:.6f}, yardstick {yard:.6f}, bound {bound:.6f}"))
+        checks.append(
+            (
+                "te-ufp4 vs spec-te-ufp4 (local route) within 3x the SR yardstick "
+                "(spec-te-ufp4 vs spec-te-ufp4-sr1)",
+                d <= bound,
+                f"max {d:.6f}, yardstick {yard:.6f}, bound {bound:.6f}",
+            )
+        )
     if "te-resume" in results and "te-ufp4" in loss:
         r, start = results["te-resume"], 20
         want = mlm.logged_after_restart(loss["te-ufp4"], start)
         its = range(start + 1, iters + 1)
-        loaded = re.search(rf"successfully loaded checkpoint from .* at iteration {start}",
-                           r["log"])
-        ok = all(i in r["loss"] and abs(r["loss"][i] - want[i])
-                 <= (1e-6 * abs(want[i]) if i == start + 2 else 0.0) for i in its)
-        checks.append((f"te-resume: saved at {start}, reloaded, losses {start + 1}..{iters} == "
-                       f"unbroken te-ufp4 ({start + 2}: the mean Megatron-LM logs)",
-                       ok and bool(loaded),
-                       f"max {mlm._max_diff(r['loss'], want, its)}, loaded: {bool(loaded)}"))
+        loaded = re.search(
+            rf"successfully loaded checkpoint from .* at iteration {start}", r["log"]
+        )
+        ok = all(
+            i in r["loss"]
+            and abs(r["loss"][i] - want[i]) <= (1e-6 * abs(want[i]) if i == start + 2 else 0.0)
+            for i in its
+        )
+        checks.append(
+            (
+                f"te-resume: saved at {start}, reloaded, losses {start + 1}..{iters} == "
+                f"unbroken te-ufp4 ({start + 2}: the mean Megatron-LM logs)",
+                ok and bool(loaded),
+                f"max {mlm._max_diff(r['loss'], want, its)}, loaded: {bool(loaded)}",
+            )
+        )
     return checks
 
 
 def table(results: dict[str, dict], checks, iters: int) -> str:
-    rows = ["| run | linears (quantized) | loss 1 | loss 30 | max abs diff vs te-bf16 | "
-            "ms/iter (6-30, median) | wall s |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| run | linears (quantized) | loss 1 | loss 30 | max abs diff vs te-bf16 | "
+        "ms/iter (6-30, median) | wall s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     base = results.get("te-bf16", {}).get("loss", {})
     for name, r in results.items():
         ms = sorted(v for i, v in r["ms"].items() if i >= 6)
         med = f"{ms[len(ms) // 2]:.1f}" if ms else "-"
-        probe = "; ".join(f"{p['linears'] + p.get('te_linears', 0)} "
-                          f"({p['ufp4'] + p.get('te_ufp4', 0)})"
-                          for p in r["probes"] if p["linears"] or p.get("te_linears")) or "-"
+        probe = (
+            "; ".join(
+                f"{p['linears'] + p.get('te_linears', 0)} ({p['ufp4'] + p.get('te_ufp4', 0)})"
+                for p in r["probes"]
+                if p["linears"] or p.get("te_linears")
+            )
+            or "-"
+        )
         d = mlm._max_diff(r["loss"], base, range(1, iters + 1)) if name != "te-bf16" else None
-        rows.append(f"| {name} | {probe} | {r['loss'].get(1, float('nan')):.6f} | "
-                    f"{r['loss'].get(iters, float('nan')):.6f} | "
-                    f"{'-' if d is None else f'{d:.6f}'} | {med} | {r['wall_s']} |")
+        rows.append(
+            f"| {name} | {probe} | {r['loss'].get(1, float('nan')):.6f} | "
+            f"{r['loss'].get(iters, float('nan')):.6f} | "
+            f"{'-' if d is None else f'{d:.6f}'} | {med} | {r['wall_s']} |"
+        )
     rows += ["", "| check | result | detail |", "| --- | --- | --- |"]
     rows += [f"| {c} | {'PASS' if ok else 'FAIL'} | {detail} |" for c, ok, detail in checks]
     return "\n".join(rows)
@@ -150,24 +209,35 @@ def main() -> int:
     runs = [(n, b) for n, b in runs if not only or n in only]
     results = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        futures = {pool.submit(mlm.run_one, name, a.work / "stock", common + "\n" + block,
-                               a.work, a.timeout): (name, block) for name, block in runs}
+        futures = {
+            pool.submit(
+                mlm.run_one, name, a.work / "stock", common + "\n" + block, a.work, a.timeout
+            ): (name, block)
+            for name, block in runs
+        }
         for fut in concurrent.futures.as_completed(futures):
             name, block = futures[fut]
             r = fut.result()
             results[name] = r | {"block": block}
-            print(f"{name}: rc={r['rc']} wall={r['wall_s']}s iterations={len(r['loss'])} "
-                  f"probe={r['probes']}", flush=True)
+            print(
+                f"{name}: rc={r['rc']} wall={r['wall_s']}s iterations={len(r['loss'])} "
+                f"probe={r['probes']}",
+                flush=True,
+            )
     results = {n: results[n] for n, _ in runs if n in results}  # the documented order
     with open(a.out / "te_megatron_lm.log", "w") as logf:
         for name, r in results.items():
-            logf.write(f"\n{'=' * 30} {name} rc={r['rc']} wall={r['wall_s']}s\n{r['block']}\n"
-                       f"{r['log']}\n")
+            logf.write(
+                f"\n{'=' * 30} {name} rc={r['rc']} wall={r['wall_s']}s\n{r['block']}\n{r['log']}\n"
+            )
     checks = evaluate(results, a.iters)
     text = table(results, checks, a.iters)
     (a.out / "te_megatron_lm.md").write_text(text + "\n")
-    (a.out / "te_megatron_lm.json").write_text(json.dumps(
-        {n: {k: v for k, v in r.items() if k != "log"} for n, r in results.items()}, indent=1))
+    (a.out / "te_megatron_lm.json").write_text(
+        json.dumps(
+            {n: {k: v for k, v in r.items() if k != "log"} for n, r in results.items()}, indent=1
+        )
+    )
     print(text)
     return 0 if checks and all(ok for _, ok, _ in checks) else 1
 

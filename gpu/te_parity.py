@@ -19,6 +19,7 @@ parallelism, through the call TE makes on a column-parallel input's quantizer).
 
     python3 gpu/te_parity.py --out DIR       (writes DIR/te_parity.json, prints the table)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,13 +51,32 @@ def compare(module: str, recipe: str, quantity: str, te_val, local_val, tol: flo
     bitwise = torch.equal(te_val, local_val.to(te_val.dtype))
     r = rel(te_val, local_val)
     ok = bool(torch.isfinite(te_val).all()) and r <= tol
-    ROWS.append(dict(module=module, recipe=recipe, quantity=quantity, bitwise=bitwise,
-                     rel_diff=r, tol=tol, ok=ok))
+    ROWS.append(
+        dict(
+            module=module,
+            recipe=recipe,
+            quantity=quantity,
+            bitwise=bitwise,
+            rel_diff=r,
+            tol=tol,
+            ok=ok,
+        )
+    )
 
 
 def record(module: str, recipe: str, quantity: str, ok: bool, detail: str = ""):
-    ROWS.append(dict(module=module, recipe=recipe, quantity=quantity, bitwise=None,
-                     rel_diff=None, tol=None, ok=bool(ok), detail=detail))
+    ROWS.append(
+        dict(
+            module=module,
+            recipe=recipe,
+            quantity=quantity,
+            bitwise=None,
+            rel_diff=None,
+            tol=None,
+            ok=bool(ok),
+            detail=detail,
+        )
+    )
 
 
 def custom(name: str, **kw):
@@ -87,12 +107,14 @@ def _fresh_main_grad(*weights):
 
 def linear(name: str, micro: int = 3, m: int = 256, k: int = 512, n: int = 384):
     import transformer_engine.pytorch as te
+
     from ufp4_megatron.te import seeds
 
     recipe = PRESETS[name]
     torch.manual_seed(1)
-    layer = te.Linear(k, n, bias=False, params_dtype=torch.bfloat16,
-                      fuse_wgrad_accumulation=True, device="cuda")
+    layer = te.Linear(
+        k, n, bias=False, params_dtype=torch.bfloat16, fuse_wgrad_accumulation=True, device="cuda"
+    )
     w = layer.weight
     _fresh_main_grad(w)
     w_local = w.detach().clone().requires_grad_(True)
@@ -116,22 +138,33 @@ def linear(name: str, micro: int = 3, m: int = 256, k: int = 512, n: int = 384):
             with torch.no_grad():
                 y_bf16 = layer(x)
             q = rel(y.detach(), y_bf16)
-            record("Linear", name, "y differs from TE BF16 (quantized)", q > 1e-3,
-                   f"rel {q:.3g}")
-    compare("Linear", name, f"main_grad ({micro} micro-batches, fused accumulation)",
-            w.main_grad, main_local)
+            record("Linear", name, "y differs from TE BF16 (quantized)", q > 1e-3, f"rel {q:.3g}")
+    compare(
+        "Linear",
+        name,
+        f"main_grad ({micro} micro-batches, fused accumulation)",
+        w.main_grad,
+        main_local,
+    )
     assert w.grad is None or not w.grad.any()
 
 
 def layernorm_linear(name: str, micro: int = 2, m: int = 256, k: int = 512, n: int = 768):
     import transformer_engine.pytorch as te
+
     from ufp4_megatron.te import seeds
 
     recipe = PRESETS[name]
     torch.manual_seed(2)
-    layer = te.LayerNormLinear(k, n, bias=False, normalization="RMSNorm",
-                               params_dtype=torch.bfloat16, fuse_wgrad_accumulation=True,
-                               device="cuda")
+    layer = te.LayerNormLinear(
+        k,
+        n,
+        bias=False,
+        normalization="RMSNorm",
+        params_dtype=torch.bfloat16,
+        fuse_wgrad_accumulation=True,
+        device="cuda",
+    )
     with torch.no_grad():
         layer.layer_norm_weight.uniform_(0.5, 1.5)
     norm = te.RMSNorm(k, params_dtype=torch.bfloat16, device="cuda")
@@ -156,22 +189,29 @@ def layernorm_linear(name: str, micro: int = 2, m: int = 256, k: int = 512, n: i
         w_local.grad = None
         compare("LayerNormLinear", name, f"y (micro-batch {mb})", y.detach(), yl.detach())
         compare("LayerNormLinear", name, f"dX (micro-batch {mb})", xt.grad, xl.grad)
-    compare("LayerNormLinear", name, f"main_grad ({micro} micro-batches)", w.main_grad,
-            main_local)
-    compare("LayerNormLinear", name, "norm weight grad", layer.layer_norm_weight.grad,
-            norm.weight.grad)
+    compare("LayerNormLinear", name, f"main_grad ({micro} micro-batches)", w.main_grad, main_local)
+    compare(
+        "LayerNormLinear", name, "norm weight grad", layer.layer_norm_weight.grad, norm.weight.grad
+    )
 
 
-def grouped_linear(name: str, micro: int = 2, splits=(128, 64, 16, 48), k: int = 256,
-                   n: int = 384):
+def grouped_linear(name: str, micro: int = 2, splits=(128, 64, 16, 48), k: int = 256, n: int = 384):
     import transformer_engine.pytorch as te
+
     from ufp4_megatron.te import seeds
 
     recipe = PRESETS[name]
     torch.manual_seed(3)
     e = len(splits)
-    layer = te.GroupedLinear(e, k, n, bias=False, params_dtype=torch.bfloat16,
-                             fuse_wgrad_accumulation=True, device="cuda")
+    layer = te.GroupedLinear(
+        e,
+        k,
+        n,
+        bias=False,
+        params_dtype=torch.bfloat16,
+        fuse_wgrad_accumulation=True,
+        device="cuda",
+    )
     weights = [getattr(layer, f"weight{i}") for i in range(e)]
     _fresh_main_grad(*weights)
     local_w = [w.detach().clone().requires_grad_(True) for w in weights]
@@ -186,8 +226,10 @@ def grouped_linear(name: str, micro: int = 2, splits=(128, 64, 16, 48), k: int =
         with seeds.fixed(call):
             y.backward(dy)
         xl = x.clone().requires_grad_(True)
-        ys = [ops.quantized_linear(xi, wi, None, recipe, seed=call)
-              for xi, wi in zip(torch.split(xl, list(splits)), local_w)]
+        ys = [
+            ops.quantized_linear(xi, wi, None, recipe, seed=call)
+            for xi, wi in zip(torch.split(xl, list(splits)), local_w)
+        ]
         yl = torch.cat(ys)
         yl.backward(dy)
         for i, wi in enumerate(local_w):
@@ -196,8 +238,13 @@ def grouped_linear(name: str, micro: int = 2, splits=(128, 64, 16, 48), k: int =
         compare("GroupedLinear", name, f"y (micro-batch {mb})", y.detach(), yl.detach())
         compare("GroupedLinear", name, f"dX (micro-batch {mb})", xt.grad, xl.grad)
     for i, w in enumerate(weights):
-        compare("GroupedLinear", name, f"main_grad expert {i} ({micro} micro-batches)",
-                w.main_grad, main_local[i])
+        compare(
+            "GroupedLinear",
+            name,
+            f"main_grad expert {i} ({micro} micro-batches)",
+            w.main_grad,
+            main_local[i],
+        )
 
 
 def sr_stream():
@@ -225,12 +272,25 @@ def sr_stream():
     torch.cuda.set_rng_state(state)
     b = grads()
     c = grads()
-    record("SR stream", "ufp4", "restored CUDA RNG state: the same dX and dW, bitwise",
-           torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]))
-    record("SR stream", "ufp4", "next draws: other dX and dW",
-           not torch.equal(a[0], c[0]) and not torch.equal(a[1], c[1]))
-    record("SR stream", "ufp4", "one backward draws dY's two layouts (offset +8)", drawn == 8,
-           f"offset +{drawn}")
+    record(
+        "SR stream",
+        "ufp4",
+        "restored CUDA RNG state: the same dX and dW, bitwise",
+        torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]),
+    )
+    record(
+        "SR stream",
+        "ufp4",
+        "next draws: other dX and dW",
+        not torch.equal(a[0], c[0]) and not torch.equal(a[1], c[1]),
+    )
+    record(
+        "SR stream",
+        "ufp4",
+        "one backward draws dY's two layouts (offset +8)",
+        drawn == 8,
+        f"offset +{drawn}",
+    )
 
 
 def refusals():
@@ -242,7 +302,7 @@ def refusals():
         except ValueError as e:
             record("refusal", "ufp4", what, fragment in str(e), str(e)[:160])
             return
-        except Exception as e:  # noqa: BLE001 - report what happened instead
+        except Exception as e:
             record("refusal", "ufp4", what, False, f"{type(e).__name__}: {str(e)[:160]}")
             return
         record("refusal", "ufp4", what, False, "not refused")
@@ -275,27 +335,38 @@ def refusals():
 
     refused("--fp4-param-gather (fp8_model_init)", fp4_params, "FP4 parameters")
     refused("backward_override=high_precision", backward_override, "backward_override")
-    refused("sequence parallelism (TE's amax-group call on a column-parallel input)",
-            sequence_parallel, "sequence parallelism")
+    refused(
+        "sequence parallelism (TE's amax-group call on a column-parallel input)",
+        sequence_parallel,
+        "sequence parallelism",
+    )
 
 
 def table() -> str:
-    lines = ["| module | recipe | quantity | bitwise | rel. diff | result |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| module | recipe | quantity | bitwise | rel. diff | result |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for r in ROWS:
         bit = "-" if r["bitwise"] is None else ("yes" if r["bitwise"] else "no")
-        diff = r.get("detail") or ("-" if r["rel_diff"] is None else
-                                   f"{r['rel_diff']:.2e} (<= {r['tol']:g})")
-        lines.append(f"| {r['module']} | {r['recipe']} | {r['quantity']} | {bit} | {diff} | "
-                     f"{'PASS' if r['ok'] else 'FAIL'} |")
+        diff = r.get("detail") or (
+            "-" if r["rel_diff"] is None else f"{r['rel_diff']:.2e} (<= {r['tol']:g})"
+        )
+        lines.append(
+            f"| {r['module']} | {r['recipe']} | {r['quantity']} | {bit} | {diff} | "
+            f"{'PASS' if r['ok'] else 'FAIL'} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--recipes", default="ufp4,e2m1,ufp4_int4,nvfp4,mxfp4",
-                   help="recipes for te.Linear; LayerNormLinear and GroupedLinear run ufp4, e2m1")
+    p.add_argument(
+        "--recipes",
+        default="ufp4,e2m1,ufp4_int4,nvfp4,mxfp4",
+        help="recipes for te.Linear; LayerNormLinear and GroupedLinear run ufp4, e2m1",
+    )
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("NVTE_DEBUG", "0")
@@ -309,15 +380,28 @@ def main() -> int:
     for label, fn in steps:
         try:
             fn()
-        except Exception as e:  # noqa: BLE001 - one failing case must not hide the others
-            record(label.split()[0], label.split()[-1], "ran", False,
-                   f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        except Exception as e:
+            record(
+                label.split()[0],
+                label.split()[-1],
+                "ran",
+                False,
+                f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}",
+            )
             traceback.print_exc()
         print(f"te_parity: {label} done at {time.time() - t0:.0f} s", flush=True)
     text = table()
-    (a.out / "te_parity.json").write_text(json.dumps(
-        {"te": transformer_engine.__version__, "gpu": torch.cuda.get_device_name(),
-         "seconds": round(time.time() - t0, 1), "rows": ROWS}, indent=1))
+    (a.out / "te_parity.json").write_text(
+        json.dumps(
+            {
+                "te": transformer_engine.__version__,
+                "gpu": torch.cuda.get_device_name(),
+                "seconds": round(time.time() - t0, 1),
+                "rows": ROWS,
+            },
+            indent=1,
+        )
+    )
     print(text)
     return 0 if all(r["ok"] for r in ROWS) else 1
 

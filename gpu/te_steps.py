@@ -13,6 +13,7 @@ all rows (model.attention_backend, sdpa by default).
 
     python3 gpu/te_steps.py --out DIR [--steps 10] [--skip 3] [--deadline 300]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,13 +24,20 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ufp4_megatron.bench.step import run_trainer  # noqa: E402
+from ufp4_megatron.bench.step import run_trainer
 
-MODELS = {"dense_1p5b x2": ["model=dense_1p5b", "model.num_layers=2"],
-          "moe_7p9b x2": ["model=moe_7p9b", "model.num_layers=2"]}
+MODELS = {
+    "dense_1p5b x2": ["model=dense_1p5b", "model.num_layers=2"],
+    "moe_7p9b x2": ["model=moe_7p9b", "model.num_layers=2"],
+}
 ROUTES = (("te", "ufp4"), ("te", "bf16"), ("local", "ufp4"))
-COMMON = ["model.vocab_size=4096", "train.seq_len=4096", "train.micro_batch=1",
-          "train.global_batch=1", "checkpoint.keep=1"]
+COMMON = [
+    "model.vocab_size=4096",
+    "train.seq_len=4096",
+    "train.micro_batch=1",
+    "train.global_batch=1",
+    "checkpoint.keep=1",
+]
 
 
 def main() -> int:
@@ -50,36 +58,59 @@ def main() -> int:
             name = f"{model.split()[0]}-{route}-{recipe}"
             left = t_end - time.time()
             if left < 30:
-                rows.append({"model": model, "route": route, "recipe": recipe,
-                             "status": "not run (deadline)"})
+                rows.append(
+                    {
+                        "model": model,
+                        "route": route,
+                        "recipe": recipe,
+                        "status": "not run (deadline)",
+                    }
+                )
                 continue
             impl = ["model.transformer_impl=transformer_engine"] if route == "te" else []
-            run = run_trainer(name, [*model_overrides, *COMMON, *impl, f"precision={recipe}",
-                                     f"train.steps={a.steps}"],
-                              runs=a.runs, log=a.runs / "te_steps.log",
-                              timeout=int(min(a.timeout, left)))
+            run = run_trainer(
+                name,
+                [*model_overrides, *COMMON, *impl, f"precision={recipe}", f"train.steps={a.steps}"],
+                runs=a.runs,
+                log=a.runs / "te_steps.log",
+                timeout=int(min(a.timeout, left)),
+            )
             times = [m["step_time"] for m in run["metrics"] if m["step"] > a.skip]
-            rows.append({"model": model, "route": route, "recipe": recipe,
-                         "status": "ok" if run["rc"] == 0 and times else f"rc={run['rc']}",
-                         "step_s": statistics.median(times) if times else None,
-                         "min_s": min(times) if times else None,
-                         "max_s": max(times) if times else None,
-                         "loss": run["metrics"][-1]["loss"] if run["metrics"] else None,
-                         "mem_gib": max((m.get("mem_gib") or 0) for m in run["metrics"])
-                         if run["metrics"] else None,
-                         "wall_s": round(run["wall_s"], 1),
-                         "tail": None if run["rc"] == 0 else run["tail"][-800:]})
-    base = {r["model"]: r["step_s"] for r in rows
-            if r["route"] == "te" and r["recipe"] == "bf16" and r.get("step_s")}
-    lines = ["| model | route | recipe | step s (median; min-max) | vs TE BF16 | loss | GiB | "
-             "status |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+            rows.append(
+                {
+                    "model": model,
+                    "route": route,
+                    "recipe": recipe,
+                    "status": "ok" if run["rc"] == 0 and times else f"rc={run['rc']}",
+                    "step_s": statistics.median(times) if times else None,
+                    "min_s": min(times) if times else None,
+                    "max_s": max(times) if times else None,
+                    "loss": run["metrics"][-1]["loss"] if run["metrics"] else None,
+                    "mem_gib": max((m.get("mem_gib") or 0) for m in run["metrics"])
+                    if run["metrics"]
+                    else None,
+                    "wall_s": round(run["wall_s"], 1),
+                    "tail": None if run["rc"] == 0 else run["tail"][-800:],
+                }
+            )
+    base = {
+        r["model"]: r["step_s"]
+        for r in rows
+        if r["route"] == "te" and r["recipe"] == "bf16" and r.get("step_s")
+    }
+    lines = [
+        "| model | route | recipe | step s (median; min-max) | vs TE BF16 | loss | GiB | status |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         s = r.get("step_s")
         ratio = f"{s / base[r['model']]:.2f}x" if s and r["model"] in base else "-"
-        lines.append(f"| {r['model']} | {r['route']} | {r['recipe']} | " + (
-            f"{s:.3f} ({r['min_s']:.3f}-{r['max_s']:.3f})" if s else "-") +
-            f" | {ratio} | {r.get('loss') if r.get('loss') is None else round(r['loss'], 4)} | "
-            f"{'-' if not r.get('mem_gib') else round(r['mem_gib'], 1)} | {r['status']} |")
+        lines.append(
+            f"| {r['model']} | {r['route']} | {r['recipe']} | "
+            + (f"{s:.3f} ({r['min_s']:.3f}-{r['max_s']:.3f})" if s else "-")
+            + f" | {ratio} | {r.get('loss') if r.get('loss') is None else round(r['loss'], 4)} | "
+            f"{'-' if not r.get('mem_gib') else round(r['mem_gib'], 1)} | {r['status']} |"
+        )
     text = "\n".join(lines)
     (a.out / "te_steps.json").write_text(json.dumps(rows, indent=1))
     print(text)

@@ -1,5 +1,6 @@
 """Tile/warp sweep of the QDQ kernel at 8192x8192 bf16 (one CUDA GPU, under a minute on an
 H200); prints ms per config (gpu/kernels.sh keeps the output under its OUT)."""
+
 import torch
 
 from ufp4_megatron.bench.timing import median_ms, rotating
@@ -20,8 +21,13 @@ for mode, cfgs in CONFIGS.items():
         spec = dict(grid="e1m2", rounding=rounding, rht=rht, seed=1)
         for cfg in cfgs:
             tiles = {mode: cfg}
-            fn = {"row16": lambda x: quantize_view(x, tiles=tiles, **spec),
-                  "col16": lambda x: quantize_view(x.t(), tiles=tiles, **spec)}[mode]
+            fn = {
+                "row16": lambda x: quantize_view(x, tiles=tiles, **spec),
+                "col16": lambda x: quantize_view(x.t(), tiles=tiles, **spec),
+            }[mode]
             ms = median_ms(fn, xs)
-            print(f"{mode:4s} {rounding:4s} rht={rht is not None:d} tile={cfg} {ms:.4f} ms "
-                  f"= {100 * copy / ms:.0f}% of copy BW", flush=True)
+            print(
+                f"{mode:4s} {rounding:4s} rht={rht is not None:d} tile={cfg} {ms:.4f} ms "
+                f"= {100 * copy / ms:.0f}% of copy BW",
+                flush=True,
+            )

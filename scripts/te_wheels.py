@@ -28,6 +28,7 @@ pip cannot download the extension's sdist on a machine without CUDA PyTorch (its
 imports torch.version.cuda); pip keeps the unpacked source with --no-clean, and it is packed
 again here, every file and timestamp as published (content-identical, not byte-identical).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,20 +47,37 @@ import zipfile
 from pathlib import Path
 
 VERSION = "2.20.2"
-PIP_BINARY = ["--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--implementation",
-              "cp", "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_27_x86_64",
-              "--platform", "manylinux_2_17_x86_64"]
+PIP_BINARY = [
+    "--no-deps",
+    "--only-binary=:all:",
+    "--python-version",
+    "3.12",
+    "--implementation",
+    "cp",
+    "--platform",
+    "manylinux_2_28_x86_64",
+    "--platform",
+    "manylinux_2_27_x86_64",
+    "--platform",
+    "manylinux_2_17_x86_64",
+]
 FATBIN_MAGIC = 0xBA55ED50
 CORE_LIB = "transformer_engine/wheel_lib/libtransformer_engine.so"
 
 
 def pip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pip", "download", "-q", *args],
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", *args], capture_output=True, text=True
+    )
 
 
-PYDANTIC = ("pydantic-", "pydantic_core-", "annotated_types-", "typing_inspection-",
-            "typing_extensions-")
+PYDANTIC = (
+    "pydantic-",
+    "pydantic_core-",
+    "annotated_types-",
+    "typing_inspection-",
+    "typing_extensions-",
+)
 
 
 def download(dest: Path, wheelhouse: Path) -> None:
@@ -72,31 +90,51 @@ def download(dest: Path, wheelhouse: Path) -> None:
         res = pip("--only-binary=:all:", *PIP_BINARY[2:], "-d", str(dest), "pydantic")
         if res.returncode:
             raise SystemExit(f"pip download pydantic failed:\n{res.stderr[-2000:]}")
-    for req in (f"transformer-engine-cu13=={VERSION}", f"transformer-engine=={VERSION}",
-                "nvidia-cudnn-frontend>=1.29.0"):
+    for req in (
+        f"transformer-engine-cu13=={VERSION}",
+        f"transformer-engine=={VERSION}",
+        "nvidia-cudnn-frontend>=1.29.0",
+    ):
         res = pip(*PIP_BINARY, "-d", str(dest), req)
         if res.returncode:
             raise SystemExit(f"pip download {req} failed:\n{res.stderr[-2000:]}")
     sdist = dest / f"transformer_engine_torch-{VERSION}.tar.gz"
     if sdist.exists():
         return
-    res = pip("--no-deps", "--no-binary=:all:", "-d", str(dest),
-              f"transformer-engine-torch=={VERSION}")
+    res = pip(
+        "--no-deps", "--no-binary=:all:", "-d", str(dest), f"transformer-engine-torch=={VERSION}"
+    )
     if res.returncode == 0 and sdist.exists():
         return
     with tempfile.TemporaryDirectory() as tmp:  # metadata needs CUDA torch: keep the source
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                        "--no-binary=:all:", "--no-build-isolation", "--no-clean", "-d", tmp,
-                        f"transformer-engine-torch=={VERSION}"], capture_output=True,
-                       env={**os.environ, "TMPDIR": tmp})
-        trees = [p for p in Path(tmp).glob("pip-download-*/transformer-engine-torch_*")
-                 if (p / "PKG-INFO").exists()]
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--no-binary=:all:",
+                "--no-build-isolation",
+                "--no-clean",
+                "-d",
+                tmp,
+                f"transformer-engine-torch=={VERSION}",
+            ],
+            capture_output=True,
+            env={**os.environ, "TMPDIR": tmp},
+        )
+        trees = [
+            p
+            for p in Path(tmp).glob("pip-download-*/transformer-engine-torch_*")
+            if (p / "PKG-INFO").exists()
+        ]
         if not trees:
             raise SystemExit("could not download the transformer-engine-torch source")
         name = f"transformer_engine_torch-{VERSION}"
         with tarfile.open(sdist, "w:gz") as tar:
-            tar.add(trees[0], arcname=name,
-                    filter=_owner0)
+            tar.add(trees[0], arcname=name, filter=_owner0)
 
 
 def _owner0(ti: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -107,17 +145,20 @@ def _owner0(ti: tarfile.TarInfo) -> tarfile.TarInfo:
 
 # ----------------------------------------------------------------------------- fatbin pruning
 
+
 def _section(elf: bytes | bytearray, name: str) -> tuple[int, int]:
     """(file offset, size) of an ELF64 section by name."""
-    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    (shoff,) = struct.unpack_from("<Q", elf, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+
     def sh(i):
         return struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize)
+
     stroff = sh(shstrndx)[4]
     for i in range(shnum):
         s = sh(i)
         end = elf.index(b"\0", stroff + s[0])
-        if elf[stroff + s[0]:end].decode() == name:
+        if elf[stroff + s[0] : end].decode() == name:
             return s[4], s[5]
     raise SystemExit(f"no section {name} in the core library")
 
@@ -138,16 +179,17 @@ def prune_fatbins(lib: bytearray, keep_arch: int) -> dict[int, int]:
         while entry < end:
             _, _, ehsize, psize = struct.unpack_from("<HHIQ", lib, entry)
             if ehsize < 32 or entry + ehsize + psize > end:
-                raise SystemExit(f"a fatbinary entry at {entry:#x} is not one this tool "
-                                 "reads: use --full")
-            arch, = struct.unpack_from("<I", lib, entry + 28)
+                raise SystemExit(
+                    f"a fatbinary entry at {entry:#x} is not one this tool reads: use --full"
+                )
+            (arch,) = struct.unpack_from("<I", lib, entry + 28)
             entries.append((arch, entry + ehsize, psize))
             entry += ehsize + psize
         if not any(a == keep_arch for a, _, _ in entries):
             raise SystemExit(f"a fatbinary at {pos:#x} has no sm_{keep_arch} entry: use --full")
         for arch, start, psize in entries:
             if arch != keep_arch:
-                lib[start:start + psize] = bytes(psize)
+                lib[start : start + psize] = bytes(psize)
             per_arch[arch] = per_arch.get(arch, 0) + psize
         pos = end
     return per_arch
@@ -155,8 +197,10 @@ def prune_fatbins(lib: bytearray, keep_arch: int) -> dict[int, int]:
 
 def pruned_wheel(src: Path, dest: Path, keep_arch: int) -> None:
     """src wheel -> dest wheel (same name) with CORE_LIB pruned and RECORD updated."""
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED,
-                                                      compresslevel=9) as zout:
+    with (
+        zipfile.ZipFile(src) as zin,
+        zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zout,
+    ):
         lib = bytearray(zin.read(CORE_LIB))
         per_arch = prune_fatbins(lib, keep_arch)
         digest = base64.urlsafe_b64encode(hashlib.sha256(lib).digest()).rstrip(b"=").decode()
@@ -174,16 +218,22 @@ def pruned_wheel(src: Path, dest: Path, keep_arch: int) -> None:
                 data = zin.read(info)
             zout.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
     kept = per_arch.get(keep_arch, 0)
-    print(f"sm_{keep_arch} cubins kept: {kept / 1e6:.1f} MB; zeroed: "
-          + ", ".join(f"sm_{a} {n / 1e6:.1f} MB" for a, n in sorted(per_arch.items())
-                      if a != keep_arch))
+    print(
+        f"sm_{keep_arch} cubins kept: {kept / 1e6:.1f} MB; zeroed: "
+        + ", ".join(
+            f"sm_{a} {n / 1e6:.1f} MB" for a, n in sorted(per_arch.items()) if a != keep_arch
+        )
+    )
 
 
 def headers(wheel: Path, dest: Path) -> None:
     """The wheel's include/ tree as a tar.gz (the build reads headers only)."""
-    with zipfile.ZipFile(wheel) as z, open(dest, "wb") as raw, \
-            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
-            tarfile.open(fileobj=gz, mode="w") as tar:  # the same bytes every time
+    with (
+        zipfile.ZipFile(wheel) as z,
+        open(dest, "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w") as tar,
+    ):  # the same bytes every time
         for info in z.infolist():
             if info.filename.startswith("include/") and not info.is_dir():
                 data = z.read(info)
@@ -193,6 +243,7 @@ def headers(wheel: Path, dest: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- parts
+
 
 def split(path: Path, part_bytes: int) -> list[Path]:
     if path.stat().st_size <= part_bytes:
@@ -212,13 +263,21 @@ def split(path: Path, part_bytes: int) -> list[Path]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("te-wheels"))
-    p.add_argument("--wheelhouse", type=Path, default=Path("wheelhouse"),
-                   help="where make wheelhouse put the pydantic wheels (else downloaded)")
+    p.add_argument(
+        "--wheelhouse",
+        type=Path,
+        default=Path("wheelhouse"),
+        help="where make wheelhouse put the pydantic wheels (else downloaded)",
+    )
     p.add_argument("--part-mb", type=float, default=45.0)
     p.add_argument("--arch", type=int, default=90, help="the GPU generation kept (sm_XX)")
     p.add_argument("--full", action="store_true", help="the published core wheel, unpruned")
-    p.add_argument("--downloads", type=Path, default=None,
-                   help="reuse a folder with the downloads instead of downloading")
+    p.add_argument(
+        "--downloads",
+        type=Path,
+        default=None,
+        help="reuse a folder with the downloads instead of downloading",
+    )
     a = p.parse_args()
     src = a.downloads or a.out / ".downloads"
     if a.downloads is None:

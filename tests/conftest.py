@@ -61,8 +61,10 @@ def pytest_sessionfinish(session, exitstatus):
             os.kill(pid, signal.SIGKILL)
         except OSError:
             continue
-        print(f"\nERROR: process {pid} ({cmd.decode(errors='replace')}) outlived the test "
-              "that started it (killed now)")
+        print(
+            f"\nERROR: process {pid} ({cmd.decode(errors='replace')}) outlived the test "
+            "that started it (killed now)"
+        )
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -82,8 +84,12 @@ def hydra_configs():
 # take ~45 s each). The tests that use one share an xdist group (make test runs --dist
 # loadgroup), so the fixture runs once: session-scoped fixtures one group per name below,
 # module fixtures one group per module.
-SHARED_SESSION = {"mcore_results": "mcore", "stock_results": "megatron_lm",
-                  "patched_results": "megatron_lm", "patched_root": "megatron_lm"}
+SHARED_SESSION = {
+    "mcore_results": "mcore",
+    "stock_results": "megatron_lm",
+    "patched_results": "megatron_lm",
+    "patched_root": "megatron_lm",
+}
 SHARED_MODULE = ("unbroken", "te_results", "sr", "compiled", "trained", "stopped")
 
 
@@ -111,8 +117,10 @@ def pytest_collection_modifyitems_xdist_suffix(config, items):
     except ImportError:  # pytest before 9.2: xdist's own suffix works
         return
     for item in items:
-        names = {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-                 for m in item.iter_markers("xdist_group")}
+        names = {
+            str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+            for m in item.iter_markers("xdist_group")
+        }
         suffix = "@" + "_".join(sorted(names))
         if names and not item.nodeid.endswith(suffix) and hasattr(item, "_id"):
             item._id = NodeId.parse(item.nodeid + suffix)

@@ -9,6 +9,7 @@
 - out-of-memory output is reported as OOM; rows that did not run still render in the table;
   ratios are taken to the BF16 row of the same shape.
 """
+
 import json
 import re
 import sys
@@ -38,29 +39,69 @@ def test_model_flops_moe_counts_only_routed_top_k():
 def test_failed_trainer_run_becomes_a_row(tmp_path):
     """A trainer that fails comes back as a run that says so (the successful path is
     test_suite_runs_real_trainers_in_passes)."""
-    failed = step.run_trainer("bad", ["model=tiny", "precision=fp3"], runs=tmp_path,
-                              log=tmp_path / "step.log", timeout=120)
+    failed = step.run_trainer(
+        "bad",
+        ["model=tiny", "precision=fp3"],
+        runs=tmp_path,
+        log=tmp_path / "step.log",
+        timeout=120,
+    )
     assert failed["rc"] != 0 and failed["metrics"] == []
     assert step._status(failed).startswith("failed")
     assert "===== bad" in (tmp_path / "step.log").read_text()
 
 
 def test_oom_and_missing_rows_render():
-    oom = {"rc": 1, "tail": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate",
-           "metrics": []}
+    oom = {
+        "rc": 1,
+        "tail": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate",
+        "metrics": [],
+    }
     assert step._status(oom) == "OOM"
     assert step._status({"rc": 124, "tail": "", "metrics": []}) == "timeout"
     done = {"rc": 1, "tail": "CheckpointingException", "metrics": [{}] * 12}
     assert step._status(done, 12) == "steps ok, then failed (rc=1)"
-    rows = [dict(model="small", recipe="bf16", status="ok", steps=12, step_ms=100.0, tokens_per_s=1.0,
-                 mfu=0.3, peak_mem_gib=10.0, checkpoint="end: saved 1.0 GiB", final_loss=5.0,
-                 step_min_ms=97.31, step_max_ms=104.0),
-            dict(model="small", recipe="ufp4", status="ok", steps=12, step_ms=110.0, tokens_per_s=1.0,
-                 mfu=0.27, peak_mem_gib=10.5, checkpoint="end: saved 1.0 GiB", final_loss=5.1),
-            dict(model="small", recipe="nvfp4", status="OOM", steps=0, step_ms=float("nan"),
-                 tokens_per_s=float("nan"), mfu=float("nan"), peak_mem_gib=float("nan"),
-                 checkpoint="end: not written", final_loss=None),
-            dict(model="moe_124b", recipe="bf16", status="not run (time budget)")]
+    rows = [
+        dict(
+            model="small",
+            recipe="bf16",
+            status="ok",
+            steps=12,
+            step_ms=100.0,
+            tokens_per_s=1.0,
+            mfu=0.3,
+            peak_mem_gib=10.0,
+            checkpoint="end: saved 1.0 GiB",
+            final_loss=5.0,
+            step_min_ms=97.31,
+            step_max_ms=104.0,
+        ),
+        dict(
+            model="small",
+            recipe="ufp4",
+            status="ok",
+            steps=12,
+            step_ms=110.0,
+            tokens_per_s=1.0,
+            mfu=0.27,
+            peak_mem_gib=10.5,
+            checkpoint="end: saved 1.0 GiB",
+            final_loss=5.1,
+        ),
+        dict(
+            model="small",
+            recipe="nvfp4",
+            status="OOM",
+            steps=0,
+            step_ms=float("nan"),
+            tokens_per_s=float("nan"),
+            mfu=float("nan"),
+            peak_mem_gib=float("nan"),
+            checkpoint="end: not written",
+            final_loss=None,
+        ),
+        dict(model="moe_124b", recipe="bf16", status="not run (time budget)"),
+    ]
     step._add_ratios(rows)
     assert abs(rows[1]["x_bf16"] - 1.1) < 1e-12 and abs(rows[1]["mem_x_bf16"] - 1.05) < 1e-12
     text = step.table(rows)
@@ -71,8 +112,17 @@ def test_oom_and_missing_rows_render():
 
 
 def _run(step_ms, lo, hi, status="ok", mem=10.0, loss=5.0):
-    return dict(status=status, steps=12, step_ms=step_ms, step_min_ms=lo, step_max_ms=hi,
-                peak_mem_gib=mem, checkpoint="end: saved 1.0 GiB", wall_s=60.0, final_loss=loss)
+    return dict(
+        status=status,
+        steps=12,
+        step_ms=step_ms,
+        step_min_ms=lo,
+        step_max_ms=hi,
+        peak_mem_gib=mem,
+        checkpoint="end: saved 1.0 GiB",
+        wall_s=60.0,
+        final_loss=loss,
+    )
 
 
 def test_repeated_runs_aggregate_and_show_their_spread():
@@ -80,8 +130,9 @@ def test_repeated_runs_aggregate_and_show_their_spread():
     BF16 per pass (run i against BF16's run i), steady-step range over both runs."""
     tokens, flops, peak = 1000, 1e9, 100.0
     bf16 = step._aggregate([_run(80.0, 78.0, 84.0), _run(90.0, 85.0, 95.0)], tokens, flops, peak)
-    ufp4 = step._aggregate([_run(120.0, 100.0, 130.0), _run(110.0, 104.0, 126.0, mem=10.5)],
-                           tokens, flops, peak)
+    ufp4 = step._aggregate(
+        [_run(120.0, 100.0, 130.0), _run(110.0, 104.0, 126.0, mem=10.5)], tokens, flops, peak
+    )
     assert (bf16["step_ms"], bf16["runs_ms"], bf16["runs"]) == (85.0, [80.0, 90.0], 2)
     assert (ufp4["step_min_ms"], ufp4["step_max_ms"], ufp4["peak_mem_gib"]) == (100.0, 130.0, 10.5)
     assert abs(ufp4["tokens_per_s"] - tokens / 0.115) < 1e-6
@@ -93,8 +144,15 @@ def test_repeated_runs_aggregate_and_show_their_spread():
     cells = "| small | ufp4 | ok | 115.0 (120.0, 110.0) | 100.0-130.0 | 1.353 (1.500, 1.222) |"
     assert cells in text
     # a failed run is said, the others still count; no runs: not run
-    mixed = step._aggregate([_run(80.0, 78.0, 84.0), _run(float("nan"), float("nan"),
-                             float("nan"), status="OOM", mem=float("nan"))], tokens, flops, peak)
+    mixed = step._aggregate(
+        [
+            _run(80.0, 78.0, 84.0),
+            _run(float("nan"), float("nan"), float("nan"), status="OOM", mem=float("nan")),
+        ],
+        tokens,
+        flops,
+        peak,
+    )
     assert mixed["status"] == "1 of 2 ok; OOM" and mixed["step_ms"] == 80.0
     assert mixed["peak_mem_gib"] == 10.0  # the OOM run's NaN memory does not hide the other
     assert step._aggregate([], tokens, flops, peak) == {"status": "not run (time budget)"}
@@ -117,11 +175,21 @@ def test_suite_runs_real_trainers_in_passes(tmp_path, monkeypatch):
     monkeypatch.setattr(step, "gemm_tflops", lambda: 1.0)
     monkeypatch.setenv("RUNS_DIR", str(tmp_path / "runs"))
     logged = []
-    rows = step.run_suite(tmp_path, models=("tiny",), recipes=("bf16", "ufp4"), steps=3, skip=1,
-                          extra=("train.device=cpu",), repeats=2, micro_batches=2,
-                          log=logged.append)
+    rows = step.run_suite(
+        tmp_path,
+        models=("tiny",),
+        recipes=("bf16", "ufp4"),
+        steps=3,
+        skip=1,
+        extra=("train.device=cpu",),
+        repeats=2,
+        micro_batches=2,
+        log=logged.append,
+    )
     assert [(r["model"], r["recipe"], r["status"], r["runs"], r["steps"]) for r in rows] == [
-        ("tiny", "bf16", "ok", 2, 3), ("tiny", "ufp4", "ok", 2, 3)]
+        ("tiny", "bf16", "ok", 2, 3),
+        ("tiny", "ufp4", "ok", 2, 3),
+    ]
     ufp4 = rows[1]
     assert len(ufp4["runs_ms"]) == 2 and len(ufp4["x_bf16_runs"]) == 2
     assert ufp4["step_min_ms"] <= ufp4["step_ms"] <= ufp4["step_max_ms"]
@@ -142,8 +210,9 @@ def test_bench_cli_names_what_is_wrong():
     import torch
 
     def run(*args):
-        res = subprocess.run([sys.executable, "-m", "ufp4_megatron.bench", *args],
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            [sys.executable, "-m", "ufp4_megatron.bench", *args], capture_output=True, text=True
+        )
         assert res.returncode != 0
         return res.stderr.strip().splitlines()[-1]
 
@@ -151,8 +220,10 @@ def test_bench_cli_names_what_is_wrong():
     assert "unknown model(s) ['moe_1t']; valid: small, dense_1p5b" in run("--models", "moe_1t")
     assert "unknown recipe(s) ['fp3']" in run("--suite", "step", "--recipes", "bf16,fp3")
     assert run("--suite", "step", "--repeats", "0") == "--repeats 0: give 1 or more runs per row"
-    assert (run("--suite", "step", "--micro-batches", "0")
-            == "--micro-batches 0: give 1 or more micro-batches per step")
+    assert (
+        run("--suite", "step", "--micro-batches", "0")
+        == "--micro-batches 0: give 1 or more micro-batches per step"
+    )
     if not torch.cuda.is_available():
         assert run("--suite", "step") == "the benchmarks need a CUDA device"
 
@@ -167,17 +238,24 @@ def test_profile_families_name_the_kernels_of_record():
     assert _family("_col16_kernel") == "QDQ (Triton)"
     assert _family("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT") == "GEMM (cuBLAS)"
     assert _family("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16") == "attention"
-    assert _family("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>") \
+    assert (
+        _family("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>")
         == "optimizer"
+    )
     assert _family("Memcpy DtoD (Device -> Device)") == "copies and casts"
-    assert _family("void at::native::vectorized_elementwise_kernel<4, AUnaryFunctor>") \
-        .startswith("other")
+    assert _family("void at::native::vectorized_elementwise_kernel<4, AUnaryFunctor>").startswith(
+        "other"
+    )
 
 
 def test_shape_overrides_are_the_step_rows_and_the_profiles():
     # one list for both (bench --suite step's runs and --suite profile), with the
     # accumulated global batch
     assert step.shape_overrides(step.SHAPES["moe_7p9b"], 8) == [
-        "model=moe_7p9b", "model.num_layers=4", "train.seq_len=4096", "train.micro_batch=1",
-        "train.global_batch=8"]
+        "model=moe_7p9b",
+        "model.num_layers=4",
+        "train.seq_len=4096",
+        "train.micro_batch=1",
+        "train.global_batch=8",
+    ]
     assert step.shape_overrides(step.SHAPES["small"])[-1] == "train.global_batch=8"

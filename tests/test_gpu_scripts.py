@@ -3,6 +3,7 @@ every GPU measurement keeps checkpointing on (a script that turned it off to pas
 a broken checkpoint path), so no script may switch the trainer's saving off. Checked on the
 scripts' text, since they only run on a GPU. Their refusals of bad settings, gpu/setup.sh's
 install and the helpers they share are exercised with stand-ins for python3 and nvidia-smi."""
+
 from __future__ import annotations
 
 import pathlib
@@ -15,11 +16,19 @@ OFF = re.compile(r"checkpoint\.(save_at_end=false|interval=0\b|resume=false)")
 
 def test_no_gpu_script_switches_checkpointing_off():
     # gpu/'s scripts and the benchmark code they drive (ufp4_megatron/bench: the step table)
-    scripts = sorted(p for d in ("gpu", "ufp4_megatron/bench") for p in (ROOT / d).rglob("*")
-                     if p.suffix in (".sh", ".py"))
+    scripts = sorted(
+        p
+        for d in ("gpu", "ufp4_megatron/bench")
+        for p in (ROOT / d).rglob("*")
+        if p.suffix in (".sh", ".py")
+    )
     assert scripts, "gpu/ holds no scripts: this test looks in the wrong place"
-    offenders = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in scripts
-                 for i, line in enumerate(p.read_text().splitlines(), 1) if OFF.search(line)]
+    offenders = [
+        f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+        for p in scripts
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if OFF.search(line)
+    ]
     assert not offenders, "GPU scripts that switch checkpointing off:\n" + "\n".join(offenders)
 
 
@@ -32,8 +41,15 @@ def test_the_check_sees_an_offending_line():
 def _study_sh(*args, **env):
     import os
     import subprocess
-    return subprocess.run(["bash", "gpu/study.sh", *args], cwd=ROOT, capture_output=True,
-                          text=True, env={**os.environ, **env}, timeout=30)
+
+    return subprocess.run(
+        ["bash", "gpu/study.sh", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=30,
+    )
 
 
 def test_study_sh_refuses_a_bad_round_or_grid_before_setting_up():
@@ -47,10 +63,12 @@ def test_study_sh_refuses_a_bad_round_or_grid_before_setting_up():
 
 def test_study_sh_prereg_refuses_what_would_change_the_design():
     # the pre-registered grid fixes corpus, seeds and steps; its runs never resume across calls
-    for env, said in (({"SEEDS": "1-4"}, "SEEDS is set; the prereg grid fixes it"),
-                      ({"STEPS": "2000"}, "STEPS is set"),
-                      ({"PAUSE": "1"}, "its runs never resume across calls"),
-                      ({"CORPUS": "stdlib"}, "CORPUS=stdlib with GRID=prereg")):
+    for env, said in (
+        ({"SEEDS": "1-4"}, "SEEDS is set; the prereg grid fixes it"),
+        ({"STEPS": "2000"}, "STEPS is set"),
+        ({"PAUSE": "1"}, "its runs never resume across calls"),
+        ({"CORPUS": "stdlib"}, "CORPUS=stdlib with GRID=prereg"),
+    ):
         r = _study_sh("1", GRID="prereg", **env)
         assert r.returncode == 2 and said in r.stderr, (env, r.stderr)
 
@@ -70,9 +88,15 @@ def test_study_sh_refuses_bad_steps_and_packages_before_setting_up():
 def test_perf_sh_refuses_a_bad_override_before_setting_up():
     import os
     import subprocess
-    bad = subprocess.run(["bash", "gpu/perf.sh"], cwd=ROOT, capture_output=True, text=True,
-                         env={**os.environ, "PERF_SET": "model.cross_entropy_fusion=true oops"},
-                         timeout=30)
+
+    bad = subprocess.run(
+        ["bash", "gpu/perf.sh"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PERF_SET": "model.cross_entropy_fusion=true oops"},
+        timeout=30,
+    )
     assert bad.returncode == 2
     assert "PERF_SET entry 'oops'; give KEY=VALUE overrides" in bad.stderr
 
@@ -81,8 +105,12 @@ def _scripts_without_setup(paths):
     # a script that runs the package's modules needs the trainer's dependencies, which a CUDA
     # image lacks until gpu/setup.sh installs them (without it, `bash gpu/perf.sh` alone on a
     # CUDA image dies on `import hydra`)
-    return [p.name for p in paths if re.search(r"-m ufp4_megatron\b", p.read_text())
-            and "source gpu/setup.sh" not in p.read_text()]
+    return [
+        p.name
+        for p in paths
+        if re.search(r"-m ufp4_megatron\b", p.read_text())
+        and "source gpu/setup.sh" not in p.read_text()
+    ]
 
 
 def test_every_gpu_script_that_runs_the_package_sets_up_its_dependencies():
@@ -95,7 +123,9 @@ def test_the_setup_check_sees_a_script_without_it(tmp_path):
     bare = tmp_path / "bare.sh"
     bare.write_text("set -uo pipefail\npython3 -m ufp4_megatron.bench --suite step\n")
     guarded = tmp_path / "guarded.sh"
-    guarded.write_text("python3 -c 'import hydra' || source gpu/setup.sh\npython3 -m ufp4_megatron.bench\n")
+    guarded.write_text(
+        "python3 -c 'import hydra' || source gpu/setup.sh\npython3 -m ufp4_megatron.bench\n"
+    )
     assert _scripts_without_setup([bare, guarded]) == ["bare.sh"]
 
 
@@ -104,24 +134,37 @@ def _source_setup(tmp_path, *, imports: bool = True):
     --target dir, and imports megatron-core/Hydra/W&B or not."""
     import os
     import subprocess
+
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "python3"
     fake.write_text(
         "#!/usr/bin/env bash\n"
         'echo "$*" >> "$FAKE_LOG"\n'
-        'if [[ $1 == -m && $2 == pip ]]; then\n'
+        "if [[ $1 == -m && $2 == pip ]]; then\n"
         '  while (( $# )); do [[ $1 == --target ]] && mkdir -p "$2"; shift; done; exit 0\n'
         "fi\n"
-        '[[ $FAKE_IMPORTS == 1 ]]\n')
+        "[[ $FAKE_IMPORTS == 1 ]]\n"
+    )
     fake.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path / "log"),
-           "FAKE_IMPORTS": "1" if imports else "0", "UFP4_SITE": str(tmp_path / "site"),
-           "WHEELHOUSE": str(tmp_path / "wheelhouse"),
-           "UFP4_TRITON_CACHE": str(tmp_path / "triton-cache")}
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_LOG": str(tmp_path / "log"),
+        "FAKE_IMPORTS": "1" if imports else "0",
+        "UFP4_SITE": str(tmp_path / "site"),
+        "WHEELHOUSE": str(tmp_path / "wheelhouse"),
+        "UFP4_TRITON_CACHE": str(tmp_path / "triton-cache"),
+    }
     (tmp_path / "log").write_text("")
-    out = subprocess.run(["bash", "-c", 'source gpu/setup.sh && echo "PYTHONPATH=$PYTHONPATH"'],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["bash", "-c", 'source gpu/setup.sh && echo "PYTHONPATH=$PYTHONPATH"'],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return out, (tmp_path / "log").read_text()
 
 
@@ -146,6 +189,7 @@ def test_setup_installs_a_wheelhouse_once_per_node(tmp_path):
 
 def test_setup_unpacks_a_carried_triton_cache_once_and_survives_a_damaged_one(tmp_path):
     import tarfile
+
     house = tmp_path / "wheelhouse"
     (house / "src" / "ab12").mkdir(parents=True)
     (house / "src" / "ab12" / "_pair16_kernel.cubin").write_bytes(b"cubin")
@@ -159,6 +203,7 @@ def test_setup_unpacks_a_carried_triton_cache_once_and_survives_a_damaged_one(tm
     again, _ = _source_setup(tmp_path)  # the same node: what is there stays
     assert again.returncode == 0 and "Triton cache from" not in again.stdout
     import shutil
+
     shutil.rmtree(cache)
     (house / "triton-cache.tgz").write_bytes(b"not a tar")
     damaged, _ = _source_setup(tmp_path)
@@ -181,19 +226,27 @@ def test_kernels_exact_names_the_tests_that_did_not_finish(tmp_path):
     # python3 collects two tests and finishes one
     import os
     import subprocess
+
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'a GPU'\n")
     (bin_dir / "python3").write_text(
         "#!/usr/bin/env bash\n"
         'if [[ " $* " == *" --collect-only "* ]]; then echo "t.py::a"; echo "t.py::b"; exit 0; fi\n'
-        'echo "t.py::a" >> "$FINISHED_TESTS"; echo "1 passed"\n')
+        'echo "t.py::a" >> "$FINISHED_TESTS"; echo "1 passed"\n'
+    )
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out)}
-    res = subprocess.run(["bash", "gpu/kernels_exact.sh"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        ["bash", "gpu/kernels_exact.sh"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert (out / "collected.txt").read_text() == "t.py::a\nt.py::b\n"
     assert (out / "finished.txt").read_text() == "t.py::a\n"
@@ -209,9 +262,14 @@ def test_study_sh_keeps_no_fixed_scratch_files():
     text = (ROOT / "gpu" / "study.sh").read_text()
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     fixed = set(re.findall(r"/tmp/[\w.-]+", code))
-    assert fixed <= {"/tmp/study", "/tmp/study-pysrc", "/tmp/study-prereg", "/tmp/corpus",
-                     "/tmp/preflight.XXXXXX",
-                     "/tmp/study-scratch.XXXXXX"}, fixed
+    assert fixed <= {
+        "/tmp/study",
+        "/tmp/study-pysrc",
+        "/tmp/study-prereg",
+        "/tmp/corpus",
+        "/tmp/preflight.XXXXXX",
+        "/tmp/study-scratch.XXXXXX",
+    }, fixed
 
 
 def test_round_report_counts_only_the_steps_trained_in_the_round(tmp_path):
@@ -225,22 +283,36 @@ def test_round_report_counts_only_the_steps_trained_in_the_round(tmp_path):
     spec = importlib.util.spec_from_file_location("round_report", ROOT / "gpu" / "round_report.py")
     rr = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rr)
-    mf.save(tmp_path, {"version": mf.VERSION, "name": "t", "runs": [
-        {"name": "bf16-s1", "arm": "bf16", "status": "stopped"},
-        {"name": "ufp4-s1", "arm": "ufp4", "status": "done"}]})
+    mf.save(
+        tmp_path,
+        {
+            "version": mf.VERSION,
+            "name": "t",
+            "runs": [
+                {"name": "bf16-s1", "arm": "bf16", "status": "stopped"},
+                {"name": "ufp4-s1", "arm": "ufp4", "status": "done"},
+            ],
+        },
+    )
     for name, last in (("bf16-s1", 400), ("ufp4-s1", 300)):
         d = mf.run_dir(tmp_path, name)
         d.mkdir(parents=True)
-        (d / "metrics.jsonl").write_text("".join(
-            json.dumps({"step": s, "tokens": 1000 * s, "step_time": 0.5}) + "\n"
-            for s in range(1, last + 1)))
+        (d / "metrics.jsonl").write_text(
+            "".join(
+                json.dumps({"step": s, "tokens": 1000 * s, "step_time": 0.5}) + "\n"
+                for s in range(1, last + 1)
+            )
+        )
     (tmp_path / "runner-round2.log").write_text(
         "start bf16-s1 on slot 0 (gpu 0, cpus [0, 1]), resuming at step 100\n"
         "start ufp4-s1 on slot 1 (gpu 0, cpus [2, 3])\n"
         "done ufp4-s1 at step 300 (exit 0, 90 s)\n"
-        "stopped bf16-s1 at step 250 (exit 0, 95 s)\n")
+        "stopped bf16-s1 at step 250 (exit 0, 95 s)\n"
+    )
     assert rr.steps_in_round(tmp_path / "runner-round2.log") == {
-        "bf16-s1": (100, 250), "ufp4-s1": (0, 300)}
+        "bf16-s1": (100, 250),
+        "ufp4-s1": (0, 300),
+    }
     text = rr.report(tmp_path, "2", 0, 100, "2", ["ufp4-s1"])
     assert "the runs trained 450,000 tokens in it (4,500 tokens/s in all" in text
     assert "| ufp4 | 1 | 0.500 |" in text and "1 done, 1 stopped of 2" in text
@@ -252,9 +324,15 @@ def test_host_path_probe_runs_and_finds_the_pair_launch_cacheable():
     import os
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "gpu/host_path_probe.py", "--calls", "2"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)})
+
+    out = subprocess.run(
+        [sys.executable, "gpu/host_path_probe.py", "--calls", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 6 and all("[('_pair16_kernel', True)]" in line for line in lines), lines
@@ -266,6 +344,7 @@ def test_perf_sh_with_models_none_runs_only_the_profiles(tmp_path):
     (no wheelhouse)."""
     import os
     import subprocess
+
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, body in (("python3", 'echo "$*" >> "$FAKE_LOG"\n'), ("nvidia-smi", "")):
@@ -273,13 +352,22 @@ def test_perf_sh_with_models_none_runs_only_the_profiles(tmp_path):
         (bin_dir / name).chmod(0o755)
     log = tmp_path / "log"
     log.write_text("")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(log),
-           "WHEELHOUSE": str(tmp_path / "none"), "UFP4_SITE": str(tmp_path / "site"),
-           "UFP4_TRITON_CACHE": str(tmp_path / "tc"), "OUT": str(tmp_path / "out"),
-           "PERF_TESTS": "0", "PERF_MODELS": "none",
-           "PERF_PROFILES": "dense_1p5b:ufp4,dense_1p5b:bf16", "PERF_MICRO_BATCHES": "8"}
-    out = subprocess.run(["bash", "gpu/perf.sh"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=60)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_LOG": str(log),
+        "WHEELHOUSE": str(tmp_path / "none"),
+        "UFP4_SITE": str(tmp_path / "site"),
+        "UFP4_TRITON_CACHE": str(tmp_path / "tc"),
+        "OUT": str(tmp_path / "out"),
+        "PERF_TESTS": "0",
+        "PERF_MODELS": "none",
+        "PERF_PROFILES": "dense_1p5b:ufp4,dense_1p5b:bf16",
+        "PERF_MICRO_BATCHES": "8",
+    }
+    out = subprocess.run(
+        ["bash", "gpu/perf.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     calls = log.read_text().splitlines()
     assert not [c for c in calls if "--suite step" in c]

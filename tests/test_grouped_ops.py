@@ -31,6 +31,7 @@ Contracts:
 - errors: expert sizes that split a block, wrong wgrad padding, bad backend, inconsistent
   shapes/counts, bad seed/first_expert.
 """
+
 import pytest
 import torch
 
@@ -40,15 +41,17 @@ from ufp4_megatron import grouped_ops as G
 COUNTS = (0, 5, 17, 42)  # an empty expert; no count a multiple of 16
 E, K, N = 4, 64, 96
 # the presets, and SR on every operand (weights included: keyed per expert too)
-RECIPES = [(n, {}) for n in list_recipes()] + [("ufp4", {"sr": ("dy", "x", "w")}),
-                                               ("mxfp4", {"sr": ("dy", "x", "w")})]
+RECIPES = [(n, {}) for n in list_recipes()] + [
+    ("ufp4", {"sr": ("dy", "x", "w")}),
+    ("mxfp4", {"sr": ("dy", "x", "w")}),
+]
 
 
 def _data(dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
     M = sum(COUNTS)
-    mk = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
-    return mk(M, K), mk(E, N, K) * K ** -0.5, mk(M, N)
+    mk = lambda *s: torch.randn(*s, generator=g).to(dtype)
+    return mk(M, K), mk(E, N, K) * K**-0.5, mk(M, N)
 
 
 def _groups(recipe):
@@ -66,9 +69,11 @@ def _gemms(x, w, dy, origins=True):
     """(grouped fn, twin, operands, origins) of the three GEMMs; origins of a TP shard: column
     chunk at n0 = 32, row shard at k0 = 64."""
     o = (lambda **kw: kw) if origins else (lambda **kw: {})
-    return [(G.fprop, G.reference_fprop, (x, w), o(x_origin=(0, 64), w_origin=(32, 64))),
-            (G.dgrad, G.reference_dgrad, (dy, w), o(dy_origin=(0, 32), w_origin=(32, 64))),
-            (G.wgrad, G.reference_wgrad, (dy, x), o(dy_origin=(0, 32), x_origin=(0, 64)))]
+    return [
+        (G.fprop, G.reference_fprop, (x, w), o(x_origin=(0, 64), w_origin=(32, 64))),
+        (G.dgrad, G.reference_dgrad, (dy, w), o(dy_origin=(0, 32), w_origin=(32, 64))),
+        (G.wgrad, G.reference_wgrad, (dy, x), o(dy_origin=(0, 32), x_origin=(0, 64))),
+    ]
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16))
@@ -93,28 +98,37 @@ def _expert_results(recipe, counts, tokens, w, dy_tokens, first_expert=0, seed=9
     y, dx = G.fprop(x, w, g, recipe, **kw), G.dgrad(dy, w, g, recipe, **kw)
     dw = G.wgrad(dy, x, g, recipe, **kw)
     rows = list(zip(g.padded_starts, g.counts))
-    return [(y[s:s + c], dx[s:s + c], dw[e]) for e, (s, c) in enumerate(rows)]
+    return [(y[s : s + c], dx[s : s + c], dw[e]) for e, (s, c) in enumerate(rows)]
 
 
-@pytest.mark.parametrize("name,overrides", [("ufp4", {}), ("ufp4", {"sr": ("dy", "x", "w")}),
-                                            ("mxfp4", {}), ("nvfp4", {})])
+@pytest.mark.parametrize(
+    "name,overrides",
+    [("ufp4", {}), ("ufp4", {"sr": ("dy", "x", "w")}), ("mxfp4", {}), ("nvfp4", {})],
+)
 def test_expert_results_do_not_depend_on_other_experts(name, overrides):
     r = get_recipe(name, **overrides)
     gen = torch.Generator().manual_seed(7)
-    w = torch.randn(E, N, K, generator=gen) * K ** -0.5
+    w = torch.randn(E, N, K, generator=gen) * K**-0.5
     toks = [torch.randn(60, K, generator=gen) for _ in range(E)]
     dys = [torch.randn(60, N, generator=gen) for _ in range(E)]
 
     def run(counts, experts=range(E), first=0):
         es = list(experts)
-        return _expert_results(r, counts, [toks[e][:c] for e, c in zip(es, counts)],
-                               w[es[0]:es[-1] + 1], [dys[e][:c] for e, c in zip(es, counts)],
-                               first_expert=first)
+        return _expert_results(
+            r,
+            counts,
+            [toks[e][:c] for e, c in zip(es, counts)],
+            w[es[0] : es[-1] + 1],
+            [dys[e][:c] for e, c in zip(es, counts)],
+            first_expert=first,
+        )
 
     base = run((3, 17, 42, 9))
-    for other in (run((40, 17, 42, 9)),            # expert 0 got more tokens
-                  run((0, 17, 42, 1)),             # experts 0 and 3 got fewer
-                  run((3, 17), experts=(0, 1)) + run((42, 9), experts=(2, 3), first=2)):
+    for other in (
+        run((40, 17, 42, 9)),  # expert 0 got more tokens
+        run((0, 17, 42, 1)),  # experts 0 and 3 got fewer
+        run((3, 17), experts=(0, 1)) + run((42, 9), experts=(2, 3), first=2),
+    ):
         for e in (1, 2):
             for got, want in zip(other[e], base[e]):
                 assert torch.equal(got, want), (name, overrides, e)
@@ -126,7 +140,7 @@ def test_expert_results_do_not_depend_on_other_experts(name, overrides):
 def test_experts_draw_distinct_sr_bits(rounding):
     r = get_recipe("ufp4", sr=("dy",) if rounding == "sr" else ())
     gen = torch.Generator().manual_seed(8)
-    w = (torch.randn(N, K, generator=gen) * K ** -0.5).expand(2, N, K).contiguous()
+    w = (torch.randn(N, K, generator=gen) * K**-0.5).expand(2, N, K).contiguous()
     x, dy = torch.randn(20, K, generator=gen), torch.randn(20, N, generator=gen)
     (_, dx0, dw0), (_, dx1, dw1) = _expert_results(r, (20, 20), [x, x], w, [dy, dy])
     same = torch.equal(dx0, dx1) and torch.equal(dw0, dw1)
@@ -137,7 +151,7 @@ def test_fp16_with_rht_is_quantized_in_fp32():
     r = get_recipe("ufp4")
     g = G.ExpertGroups((16, 0, 16), G.token_alignment(r))
     big = dict(fill_value=16400.0, dtype=torch.float16)  # a rotated block reaches 65600
-    small = dict(fill_value=2.0 ** -12, dtype=torch.float16)
+    small = dict(fill_value=2.0**-12, dtype=torch.float16)
     x, dy = torch.full((32, K), **big), torch.full((32, N), **big)
     w = torch.full((3, N, K), **small)
     for fn, ref, args, _ in _gemms(x, w, dy, origins=False):
@@ -173,7 +187,7 @@ def test_zero_token_expert_wgrad_is_exactly_zero(name):
     for counts in (COUNTS, (5, 0, 0, 42), (0, 0, 17, 0)):  # empty first, middle, last
         g = G.ExpertGroups(counts, G.token_alignment(r))
         x, _, dy = _data(torch.float32, seed=3)
-        x, dy = g.pad(x[:sum(counts)]), g.pad(dy[:sum(counts)])
+        x, dy = g.pad(x[: sum(counts)]), g.pad(dy[: sum(counts)])
         dw = G.wgrad(dy, x, g, r, seed=5)
         assert dw.shape == (E, N, K)
         for e, c in enumerate(counts):
@@ -197,7 +211,7 @@ def test_padding_layout():
     t = torch.arange(36.0).unsqueeze(1)
     p = g.pad(t)
     for s, e, c in zip(g.starts, g.padded_starts, g.counts):
-        assert torch.equal(p[e:e + c], t[s:s + c])
+        assert torch.equal(p[e : e + c], t[s : s + c])
     assert p.sum() == t.sum()  # everything else is zero
     assert torch.equal(g.unpad(p), t)
     aligned = t[:48]
@@ -220,8 +234,11 @@ def test_grouped_linear_autograd(with_bias):
         ys = []
         for e, (s, c) in enumerate(zip(starts, COUNTS)):
             be = br[e] if with_bias else None
-            ys.append(torch.nn.functional.linear(xr[s:s + c], wr[e], be) if name == "bf16"
-                      else quantized_linear(xr[s:s + c], wr[e], be, r))
+            ys.append(
+                torch.nn.functional.linear(xr[s : s + c], wr[e], be)
+                if name == "bf16"
+                else quantized_linear(xr[s : s + c], wr[e], be, r)
+            )
         yr = torch.cat(ys)
         yr.backward(dy)
         # fp32 GEMMs of other shapes agree to a few ulps (docstring); a wiring error (another
@@ -236,7 +253,7 @@ def test_grouped_linear_autograd(with_bias):
 
 def test_errors_say_what_to_change():
     r = get_recipe("ufp4")
-    g, xp, w, dyp = _padded(r, torch.float32)
+    g, xp, w, _dyp = _padded(r, torch.float32)
     x, _, dy = _data(torch.float32)
     with pytest.raises(ValueError, match="not a multiple of 16"):
         G.fprop(xp[:, :40], w[:, :, :40], g, r)

@@ -15,6 +15,7 @@ neither imports the other. docs/architecture.md draws the layers.
 Contract besides: numerics, recipe, ops and diagnostics import without Megatron, Hydra, W&B
 or Triton.
 """
+
 from __future__ import annotations
 
 import ast
@@ -64,15 +65,25 @@ def _type_checking_imports(tree: ast.AST) -> set[int]:
     ids = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and (
-                (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
-                or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")):
-            ids |= {id(n) for stmt in node.body for n in ast.walk(stmt)
-                    if isinstance(n, (ast.Import, ast.ImportFrom))}
+            (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+            or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+        ):
+            ids |= {
+                id(n)
+                for stmt in node.body
+                for n in ast.walk(stmt)
+                if isinstance(n, (ast.Import, ast.ImportFrom))
+            }
     return ids
 
 
-def import_graph(root: pathlib.Path, package: str, missing: list[str] | None = None, *,
-                 type_checking: bool = True) -> dict[str, dict[str, int]]:
+def import_graph(
+    root: pathlib.Path,
+    package: str,
+    missing: list[str] | None = None,
+    *,
+    type_checking: bool = True,
+) -> dict[str, dict[str, int]]:
     """module -> {imported module of this package: line of the first such import}; an import
     of a module of the package that does not exist is appended to `missing`. With
     type_checking=False, imports under `if TYPE_CHECKING:` are left out: they never run, so
@@ -100,11 +111,15 @@ def import_graph(root: pathlib.Path, package: str, missing: list[str] | None = N
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
                 if node.level:
-                    base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+                    base = ".".join(
+                        here[: len(here) - node.level + 1] + ([node.module] if node.module else [])
+                    )
                 else:
                     base = node.module or ""
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                           for a in node.names]
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                    for a in node.names
+                ]
             for t in targets:
                 if t == package or t.startswith(package + "."):
                     if t not in modules and missing is not None:
@@ -122,10 +137,15 @@ def layer_of(mod: str) -> int | None:
 
 def upward_imports(graph: dict[str, dict[str, int]], layer=layer_of) -> list[str]:
     """`a imports b (line n)` for every edge from a lower layer to a higher one."""
-    return [f"{src} imports {dst} (line {line}): layer {layer(src)} < {layer(dst)}"
-            for src, edges in graph.items() for dst, line in edges.items()
-            if layer(src) is not None and layer(dst) is not None and layer(dst) > layer(src)
-            and (src, dst) not in KNOWN_UPWARD]
+    return [
+        f"{src} imports {dst} (line {line}): layer {layer(src)} < {layer(dst)}"
+        for src, edges in graph.items()
+        for dst, line in edges.items()
+        if layer(src) is not None
+        and layer(dst) is not None
+        and layer(dst) > layer(src)
+        and (src, dst) not in KNOWN_UPWARD
+    ]
 
 
 def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
@@ -136,8 +156,10 @@ def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
         if start in index:
             continue
         work = [(start, iter(graph[start]))]
-        index[start] = low[start] = counter[0]; counter[0] += 1
-        stack.append(start); on_stack.add(start)
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on_stack.add(start)
         while work:
             v, it = work[-1]
             w = next(it, None)
@@ -148,14 +170,18 @@ def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
                 if low[v] == index[v]:
                     comp = []
                     while True:
-                        x = stack.pop(); on_stack.discard(x); comp.append(x)
+                        x = stack.pop()
+                        on_stack.discard(x)
+                        comp.append(x)
                         if x == v:
                             break
                     if len(comp) > 1:
                         comps.append(comp)
             elif w not in index:
-                index[w] = low[w] = counter[0]; counter[0] += 1
-                stack.append(w); on_stack.add(w)
+                index[w] = low[w] = counter[0]
+                counter[0] += 1
+                stack.append(w)
+                on_stack.add(w)
                 work.append((w, iter(graph.get(w, {}))))
             elif w in on_stack:
                 low[v] = min(low[v], index[w])
@@ -172,7 +198,8 @@ def _circle(graph, comp: set[str]) -> list[str]:
             if nxt == first:
                 return path + [first]
             if nxt in comp and nxt not in seen:
-                seen.add(nxt); paths.append(path + [nxt])
+                seen.add(nxt)
+                paths.append(path + [nxt])
     return sorted(comp)
 
 
@@ -184,9 +211,11 @@ def _graph(type_checking: bool = True):
 
 
 def test_core_imports_without_megatron_hydra_wandb_triton():
-    code = ("import sys, ufp4_megatron, ufp4_megatron.ops, ufp4_megatron.diagnostics\n"
-            "bad = [m for m in ('megatron', 'hydra', 'wandb', 'triton') if m in sys.modules]\n"
-            "assert not bad, bad")
+    code = (
+        "import sys, ufp4_megatron, ufp4_megatron.ops, ufp4_megatron.diagnostics\n"
+        "bad = [m for m in ('megatron', 'hydra', 'wandb', 'triton') if m in sys.modules]\n"
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -223,6 +252,7 @@ def test_known_upward_imports_still_exist():
 
 # The checker itself, on a synthetic package: it must see what it is there to see.
 
+
 def _write(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -231,14 +261,17 @@ def _write(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
 
 
 def test_checker_finds_a_synthetic_cycle(tmp_path):
-    root = _write(tmp_path / "pkg", {
-        "__init__.py": "",
-        "a.py": "from .b import f\n",
-        "b.py": "def f():\n    from .sub import c  # lazy: still an edge\n",
-        "sub/__init__.py": "",
-        "sub/c.py": "import pkg.a\n",
-        "d.py": "from . import a\n",  # points into the circle, not part of it
-    })
+    root = _write(
+        tmp_path / "pkg",
+        {
+            "__init__.py": "",
+            "a.py": "from .b import f\n",
+            "b.py": "def f():\n    from .sub import c  # lazy: still an edge\n",
+            "sub/__init__.py": "",
+            "sub/c.py": "import pkg.a\n",
+            "d.py": "from . import a\n",  # points into the circle, not part of it
+        },
+    )
     graph = import_graph(root, "pkg")
     assert graph["pkg.sub.c"] == {"pkg.a": 1} and graph["pkg.b"] == {"pkg.sub.c": 2}
     assert graph["pkg.d"] == {"pkg.a": 1}
@@ -250,55 +283,81 @@ def test_checker_finds_a_synthetic_cycle(tmp_path):
 def test_type_checking_imports_close_no_circle_but_still_count_for_layers(tmp_path):
     """A back-import under `if TYPE_CHECKING:` never runs: no circle at import time. A lazy
     import inside a function does run, so it still closes one."""
-    root = _write(tmp_path / "pkg", {
-        "__init__.py": "",
-        "a.py": "def f():\n    from .b import g\n",
-        "b.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                 "    from .a import f\ndef g(x: 'f'): ...\n"),
-    })
+    root = _write(
+        tmp_path / "pkg",
+        {
+            "__init__.py": "",
+            "a.py": "def f():\n    from .b import g\n",
+            "b.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                "    from .a import f\ndef g(x: 'f'): ...\n"
+            ),
+        },
+    )
     assert import_graph(root, "pkg")["pkg.b"] == {"pkg.a": 3}  # the layer rule sees it
     assert import_cycles(import_graph(root, "pkg", type_checking=False)) == []
     (root / "b.py").write_text("def g():\n    from .a import f\n")
     assert import_cycles(import_graph(root, "pkg", type_checking=False)) == [
-        ["pkg.a", "pkg.b", "pkg.a"]]
+        ["pkg.a", "pkg.b", "pkg.a"]
+    ]
 
 
 def test_checker_finds_a_synthetic_upward_import(tmp_path):
-    root = _write(tmp_path / "ufp4_megatron", {
-        "__init__.py": "",
-        "numerics/__init__.py": "",
-        "numerics/grids.py": "import torch\nfrom ..train.loop import run\n",
-        "train/__init__.py": "",
-        "train/loop.py": "from ufp4_megatron.numerics import grids\nrun = 0\n",
-    })
+    root = _write(
+        tmp_path / "ufp4_megatron",
+        {
+            "__init__.py": "",
+            "numerics/__init__.py": "",
+            "numerics/grids.py": "import torch\nfrom ..train.loop import run\n",
+            "train/__init__.py": "",
+            "train/loop.py": "from ufp4_megatron.numerics import grids\nrun = 0\n",
+        },
+    )
     graph = import_graph(root, "ufp4_megatron")
     assert upward_imports(graph) == [
-        "ufp4_megatron.numerics.grids imports ufp4_megatron.train.loop (line 2): layer 1 < 6"]
-    assert import_cycles(graph) == [["ufp4_megatron.numerics.grids", "ufp4_megatron.train.loop",
-                                     "ufp4_megatron.numerics.grids"]]
+        "ufp4_megatron.numerics.grids imports ufp4_megatron.train.loop (line 2): layer 1 < 6"
+    ]
+    assert import_cycles(graph) == [
+        ["ufp4_megatron.numerics.grids", "ufp4_megatron.train.loop", "ufp4_megatron.numerics.grids"]
+    ]
 
 
 def test_checker_finds_an_import_of_a_module_that_is_gone(tmp_path):
-    root = _write(tmp_path / "ufp4_megatron", {
-        "__init__.py": "", "bench/__init__.py": "",
-        "bench/step.py": "def flops():\n    from ..describe import count_params\n",
-    })
+    root = _write(
+        tmp_path / "ufp4_megatron",
+        {
+            "__init__.py": "",
+            "bench/__init__.py": "",
+            "bench/step.py": "def flops():\n    from ..describe import count_params\n",
+        },
+    )
     missing = []
     import_graph(root, "ufp4_megatron", missing)
-    assert missing == ["ufp4_megatron.bench.step (line 2) imports ufp4_megatron.describe: "
-                       "no such module"]
+    assert missing == [
+        "ufp4_megatron.bench.step (line 2) imports ufp4_megatron.describe: no such module"
+    ]
 
 
-@pytest.mark.parametrize("line, target", [
-    ("from .. import ops", "ufp4_megatron.ops"),
-    ("from ..recipe import Recipe", "ufp4_megatron.recipe"),
-    ("from . import launch", "ufp4_megatron.kernels.launch"),
-    ("import ufp4_megatron.kernels.launch as k", "ufp4_megatron.kernels.launch"),
-    ("from ufp4_megatron import recipe, ops", "ufp4_megatron.recipe"),
-])
+@pytest.mark.parametrize(
+    "line, target",
+    [
+        ("from .. import ops", "ufp4_megatron.ops"),
+        ("from ..recipe import Recipe", "ufp4_megatron.recipe"),
+        ("from . import launch", "ufp4_megatron.kernels.launch"),
+        ("import ufp4_megatron.kernels.launch as k", "ufp4_megatron.kernels.launch"),
+        ("from ufp4_megatron import recipe, ops", "ufp4_megatron.recipe"),
+    ],
+)
 def test_checker_resolves_relative_and_absolute_imports(tmp_path, line, target):
-    root = _write(tmp_path / "ufp4_megatron", {
-        "__init__.py": "", "ops.py": "", "recipe.py": "",
-        "kernels/__init__.py": "", "kernels/launch.py": "", "kernels/x.py": line + "\n",
-    })
+    root = _write(
+        tmp_path / "ufp4_megatron",
+        {
+            "__init__.py": "",
+            "ops.py": "",
+            "recipe.py": "",
+            "kernels/__init__.py": "",
+            "kernels/launch.py": "",
+            "kernels/x.py": line + "\n",
+        },
+    )
     assert target in import_graph(root, "ufp4_megatron")["ufp4_megatron.kernels.x"]

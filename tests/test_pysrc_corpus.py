@@ -1,6 +1,7 @@
 """gpu/pysrc_corpus.py, the study's larger corpus (stdlib + packages' sources), on CPU: the
 staged files become Megatron indexed data through prepare_data, byte for byte, with a
 manifest that pins what went in; an unknown package is one line."""
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,14 @@ import pysrc_corpus  # noqa: E402
 
 
 def _run(*args, cwd):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          cwd=cwd, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
 
 
 def test_corpus_is_stdlib_then_package_sources_without_tests(tmp_path):
@@ -48,4 +54,5 @@ def test_unknown_package_is_one_line(tmp_path):
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [
         "pysrc_corpus: --packages no_such_pkg_xyz: not importable here "
-        "(No module named 'no_such_pkg_xyz')"]
+        "(No module named 'no_such_pkg_xyz')"
+    ]

@@ -4,6 +4,9 @@ Contracts: ufp4 = E1M2, 1x16, FP32 scales, RHT16 on fprop/dgrad/wgrad, SR on dY 
 E2M1 baseline = E2M1 with RHT16 on wgrad only; nvfp4 = E4M3 scales, 16x16 weight tiles;
 mxfp4 = 1x32 E8M0; overrides make every ablation; bad names list the valid ones.
 """
+
+import dataclasses
+
 import pytest
 
 from ufp4_megatron import Recipe, get_recipe, list_recipes
@@ -22,7 +25,7 @@ def test_presets_exist():
 def test_ufp4_is_table_1():
     r = get_recipe("ufp4")
     assert all(getattr(r, g).rht == 16 for g in GEMMS)
-    for g, n, op in _ops(r):
+    for _g, n, op in _ops(r):
         assert (op.grid, op.block, op.scale, op.block_2d) == ("e1m2", 16, "fp32", False)
         assert op.rounding == ("sr" if n == "dy" else "rtne")
 
@@ -55,22 +58,25 @@ def test_overrides_build_the_paper_ablations():
 
 def test_recipes_are_frozen_values():
     r = get_recipe("ufp4")
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         r.name = "x"
     assert get_recipe("ufp4") == r and isinstance(r, Recipe)
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda: get_recipe("fp4"), "valid: bf16, e2m1, ufp4"),
-    (lambda: get_recipe("ufp4", grdi="e2m1"), "unknown recipe override 'grdi'"),
-    (lambda: get_recipe("ufp4", grid="e3m0"), "valid: e2m1"),
-    (lambda: get_recipe("ufp4", scale="fp8"), "valid: fp32, e4m3, e8m0"),
-    (lambda: get_recipe("ufp4", sr=("dx",)), "valid: x, w, dy"),
-    (lambda: get_recipe("ufp4", rht=("bprop",)), "valid: fprop, dgrad, wgrad"),
-    (lambda: get_recipe("ufp4", **{"fprop.dy.grid": "e2m1"}), "operand in"),
-    (lambda: get_recipe("ufp4", **{"fprop.x.colour": 1}), "unknown field"),
-    (lambda: get_recipe("ufp4", rht_size=24), "rht size"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: get_recipe("fp4"), "valid: bf16, e2m1, ufp4"),
+        (lambda: get_recipe("ufp4", grdi="e2m1"), "unknown recipe override 'grdi'"),
+        (lambda: get_recipe("ufp4", grid="e3m0"), "valid: e2m1"),
+        (lambda: get_recipe("ufp4", scale="fp8"), "valid: fp32, e4m3, e8m0"),
+        (lambda: get_recipe("ufp4", sr=("dx",)), "valid: x, w, dy"),
+        (lambda: get_recipe("ufp4", rht=("bprop",)), "valid: fprop, dgrad, wgrad"),
+        (lambda: get_recipe("ufp4", **{"fprop.dy.grid": "e2m1"}), "operand in"),
+        (lambda: get_recipe("ufp4", **{"fprop.x.colour": 1}), "unknown field"),
+        (lambda: get_recipe("ufp4", rht_size=24), "rht size"),
+    ],
+)
 def test_bad_overrides_say_what_is_valid(call, match):
     with pytest.raises(ValueError, match=match):
         call()

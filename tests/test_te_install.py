@@ -12,6 +12,7 @@ gpu/te_setup.sh's staging of parts that arrive over several runs (before it inst
 Whether a pruned library loads and runs on an H200 only the GPU shows (gpu/te_setup.sh checks it
 with a TE linear layer).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -56,14 +57,26 @@ def _elf(sections: dict[str, bytes]) -> bytearray:
     struct.pack_into("<HHH", header, 0x3A, 64, n, n - 1)
     shdrs = bytes(64)
     for name, blob in (*sections.items(), (".shstrtab", names)):
-        shdrs += struct.pack("<IIQQQQIIQQ", names.index(name.encode() + b"\0"), 1, 0, 0,
-                             offsets[name], len(blob), 0, 0, 8, 0)
+        shdrs += struct.pack(
+            "<IIQQQQIIQQ",
+            names.index(name.encode() + b"\0"),
+            1,
+            0,
+            0,
+            offsets[name],
+            len(blob),
+            0,
+            0,
+            8,
+            0,
+        )
     return bytearray(header + data + shdrs)
 
 
 def test_prune_keeps_one_architecture_and_every_offset():
-    fat = (_fatbin([(80, b"A" * 40), (90, b"B" * 24), (100, b"C" * 56)])
-           + _fatbin([(90, b"D" * 8), (120, b"E" * 16)]))
+    fat = _fatbin([(80, b"A" * 40), (90, b"B" * 24), (100, b"C" * 56)]) + _fatbin(
+        [(90, b"D" * 8), (120, b"E" * 16)]
+    )
     lib = _elf({".text": b"\x90" * 24, ".nv_fatbin": fat})
     before = bytes(lib)
     per_arch = te_wheels.prune_fatbins(lib, 90)
@@ -105,10 +118,20 @@ def _setup(tmp_path, carried: list[Path]):
     carry.mkdir(exist_ok=True)
     for p in carried:
         (carry / p.name).write_bytes(p.read_bytes())
-    env = {**os.environ, "TE_STAGE": str(tmp_path / "stage"), "TE_SITE": str(tmp_path / "site"),
-           "PYTHON": "false"}  # anything past staging would fail loudly
-    return subprocess.run(["bash", "gpu/te_setup.sh", str(carry)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "TE_STAGE": str(tmp_path / "stage"),
+        "TE_SITE": str(tmp_path / "site"),
+        "PYTHON": "false",
+    }  # anything past staging would fail loudly
+    return subprocess.run(
+        ["bash", "gpu/te_setup.sh", str(carry)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_te_setup_stages_parts_until_all_are_there(tmp_path):
@@ -118,10 +141,11 @@ def test_te_setup_stages_parts_until_all_are_there(tmp_path):
     wheel.write_bytes(os.urandom(3000))
     small = src / "small.tar.gz"
     small.write_bytes(b"small")
-    sums = "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n"
-                   for p in (wheel, small))
+    sums = "".join(
+        f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in (wheel, small)
+    )
     (src / "SHA256SUMS").write_text(sums)
-    (src / "PARTS").write_text(f"core.whl 3 3000\nsmall.tar.gz 1 5\n")
+    (src / "PARTS").write_text("core.whl 3 3000\nsmall.tar.gz 1 5\n")
     parts = te_wheels.split(wheel, 1000)
     meta = [src / "SHA256SUMS", src / "PARTS"]
     first = _setup(tmp_path, [*meta, parts[0], small])  # one run carries the first part
@@ -131,8 +155,7 @@ def test_te_setup_stages_parts_until_all_are_there(tmp_path):
     assert "joined core.whl from 3 parts" in second.stdout
     assert "staged and verified" in second.stdout
     assert second.returncode == 1  # it went on to install, where PYTHON=false stops it
-    assert (tmp_path / "stage" / "core.whl").read_bytes() == b"".join(
-        p.read_bytes() for p in parts)
+    assert (tmp_path / "stage" / "core.whl").read_bytes() == b"".join(p.read_bytes() for p in parts)
     (tmp_path / "stage" / "small.tar.gz").write_bytes(b"smalL")  # damaged in transit
     third = _setup(tmp_path, [])
     assert third.returncode == 1 and "does not match SHA256SUMS" in third.stdout

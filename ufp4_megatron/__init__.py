@@ -8,14 +8,27 @@ Public API (imports without Megatron):
     quantized_linear(x, weight, bias, recipe)
     diagnostics                           alpha, SQNR, dSQNR, shrinkage bias, bucket ratio
 """
+
 from .fake_quant import quantize
 from .numerics.grids import GRIDS, Grid, get_grid
 from .numerics.hadamard import RHT
 from .ops import quantized_linear
 from .recipe import GemmSpec, OperandSpec, Recipe, get_recipe, list_recipes
 
-__all__ = ["quantize", "RHT", "Recipe", "OperandSpec", "GemmSpec", "get_recipe", "list_recipes",
-           "quantized_linear", "diagnostics", "Grid", "GRIDS", "get_grid"]
+__all__ = [
+    "quantize",
+    "RHT",
+    "Recipe",
+    "OperandSpec",
+    "GemmSpec",
+    "get_recipe",
+    "list_recipes",
+    "quantized_linear",
+    "diagnostics",
+    "Grid",
+    "GRIDS",
+    "get_grid",
+]
 __version__ = "0.1.0"
 
 

@@ -12,6 +12,7 @@ effective_bits  entropy, in bits, of the signed codes actually used (at most log
 `python -m ufp4_megatron.diagnostics --table` prints alpha and SQNR for each grid with and
 without RHT16 on Gaussian and Student-t(3) data.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,7 @@ def attenuation(x: torch.Tensor, q: torch.Tensor) -> float:
 def sqnr(x: torch.Tensor, q: torch.Tensor) -> float:
     x64, q64 = x.double().flatten(), q.double().flatten()
     noise = ((q64 - x64) ** 2).sum()
-    signal = (x64 ** 2).sum()
+    signal = (x64**2).sum()
     if noise == 0:
         return math.inf
     return float(10 * torch.log10(signal / noise))
@@ -55,14 +56,20 @@ def quant_stats(x: torch.Tensor, fmt, *, rht=None, dim=-1, **kw) -> dict[str, fl
     src, q = _quantized(x, fmt, rht=rht, dim=dim, **kw)
     vals = q.values[:, : src.shape[1]]
     codes = q.codes[:, : src.shape[1]]
-    return {"alpha": attenuation(src, vals), "sqnr_db": sqnr(src, vals),
-            "bucket_ratio": bucket_ratio(codes, fmt), "effective_bits": effective_bits(codes)}
+    return {
+        "alpha": attenuation(src, vals),
+        "sqnr_db": sqnr(src, vals),
+        "bucket_ratio": bucket_ratio(codes, fmt),
+        "effective_bits": effective_bits(codes),
+    }
 
 
 def delta_sqnr(x: torch.Tensor, fmt, *, rht=16, dim=-1, **kw) -> float:
     """SQNR with the RHT minus SQNR without, same blocks, scale and rounding."""
-    return (quant_stats(x, fmt, rht=rht, dim=dim, **kw)["sqnr_db"]
-            - quant_stats(x, fmt, rht=None, dim=dim, **kw)["sqnr_db"])
+    return (
+        quant_stats(x, fmt, rht=rht, dim=dim, **kw)["sqnr_db"]
+        - quant_stats(x, fmt, rht=None, dim=dim, **kw)["sqnr_db"]
+    )
 
 
 def bucket_ratio(codes: torch.Tensor, fmt) -> float:
@@ -95,7 +102,7 @@ def shrinkage_bias(x: torch.Tensor, fmt, *, dim=-1, **kw) -> dict[float, tuple[i
     C = src.shape[1]
     s = q.scales.repeat_interleave(kw.get("block", 16), dim=1)[:, :C]
     mask = s > 0
-    v = (src.abs()[mask] / s[mask])
+    v = src.abs()[mask] / s[mask]
     code = q.codes[:, :C].abs()[mask]
     levels = q.grid.levels + ((q.grid.neg_extra,) if q.grid.neg_extra else ())
     out = {}
@@ -119,8 +126,10 @@ def sample(kind: str, shape=(4096, 1024), seed: int = 0) -> torch.Tensor:
 
 
 def table(shape=(4096, 1024), grids=("e2m1", "e1m2", "int4"), seed: int = 0) -> str:
-    rows = ["| data | grid | RHT | alpha | SQNR (dB) | dSQNR (dB) | B_eff |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| data | grid | RHT | alpha | SQNR (dB) | dSQNR (dB) | B_eff |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for kind in ("gaussian", "student_t3"):
         x = sample(kind, shape, seed)
         for g in grids:
@@ -128,14 +137,17 @@ def table(shape=(4096, 1024), grids=("e2m1", "e1m2", "int4"), seed: int = 0) -> 
             rot = quant_stats(x, g, rht=16)
             for label, st in (("none", base), ("RHT16", rot)):
                 d = f"{rot['sqnr_db'] - base['sqnr_db']:+.2f}" if label == "RHT16" else ""
-                rows.append(f"| {kind} | {g} | {label} | {st['alpha']:.4f} | "
-                            f"{st['sqnr_db']:.2f} | {d} | {st['bucket_ratio']:.3f} |")
+                rows.append(
+                    f"| {kind} | {g} | {label} | {st['alpha']:.4f} | "
+                    f"{st['sqnr_db']:.2f} | {d} | {st['bucket_ratio']:.3f} |"
+                )
     return "\n".join(rows)
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="ufp4-diagnostics",
-                                description="Quantization diagnostics of the 4-bit grids.")
+    p = argparse.ArgumentParser(
+        prog="ufp4-diagnostics", description="Quantization diagnostics of the 4-bit grids."
+    )
     p.add_argument("--table", action="store_true", help="alpha/SQNR table for each grid")
     p.add_argument("--rows", type=int, default=4096)
     p.add_argument("--cols", type=int, default=1024)

@@ -4,6 +4,7 @@ CUDA tensors go to the fused Triton kernels (bit-identical to the reference in n
 where they cover the arguments, the reference otherwise; CPU tensors, or backend="torch", run
 the reference; backend="triton" runs the kernels or says why it cannot.
 """
+
 from __future__ import annotations
 
 import torch
@@ -51,12 +52,16 @@ def quantize_view(x: torch.Tensor, grid, *, backend: str = "auto", **kw) -> torc
     raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
 
 
-def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *,
-                  backend: str = "auto"):
+def quantize_pair(
+    a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *, backend: str = "auto"
+):
     """(quantize_view(a, **a_kw), quantize_view(b, **b_kw)), grid in the kw dicts: the two
     operands of one GEMM, in one kernel launch where the kernels cover both."""
-    if a.numel() and b.numel() and (backend == "triton" or (backend == "auto" and a.is_cuda
-                                                            and b.is_cuda)):
+    if (
+        a.numel()
+        and b.numel()
+        and (backend == "triton" or (backend == "auto" and a.is_cuda and b.is_cuda))
+    ):
         pair = _kernels().quantize_pair(a, a_kw, b, b_kw, strict=backend == "triton")
         if pair is not None:
             return pair
@@ -75,9 +80,17 @@ def _operand_kw(spec: OperandSpec, key: dict, rht, out_dtype) -> dict:
     return dict(operand_kw(spec, rht, out_dtype), **key)
 
 
-def quantize_operand(view: torch.Tensor, spec: OperandSpec, *, rht=None, seed: int = 0,
-                     origin=(0, 0), segments=None, out_dtype=None,
-                     backend: str = "auto") -> torch.Tensor:
+def quantize_operand(
+    view: torch.Tensor,
+    spec: OperandSpec,
+    *,
+    rht=None,
+    seed: int = 0,
+    origin=(0, 0),
+    segments=None,
+    out_dtype=None,
+    backend: str = "auto",
+) -> torch.Tensor:
     """A GEMM operand's [R, C] view quantized along C as `spec` says, its padding kept (zeros
     add nothing to the product); rht, seed, origin, segments and out_dtype as in
     quantize_view."""
@@ -122,13 +135,23 @@ def quantize(x: torch.Tensor, fmt, *, block: int = 16, scale: str = "fp32",
     dim = check_dim(dim, x.dim())
     r = as_rht(rht)
     if r is not None and x.shape[dim] % r.size:
-        raise ValueError(f"with rht={r.size} the size along dim {dim} ({x.shape[dim]}) must be "
-                         f"a multiple of {r.size}: the result lives in the rotated domain and "
-                         "cannot be unpadded; pad x or pass rht=None")
+        raise ValueError(
+            f"with rht={r.size} the size along dim {dim} ({x.shape[dim]}) must be "
+            f"a multiple of {r.size}: the result lives in the rotated domain and "
+            "cannot be unpadded; pad x or pass rht=None"
+        )
     if x.numel() == 0:
         return x.to(output_dtype(x.dtype, r), copy=True)
-    kw = dict(block=block, block_2d=block_2d, scale=scale, rounding=rounding, rht=r, seed=seed,
-              origin=origin, backend=backend)
+    kw = dict(
+        block=block,
+        block_2d=block_2d,
+        scale=scale,
+        rounding=rounding,
+        rht=r,
+        seed=seed,
+        origin=origin,
+        backend=backend,
+    )
     if x.requires_grad and torch.is_grad_enabled():
         return _StraightThrough.apply(x, fmt, dim, kw)
     return _quantize_along(x, fmt, dim, kw)
@@ -162,6 +185,8 @@ def _check_origin(origin, rounding: str) -> tuple[int, int]:
     r0 = check_int(origin[0], "origin row", 0)
     c0 = check_int(origin[1], "origin column", 0)
     if rounding == "sr" and c0 % 4:
-        raise ValueError(f"with rounding='sr' the origin column must be a multiple of 4 (one "
-                         f"Philox call serves 4 neighbours), got {c0}")
+        raise ValueError(
+            f"with rounding='sr' the origin column must be a multiple of 4 (one "
+            f"Philox call serves 4 neighbours), got {c0}"
+        )
     return r0, c0

@@ -35,6 +35,7 @@ into float32 (a rotated block can exceed fp16's range) and the product is cast t
 once. E4M3 (NVFP4) operands keep a per-expert tensor scale: segments give each expert its
 own in the same one launch per operand (its amax in one read for all experts).
 """
+
 from __future__ import annotations
 
 import functools
@@ -76,8 +77,9 @@ class ExpertGroups:
 
     def __post_init__(self):
         if any(c < 0 for c in self.counts) or self.align < 1:
-            raise ValueError(f"token counts must be >= 0 and align >= 1, got {self.counts}, "
-                             f"{self.align}")
+            raise ValueError(
+                f"token counts must be >= 0 and align >= 1, got {self.counts}, {self.align}"
+            )
 
     @functools.cached_property
     def ends(self) -> tuple[int, ...]:
@@ -114,14 +116,21 @@ class ExpertGroups:
     def offsets(self, device) -> torch.Tensor:
         """int32 cumulative ends of the padded segments, `torch._grouped_mm`'s `offs`, on
         `device` (copied without a host sync)."""
-        return self._cached("offs", device, lambda: torch.tensor(self.padded_ends,
-                                                                 dtype=torch.int32))
+        return self._cached(
+            "offs", device, lambda: torch.tensor(self.padded_ends, dtype=torch.int32)
+        )
 
     def token_experts(self, device) -> torch.Tensor:
         """int64 [M]: the local expert of each (unpadded) token row."""
-        return self._cached("experts", device, lambda: torch.repeat_interleave(
-            torch.arange(len(self.counts)), torch.tensor(self.counts, dtype=torch.int64),
-            output_size=self.total))
+        return self._cached(
+            "experts",
+            device,
+            lambda: torch.repeat_interleave(
+                torch.arange(len(self.counts)),
+                torch.tensor(self.counts, dtype=torch.int64),
+                output_size=self.total,
+            ),
+        )
 
     def pad(self, t: torch.Tensor) -> torch.Tensor:
         """[M, C] token matrix -> [padded_total, C]: each expert's rows at its padded
@@ -136,9 +145,18 @@ class ExpertGroups:
 
     def _rows(self, device) -> torch.Tensor:
         """int64 [M]: the padded row of each token."""
-        return self._cached("rows", device, lambda: torch.arange(self.total) + torch.tensor(
-            [p - s for p, s in zip(self.padded_starts, self.starts)]).repeat_interleave(
-                torch.tensor(self.counts, dtype=torch.int64), output_size=self.total))
+        return self._cached(
+            "rows",
+            device,
+            lambda: (
+                torch.arange(self.total)
+                + torch.tensor(
+                    [p - s for p, s in zip(self.padded_starts, self.starts)]
+                ).repeat_interleave(
+                    torch.tensor(self.counts, dtype=torch.int64), output_size=self.total
+                )
+            ),
+        )
 
     def _cached(self, name: str, device, make) -> torch.Tensor:
         key = (name, str(device))
@@ -171,8 +189,9 @@ def _to_device(t: torch.Tensor, device) -> torch.Tensor:
 # ----------------------------------------------------------------------------- the product
 
 
-def grouped_mm(a: torch.Tensor, b: torch.Tensor, groups: ExpertGroups, *,
-               backend: str = "auto") -> torch.Tensor:
+def grouped_mm(
+    a: torch.Tensor, b: torch.Tensor, groups: ExpertGroups, *, backend: str = "auto"
+) -> torch.Tensor:
     """Per-expert products in one call, over the padded token layout (Mp rows).
 
     a [Mp, K], b [E, K, N] -> [Mp, N]: rows of expert e times b[e] (fprop, dgrad);
@@ -185,8 +204,11 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, groups: ExpertGroups, *,
         raise ValueError(f"unknown grouped GEMM backend {backend!r}; valid: {GEMM_BACKENDS}")
     weights_3d = b.dim() == 3
     if groups.total == 0:  # no tokens at all: nothing to launch
-        return (a.new_zeros(0, b.shape[2]) if weights_3d else
-                a.new_zeros(len(groups.counts), a.shape[0], b.shape[1]))
+        return (
+            a.new_zeros(0, b.shape[2])
+            if weights_3d
+            else a.new_zeros(len(groups.counts), a.shape[0], b.shape[1])
+        )
     starts, ends = groups.padded_starts, groups.padded_ends
     if backend == "grouped" or (backend == "auto" and _grouped_mm_supported(a, b)):
         out = torch._grouped_mm(a, b, offs=groups.offsets(a.device))
@@ -208,11 +230,14 @@ def _grouped_mm_supported(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if not a.is_cuda:
         return True  # torch's CPU implementation: any float dtype
-    return (a.dtype == torch.bfloat16 and _capability(a.device) >= (9, 0)
-            and all(_aligned(t) for t in (a, b)))
+    return (
+        a.dtype == torch.bfloat16
+        and _capability(a.device) >= (9, 0)
+        and all(_aligned(t) for t in (a, b))
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _capability(device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
@@ -220,8 +245,10 @@ def _capability(device) -> tuple[int, int]:
 def _aligned(t: torch.Tensor) -> bool:
     """CUTLASS needs 16-byte aligned leading strides and base pointers."""
     per = 16 // t.element_size()
-    return (t.stride(-1) == 1 and t.stride(-2) % per == 0 or
-            t.stride(-2) == 1 and t.stride(-1) % per == 0) and t.data_ptr() % 16 == 0
+    return (
+        (t.stride(-1) == 1 and t.stride(-2) % per == 0)
+        or (t.stride(-2) == 1 and t.stride(-1) % per == 0)
+    ) and t.data_ptr() % 16 == 0
 
 
 # ----------------------------------------------------------------------------- SR keys
@@ -234,8 +261,9 @@ def expert_seed(seed: int, expert: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _operand_seeds(seed: int, first_expert: int, experts: int, gemm: str,
-                   operand: int) -> tuple[int, ...]:
+def _operand_seeds(
+    seed: int, first_expert: int, experts: int, gemm: str, operand: int
+) -> tuple[int, ...]:
     """Per local expert, the seed ops keys this GEMM operand with:
     mix_seed(expert_seed(seed, g), gemm id, operand), vectorized (mix_seeds)."""
     per_expert = mix_seeds([seed] * experts, list(range(first_expert, first_expert + experts)))
@@ -260,14 +288,25 @@ def _check_shapes(name: str, reduction: int, spec: GemmSpec, rht: RHT | None) ->
     for op in (getattr(spec, operand) for operand in OPERANDS[name]):
         unit = padded_length(1, op.block if op else 1, rht)
         if reduction % unit:
-            raise ValueError(f"grouped {name}: reduction size {reduction} is not a multiple of "
-                             f"{unit} (block/RHT unit): stacked experts' blocks would straddle "
-                             "experts; choose expert sizes divisible by it")
+            raise ValueError(
+                f"grouped {name}: reduction size {reduction} is not a multiple of "
+                f"{unit} (block/RHT unit): stacked experts' blocks would straddle "
+                "experts; choose expert sizes divisible by it"
+            )
 
 
-def _operand(view: torch.Tensor, spec: OperandSpec | None, *, rht: RHT | None,
-             seeds: tuple[int, ...], origin: tuple[int, int], starts: tuple[int, ...],
-             along_columns: bool, dtype: torch.dtype, backend: str) -> torch.Tensor:
+def _operand(
+    view: torch.Tensor,
+    spec: OperandSpec | None,
+    *,
+    rht: RHT | None,
+    seeds: tuple[int, ...],
+    origin: tuple[int, int],
+    starts: tuple[int, ...],
+    along_columns: bool,
+    dtype: torch.dtype,
+    backend: str,
+) -> torch.Tensor:
     """A [R, C] view quantized along C, in the view's orientation and `dtype`. The experts'
     segments start at `starts` along the rows (along the columns with along_columns); blocks
     never cross them, and under SR expert e's segment is keyed by seeds[e] with `origin` at
@@ -285,24 +324,50 @@ def _operand(view: torch.Tensor, spec: OperandSpec | None, *, rht: RHT | None,
         raise ValueError(f"SR keys need a column origin that is a multiple of 4, got {origin}")
     kw = dict(rht=rht, origin=origin, out_dtype=dtype, backend=backend)
     e4m3 = spec.scale == "e4m3"
-    segments = (Segments(1 if along_columns else 0, starts, seeds)
-                if (sr or e4m3) and view.numel() else None)
-    if segments is None or not e4m3 or tensor_scale_segments_problem(
-            segments, block=spec.block, block_2d=spec.block_2d,
-            rht_size=rht.size if rht is not None else None) is None:
+    segments = (
+        Segments(1 if along_columns else 0, starts, seeds)
+        if (sr or e4m3) and view.numel()
+        else None
+    )
+    if (
+        segments is None
+        or not e4m3
+        or tensor_scale_segments_problem(
+            segments,
+            block=spec.block,
+            block_2d=spec.block_2d,
+            rht_size=rht.size if rht is not None else None,
+        )
+        is None
+    ):
         return quantize_operand(view, spec, seed=0, segments=segments, **kw)
     parts = []
     ends = (*starts[1:], view.shape[1 if along_columns else 0])
     for s, t, seed in zip(starts, ends, seeds):
         part = view[:, s:t] if along_columns else view[s:t]
-        parts.append(quantize_operand(part, spec, seed=seed if sr else 0, **kw)
-                     if part.numel() else part.to(dtype))
+        parts.append(
+            quantize_operand(part, spec, seed=seed if sr else 0, **kw)
+            if part.numel()
+            else part.to(dtype)
+        )
     return torch.cat(parts, dim=1 if along_columns else 0) if parts else view.to(dtype)
 
 
-def _gemm_operand(gemm: str, name: str, t: torch.Tensor, spec: GemmSpec, *, rht: RHT | None,
-                  seed: int, first_expert: int, experts: int, origin: tuple[int, int],
-                  starts: tuple[int, ...], dtype: torch.dtype, backend: str) -> torch.Tensor:
+def _gemm_operand(
+    gemm: str,
+    name: str,
+    t: torch.Tensor,
+    spec: GemmSpec,
+    *,
+    rht: RHT | None,
+    seed: int,
+    first_expert: int,
+    experts: int,
+    origin: tuple[int, int],
+    starts: tuple[int, ...],
+    dtype: torch.dtype,
+    backend: str,
+) -> torch.Tensor:
     """Operand `name` of `gemm` (natural layout; experts' segments start at `starts` along
     its rows) quantized along the GEMM's reduction dim, in natural orientation. An operand
     reduced along its rows is quantized as its transpose (the kernels' column layout; origin
@@ -335,12 +400,16 @@ def _token_rows(groups: ExpertGroups):
 
 def _check_layout(name: str, t: torch.Tensor, groups: ExpertGroups, recipe: Recipe) -> None:
     if t.shape[0] != groups.padded_total:
-        raise ValueError(f"grouped {name}: expected the padded token layout of "
-                         f"{groups.padded_total} rows (ExpertGroups.pad), got {t.shape[0]}")
+        raise ValueError(
+            f"grouped {name}: expected the padded token layout of "
+            f"{groups.padded_total} rows (ExpertGroups.pad), got {t.shape[0]}"
+        )
     if groups.align % token_alignment(recipe):
-        raise ValueError(f"grouped {name}: experts' tokens are padded to {groups.align}, the "
-                         f"recipe needs a multiple of {token_alignment(recipe)}; build the "
-                         "groups with token_alignment(recipe)")
+        raise ValueError(
+            f"grouped {name}: experts' tokens are padded to {groups.align}, the "
+            f"recipe needs a multiple of {token_alignment(recipe)}; build the "
+            "groups with token_alignment(recipe)"
+        )
 
 
 # ----------------------------------------------------------------------------- the GEMMs
@@ -360,8 +429,9 @@ def fprop(x: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recipe
     if recipe.fprop is None:
         return grouped_mm(x, w.transpose(1, 2), groups, backend=gemm_backend)
     spec, rht, dtype = _gemm_setup("fprop", recipe, x, K)
-    kw = dict(rht=rht, seed=seed, first_expert=first_expert, experts=E, dtype=dtype,
-              backend=backend)
+    kw = dict(
+        rht=rht, seed=seed, first_expert=first_expert, experts=E, dtype=dtype, backend=backend
+    )
     qx = _gemm_operand("fprop", "x", x, spec, origin=x_origin, starts=groups.padded_starts, **kw)
     if qw is None:
         qw = _gemm_operand("fprop", "w", w.reshape(E * N, K), spec, origin=w_origin,
@@ -382,10 +452,12 @@ def dgrad(dy: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recip
     if recipe.dgrad is None:
         return grouped_mm(dy, w, groups, backend=gemm_backend)
     spec, rht, dtype = _gemm_setup("dgrad", recipe, dy, N)
-    kw = dict(rht=rht, seed=seed, first_expert=first_expert, experts=E, dtype=dtype,
-              backend=backend)
-    qdy = _gemm_operand("dgrad", "dy", dy, spec, origin=dy_origin,
-                        starts=groups.padded_starts, **kw)
+    kw = dict(
+        rht=rht, seed=seed, first_expert=first_expert, experts=E, dtype=dtype, backend=backend
+    )
+    qdy = _gemm_operand(
+        "dgrad", "dy", dy, spec, origin=dy_origin, starts=groups.padded_starts, **kw
+    )
     # the stack [E*N, K] quantized along N: its transpose in the kernels' column layout
     if qw is None:
         qw = _gemm_operand("dgrad", "w", w.reshape(E * N, K), spec, origin=w_origin,
@@ -405,8 +477,15 @@ def wgrad(dy: torch.Tensor, x: torch.Tensor, groups: ExpertGroups, recipe: Recip
         return grouped_mm(dy.t(), x, groups, backend=gemm_backend)
     E = len(groups.counts)
     spec, rht, dtype = _gemm_setup("wgrad", recipe, dy)
-    kw = dict(rht=rht, seed=seed, first_expert=first_expert, experts=E, dtype=dtype,
-              backend=backend, starts=groups.padded_starts)
+    kw = dict(
+        rht=rht,
+        seed=seed,
+        first_expert=first_expert,
+        experts=E,
+        dtype=dtype,
+        backend=backend,
+        starts=groups.padded_starts,
+    )
     qdy = _gemm_operand("wgrad", "dy", dy, spec, origin=dy_origin, **kw)
     qx = _gemm_operand("wgrad", "x", x, spec, origin=x_origin, **kw)
     return grouped_mm(qdy.t(), qx, groups, backend=gemm_backend).to(dy.dtype)
@@ -432,29 +511,92 @@ def weight_operand(gemm: str, w: torch.Tensor, recipe: Recipe, *, origin=(0, 0),
 # (expert_seed) and the same origins: the definition the grouped GEMMs implement.
 
 
-def reference_fprop(x, w, groups: ExpertGroups, recipe: Recipe, *, seed: int = 0,
-                    first_expert: int = 0, x_origin=(0, 0), w_origin=(0, 0),
-                    backend: str = "auto") -> torch.Tensor:
-    return _cat([ops.fprop(x[s:t], w[e], recipe, seed=expert_seed(seed, first_expert + e),
-                           backend=backend, x_origin=x_origin, w_origin=w_origin)
-                 for e, (s, t) in enumerate(_token_rows(groups))], x, w.shape[1])
+def reference_fprop(
+    x,
+    w,
+    groups: ExpertGroups,
+    recipe: Recipe,
+    *,
+    seed: int = 0,
+    first_expert: int = 0,
+    x_origin=(0, 0),
+    w_origin=(0, 0),
+    backend: str = "auto",
+) -> torch.Tensor:
+    return _cat(
+        [
+            ops.fprop(
+                x[s:t],
+                w[e],
+                recipe,
+                seed=expert_seed(seed, first_expert + e),
+                backend=backend,
+                x_origin=x_origin,
+                w_origin=w_origin,
+            )
+            for e, (s, t) in enumerate(_token_rows(groups))
+        ],
+        x,
+        w.shape[1],
+    )
 
 
-def reference_dgrad(dy, w, groups: ExpertGroups, recipe: Recipe, *, seed: int = 0,
-                    first_expert: int = 0, dy_origin=(0, 0), w_origin=(0, 0),
-                    backend: str = "auto") -> torch.Tensor:
-    return _cat([ops.dgrad(dy[s:t], w[e], recipe, seed=expert_seed(seed, first_expert + e),
-                           backend=backend, dy_origin=dy_origin, w_origin=w_origin)
-                 for e, (s, t) in enumerate(_token_rows(groups))], dy, w.shape[2])
+def reference_dgrad(
+    dy,
+    w,
+    groups: ExpertGroups,
+    recipe: Recipe,
+    *,
+    seed: int = 0,
+    first_expert: int = 0,
+    dy_origin=(0, 0),
+    w_origin=(0, 0),
+    backend: str = "auto",
+) -> torch.Tensor:
+    return _cat(
+        [
+            ops.dgrad(
+                dy[s:t],
+                w[e],
+                recipe,
+                seed=expert_seed(seed, first_expert + e),
+                backend=backend,
+                dy_origin=dy_origin,
+                w_origin=w_origin,
+            )
+            for e, (s, t) in enumerate(_token_rows(groups))
+        ],
+        dy,
+        w.shape[2],
+    )
 
 
-def reference_wgrad(dy, x, groups: ExpertGroups, recipe: Recipe, *, seed: int = 0,
-                    first_expert: int = 0, dy_origin=(0, 0), x_origin=(0, 0),
-                    backend: str = "auto") -> torch.Tensor:
-    return torch.stack([ops.wgrad(dy[s:t], x[s:t], recipe,
-                                  seed=expert_seed(seed, first_expert + e), backend=backend,
-                                  dy_origin=dy_origin, x_origin=x_origin)
-                        for e, (s, t) in enumerate(_token_rows(groups))])
+def reference_wgrad(
+    dy,
+    x,
+    groups: ExpertGroups,
+    recipe: Recipe,
+    *,
+    seed: int = 0,
+    first_expert: int = 0,
+    dy_origin=(0, 0),
+    x_origin=(0, 0),
+    backend: str = "auto",
+) -> torch.Tensor:
+    return torch.stack(
+        [
+            ops.wgrad(
+                dy[s:t],
+                x[s:t],
+                recipe,
+                seed=expert_seed(seed, first_expert + e),
+                backend=backend,
+                dy_origin=dy_origin,
+                x_origin=x_origin,
+            )
+            for e, (s, t) in enumerate(_token_rows(groups))
+        ]
+    )
 
 
 def _cat(parts: list, like: torch.Tensor, cols: int) -> torch.Tensor:
@@ -466,11 +608,21 @@ def _cat(parts: list, like: torch.Tensor, cols: int) -> torch.Tensor:
 
 class _GroupedLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, groups: ExpertGroups, recipe: Recipe, seed: int,
-                first_expert: int, backend: str):
+    def forward(
+        ctx,
+        x,
+        weight,
+        bias,
+        groups: ExpertGroups,
+        recipe: Recipe,
+        seed: int,
+        first_expert: int,
+        backend: str,
+    ):
         xp = groups.pad(x)
-        y = groups.unpad(fprop(xp, weight, groups, recipe, seed=seed,
-                               first_expert=first_expert, backend=backend))
+        y = groups.unpad(
+            fprop(xp, weight, groups, recipe, seed=seed, first_expert=first_expert, backend=backend)
+        )
         if bias is not None:
             y = y + bias.index_select(0, groups.token_experts(x.device)).to(y.dtype)
         ctx.save_for_backward(xp, weight)
@@ -498,13 +650,24 @@ class _GroupedLinear(torch.autograd.Function):
 
 def per_expert_sum(t: torch.Tensor, groups: ExpertGroups) -> torch.Tensor:
     """[M, N] (unpadded) -> [E, N]: the sum of each expert's rows (bias gradients)."""
-    return t.new_zeros(len(groups.counts), t.shape[1], dtype=torch.float32).index_add_(
-        0, groups.token_experts(t.device), t.float()).to(t.dtype)
+    return (
+        t.new_zeros(len(groups.counts), t.shape[1], dtype=torch.float32)
+        .index_add_(0, groups.token_experts(t.device), t.float())
+        .to(t.dtype)
+    )
 
 
-def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   tokens_per_expert, recipe: Recipe, *, seed: int | None = None,
-                   first_expert: int = 0, backend: str = "auto") -> torch.Tensor:
+def grouped_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    tokens_per_expert,
+    recipe: Recipe,
+    *,
+    seed: int | None = None,
+    first_expert: int = 0,
+    backend: str = "auto",
+) -> torch.Tensor:
     """y = x_e W_e^T (+ b_e) for the tokens of each expert, all GEMMs grouped.
 
     x: [M, K], rows sorted by expert; weight: [E, N, K]; bias: [E, N] or None;
@@ -515,11 +678,15 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         raise TypeError(f"recipe must be a Recipe (see get_recipe), got {type(recipe).__name__}")
     counts = tuple(int(c) for c in tokens_per_expert)
     if weight.dim() != 3 or len(counts) != weight.shape[0]:
-        raise ValueError(f"weight must be [experts, out, in] with one token count per expert, "
-                         f"got weight {tuple(weight.shape)} and {len(counts)} counts")
+        raise ValueError(
+            f"weight must be [experts, out, in] with one token count per expert, "
+            f"got weight {tuple(weight.shape)} and {len(counts)} counts"
+        )
     if x.dim() != 2 or x.shape[1] != weight.shape[2] or sum(counts) != x.shape[0]:
-        raise ValueError(f"x must be [tokens, {weight.shape[2]}] with tokens = sum of the "
-                         f"counts ({sum(counts)}), got {tuple(x.shape)}")
+        raise ValueError(
+            f"x must be [tokens, {weight.shape[2]}] with tokens = sum of the "
+            f"counts ({sum(counts)}), got {tuple(x.shape)}"
+        )
     if seed is None:
         seed = int(torch.randint(0, 2**62, ()).item()) if recipe.uses_sr else 0
     seed, first_expert = check_seed(seed), check_int(first_expert, "first_expert", 0)

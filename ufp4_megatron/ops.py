@@ -20,6 +20,7 @@ Origins are each operand's (row, column) offset in the full tensor, natural layo
 tokens x N, x: tokens x K, w: N x K): a tensor-parallel shard passes its offset and gets the
 stochastic-rounding bits of the unsharded tensor.
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,8 +47,10 @@ def _gemm_plan(spec: GemmSpec, gemm: str, rht_seed: int, reduction: int, dtype: 
     the common padded length and the operands' dtype (fp32 for rotated fp16: a rotated block
     can exceed fp16's range)."""
     rht = get_rht(spec.rht, rht_seed) if spec.rht else None
-    length = max(padded_length(reduction, op.block if op else 1, rht)
-                 for op in (getattr(spec, name) for name in OPERANDS[gemm]))
+    length = max(
+        padded_length(reduction, op.block if op else 1, rht)
+        for op in (getattr(spec, name) for name in OPERANDS[gemm])
+    )
     return rht, length, rotated_dtype(dtype) if rht is not None else dtype
 
 
@@ -234,8 +237,9 @@ def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: Recipe, *, seed=0,
     x = x.to(dy.dtype)
     if recipe.wgrad is None:
         return dy.t() @ x
-    qdy, qx = _gemm_operands("wgrad", recipe, (dy, x), (dy_origin, x_origin), seed=seed,
-                             backend=backend)
+    qdy, qx = _gemm_operands(
+        "wgrad", recipe, (dy, x), (dy_origin, x_origin), seed=seed, backend=backend
+    )
     return (qdy.t() @ qx).to(dy.dtype)
 
 
@@ -268,9 +272,15 @@ class _QuantizedLinear(torch.autograd.Function):
         return dx, dw, db, None, None, None
 
 
-def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                     recipe: Recipe, *, seed: int | None = None,
-                     backend: str = "auto") -> torch.Tensor:
+def quantized_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    recipe: Recipe,
+    *,
+    seed: int | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
     """y = x W^T + b with the recipe's fake-quantized GEMMs in forward and backward.
 
     x: [..., K]; weight: [N, K]; bias: [N] or None; floating-point tensors (weight and bias
@@ -297,13 +307,17 @@ def _check_linear_args(x, weight, bias) -> None:
         if t is not None or name != "bias":
             check_float_tensor(t, name, "quantized_linear")
     if weight.dim() != 2 or x.dim() < 1:
-        raise ValueError(f"quantized_linear takes x [..., in_features] and weight "
-                         f"[out_features, in_features], got x {tuple(x.shape)} and weight "
-                         f"{tuple(weight.shape)}")
+        raise ValueError(
+            f"quantized_linear takes x [..., in_features] and weight "
+            f"[out_features, in_features], got x {tuple(x.shape)} and weight "
+            f"{tuple(weight.shape)}"
+        )
     if x.shape[-1] != weight.shape[-1]:
-        raise ValueError(f"x has {x.shape[-1]} features but weight is {tuple(weight.shape)} "
-                         "([out_features, in_features])")
+        raise ValueError(
+            f"x has {x.shape[-1]} features but weight is {tuple(weight.shape)} "
+            "([out_features, in_features])"
+        )
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(f"bias must have shape ({weight.shape[0]},) (out_features), got "
-                         f"{tuple(bias.shape)}")
-
+        raise ValueError(
+            f"bias must have shape ({weight.shape[0]},) (out_features), got {tuple(bias.shape)}"
+        )

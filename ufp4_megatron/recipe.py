@@ -13,13 +13,15 @@ out in full (PRESETS), `get_recipe(name, **overrides)` edits one, and the paper'
 are named overrides beside them (ABLATIONS). Nothing here reads the environment or holds
 mutable state.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .numerics.checks import check_bool, check_seed
 from .numerics.grids import Grid, codebook_levels, get_grid
@@ -32,8 +34,14 @@ OPERAND_NAMES = ("x", "w", "dy")
 # (GEMM, operand) -> the dim of the operand's natural layout (x: tokens x K, w: N x K,
 # dy: tokens x N) along which that GEMM reduces: the one statement of it that ops, the
 # experts' GEMMs, the training probes and the mechanism report read (reduction_dim).
-REDUCTION_DIM = {("fprop", "x"): 1, ("fprop", "w"): 1, ("dgrad", "dy"): 1, ("dgrad", "w"): 0,
-                 ("wgrad", "dy"): 0, ("wgrad", "x"): 0}
+REDUCTION_DIM = {
+    ("fprop", "x"): 1,
+    ("fprop", "w"): 1,
+    ("dgrad", "dy"): 1,
+    ("dgrad", "w"): 0,
+    ("wgrad", "dy"): 0,
+    ("wgrad", "x"): 0,
+}
 ROUNDINGS = ("rtne", "sr")
 
 
@@ -94,10 +102,12 @@ class GemmSpec:
         for name in OPERAND_NAMES:
             op = getattr(self, name)
             if op is not None and not isinstance(op, OperandSpec):
-                raise ValueError(f"GemmSpec.{name} must be an OperandSpec or None (high "
-                                 f"precision), got {op!r}")
-        if self.rht is not None and (isinstance(self.rht, bool) or not isinstance(self.rht, int)
-                                     or self.rht not in RHT_SIZES):
+                raise ValueError(
+                    f"GemmSpec.{name} must be an OperandSpec or None (high precision), got {op!r}"
+                )
+        if self.rht is not None and (
+            isinstance(self.rht, bool) or not isinstance(self.rht, int) or self.rht not in RHT_SIZES
+        ):
             raise ValueError(f"rht size must be one of 16, 32, 64, 128 or None, got {self.rht!r}")
 
     @property
@@ -125,8 +135,10 @@ def reduction_dim(gemm: str, operand: str) -> int:
     try:
         return REDUCTION_DIM[gemm, operand]
     except KeyError:
-        raise ValueError(f"{gemm} has no operand {operand!r}; operands: "
-                         f"{', '.join(f'{g}: {OPERANDS[g]}' for g in GEMMS)}") from None
+        raise ValueError(
+            f"{gemm} has no operand {operand!r}; operands: "
+            f"{', '.join(f'{g}: {OPERANDS[g]}' for g in GEMMS)}"
+        ) from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,12 +162,15 @@ class Recipe:
             if spec is None:
                 continue
             if not isinstance(spec, GemmSpec):
-                raise ValueError(f"Recipe.{g} must be a GemmSpec or None (high precision), "
-                                 f"got {spec!r}")
+                raise ValueError(
+                    f"Recipe.{g} must be a GemmSpec or None (high precision), got {spec!r}"
+                )
             for name in OPERAND_NAMES:
                 if name not in OPERANDS[g] and getattr(spec, name) is not None:
-                    raise ValueError(f"Recipe.{g} has no operand {name!r} (its operands are "
-                                     f"{', '.join(OPERANDS[g])}); leave GemmSpec.{name} None")
+                    raise ValueError(
+                        f"Recipe.{g} has no operand {name!r} (its operands are "
+                        f"{', '.join(OPERANDS[g])}); leave GemmSpec.{name} None"
+                    )
         check_seed(self.rht_seed, "rht_seed")
 
     @property
@@ -216,61 +231,79 @@ BF16 = Recipe(name="bf16", fprop=None, dgrad=None, wgrad=None, rht_seed=0)
 # SR on dY.
 _E2M1 = OperandSpec(grid="e2m1", block=16, scale="fp32", rounding="rtne")
 _E2M1_SR = OperandSpec(grid="e2m1", block=16, scale="fp32", rounding="sr")
-E2M1 = Recipe(name="e2m1", rht_seed=0,
-              fprop=GemmSpec(x=_E2M1, w=_E2M1, rht=None),
-              dgrad=GemmSpec(dy=_E2M1_SR, w=_E2M1, rht=None),
-              wgrad=GemmSpec(dy=_E2M1_SR, x=_E2M1, rht=16))
+E2M1 = Recipe(
+    name="e2m1",
+    rht_seed=0,
+    fprop=GemmSpec(x=_E2M1, w=_E2M1, rht=None),
+    dgrad=GemmSpec(dy=_E2M1_SR, w=_E2M1, rht=None),
+    wgrad=GemmSpec(dy=_E2M1_SR, x=_E2M1, rht=16),
+)
 
 # UFP4 (Table 1): uniform E1M2 grid, 1x16 blocks, FP32 scales, RHT16 on all three GEMMs, SR
 # on dY only.
 _E1M2 = OperandSpec(grid="e1m2", block=16, scale="fp32", rounding="rtne")
 _E1M2_SR = OperandSpec(grid="e1m2", block=16, scale="fp32", rounding="sr")
-UFP4 = Recipe(name="ufp4", rht_seed=0,
-              fprop=GemmSpec(x=_E1M2, w=_E1M2, rht=16),
-              dgrad=GemmSpec(dy=_E1M2_SR, w=_E1M2, rht=16),
-              wgrad=GemmSpec(dy=_E1M2_SR, x=_E1M2, rht=16))
+UFP4 = Recipe(
+    name="ufp4",
+    rht_seed=0,
+    fprop=GemmSpec(x=_E1M2, w=_E1M2, rht=16),
+    dgrad=GemmSpec(dy=_E1M2_SR, w=_E1M2, rht=16),
+    wgrad=GemmSpec(dy=_E1M2_SR, x=_E1M2, rht=16),
+)
 
 # UFP4 on the symmetric INT4 grid {0..7}: the same grid as E1M2 up to scale (paper).
 _INT4 = OperandSpec(grid="int4", block=16, scale="fp32", rounding="rtne")
 _INT4_SR = OperandSpec(grid="int4", block=16, scale="fp32", rounding="sr")
-UFP4_INT4 = Recipe(name="ufp4_int4", rht_seed=0,
-                   fprop=GemmSpec(x=_INT4, w=_INT4, rht=16),
-                   dgrad=GemmSpec(dy=_INT4_SR, w=_INT4, rht=16),
-                   wgrad=GemmSpec(dy=_INT4_SR, x=_INT4, rht=16))
+UFP4_INT4 = Recipe(
+    name="ufp4_int4",
+    rht_seed=0,
+    fprop=GemmSpec(x=_INT4, w=_INT4, rht=16),
+    dgrad=GemmSpec(dy=_INT4_SR, w=_INT4, rht=16),
+    wgrad=GemmSpec(dy=_INT4_SR, x=_INT4, rht=16),
+)
 
 # NVIDIA NVFP4 (arXiv 2509.25149): E2M1 with an E4M3 block scale x FP32 tensor scale, 16x16
 # weight tiles (one scale serves fprop and dgrad), RHT16 on wgrad only, SR on gradients.
 _NV = OperandSpec(grid="e2m1", block=16, scale="e4m3", rounding="rtne")
 _NV_SR = OperandSpec(grid="e2m1", block=16, scale="e4m3", rounding="sr")
 _NV_W = OperandSpec(grid="e2m1", block=16, block_2d=True, scale="e4m3", rounding="rtne")
-NVFP4 = Recipe(name="nvfp4", rht_seed=0,
-               fprop=GemmSpec(x=_NV, w=_NV_W, rht=None),
-               dgrad=GemmSpec(dy=_NV_SR, w=_NV_W, rht=None),
-               wgrad=GemmSpec(dy=_NV_SR, x=_NV, rht=16))
+NVFP4 = Recipe(
+    name="nvfp4",
+    rht_seed=0,
+    fprop=GemmSpec(x=_NV, w=_NV_W, rht=None),
+    dgrad=GemmSpec(dy=_NV_SR, w=_NV_W, rht=None),
+    wgrad=GemmSpec(dy=_NV_SR, x=_NV, rht=16),
+)
 
 # OCP MXFP4 (decision): E2M1 with 1x32 power-of-two (E8M0) scales, in the E2M1 baseline's
 # structure (RHT16 on wgrad, SR on dY), so only the format differs from `e2m1`.
 _MX = OperandSpec(grid="e2m1", block=32, scale="e8m0", rounding="rtne")
 _MX_SR = OperandSpec(grid="e2m1", block=32, scale="e8m0", rounding="sr")
-MXFP4 = Recipe(name="mxfp4", rht_seed=0,
-               fprop=GemmSpec(x=_MX, w=_MX, rht=None),
-               dgrad=GemmSpec(dy=_MX_SR, w=_MX, rht=None),
-               wgrad=GemmSpec(dy=_MX_SR, x=_MX, rht=16))
+MXFP4 = Recipe(
+    name="mxfp4",
+    rht_seed=0,
+    fprop=GemmSpec(x=_MX, w=_MX, rht=None),
+    dgrad=GemmSpec(dy=_MX_SR, w=_MX, rht=None),
+    wgrad=GemmSpec(dy=_MX_SR, x=_MX, rht=16),
+)
 
 PRESETS: Mapping[str, Recipe] = MappingProxyType(
-    {r.name: r for r in (BF16, E2M1, UFP4, UFP4_INT4, NVFP4, MXFP4)})
+    {r.name: r for r in (BF16, E2M1, UFP4, UFP4_INT4, NVFP4, MXFP4)}
+)
 
 # The paper's ablations (Dense 1.5B, Section "Ablation"): UFP4 with the RHT on fewer GEMMs, or
 # without SR on dY. Each is a named set of get_recipe overrides of ABLATION_PRESET; a run of
 # one is named after it (`precision.name`, train/precision.py gives its command line).
 ABLATION_PRESET = "ufp4"
-ABLATIONS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
-    "ufp4_rht_none": {"rht": ()},
-    "ufp4_rht_wgrad": {"rht": ("wgrad",)},
-    "ufp4_rht_dgrad_wgrad": {"rht": ("dgrad", "wgrad")},
-    "ufp4_rht_fprop_wgrad": {"rht": ("fprop", "wgrad")},
-    "ufp4_no_sr": {"sr": ()},
-})
+ABLATIONS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "ufp4_rht_none": {"rht": ()},
+        "ufp4_rht_wgrad": {"rht": ("wgrad",)},
+        "ufp4_rht_dgrad_wgrad": {"rht": ("dgrad", "wgrad")},
+        "ufp4_rht_fprop_wgrad": {"rht": ("fprop", "wgrad")},
+        "ufp4_no_sr": {"sr": ()},
+    }
+)
 
 
 def ablation(name: str) -> Recipe:
@@ -316,7 +349,8 @@ def apply_overrides(recipe: Recipe, overrides: Mapping[str, Any]) -> Recipe:
         if head not in GEMMS:
             raise ValueError(
                 f"unknown recipe override {key!r}; valid: {', '.join(sorted(known))}, or a "
-                f"dotted path such as 'fprop.x.grid', 'wgrad.rht', 'dgrad' (GEMMs: {GEMMS})")
+                f"dotted path such as 'fprop.x.grid', 'wgrad.rht', 'dgrad' (GEMMs: {GEMMS})"
+            )
 
     gemms = {g: getattr(recipe, g) for g in GEMMS}
     top = {k: shorthand[k] for k in ("rht_seed", "name") if k in shorthand}
@@ -353,17 +387,22 @@ def apply_overrides(recipe: Recipe, overrides: Mapping[str, Any]) -> Recipe:
             gemms[g] = _replaced(key, value, spec, rht=_rht_for(g, value, spec.rht or 16))
             continue
         if len(parts) != 3 or parts[1] not in OPERANDS[g]:
-            raise ValueError(f"override {key!r}: expected '{g}.<operand>.<field>' with operand "
-                             f"in {OPERANDS[g]} or '{g}.rht'")
+            raise ValueError(
+                f"override {key!r}: expected '{g}.<operand>.<field>' with operand "
+                f"in {OPERANDS[g]} or '{g}.rht'"
+            )
         slot = parts[1]
         op = getattr(spec, slot)
         if op is None:
             raise ValueError(f"override {key!r}: operand {parts[1]!r} of {g} is not quantized")
         fields = {f.name for f in dataclasses.fields(OperandSpec)}
         if parts[2] not in fields:
-            raise ValueError(f"override {key!r}: unknown field {parts[2]!r}; valid: {sorted(fields)}")
-        gemms[g] = dataclasses.replace(spec, **{slot: _replaced(key, value, op,
-                                                               **{parts[2]: value})})
+            raise ValueError(
+                f"override {key!r}: unknown field {parts[2]!r}; valid: {sorted(fields)}"
+            )
+        gemms[g] = dataclasses.replace(
+            spec, **{slot: _replaced(key, value, op, **{parts[2]: value})}
+        )
     return dataclasses.replace(recipe, **gemms, **top)
 
 
@@ -380,8 +419,11 @@ def _names(value: Iterable[str] | str | bool) -> set[str]:
         return {"x", "w", "dy"}
     if value is False or value is None:
         return set()
-    names = {value} if isinstance(value, str) else _as_set(
-        value, "sr", "True, False or a tuple of operand names (x, w, dy)")
+    names = (
+        {value}
+        if isinstance(value, str)
+        else _as_set(value, "sr", "True, False or a tuple of operand names (x, w, dy)")
+    )
     bad = names - {"x", "w", "dy"}
     if bad:
         raise ValueError(f"unknown operand(s) {sorted(bad)}; valid: x, w, dy")
@@ -395,8 +437,11 @@ def _rht_for(gemm: str, value, size: int) -> int | None:
         return size
     if isinstance(value, int):
         return value
-    names = {value} if isinstance(value, str) else _as_set(
-        value, "rht", "True, False, a size (16, 32, 64, 128) or a tuple of GEMM names")
+    names = (
+        {value}
+        if isinstance(value, str)
+        else _as_set(value, "rht", "True, False, a size (16, 32, 64, 128) or a tuple of GEMM names")
+    )
     bad = names - set(GEMMS)
     if bad:
         raise ValueError(f"unknown GEMM(s) {sorted(bad)} in rht; valid: {', '.join(GEMMS)}")

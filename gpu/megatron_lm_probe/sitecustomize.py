@@ -11,6 +11,7 @@ LayerNormMLP); each torchrun worker appends one JSON line to UFP4_PROBE_OUT when
 A TE linear counts as UFP4 (te_ufp4, te_recipes) when its forward and backward quantizers
 include ufp4_megatron.te layout quantizers that quantized at least one tensor each.
 """
+
 import atexit
 import json
 import os
@@ -18,11 +19,19 @@ import os
 if os.environ.get("UFP4_PROBE_OUT") and os.environ.get("RANK") is not None:
     import torch
 
-    _BASES = {("megatron.core.tensor_parallel.layers", "ColumnParallelLinear"),
-              ("megatron.core.tensor_parallel.layers", "RowParallelLinear")}
-    _TE = {(f"transformer_engine.pytorch.module.{m}", c) for m, c in (
-        ("linear", "Linear"), ("layernorm_linear", "LayerNormLinear"),
-        ("grouped_linear", "GroupedLinear"), ("layernorm_mlp", "LayerNormMLP"))}
+    _BASES = {
+        ("megatron.core.tensor_parallel.layers", "ColumnParallelLinear"),
+        ("megatron.core.tensor_parallel.layers", "RowParallelLinear"),
+    }
+    _TE = {
+        (f"transformer_engine.pytorch.module.{m}", c)
+        for m, c in (
+            ("linear", "Linear"),
+            ("layernorm_linear", "LayerNormLinear"),
+            ("grouped_linear", "GroupedLinear"),
+            ("layernorm_mlp", "LayerNormMLP"),
+        )
+    }
     _seen = {}
     _te = {}  # id -> module, kept alive to the end: its quantizers are read at exit
 
@@ -34,8 +43,10 @@ if os.environ.get("UFP4_PROBE_OUT") and os.environ.get("RANK") is not None:
             _te[id(submodule)] = submodule
         elif any(key in _BASES for key in mro):
             binding = getattr(submodule, "ufp4", None)
-            _seen[id(submodule)] = (type(submodule).__name__,
-                                    binding.recipe.name if binding is not None else None)
+            _seen[id(submodule)] = (
+                type(submodule).__name__,
+                binding.recipe.name if binding is not None else None,
+            )
         return None
 
     torch.nn.modules.module.register_module_module_registration_hook(_record)
@@ -52,10 +63,16 @@ if os.environ.get("UFP4_PROBE_OUT") and os.environ.get("RANK") is not None:
             recipe = _te_recipe(te_module)
             if recipe is not None:
                 te_recipes[recipe] = te_recipes.get(recipe, 0) + 1
-        line = {"rank": int(os.environ["RANK"]), "linears": len(_seen),
-                "ufp4": sum(recipes.values()), "classes": classes, "recipes": recipes,
-                "te_linears": len(_te), "te_ufp4": sum(te_recipes.values()),
-                "te_recipes": te_recipes}
+        line = {
+            "rank": int(os.environ["RANK"]),
+            "linears": len(_seen),
+            "ufp4": sum(recipes.values()),
+            "classes": classes,
+            "recipes": recipes,
+            "te_linears": len(_te),
+            "te_ufp4": sum(te_recipes.values()),
+            "te_recipes": te_recipes,
+        }
         with open(os.environ["UFP4_PROBE_OUT"], "a") as f:
             f.write(json.dumps(line) + "\n")
 
@@ -65,8 +82,10 @@ if os.environ.get("UFP4_PROBE_OUT") and os.environ.get("RANK") is not None:
         found = {}
         for key in ("scaling_fwd", "scaling_bwd"):
             for q in getattr(module, "quantizers", {}).get(key, []) or []:
-                for sub in (getattr(q, "rowwise_quantizer", None),
-                            getattr(q, "columnwise_quantizer", None)):
+                for sub in (
+                    getattr(q, "rowwise_quantizer", None),
+                    getattr(q, "columnwise_quantizer", None),
+                ):
                     if type(sub).__name__ == "UFP4LayoutQuantizer" and sub.stats.calls:
                         found[key] = sub.plan.recipe.name
         return found.get("scaling_fwd") if len(found) == 2 else None

@@ -1,5 +1,6 @@
 """Real tokenizer files made offline for the data tests: a byte-level BPE (HuggingFace
 `tokenizers`), a tiktoken ranks file in Megatron's format, a sentencepiece model."""
+
 from __future__ import annotations
 
 import base64
@@ -31,9 +32,18 @@ def tiktoken_ranks(tmp_path_factory):
     merges = [b"th", b"he", b"the", b" t", b" the", b"in", b"ing", b"er", b"an", b"on"]
     tokens = [bytes([i]) for i in range(256)] + merges
     path = tmp_path_factory.mktemp("tiktoken") / "ranks.json"
-    path.write_text(json.dumps([
-        {"rank": i, "token_bytes": base64.b64encode(t).decode(), "token_str": t.decode("latin-1")}
-        for i, t in enumerate(tokens)]))
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "rank": i,
+                    "token_bytes": base64.b64encode(t).decode(),
+                    "token_str": t.decode("latin-1"),
+                }
+                for i, t in enumerate(tokens)
+            ]
+        )
+    )
     return path
 
 
@@ -44,6 +54,11 @@ def sentencepiece_model(tmp_path_factory, corpus_texts):
     prefix = tmp_path_factory.mktemp("spm") / "sp"
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(line for t in corpus_texts for line in t.splitlines() if line),
-        model_prefix=str(prefix), vocab_size=300, model_type="bpe", pad_id=3,
-        minloglevel=2, num_threads=1)
+        model_prefix=str(prefix),
+        vocab_size=300,
+        model_type="bpe",
+        pad_id=3,
+        minloglevel=2,
+        num_threads=1,
+    )
     return prefix.with_suffix(".model")

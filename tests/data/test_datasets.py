@@ -15,6 +15,7 @@ is what gets masked; the index cache follows the files; bad data is refused at s
                                                   tokenizer dir without tokenizer.json: each a
                                                   DataError (one `error:` line, exit 2)
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,12 @@ SEQ = 16
 
 
 def _data(tmp_path, prefix=None, **kw) -> DataConfig:
-    return DataConfig(prefixes=[str(prefix)] if prefix else [], split="50,50,0",
-                      cache_dir=str(tmp_path / "cache"), **kw)
+    return DataConfig(
+        prefixes=[str(prefix)] if prefix else [],
+        split="50,50,0",
+        cache_dir=str(tmp_path / "cache"),
+        **kw,
+    )
 
 
 def _build(data, vocab_size=384, n=8):
@@ -67,7 +72,7 @@ def test_byte_tokenizer_masks_its_pad(tmp_path):
     write_indexed([["x" * 40]] * 8, prefix, build_tokenizer(TokenizerConfig()))
     raw = bytearray(Path(f"{prefix}.bin").read_bytes())
     for pos in range(0, len(raw), 14):  # every 7th token becomes the pad id (uint16)
-        raw[pos:pos + 2] = (257).to_bytes(2, "little")
+        raw[pos : pos + 2] = (257).to_bytes(2, "little")
     Path(f"{prefix}.bin").write_bytes(bytes(raw))
     train, _ = _build(_data(tmp_path, prefix))
     for i in range(len(train)):
@@ -98,8 +103,11 @@ def test_truncated_or_corrupt_files_name_the_file(tmp_path):
     bin_path = Path(f"{prefix}.bin")
     whole = bin_path.read_bytes()
     bin_path.write_bytes(whole[:100])
-    with pytest.raises(checks.DataError, match=rf"{prefix}\.bin is truncated: 100 bytes, "
-                                               rf"{prefix}\.idx expects {len(whole)}"):
+    with pytest.raises(
+        checks.DataError,
+        match=rf"{prefix}\.bin is truncated: 100 bytes, "
+        rf"{prefix}\.idx expects {len(whole)}",
+    ):
         _build(_data(tmp_path, prefix))
     bin_path.write_bytes(whole + b"\0\0")
     with pytest.raises(checks.DataError, match="longer than its index says"):
@@ -114,20 +122,34 @@ def test_truncated_or_corrupt_files_name_the_file(tmp_path):
 
 def test_vocab_checks_name_both_numbers_and_the_fix(tmp_path):
     prefix = _null_data(tmp_path, [[50256, 7, 300] * 20] * 4)
-    with pytest.raises(checks.DataError, match=(
+    with pytest.raises(
+        checks.DataError,
+        match=(
             rf"{prefix}\.bin holds token id 50256, but the tokenizer \(data\.tokenizer: byte-level\) "
-            r"has 258 ids: the data was made with another tokenizer")):
+            r"has 258 ids: the data was made with another tokenizer"
+        ),
+    ):
         _build(_data(tmp_path, prefix))  # Megatron-LM GPT-2 data with the default tokenizer
     null = TokenizerConfig(type="null-text", vocab_size=50257)
-    with pytest.raises(checks.DataError, match=(
+    with pytest.raises(
+        checks.DataError,
+        match=(
             r"model\.vocab_size=384 is smaller than the tokenizer's 50257 ids \(data\.tokenizer: "
-            r"null-text, vocab_size=50257\); set model\.vocab_size=50304")):
+            r"null-text, vocab_size=50257\); set model\.vocab_size=50304"
+        ),
+    ):
         _build(_data(tmp_path, prefix, tokenizer=null))
     _build(_data(tmp_path, prefix, tokenizer=null), vocab_size=50304)  # the fix works
-    with pytest.raises(checks.DataError, match="model.vocab_size=384 is smaller than the "
-                                               "tokenizer's 8192 ids"):
-        _build(_data(tmp_path, corpus_bpe_vocab=8192,  # refused before training anything
-                     tokenizer=TokenizerConfig(type="huggingface")))
+    with pytest.raises(
+        checks.DataError, match="model.vocab_size=384 is smaller than the tokenizer's 8192 ids"
+    ):
+        _build(
+            _data(
+                tmp_path,
+                corpus_bpe_vocab=8192,  # refused before training anything
+                tokenizer=TokenizerConfig(type="huggingface"),
+            )
+        )
     assert not list((tmp_path / "cache").glob("stdlib-bpe*"))
 
 
@@ -161,27 +183,45 @@ print(train[0]["tokens"].tolist())
 
 def test_embedded_bpe_is_deterministic_and_race_safe(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    jobs = [subprocess.Popen([sys.executable, "-c", _BPE_JOB, str(tmp_path / "shared")],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-            for _ in range(2)]
+    jobs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _BPE_JOB, str(tmp_path / "shared")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(2)
+    ]
     outs = [j.communicate(timeout=300) for j in jobs]
     assert all(j.returncode == 0 for j in jobs), outs[0][1][-2000:]
-    solo = DataConfig(cache_dir=str(tmp_path / "solo"), corpus_max_bytes=400_000,
-                      corpus_bpe_vocab=600, split="50,50,0",
-                      tokenizer=TokenizerConfig(type="huggingface"))
+    solo = DataConfig(
+        cache_dir=str(tmp_path / "solo"),
+        corpus_max_bytes=400_000,
+        corpus_bpe_vocab=600,
+        split="50,50,0",
+        tokenizer=TokenizerConfig(type="huggingface"),
+    )
     first = build_datasets(solo, seed=1, seq_len=16, vocab_size=640, n_train=4, n_valid=4)[0][0]
     assert outs[0][0] == outs[1][0] == f"{first['tokens'].tolist()}\n"  # the same everywhere
     names = sorted(p.name for p in (tmp_path / "shared").iterdir())
-    assert names == ["index", "stdlib-bpe600-400000.bin", "stdlib-bpe600-400000.idx",
-                     "stdlib-bpe600-400000.tokenizer.json"]  # no temporary file left
+    assert names == [
+        "index",
+        "stdlib-bpe600-400000.bin",
+        "stdlib-bpe600-400000.idx",
+        "stdlib-bpe600-400000.tokenizer.json",
+    ]  # no temporary file left
     for name in names[1:]:
         assert (tmp_path / "shared" / name).read_bytes() == (tmp_path / "solo" / name).read_bytes()
 
 
 def test_embedded_bpe_config_errors(tmp_path):
     hf = TokenizerConfig(type="huggingface")
-    with pytest.raises(checks.DataError, match="data.corpus_bpe_vocab=600 trains a BPE on the "
-                                         "embedded corpus, but data.prefixes is set"):
+    with pytest.raises(
+        checks.DataError,
+        match="data.corpus_bpe_vocab=600 trains a BPE on the "
+        "embedded corpus, but data.prefixes is set",
+    ):
         _build(_data(tmp_path, tmp_path / "x", corpus_bpe_vocab=600, tokenizer=hf), 640)
     with pytest.raises(checks.DataError, match="brings its own tokenizer"):
         _build(_data(tmp_path, corpus_bpe_vocab=600, tokenizer=TokenizerConfig()), 640)
@@ -199,10 +239,13 @@ def test_valid_seed_fixes_the_validation_samples_across_train_seeds(tmp_path):
 
     def build(seed, valid_seed):
         data = _data(tmp_path, prefix, valid_seed=valid_seed)
-        train, valid = build_datasets(data, seed=seed, seq_len=SEQ, vocab_size=384, n_train=8,
-                                      n_valid=8)
-        return ([train[i]["tokens"].tolist() for i in range(8)],
-                [valid[i]["tokens"].tolist() for i in range(8)])
+        train, valid = build_datasets(
+            data, seed=seed, seq_len=SEQ, vocab_size=384, n_train=8, n_valid=8
+        )
+        return (
+            [train[i]["tokens"].tolist() for i in range(8)],
+            [valid[i]["tokens"].tolist() for i in range(8)],
+        )
 
     (t1, v1), (t2, v2) = build(1, 99), build(2, 99)
     assert v1 == v2 and t1 != t2
@@ -215,21 +258,30 @@ def test_what_the_data_refuses_is_a_data_error(tmp_path):
     prefix = tmp_path / "d" / "t"
     prefix.parent.mkdir()
     write_indexed([["hello world " * 40]] * 30, prefix, build_tokenizer(TokenizerConfig()))
-    with pytest.raises(checks.DataError, match=r"d/\* is a pattern, and prefixes are not "
-                                               r"expanded: list each file prefix"):
+    with pytest.raises(
+        checks.DataError,
+        match=r"d/\* is a pattern, and prefixes are not "
+        r"expanded: list each file prefix",
+    ):
         _build(_data(tmp_path, tmp_path / "d" / "*"))
     with pytest.raises(checks.DataError, match=r"d is a directory: give the prefix of the files"):
         _build(_data(tmp_path, tmp_path / "d"))
     one_doc = tmp_path / "one"
     write_indexed([["a single document"]], one_doc, build_tokenizer(TokenizerConfig()))
-    with pytest.raises(checks.DataError, match=r"data.split='50,50,0' leaves the train split of "
-                                               r".*one \(1 documents\) empty"):
+    with pytest.raises(
+        checks.DataError,
+        match=r"data.split='50,50,0' leaves the train split of "
+        r".*one \(1 documents\) empty",
+    ):
         _build(_data(tmp_path, one_doc))
     # 2**31 - 1 steps of 8 sequences of 16 tokens from 15 kB: terabytes of Megatron's index
-    with pytest.raises(checks.DataError, match=r"17,179,869,176 training samples \(train.steps x "
-                                               r"train.global_batch\) of 16 tokens .* would take "
-                                               r"about [\d,]+ GiB of memory, more than this "
-                                               r"machine's"):
+    with pytest.raises(
+        checks.DataError,
+        match=r"17,179,869,176 training samples \(train.steps x "
+        r"train.global_batch\) of 16 tokens .* would take "
+        r"about [\d,]+ GiB of memory, more than this "
+        r"machine's",
+    ):
         _build(_data(tmp_path, prefix), n=(2**31 - 1) * 8)
     no_json = tmp_path / "tokdir"
     no_json.mkdir()

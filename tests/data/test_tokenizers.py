@@ -9,6 +9,7 @@ EOD/pad ids; bad configs fail with one line naming the key and the fix.
     test_tiktoken_and_sentencepiece_through_megatron  megatron-core's own classes, their ids
     test_bad_tokenizer_configs_name_the_fix           unknown type, missing files, hub names...
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,10 @@ import shutil
 import pytest
 
 from ufp4_megatron.data.tokenizers import (
-    TokenizerConfig, TokenizerError, build_tokenizer, pad_id,
+    TokenizerConfig,
+    TokenizerError,
+    build_tokenizer,
+    pad_id,
 )
 
 TEXT = "def naïve(x):\n    return x ∑ 1  # the end\n"
@@ -51,8 +55,9 @@ def test_huggingface_tokenizer_config_names_eos_and_pad(bpe_json, tmp_path):
     shutil.copy(bpe_json, tmp_path / "tokenizer.json")
     vocab = json.loads(bpe_json.read_text())["model"]["vocab"]
     eos, pad = "Ġthe", "Ġreturn"  # any two tokens of the vocabulary
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-        {"eos_token": {"content": eos}, "pad_token": pad}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": {"content": eos}, "pad_token": pad})
+    )
     tok = build_tokenizer(TokenizerConfig(type="huggingface", path=str(tmp_path)))
     assert (tok.eod, pad_id(tok)) == (vocab[eos], vocab[pad])
     tok = build_tokenizer(TokenizerConfig(type="huggingface", path=str(tmp_path), eod_id=7))
@@ -83,15 +88,18 @@ def test_tiktoken_and_sentencepiece_through_megatron(tiktoken_ranks, sentencepie
     assert sp.detokenize(sp.tokenize("import os")) == "import os"
 
 
-@pytest.mark.parametrize("cfg, message", [
-    (dict(type="gpt2"), "data.tokenizer.type='gpt2'; valid: byte-level, null-text"),
-    (dict(type="null-text"), "needs data.tokenizer.vocab_size"),
-    (dict(type="null-text", vocab_size=10, eod_id=10), "eod_id=10 is outside 0..9"),
-    (dict(type="huggingface"), "needs data.tokenizer.path"),
-    (dict(type="huggingface", path="gpt2"), "nothing is downloaded"),
-    (dict(type="sentencepiece", path="/no/such.model"), "/no/such.model does not exist"),
-    (dict(type="tiktoken", path="{ranks}", eod_id=3), "eod_id applies to types null-text and"),
-])
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        (dict(type="gpt2"), "data.tokenizer.type='gpt2'; valid: byte-level, null-text"),
+        (dict(type="null-text"), "needs data.tokenizer.vocab_size"),
+        (dict(type="null-text", vocab_size=10, eod_id=10), "eod_id=10 is outside 0..9"),
+        (dict(type="huggingface"), "needs data.tokenizer.path"),
+        (dict(type="huggingface", path="gpt2"), "nothing is downloaded"),
+        (dict(type="sentencepiece", path="/no/such.model"), "/no/such.model does not exist"),
+        (dict(type="tiktoken", path="{ranks}", eod_id=3), "eod_id applies to types null-text and"),
+    ],
+)
 def test_bad_tokenizer_configs_name_the_fix(cfg, message, tiktoken_ranks):
     cfg = {k: (v.format(ranks=tiktoken_ranks) if isinstance(v, str) else v) for k, v in cfg.items()}
     with pytest.raises(TokenizerError, match=message.replace("(", r"\(").replace(".", r"\.")):
@@ -125,11 +133,25 @@ def test_data_configs_compose_into_the_schema():
     with training_configs():
         byte = OmegaConf.to_object(compose("config")).data
         bpe = OmegaConf.to_object(compose("config", overrides=["data=embedded_bpe"])).data
-        tik = OmegaConf.to_object(compose("config", overrides=[
-            "data.tokenizer.type=tiktoken", "data.tokenizer.path=x.json"])).data
-        null = OmegaConf.to_object(compose("config", overrides=[  # a string, not Hydra's null
-            "data.tokenizer.type=null-text", "data.tokenizer.vocab_size=50257"])).data
+        tik = OmegaConf.to_object(
+            compose(
+                "config", overrides=["data.tokenizer.type=tiktoken", "data.tokenizer.path=x.json"]
+            )
+        ).data
+        null = OmegaConf.to_object(
+            compose(
+                "config",
+                overrides=[  # a string, not Hydra's null
+                    "data.tokenizer.type=null-text",
+                    "data.tokenizer.vocab_size=50257",
+                ],
+            )
+        ).data
     assert byte.tokenizer == TokenizerConfig() and byte.corpus_bpe_vocab == 0
-    assert (bpe.corpus_bpe_vocab, bpe.tokenizer.type, bpe.tokenizer.path) == (8192, "huggingface", None)
+    assert (bpe.corpus_bpe_vocab, bpe.tokenizer.type, bpe.tokenizer.path) == (
+        8192,
+        "huggingface",
+        None,
+    )
     assert isinstance(tik.tokenizer, TokenizerConfig) and tik.tokenizer.path == "x.json"
     assert (null.tokenizer.type, null.tokenizer.vocab_size) == ("null-text", 50257)

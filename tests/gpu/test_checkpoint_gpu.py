@@ -15,6 +15,7 @@ The runs go in parallel on the one GPU (tiny model, OMP_NUM_THREADS=1 each). Run
 (`python tests/gpu/test_checkpoint_gpu.py --out DIR`) it writes DIR/gpu_checkpoint.json and
 DIR/gpu_checkpoint.log and prints a pass/fail table last.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,21 +30,30 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-from _cli import ROOT, env, losses, train_cmd  # noqa: E402
-from _kill import TAG, kill_tagged, run_to_death  # noqa: E402
+from _cli import ROOT, env, losses, train_cmd
+from _kill import TAG, kill_tagged, run_to_death
 
-from ufp4_megatron.train import checkpoint  # noqa: E402
+from ufp4_megatron.train import checkpoint
 
 STEPS, INTERVAL, KILL_AT, TERM_AFTER = 30, 10, 20, 5
-COMMON = ["precision=ufp4", f"train.steps={STEPS}", f"checkpoint.interval={INTERVAL}",
-          "logging.wandb.mode=disabled"]
-OPTIM = {"distributed": [], "fully_reshardable": ["checkpoint.optim_fully_reshardable=true"],
-         "plain": ["parallel.distributed_optimizer=false"]}
+COMMON = [
+    "precision=ufp4",
+    f"train.steps={STEPS}",
+    f"checkpoint.interval={INTERVAL}",
+    "logging.wandb.mode=disabled",
+]
+OPTIM = {
+    "distributed": [],
+    "fully_reshardable": ["checkpoint.optim_fully_reshardable=true"],
+    "plain": ["parallel.distributed_optimizer=false"],
+}
 # case: (how it is interrupted, optimizer, unbroken run it must equal)
-CASES = {"sigkill-distributed": ("sigkill", "distributed", "distributed"),
-         "sigterm-distributed": ("sigterm", "distributed", "distributed"),
-         "sigkill-fully_reshardable": ("sigkill", "fully_reshardable", "distributed"),
-         "sigkill-plain": ("sigkill", "plain", "plain")}
+CASES = {
+    "sigkill-distributed": ("sigkill", "distributed", "distributed"),
+    "sigterm-distributed": ("sigterm", "distributed", "distributed"),
+    "sigkill-fully_reshardable": ("sigkill", "fully_reshardable", "distributed"),
+    "sigkill-plain": ("sigkill", "plain", "plain"),
+}
 
 
 def _env(tmp: Path) -> dict:
@@ -52,8 +62,9 @@ def _env(tmp: Path) -> dict:
 
 
 def _cmd(work: Path, name: str, optim: str, device: str) -> list[str]:
-    return train_cmd(work / name / "run", work / name / "data", *COMMON, *OPTIM[optim],
-                     f"train.device={device}")
+    return train_cmd(
+        work / name / "run", work / name / "data", *COMMON, *OPTIM[optim], f"train.device={device}"
+    )
 
 
 def _run(cmd, tmp: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
@@ -65,8 +76,14 @@ def _sigterm_run(cmd, tmp: Path) -> subprocess.CompletedProcess:
     """Runs cmd and sends SIGTERM once step TERM_AFTER is printed."""
     tmp.mkdir(parents=True, exist_ok=True)
     tag = f"sigterm-{time.time_ns()}"
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(tmp) | {TAG: tag}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=_env(tmp) | {TAG: tag},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
     reader.start()
@@ -104,27 +121,39 @@ def run_matrix(work: Path, log=None, device: str = "cuda") -> list[dict]:
         for name, r in [*(("unbroken-" + o, r) for o, r in refs.items()), *firsts.items()]:
             log(name, r)
         stopped = {n: checkpoint.latest_step(work / n / "run" / "checkpoints") for n in CASES}
-        resume_jobs = {n: pool.submit(_run, _cmd(work, n, CASES[n][1], device), work / n / "resume")
-                       for n in CASES}
+        resume_jobs = {
+            n: pool.submit(_run, _cmd(work, n, CASES[n][1], device), work / n / "resume")
+            for n in CASES
+        }
         resumed = {n: j.result() for n, j in resume_jobs.items()}
     for name, r in resumed.items():
         log(f"{name} (resume)", r)
 
     rows = []
-    for name, (how, optim, ref) in CASES.items():
-        first_rc, resume_rc, ref_rc = firsts[name].returncode, resumed[name].returncode, \
-            refs[ref].returncode
+    for name, (how, _optim, ref) in CASES.items():
+        first_rc, resume_rc, ref_rc = (
+            firsts[name].returncode,
+            resumed[name].returncode,
+            refs[ref].returncode,
+        )
         expected_first = -9 if how == "sigkill" else 0
-        row = {"case": name, "first_rc": first_rc, "stopped_at": stopped[name],
-               "resume_rc": resume_rc, "unbroken_rc": ref_rc, "steps_equal": None,
-               "max_abs_diff": None}
+        row = {
+            "case": name,
+            "first_rc": first_rc,
+            "stopped_at": stopped[name],
+            "resume_rc": resume_rc,
+            "unbroken_rc": ref_rc,
+            "steps_equal": None,
+            "max_abs_diff": None,
+        }
         ok = first_rc == expected_first and resume_rc == 0 and ref_rc == 0
         if ok:
             a = losses(work / name / "run")
             b = losses(work / f"unbroken-{ref}" / "run")
             row["steps_equal"] = sum(x == y for x, y in zip(a, b))
-            row["max_abs_diff"] = max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) \
-                else None
+            row["max_abs_diff"] = (
+                max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) else None
+            )
             ok = a == b and len(a) == STEPS
         in_range = stopped[name] is not None and 0 < stopped[name] < STEPS
         row["pass"] = bool(ok and in_range)
@@ -152,9 +181,15 @@ def _table(rows: list[dict]) -> str:
     head = ["case", "stopped_at", "first_rc", "resume_rc", "steps_equal", "max_abs_diff", "pass"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
-        cells = [r["case"], r["stopped_at"], r["first_rc"], r["resume_rc"],
-                 f"{r['steps_equal']}/{STEPS}" if r["steps_equal"] is not None else "-",
-                 r["max_abs_diff"], "PASS" if r["pass"] else "FAIL"]
+        cells = [
+            r["case"],
+            r["stopped_at"],
+            r["first_rc"],
+            r["resume_rc"],
+            f"{r['steps_equal']}/{STEPS}" if r["steps_equal"] is not None else "-",
+            r["max_abs_diff"],
+            "PASS" if r["pass"] else "FAIL",
+        ]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
@@ -162,8 +197,9 @@ def _table(rows: list[dict]) -> str:
 def main() -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="test_checkpoint_gpu.py",
-                                 description="GPU checkpoint kill/resume matrix")
+    ap = argparse.ArgumentParser(
+        prog="test_checkpoint_gpu.py", description="GPU checkpoint kill/resume matrix"
+    )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpu_checkpoint"))
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the harness")
@@ -172,8 +208,10 @@ def main() -> int:
     logf = (args.out / "gpu_checkpoint.log").open("w")
 
     def log(name, r):
-        logf.write(f"===== {name}: rc={r.returncode}\n--- stdout\n{r.stdout[-20000:]}\n"
-                   f"--- stderr\n{r.stderr[-20000:]}\n")
+        logf.write(
+            f"===== {name}: rc={r.returncode}\n--- stdout\n{r.stdout[-20000:]}\n"
+            f"--- stderr\n{r.stderr[-20000:]}\n"
+        )
         logf.flush()
 
     t0 = time.time()

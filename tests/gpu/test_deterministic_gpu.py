@@ -25,6 +25,7 @@ DENSE_VOCAB=128256 on a node with ~120 GB free. checkpoint.keep=1.
 Run as a script (`python tests/gpu/test_deterministic_gpu.py --out DIR`) it writes
 DIR/deterministic.json and DIR/deterministic.log and prints a table last.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,42 +45,71 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-from _cli import ROOT  # noqa: E402
-from _kill import TAG, kill_tagged  # noqa: E402
+from _cli import ROOT
+from _kill import TAG, kill_tagged
 
-from ufp4_megatron.train import checkpoint  # noqa: E402
+from ufp4_megatron.train import checkpoint
 
 STEPS, INTERVAL = 12, 4
 DENSE_VOCAB = int(os.environ.get("DENSE_VOCAB", "32768"))
 SHAPES = {
     "small": ["model=small", "train.seq_len=1024", "train.micro_batch=4", "train.global_batch=8"],
-    "dense2": ["model=dense_1p5b", "model.num_layers=2", f"model.vocab_size={DENSE_VOCAB}",
-               "train.seq_len=4096", "train.micro_batch=1", "train.global_batch=4"],
+    "dense2": [
+        "model=dense_1p5b",
+        "model.num_layers=2",
+        f"model.vocab_size={DENSE_VOCAB}",
+        "train.seq_len=4096",
+        "train.micro_batch=1",
+        "train.global_batch=4",
+    ],
 }
 GPU_SHAPES = tuple(SHAPES)
 # a dry run of the harness on a CPU (--shapes tiny): the mode's plumbing, not its GPU claim
-SHAPES["tiny"] = ["model=tiny", "train.seq_len=32", "train.micro_batch=2", "train.global_batch=4",
-                  "data.corpus_max_bytes=1500000"]
-COMMON = ["precision=ufp4", f"train.steps={STEPS}", f"checkpoint.interval={INTERVAL}",
-          "checkpoint.keep=1", "logging.wandb.mode=disabled", "logging.progress=plain",
-          "logging.print_interval=1"]
+SHAPES["tiny"] = [
+    "model=tiny",
+    "train.seq_len=32",
+    "train.micro_batch=2",
+    "train.global_batch=4",
+    "data.corpus_max_bytes=1500000",
+]
+COMMON = [
+    "precision=ufp4",
+    f"train.steps={STEPS}",
+    f"checkpoint.interval={INTERVAL}",
+    "checkpoint.keep=1",
+    "logging.wandb.mode=disabled",
+    "logging.progress=plain",
+    "logging.print_interval=1",
+]
 INTERRUPTED = ("kill-step", "kill-save", "sigterm", "sigint")
 EXPECTED_RC = {"kill-step": -9, "kill-save": -9, "sigterm": 0, "sigint": 130}
 ACTIVE: set[str] = set()  # the tags of the trainers running now (killed if the driver is)
 
 
 def _env(work: Path) -> dict:
-    e = dict(os.environ, OMP_NUM_THREADS="2", PYTHONWARNINGS="ignore", WANDB_MODE="disabled",
-             TRITON_CACHE_DIR=os.environ.get("TRITON_CACHE_DIR", "/tmp/triton-cache"))
+    e = dict(
+        os.environ,
+        OMP_NUM_THREADS="2",
+        PYTHONWARNINGS="ignore",
+        WANDB_MODE="disabled",
+        TRITON_CACHE_DIR=os.environ.get("TRITON_CACHE_DIR", "/tmp/triton-cache"),
+    )
     for k in ("CUBLAS_WORKSPACE_CONFIG", "NCCL_ALGO", "NVTE_ALLOW_NONDETERMINISTIC_ALGO"):
         e.pop(k, None)  # a run without the mode runs as a user's default run does
     return e
 
 
 def _cmd(work: Path, shape: str, name: str, deterministic: bool) -> list[str]:
-    return [sys.executable, "-m", "ufp4_megatron.train", *SHAPES[shape], *COMMON,
-            f"train.deterministic={str(deterministic).lower()}",
-            f"hydra.run.dir={work / shape / name}", f"data.cache_dir={work / 'data'}"]
+    return [
+        sys.executable,
+        "-m",
+        "ufp4_megatron.train",
+        *SHAPES[shape],
+        *COMMON,
+        f"train.deterministic={str(deterministic).lower()}",
+        f"hydra.run.dir={work / shape / name}",
+        f"data.cache_dir={work / 'data'}",
+    ]
 
 
 class Run:
@@ -93,16 +123,21 @@ class Run:
     def __call__(self) -> int:
         t0 = time.time()
         ACTIVE.add(self.env[TAG])
-        proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            self.cmd,
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         out: list[str] = []
 
         def read():  # a thread: the checkpoint writer's workers outlive a SIGKILLed trainer
             for line in proc.stdout:  # and keep the pipe open until kill_tagged below
                 out.append(line)
                 parts = line.split()
-                if self.on_step and len(parts) > 1 and parts[0] == "step" and \
-                        parts[1].isdigit():
+                if self.on_step and len(parts) > 1 and parts[0] == "step" and parts[1].isdigit():
                     self.on_step(int(parts[1]), proc)
 
         reader = threading.Thread(target=read, daemon=True)
@@ -113,8 +148,9 @@ class Run:
             kill_tagged(self.env[TAG])
             ACTIVE.discard(self.env[TAG])
         reader.join(timeout=30)
-        self.log.append(f"===== {self.label}: rc={rc} in {time.time() - t0:.0f} s\n"
-                        f"{''.join(out)[-15000:]}\n")
+        self.log.append(
+            f"===== {self.label}: rc={rc} in {time.time() - t0:.0f} s\n{''.join(out)[-15000:]}\n"
+        )
         return rc
 
 
@@ -122,10 +158,11 @@ def _signal_after(step: int, sig: int, delay: float = 0.0):
     def on_step(s, proc):
         if s == step:
             if delay:
-                fire = lambda: proc.poll() is None and proc.send_signal(sig)  # noqa: E731
+                fire = lambda: proc.poll() is None and proc.send_signal(sig)
                 threading.Timer(delay, fire).start()
             else:
                 proc.send_signal(sig)
+
     return on_step
 
 
@@ -145,12 +182,17 @@ def _drop_checkpoints(run_dir: Path) -> None:
 def _variation(a: list[dict], b: list[dict]) -> dict:
     """How two runs of one command differ: the first step and the largest differences."""
     pairs = list(zip(a, b))
-    first = next((x["step"] for x, y in pairs if (x["loss"], x["grad_norm"]) !=
-                  (y["loss"], y["grad_norm"])), None)
-    return {"first_step_differing": first,
-            "max_abs_dloss": max((abs(x["loss"] - y["loss"]) for x, y in pairs), default=None),
-            "max_rel_dgrad_norm": max((abs(x["grad_norm"] - y["grad_norm"]) / y["grad_norm"]
-                                       for x, y in pairs), default=None)}
+    first = next(
+        (x["step"] for x, y in pairs if (x["loss"], x["grad_norm"]) != (y["loss"], y["grad_norm"])),
+        None,
+    )
+    return {
+        "first_step_differing": first,
+        "max_abs_dloss": max((abs(x["loss"] - y["loss"]) for x, y in pairs), default=None),
+        "max_rel_dgrad_norm": max(
+            (abs(x["grad_norm"] - y["grad_norm"]) / y["grad_norm"] for x, y in pairs), default=None
+        ),
+    }
 
 
 def _step_time(rows: list[dict]) -> float | None:
@@ -168,27 +210,55 @@ def run_shape(work: Path, shape: str, rng: random.Random, log: list) -> dict:
     for name in ("A", "N1"):
         _drop_checkpoints(d / name)
     step_s = _step_time(a_rows) or 0.5
-    moments = {"kill-step": {"after_step": rng.randint(INTERVAL + 1, STEPS - 2),
-                             "delay_s": round(rng.uniform(0.1, 0.9) * step_s, 3)},
-               "kill-save": {"phase": rng.choice(["tmp_created", "shards_written"]),
-                             # not the first save: the resume then starts from the one before
-                             "save_step": rng.choice(range(2 * INTERVAL, STEPS, INTERVAL))},
-               "sigterm": {"after_step": rng.randint(2, STEPS - 2)},
-               "sigint": {"after_step": rng.randint(2, STEPS - 2)}}
+    moments = {
+        "kill-step": {
+            "after_step": rng.randint(INTERVAL + 1, STEPS - 2),
+            "delay_s": round(rng.uniform(0.1, 0.9) * step_s, 3),
+        },
+        "kill-save": {
+            "phase": rng.choice(["tmp_created", "shards_written"]),
+            # not the first save: the resume then starts from the one before
+            "save_step": rng.choice(range(2 * INTERVAL, STEPS, INTERVAL)),
+        },
+        "sigterm": {"after_step": rng.randint(2, STEPS - 2)},
+        "sigint": {"after_step": rng.randint(2, STEPS - 2)},
+    }
     m = moments
     first = {
         "B": Run(_cmd(work, shape, "B", True), work, log, f"{shape} B (deterministic)"),
         "N2": Run(_cmd(work, shape, "N2", False), work, log, f"{shape} N2 (default)"),
-        "kill-step": Run(_cmd(work, shape, "kill-step", True), work, log, f"{shape} kill-step",
-                         on_step=_signal_after(m["kill-step"]["after_step"], signal.SIGKILL,
-                                               m["kill-step"]["delay_s"])),
-        "kill-save": Run(_cmd(work, shape, "kill-save", True), work, log, f"{shape} kill-save",
-                         extra_env={checkpoint.KILL_HOOK: f"{m['kill-save']['phase']}:"
-                                                          f"{m['kill-save']['save_step']}"}),
-        "sigterm": Run(_cmd(work, shape, "sigterm", True), work, log, f"{shape} sigterm",
-                       on_step=_signal_after(m["sigterm"]["after_step"], signal.SIGTERM)),
-        "sigint": Run(_cmd(work, shape, "sigint", True), work, log, f"{shape} sigint",
-                      on_step=_signal_after(m["sigint"]["after_step"], signal.SIGINT)),
+        "kill-step": Run(
+            _cmd(work, shape, "kill-step", True),
+            work,
+            log,
+            f"{shape} kill-step",
+            on_step=_signal_after(
+                m["kill-step"]["after_step"], signal.SIGKILL, m["kill-step"]["delay_s"]
+            ),
+        ),
+        "kill-save": Run(
+            _cmd(work, shape, "kill-save", True),
+            work,
+            log,
+            f"{shape} kill-save",
+            extra_env={
+                checkpoint.KILL_HOOK: f"{m['kill-save']['phase']}:{m['kill-save']['save_step']}"
+            },
+        ),
+        "sigterm": Run(
+            _cmd(work, shape, "sigterm", True),
+            work,
+            log,
+            f"{shape} sigterm",
+            on_step=_signal_after(m["sigterm"]["after_step"], signal.SIGTERM),
+        ),
+        "sigint": Run(
+            _cmd(work, shape, "sigint", True),
+            work,
+            log,
+            f"{shape} sigint",
+            on_step=_signal_after(m["sigint"]["after_step"], signal.SIGINT),
+        ),
     }
     with ThreadPoolExecutor(max_workers=len(first)) as pool:
         jobs = {n: pool.submit(r) for n, r in first.items()}
@@ -197,31 +267,66 @@ def run_shape(work: Path, shape: str, rng: random.Random, log: list) -> dict:
         _drop_checkpoints(d / name)
     stopped = {n: checkpoint.latest_step(d / n / "checkpoints") for n in INTERRUPTED}
     with ThreadPoolExecutor(max_workers=len(INTERRUPTED)) as pool:
-        jobs = {n: pool.submit(Run(_cmd(work, shape, n, True), work, log, f"{shape} {n} resume"))
-                for n in INTERRUPTED}
+        jobs = {
+            n: pool.submit(Run(_cmd(work, shape, n, True), work, log, f"{shape} {n} resume"))
+            for n in INTERRUPTED
+        }
         resumed = {n: j.result() for n, j in jobs.items()}
 
     want = _curve(a_rows)
-    rows = [{"shape": shape, "case": "again", "moment": "-", "first_rc": rcs["B"],
-             "resumed_from": None, "resume_rc": None,
-             "equal": _curve(_metrics(d / "B")) == want}]
+    rows = [
+        {
+            "shape": shape,
+            "case": "again",
+            "moment": "-",
+            "first_rc": rcs["B"],
+            "resumed_from": None,
+            "resume_rc": None,
+            "equal": _curve(_metrics(d / "B")) == want,
+        }
+    ]
     for n in INTERRUPTED:
         got = _curve(_metrics(d / n))
-        rows.append({"shape": shape, "case": n, "moment": moments[n], "first_rc": rcs[n],
-                     "resumed_from": stopped[n], "resume_rc": resumed[n],
-                     "equal": got == want, "steps_equal": sum(x == y for x, y in zip(got, want))})
+        rows.append(
+            {
+                "shape": shape,
+                "case": n,
+                "moment": moments[n],
+                "first_rc": rcs[n],
+                "resumed_from": stopped[n],
+                "resume_rc": resumed[n],
+                "equal": got == want,
+                "steps_equal": sum(x == y for x, y in zip(got, want)),
+            }
+        )
         _drop_checkpoints(d / n)
     for r in rows:
-        r["pass"] = bool(len(want) == STEPS and r["equal"] and (
-            r["case"] == "again" and r["first_rc"] == 0 or r["case"] != "again" and
-            r["first_rc"] == EXPECTED_RC[r["case"]] and r["resume_rc"] == 0 and
-            r["resumed_from"] is not None and r["resumed_from"] < STEPS))
+        r["pass"] = bool(
+            len(want) == STEPS
+            and r["equal"]
+            and (
+                (r["case"] == "again" and r["first_rc"] == 0)
+                or (
+                    r["case"] != "again"
+                    and r["first_rc"] == EXPECTED_RC[r["case"]]
+                    and r["resume_rc"] == 0
+                    and r["resumed_from"] is not None
+                    and r["resumed_from"] < STEPS
+                )
+            )
+        )
     det_s, plain_s = _step_time(a_rows), _step_time(n1_rows)
-    return {"rows": rows, "moments": moments,
-            "step_s": {"deterministic": det_s, "default": plain_s,
-                       "cost": det_s / plain_s - 1 if det_s and plain_s else None},
-            "default_runs_vary": _variation(_metrics(d / "N1"), _metrics(d / "N2")),
-            "default_vs_deterministic": _variation(n1_rows, a_rows)}
+    return {
+        "rows": rows,
+        "moments": moments,
+        "step_s": {
+            "deterministic": det_s,
+            "default": plain_s,
+            "cost": det_s / plain_s - 1 if det_s and plain_s else None,
+        },
+        "default_runs_vary": _variation(_metrics(d / "N1"), _metrics(d / "N2")),
+        "default_vs_deterministic": _variation(n1_rows, a_rows),
+    }
 
 
 def run_all(work: Path, seed: int, log: list, shapes=GPU_SHAPES) -> dict:
@@ -254,42 +359,59 @@ def _fmt(x, spec: str) -> str:
 
 
 def table(out: dict) -> str:
-    lines = ["| shape | case | moment | first rc | resumed from | resume rc | bitwise | pass |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| shape | case | moment | first rc | resumed from | resume rc | bitwise | pass |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for shape in SHAPES:
         if shape not in out:
             continue
         for r in out[shape]["rows"]:
-            moment = r["moment"] if isinstance(r["moment"], str) else " ".join(
-                f"{k}={v}" for k, v in r["moment"].items())
-            lines.append(f"| {shape} | {r['case']} | {moment} | {r['first_rc']} | "
-                         f"{_fmt(r['resumed_from'], 'd')} | {_fmt(r['resume_rc'], 'd')} | "
-                         f"{'yes' if r['equal'] else 'NO'} | {'PASS' if r['pass'] else 'FAIL'} |")
-    lines += ["", "| shape | step s deterministic | step s default | cost | default pair: "
-                  "first step differing | max abs dloss | max rel dgrad_norm |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+            moment = (
+                r["moment"]
+                if isinstance(r["moment"], str)
+                else " ".join(f"{k}={v}" for k, v in r["moment"].items())
+            )
+            lines.append(
+                f"| {shape} | {r['case']} | {moment} | {r['first_rc']} | "
+                f"{_fmt(r['resumed_from'], 'd')} | {_fmt(r['resume_rc'], 'd')} | "
+                f"{'yes' if r['equal'] else 'NO'} | {'PASS' if r['pass'] else 'FAIL'} |"
+            )
+    lines += [
+        "",
+        "| shape | step s deterministic | step s default | cost | default pair: "
+        "first step differing | max abs dloss | max rel dgrad_norm |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for shape in SHAPES:
         if shape not in out:
             continue
         t, v = out[shape]["step_s"], out[shape]["default_runs_vary"]
-        lines.append(f"| {shape} | {_fmt(t['deterministic'], '.4f')} | "
-                     f"{_fmt(t['default'], '.4f')} | {_fmt(t['cost'], '+.1%')} | "
-                     f"{_fmt(v['first_step_differing'], 'd')} | "
-                     f"{_fmt(v['max_abs_dloss'], '.2e')} | "
-                     f"{_fmt(v['max_rel_dgrad_norm'], '.2e')} |")
+        lines.append(
+            f"| {shape} | {_fmt(t['deterministic'], '.4f')} | "
+            f"{_fmt(t['default'], '.4f')} | {_fmt(t['cost'], '+.1%')} | "
+            f"{_fmt(v['first_step_differing'], 'd')} | "
+            f"{_fmt(v['max_abs_dloss'], '.2e')} | "
+            f"{_fmt(v['max_rel_dgrad_norm'], '.2e')} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="test_deterministic_gpu.py",
-                                 description="train.deterministic at real shapes on one GPU")
+    ap = argparse.ArgumentParser(
+        prog="test_deterministic_gpu.py",
+        description="train.deterministic at real shapes on one GPU",
+    )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpu_deterministic"))
     ap.add_argument("--seed", type=int, default=None, help="the random moments (default: time)")
-    ap.add_argument("--shapes", default=",".join(GPU_SHAPES),
-                    help=f"of {', '.join(SHAPES)} (tiny: a CPU dry run of the harness)")
+    ap.add_argument(
+        "--shapes",
+        default=",".join(GPU_SHAPES),
+        help=f"of {', '.join(SHAPES)} (tiny: a CPU dry run of the harness)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     seed = args.seed if args.seed is not None else int(time.time())

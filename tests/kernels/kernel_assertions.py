@@ -1,4 +1,5 @@
 """Bitwise assertion helpers: kernel output vs the reference, NaN positions included."""
+
 import torch
 
 
@@ -13,5 +14,7 @@ def assert_bitwise(got: torch.Tensor, want: torch.Tensor, what: str = "") -> Non
     diff = (g != w) & ~nan_g
     idx = diff.nonzero()[:5].tolist()
     pairs = [(i, g[tuple(i)].item(), w[tuple(i)].item()) for i in idx]
-    raise AssertionError(f"{what}: {int(diff.sum())} of {g.numel()} elements differ, first "
-                         f"(index, kernel, reference): {pairs}")
+    raise AssertionError(
+        f"{what}: {int(diff.sum())} of {g.numel()} elements differ, first "
+        f"(index, kernel, reference): {pairs}"
+    )

@@ -18,6 +18,7 @@ the call ends at the intercepted launch.
     python tests/kernels/sm90_compile.py [CASE ...]    one JSON line per case
     python tests/kernels/sm90_compile.py --interpret   run broken_kernel in the interpreter
 """
+
 import functools
 import json
 import os
@@ -75,20 +76,23 @@ class Interceptor:
             call()
         except Launched as launch:
             return launch
-        raise AssertionError(f"the call made {index - self._skip} launches, fewer than "
-                             f"{index + 1}")
+        raise AssertionError(f"the call made {index - self._skip} launches, fewer than {index + 1}")
 
 
 def compile_launch(kernel, args, kwargs):
     """triton.compile of one launch for the H200, its arguments bound the way
     JITFunction.run binds them (runtime/jit.py, triton 3.6), without asking a driver."""
-    kwargs = dict(kwargs, debug=kwargs.get("debug", kernel.debug) or triton.knobs.runtime.debug,
-                  instrumentation_mode=triton.knobs.compilation.instrumentation_mode)
+    kwargs = dict(
+        kwargs,
+        debug=kwargs.get("debug", kernel.debug) or triton.knobs.runtime.debug,
+        instrumentation_mode=triton.knobs.compilation.instrumentation_mode,
+    )
     backend = make_backend(H200)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = binder(*args, **kwargs)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound,
-                                                              specialization, options)
+    options, signature, constexprs, attrs = kernel._pack_args(
+        backend, kwargs, bound, specialization, options
+    )
     src = ASTSource(kernel, signature, constexprs, attrs)
     return triton.compile(src, target=H200, options=options.__dict__), signature
 
@@ -101,49 +105,94 @@ BROKEN = "broken: annotated module constant"
 CASES = {
     # ufp4 fprop, x: e1m2, RTNE, RHT16, row layout (grouped: one launch per operand)
     "row16 ufp4 fprop x rtne": (
-        "_row16_kernel", 0, lambda s: s.grouped.fprop(s.x, s.w3, s.groups, s.ufp4, **s.kw)),
+        "_row16_kernel",
+        0,
+        lambda s: s.grouped.fprop(s.x, s.w3, s.groups, s.ufp4, **s.kw),
+    ),
     # ufp4 dgrad, dy over two experts: SR, row layout, per-expert SR keys (row segments)
     "row16 ufp4 grouped dgrad dy sr segments": (
-        "_row16_kernel", 0, lambda s: s.grouped.dgrad(s.dy, s.w3, s.groups, s.ufp4, **s.kw)),
+        "_row16_kernel",
+        0,
+        lambda s: s.grouped.dgrad(s.dy, s.w3, s.groups, s.ufp4, **s.kw),
+    ),
     # ufp4 wgrad, dy^T over two experts: SR, column layout, column segments
     "col16 ufp4 grouped wgrad dy sr segments": (
-        "_col16_kernel", 0, lambda s: s.grouped.wgrad(s.dy, s.x, s.groups, s.ufp4, **s.kw)),
+        "_col16_kernel",
+        0,
+        lambda s: s.grouped.wgrad(s.dy, s.x, s.groups, s.ufp4, **s.kw),
+    ),
     # ufp4 dgrad, dy (row, SR) and w (column, RTNE) in one launch
     "pair16 ufp4 dgrad dy sr + w col rtne": (
-        "_pair16_kernel", 0, lambda s: s.ops.dgrad(s.dy, s.w, s.ufp4, **s.kw)),
+        "_pair16_kernel",
+        0,
+        lambda s: s.ops.dgrad(s.dy, s.w, s.ufp4, **s.kw),
+    ),
     # mxfp4 wgrad, dy^T: 1x32 blocks, e8m0 scales, RHT16, SR, column layout
     "generic mxfp4 wgrad dy col sr": (
-        "_qdq_kernel", 0, lambda s: s.ops.wgrad(s.dy, s.x, s.mxfp4, **s.kw)),
+        "_qdq_kernel",
+        0,
+        lambda s: s.ops.wgrad(s.dy, s.x, s.mxfp4, **s.kw),
+    ),
     # nvfp4 fprop, w: 16x16 tiles, e4m3 scales, row layout (launches: the tensor amax of x,
     # of w, then x through row16, then w)
     "generic nvfp4 fprop w 2d e4m3": (
-        "_qdq_kernel", 3, lambda s: s.ops.fprop(s.x, s.w, s.nvfp4, **s.kw)),
+        "_qdq_kernel",
+        3,
+        lambda s: s.ops.fprop(s.x, s.w, s.nvfp4, **s.kw),
+    ),
     # nvfp4 dgrad, w: 16x16 tiles in the column layout (the transposed tile; a 2D block
     # reduction that reshapes a broadcast compiles to a layout replicating the tile in every
     # thread, for many minutes)
     "generic nvfp4 dgrad w col 2d e4m3": (
-        "_qdq_kernel", 3, lambda s: s.ops.dgrad(s.dy, s.w, s.nvfp4, **s.kw)),
+        "_qdq_kernel",
+        3,
+        lambda s: s.ops.dgrad(s.dy, s.w, s.nvfp4, **s.kw),
+    ),
     # the e4m3 tensor amax (amax_triton.py): nvfp4's x (1x16, row), its w in the column
     # layout with 16x16 tiles (dgrad), its dY^T in the column layout with RHT16 (wgrad)
     "amax nvfp4 fprop x row": (
-        "_tensor_amax_kernel", 0, lambda s: s.ops.fprop(s.x, s.w, s.nvfp4, **s.kw)),
+        "_tensor_amax_kernel",
+        0,
+        lambda s: s.ops.fprop(s.x, s.w, s.nvfp4, **s.kw),
+    ),
     "amax nvfp4 dgrad w col 2d": (
-        "_tensor_amax_kernel", 1, lambda s: s.ops.dgrad(s.dy, s.w, s.nvfp4, **s.kw)),
+        "_tensor_amax_kernel",
+        1,
+        lambda s: s.ops.dgrad(s.dy, s.w, s.nvfp4, **s.kw),
+    ),
     "amax nvfp4 wgrad dy col rht16": (
-        "_tensor_amax_kernel", 0, lambda s: s.ops.wgrad(s.dy, s.x, s.nvfp4, **s.kw)),
+        "_tensor_amax_kernel",
+        0,
+        lambda s: s.ops.wgrad(s.dy, s.x, s.nvfp4, **s.kw),
+    ),
     # nvfp4's grouped experts: a tensor scale per expert (segments, SCALE 1 with SEG): the
     # amax per view row (x, row segments) and per block column (w^T in dgrad, dy^T in wgrad),
     # and the QDQ kernels reading each block's segment scale
     "amax nvfp4 grouped fprop x per row": (
-        "_tensor_amax_kernel", 0, lambda s: s.grouped.fprop(s.x, s.w3, s.groups, s.nvfp4, **s.kw)),
+        "_tensor_amax_kernel",
+        0,
+        lambda s: s.grouped.fprop(s.x, s.w3, s.groups, s.nvfp4, **s.kw),
+    ),
     "row16 nvfp4 grouped fprop x e4m3 segments": (
-        "_row16_kernel", 1, lambda s: s.grouped.fprop(s.x, s.w3, s.groups, s.nvfp4, **s.kw)),
+        "_row16_kernel",
+        1,
+        lambda s: s.grouped.fprop(s.x, s.w3, s.groups, s.nvfp4, **s.kw),
+    ),
     "generic nvfp4 grouped fprop w 2d e4m3 segments": (
-        "_qdq_kernel", 3, lambda s: s.grouped.fprop(s.x, s.w3, s.groups, s.nvfp4, **s.kw)),
+        "_qdq_kernel",
+        3,
+        lambda s: s.grouped.fprop(s.x, s.w3, s.groups, s.nvfp4, **s.kw),
+    ),
     "amax nvfp4 grouped dgrad w col 2d per block column": (
-        "_tensor_amax_kernel", 2, lambda s: s.grouped.dgrad(s.dy, s.w3, s.groups, s.nvfp4, **s.kw)),
+        "_tensor_amax_kernel",
+        2,
+        lambda s: s.grouped.dgrad(s.dy, s.w3, s.groups, s.nvfp4, **s.kw),
+    ),
     "generic nvfp4 grouped dgrad w col 2d e4m3 segments": (
-        "_qdq_kernel", 3, lambda s: s.grouped.dgrad(s.dy, s.w3, s.groups, s.nvfp4, **s.kw)),
+        "_qdq_kernel",
+        3,
+        lambda s: s.grouped.dgrad(s.dy, s.w3, s.groups, s.nvfp4, **s.kw),
+    ),
     "col16 nvfp4 grouped wgrad dy sr e4m3 segments": (
         "_col16_kernel", 1, lambda s: s.grouped.wgrad(s.dy, s.x, s.groups, s.nvfp4, **s.kw)),
     # SR keys read from device memory (SEED_PTR: a key table's entry, megatron/seeds.py's
@@ -198,15 +247,20 @@ def run_case(interceptor, setting, name):
     t0 = time.perf_counter()
     launch = interceptor.launch(lambda: call(setting), index)
     assert launch.kernel.__name__ == want, (
-        f"{name}: expected a launch of {want}, got {launch.kernel.__name__}")
+        f"{name}: expected a launch of {want}, got {launch.kernel.__name__}"
+    )
     compiled, signature = compile_launch(launch.kernel, launch.args, launch.kwargs)
     consts = {k: v for k, v in launch.kwargs.items() if k in signature}
-    return dict(kernel=want, cubin_bytes=len(compiled.asm["cubin"]),
-                values_per_thread=values_per_thread(compiled.asm["ttgir"]),
-                elf=compiled.asm["cubin"][:4] == b"\x7fELF",
-                target=compiled.metadata.target.arch, num_warps=compiled.metadata.num_warps,
-                constexprs={k: v for k, v in consts.items() if isinstance(v, (int, float))},
-                seconds=round(time.perf_counter() - t0, 2))
+    return dict(
+        kernel=want,
+        cubin_bytes=len(compiled.asm["cubin"]),
+        values_per_thread=values_per_thread(compiled.asm["ttgir"]),
+        elf=compiled.asm["cubin"][:4] == b"\x7fELF",
+        target=compiled.metadata.target.arch,
+        num_warps=compiled.metadata.num_warps,
+        constexprs={k: v for k, v in consts.items() if isinstance(v, (int, float))},
+        seconds=round(time.perf_counter() - t0, 2),
+    )
 
 
 def _describe(e: BaseException) -> str:

@@ -40,6 +40,7 @@ the expanded mask of the fast division's guard (docs/kernel-notes.md).
 test_compile_rejects_annotated_module_constant shows the check can fail: a tiny kernel of
 the failure class runs in the interpreter and raises in the same compile path.
 """
+
 import json
 import os
 import subprocess
@@ -48,7 +49,6 @@ from pathlib import Path
 
 import pytest
 import triton
-
 from sm90_compile import BROKEN, CASES
 
 HELPER = Path(__file__).with_name("sm90_compile.py")
@@ -60,19 +60,28 @@ def _ptxas_missing() -> str | None:
     if "nvidia" not in triton.backends.backends:
         return "the triton install has no NVIDIA backend"
     try:
-        triton.knobs.nvidia.ptxas  # TRITON_PTXAS_PATH or the wheel's backends/nvidia/bin/ptxas
+        triton.knobs.nvidia.ptxas  # noqa: B018 - TRITON_PTXAS_PATH or the wheel's backends/nvidia/bin/ptxas
     except RuntimeError as e:
         return f"the triton wheel has no usable ptxas ({e})"
     return None
 
 
 def _helper(args, tmp_path, **env) -> list[dict]:
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("TRITON_INTERPRET", "TRITON_ALLOW_NON_CONSTEXPR_GLOBALS")}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TRITON_INTERPRET", "TRITON_ALLOW_NON_CONSTEXPR_GLOBALS")
+    }
     clean.setdefault("OMP_NUM_THREADS", "1")
     clean.update(TRITON_CACHE_DIR=str(tmp_path / "triton-cache"), **env)
-    done = subprocess.run([sys.executable, str(HELPER), *args], cwd=REPO, env=clean,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(HELPER), *args],
+        cwd=REPO,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, f"{HELPER.name} {' '.join(args)} failed:\n{done.stderr[-3000:]}"
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
@@ -100,7 +109,8 @@ def test_kernel_compiles_to_sm90_cubin(compiled, case):
         assert row["constexprs"]["INTERP"] is False
     assert row["values_per_thread"] <= 32, (
         f"{case}: a layout holds {row['values_per_thread']} values per thread (the tile "
-        "replicated over threads: slow to compile and to run)")
+        "replicated over threads: slow to compile and to run)"
+    )
 
 
 def test_compile_rejects_annotated_module_constant(compiled, tmp_path):

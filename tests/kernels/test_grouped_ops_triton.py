@@ -24,8 +24,10 @@ bf16 with SR on dY, and the e4m3 launch count (make test's 20-minute budget).
 | gpu_grouped_mm_matches_loop                   | bf16, ufp4: torch._grouped_mm (CUTLASS) vs cuBLAS per expert, fp32 accumulation order only | CUDA, bf16 |
 | gpu_grouped_sr_is_per_expert                  | ufp4 SR (dY, every operand) at 1792x2048 experts: segment-keyed operands == reference, grouped == twin bitwise; an expert's dX rows and dW unchanged (bitwise; within bf16 ulps through torch._grouped_mm) when other experts' token counts change or experts split over two calls | CUDA |
 """
+
 import pytest
 import torch
+from kernel_assertions import assert_bitwise
 
 from ufp4_megatron import get_recipe, kernels
 from ufp4_megatron import grouped_ops as G
@@ -34,8 +36,6 @@ from ufp4_megatron.numerics.hadamard import RHT
 from ufp4_megatron.numerics.quantize import quantize_view as reference
 from ufp4_megatron.numerics.segments import Segments
 
-from kernel_assertions import assert_bitwise
-
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -43,15 +43,19 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def _data(counts, e, n, k, seed, dtype=torch.bfloat16):
     g = torch.Generator().manual_seed(seed)
     m = sum(counts)
-    mk = lambda *s: torch.randn(*s, generator=g).to(dtype).to(DEVICE)  # noqa: E731
+    mk = lambda *s: torch.randn(*s, generator=g).to(dtype).to(DEVICE)
     return mk(m, k), mk(e, n, k), mk(m, n)
 
 
 STARTS, SEEDS = (0, 16, 16, 48), (11, 2**62 + 5, 33, 7)  # segment 1 is empty
 # (layout, quantize_view options): which kernel family runs
-FAMILIES = {"row16": ("row", dict(rht=RHT(16, 1))), "col16": ("col", dict(rht=RHT(16, 1))),
-            "row16_plain": ("row", {}), "generic_block32": ("row", dict(block=32)),
-            "generic_rht32_col": ("col", dict(rht=RHT(32, 2)))}
+FAMILIES = {
+    "row16": ("row", dict(rht=RHT(16, 1))),
+    "col16": ("col", dict(rht=RHT(16, 1))),
+    "row16_plain": ("row", {}),
+    "generic_block32": ("row", dict(block=32)),
+    "generic_rht32_col": ("col", dict(rht=RHT(32, 2))),
+}
 
 
 @pytest.mark.parametrize("axis", (0, 1))
@@ -65,8 +69,11 @@ def test_segment_kernels_match_reference(family, axis):
     starts = STARTS if axis == 0 else tuple(s * unit // 16 for s in STARTS)
     view = view[:, : 4 * unit] if axis == 1 else view
     args = dict(rounding="sr", origin=(3, 8), segments=Segments(axis, starts, SEEDS), **kw)
-    assert_bitwise(kernels.quantize_view(view, "e1m2", **args), reference(view, "e1m2", **args),
-                   f"{family} axis {axis}")
+    assert_bitwise(
+        kernels.quantize_view(view, "e1m2", **args),
+        reference(view, "e1m2", **args),
+        f"{family} axis {axis}",
+    )
 
 
 def test_segment_pair_and_generic_launches_match_reference():
@@ -75,8 +82,13 @@ def test_segment_pair_and_generic_launches_match_reference():
     b = torch.randn(32, 64, generator=g).bfloat16().to(DEVICE)
     rht = RHT(16, 1)
     ka = dict(grid="e1m2", rounding="sr", rht=rht, segments=Segments(0, STARTS, SEEDS))
-    kb = dict(grid="int4", rounding="sr", rht=rht, origin=(16, 4),
-              segments=Segments(1, STARTS[:3], SEEDS[:3]))
+    kb = dict(
+        grid="int4",
+        rounding="sr",
+        rht=rht,
+        origin=(16, 4),
+        segments=Segments(1, STARTS[:3], SEEDS[:3]),
+    )
     qa, qb = kernels.quantize_pair(a, ka, b.t(), kb)  # row job + column job, one launch
     assert_bitwise(qa, reference(a, **ka), "pair a")
     assert_bitwise(qb, reference(b.t(), **kb), "pair b")
@@ -98,10 +110,16 @@ def test_kernels_refuse_segments_off_16():
 
 
 @pytest.mark.parametrize("axis", (0, 1))
-@pytest.mark.parametrize("layout,kw", [("row", {}), ("col", dict(rht=RHT(16, 1))),
-                                       ("row", dict(block_2d=True)),
-                                       ("col", dict(block_2d=True)),
-                                       ("col", dict(rht=RHT(16, 1), rounding="sr"))])
+@pytest.mark.parametrize(
+    "layout,kw",
+    [
+        ("row", {}),
+        ("col", dict(rht=RHT(16, 1))),
+        ("row", dict(block_2d=True)),
+        ("col", dict(block_2d=True)),
+        ("col", dict(rht=RHT(16, 1), rounding="sr")),
+    ],
+)
 def test_e4m3_segments_match_reference(layout, kw, axis):
     g = torch.Generator().manual_seed(3 + axis)
     # ragged: the kernels' program grids overhang the view (the amax kernel's padding rows
@@ -117,13 +135,15 @@ def test_e4m3_segments_match_reference(layout, kw, axis):
     args = dict(scale="e4m3", segments=Segments(axis, STARTS, SEEDS), origin=(0, 8), **kw)
     got, want = kernels.quantize_view(view, "e2m1", **args), reference(view, "e2m1", **args)
     assert_bitwise(got, want, f"{layout} {kw} axis {axis}")
-    assert not torch.equal(want.nan_to_num(), reference(view, "e2m1", **dict(
-        args, segments=None)).nan_to_num())  # a segment's scale is not the view's
+    assert not torch.equal(
+        want.nan_to_num(), reference(view, "e2m1", **dict(args, segments=None)).nan_to_num()
+    )  # a segment's scale is not the view's
 
 
 def _launches(monkeypatch):
     """The names of the kernels dispatch.py launches from now on (each still runs)."""
     from ufp4_megatron.kernels import dispatch
+
     names, real = [], dispatch.launch
 
     def counted(kernel, grid, *args, **kwargs):
@@ -158,7 +178,7 @@ def test_grouped_e4m3_launches_do_not_grow_with_experts(monkeypatch):
 def test_grouped_e4m3_tiles_over_two_experts_fall_back():
     counts, n, k = (7, 33), 24, 32  # w [2 x 24, 32]: a 16x16 tile would span two experts
     r = get_recipe("nvfp4")
-    x, w, dy = _data(counts, len(counts), n, k, seed=2)
+    x, w, _dy = _data(counts, len(counts), n, k, seed=2)
     g = G.ExpertGroups(counts, G.token_alignment(r))
     x = g.pad(x)
     got = G.fprop(x, w, g, r, seed=3, backend="triton", gemm_backend="loop")
@@ -170,13 +190,17 @@ def test_grouped_e4m3_tiles_over_two_experts_fall_back():
 # 20 minutes). Their kernels against the reference, segment-keyed SR included:
 # segment_kernels_match_reference, e4m3_segments_match_reference and test_quantize_triton.py
 # (fp16 too), all in make test.
-@pytest.mark.parametrize("name,overrides,dtype", [
-    ("ufp4", {}, torch.bfloat16),
-    pytest.param("ufp4", {"sr": ("dy", "x", "w")}, torch.bfloat16, marks=pytest.mark.slow),
-    pytest.param("ufp4", {}, torch.float16, marks=pytest.mark.slow),
-    pytest.param("e2m1", {}, torch.bfloat16, marks=pytest.mark.slow),
-    pytest.param("nvfp4", {}, torch.bfloat16, marks=pytest.mark.slow),
-    pytest.param("mxfp4", {"sr": ("dy", "x", "w")}, torch.bfloat16, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name,overrides,dtype",
+    [
+        ("ufp4", {}, torch.bfloat16),
+        pytest.param("ufp4", {"sr": ("dy", "x", "w")}, torch.bfloat16, marks=pytest.mark.slow),
+        pytest.param("ufp4", {}, torch.float16, marks=pytest.mark.slow),
+        pytest.param("e2m1", {}, torch.bfloat16, marks=pytest.mark.slow),
+        pytest.param("nvfp4", {}, torch.bfloat16, marks=pytest.mark.slow),
+        pytest.param("mxfp4", {"sr": ("dy", "x", "w")}, torch.bfloat16, marks=pytest.mark.slow),
+    ],
+)
 def test_grouped_kernel_path_matches_per_expert_twin(name, overrides, dtype):
     counts = (0, 7, 33) if DEVICE == "cpu" else (0, 300, 1, 517, 64)
     e, n, k = len(counts), 64, 96
@@ -185,11 +209,13 @@ def test_grouped_kernel_path_matches_per_expert_twin(name, overrides, dtype):
     g = G.ExpertGroups(counts, G.token_alignment(r))
     x, dy = g.pad(x), g.pad(dy)
     for fn, ref, args, origins in (
-            (G.fprop, G.reference_fprop, (x, w), dict(x_origin=(0, 32), w_origin=(64, 32))),
-            (G.dgrad, G.reference_dgrad, (dy, w), dict(dy_origin=(0, 64), w_origin=(64, 32))),
-            (G.wgrad, G.reference_wgrad, (dy, x), dict(dy_origin=(0, 64), x_origin=(0, 32)))):
-        got = fn(*args, g, r, seed=77, first_expert=3, backend="triton", gemm_backend="loop",
-                 **origins)
+        (G.fprop, G.reference_fprop, (x, w), dict(x_origin=(0, 32), w_origin=(64, 32))),
+        (G.dgrad, G.reference_dgrad, (dy, w), dict(dy_origin=(0, 64), w_origin=(64, 32))),
+        (G.wgrad, G.reference_wgrad, (dy, x), dict(dy_origin=(0, 64), x_origin=(0, 32))),
+    ):
+        got = fn(
+            *args, g, r, seed=77, first_expert=3, backend="triton", gemm_backend="loop", **origins
+        )
         want = ref(*args, g, r, seed=77, first_expert=3, backend="triton", **origins)
         assert torch.equal(got, want), f"{name} {overrides} {fn.__name__}"
 
@@ -208,7 +234,7 @@ def test_gpu_grouped_mm_matches_loop(name):
         fused = fn(*args, g, r, seed=5).float()
         loop = fn(*args, g, r, seed=5, gemm_backend="loop").float()
         # bf16 outputs of fp32 sums taken in another order: within a few bf16 ulps
-        assert ((fused - loop).abs() <= 2 ** -6 * loop.abs() + 1e-2).all(), fn.__name__
+        assert ((fused - loop).abs() <= 2**-6 * loop.abs() + 1e-2).all(), fn.__name__
         if fn is G.wgrad:
             assert torch.equal(fused[0], torch.zeros_like(fused[0]))
 
@@ -220,7 +246,7 @@ def _expert_backward(recipe, counts, toks, w, dys, *, first_expert=0, gemm_backe
     dy = g.pad(torch.cat([d[:c] for d, c in zip(dys, counts)]))
     kw = dict(seed=2024, first_expert=first_expert, gemm_backend=gemm_backend)
     dx, dw = G.dgrad(dy, w, g, recipe, **kw), G.wgrad(dy, x, g, recipe, **kw)
-    return [(dx[s:s + c], dw[e]) for e, (s, c) in enumerate(zip(g.padded_starts, counts))]
+    return [(dx[s : s + c], dw[e]) for e, (s, c) in enumerate(zip(g.padded_starts, counts))]
 
 
 @pytest.mark.gpu
@@ -236,9 +262,11 @@ def test_gpu_grouped_sr_is_per_expert(sr):
     x, w, dy = _data(counts, e, n, k, seed=9)
     g = G.ExpertGroups(counts, G.token_alignment(r))
     xp, dyp = g.pad(x), g.pad(dy)
-    for fn, ref, args in ((G.fprop, G.reference_fprop, (xp, w)),
-                          (G.dgrad, G.reference_dgrad, (dyp, w)),
-                          (G.wgrad, G.reference_wgrad, (dyp, xp))):
+    for fn, ref, args in (
+        (G.fprop, G.reference_fprop, (xp, w)),
+        (G.dgrad, G.reference_dgrad, (dyp, w)),
+        (G.wgrad, G.reference_wgrad, (dyp, xp)),
+    ):
         got = fn(*args, g, r, seed=31, first_expert=6, backend="triton", gemm_backend="loop")
         want = ref(*args, g, r, seed=31, first_expert=6, backend="triton")
         assert torch.equal(got, want), fn.__name__
@@ -246,22 +274,30 @@ def test_gpu_grouped_sr_is_per_expert(sr):
     # and column-wise (wgrad), expert segments at the padded starts
     seeds = tuple(range(101, 101 + e))
     for view, axis in ((dyp, 0), (dyp.t(), 1)):
-        kw = dict(rounding="sr", rht=RHT(16, r.rht_seed), origin=(0, 64),
-                  segments=Segments(axis, g.padded_starts, seeds))
-        assert_bitwise(kernels.quantize_view(view, "e1m2", **kw), reference(view, "e1m2", **kw),
-                       f"segments axis {axis}")
+        kw = dict(
+            rounding="sr",
+            rht=RHT(16, r.rht_seed),
+            origin=(0, 64),
+            segments=Segments(axis, g.padded_starts, seeds),
+        )
+        assert_bitwise(
+            kernels.quantize_view(view, "e1m2", **kw),
+            reference(view, "e1m2", **kw),
+            f"segments axis {axis}",
+        )
 
     gen = torch.Generator().manual_seed(4)
     toks = [torch.randn(2048, k, generator=gen).bfloat16().to(DEVICE) for _ in range(e)]
     dys = [torch.randn(2048, n, generator=gen).bfloat16().to(DEVICE) for _ in range(e)]
     for backend in ("loop", "auto"):  # per-expert cuBLAS; torch._grouped_mm (CUTLASS)
         base = _expert_backward(r, counts, toks, w, dys, gemm_backend=backend)
-        others = [_expert_backward(r, (700, 300, 0, 517, 64, 5), toks, w, dys,
-                                   gemm_backend=backend),
-                  _expert_backward(r, counts[:3], toks[:3], w[:3], dys[:3],
-                                   gemm_backend=backend) +
-                  _expert_backward(r, counts[3:], toks[3:], w[3:], dys[3:], first_expert=3,
-                                   gemm_backend=backend)]
+        others = [
+            _expert_backward(r, (700, 300, 0, 517, 64, 5), toks, w, dys, gemm_backend=backend),
+            _expert_backward(r, counts[:3], toks[:3], w[:3], dys[:3], gemm_backend=backend)
+            + _expert_backward(
+                r, counts[3:], toks[3:], w[3:], dys[3:], first_expert=3, gemm_backend=backend
+            ),
+        ]
         for other in others:
             for ex in (1, 3, 4):  # experts whose own tokens are unchanged
                 for got, want in zip(other[ex], base[ex]):
@@ -269,4 +305,4 @@ def test_gpu_grouped_sr_is_per_expert(sr):
                         assert torch.equal(got, want), (backend, ex)
                     else:  # CUTLASS may pick another tile shape for other group sizes
                         got, want = got.float(), want.float()
-                        assert ((got - want).abs() <= 2 ** -6 * want.abs() + 1e-2).all(), ex
+                        assert ((got - want).abs() <= 2**-6 * want.abs() + 1e-2).all(), ex

@@ -1,15 +1,16 @@
 """kernels/launch.py: the cached launch's key and the arguments it hands the launcher.
 
-    test_spec_is_at_least_as_fine_as_tritons   two arguments of one class of ours always get
-        one specialization from Triton's own native_specialize_impl (else a cached kernel
-        compiled for one could run the other)
-    test_a_hit_launches_with_every_parameter_in_signature_order   a stand-in kernel (the
-        real launcher needs a GPU: gpu/kernels_exact.sh runs every kernel test through it,
-        as it is on by default)
-    test_a_new_specialization_compiles_again
-    test_the_plain_path_where_caching_is_off
-    test_it_is_on_unless_turned_off   and a bad UFP4_CACHED_LAUNCH says what to give
+test_spec_is_at_least_as_fine_as_tritons   two arguments of one class of ours always get
+    one specialization from Triton's own native_specialize_impl (else a cached kernel
+    compiled for one could run the other)
+test_a_hit_launches_with_every_parameter_in_signature_order   a stand-in kernel (the
+    real launcher needs a GPU: gpu/kernels_exact.sh runs every kernel test through it,
+    as it is on by default)
+test_a_new_specialization_compiles_again
+test_the_plain_path_where_caching_is_off
+test_it_is_on_unless_turned_off   and a bad UFP4_CACHED_LAUNCH says what to give
 """
+
 from __future__ import annotations
 
 import inspect
@@ -27,11 +28,37 @@ def _tritons(a):
 
 
 def test_spec_is_at_least_as_fine_as_tritons():
-    ints = [0, 1, 2, 15, 16, 17, 31, 32, 48, 2 ** 31 - 16, 2 ** 31 - 1, 2 ** 31, 2 ** 31 + 16,
-            2 ** 40, 2 ** 63 - 16, 2 ** 63 - 1, 2 ** 63, 2 ** 63 + 16, 2 ** 64 - 16, -1, -16,
-            -17, -(2 ** 31), -(2 ** 31) - 1, -(2 ** 31) - 16]
-    base = {dt: torch.zeros(64, dtype=dt) for dt in (torch.float32, torch.bfloat16,
-                                                      torch.float16, torch.int32)}
+    ints = [
+        0,
+        1,
+        2,
+        15,
+        16,
+        17,
+        31,
+        32,
+        48,
+        2**31 - 16,
+        2**31 - 1,
+        2**31,
+        2**31 + 16,
+        2**40,
+        2**63 - 16,
+        2**63 - 1,
+        2**63,
+        2**63 + 16,
+        2**64 - 16,
+        -1,
+        -16,
+        -17,
+        -(2**31),
+        -(2**31) - 1,
+        -(2**31) - 16,
+    ]
+    base = {
+        dt: torch.zeros(64, dtype=dt)
+        for dt in (torch.float32, torch.bfloat16, torch.float16, torch.int32)
+    }
     tensors = [t[k:] for t in base.values() for k in (0, 1, 2, 4, 8)]
     values = [*ints, *tensors, 0.5, 1.0, -3.0, True, False, None]  # (numpy ints: Triton refuses)
     classes: dict = {}
@@ -64,7 +91,8 @@ class _Compiled:
 
 class _Kernel:
     """Stands in for a JITFunction: x, n positional; BLOCK, FLAG=False constexprs."""
-    params = [_Param("x"), _Param("n"), _Param("BLOCK", True), _Param("FLAG", True, False)]
+
+    params = [_Param("x"), _Param("n"), _Param("BLOCK", True), _Param("FLAG", True, False)]  # noqa: RUF012 - as JITFunction.params
 
     def __init__(self):
         self.compiles, self.compiled = [], []
@@ -74,6 +102,7 @@ class _Kernel:
             self.compiles.append((grid, args, kwargs))
             self.compiled.append(_Compiled())
             return self.compiled[-1]
+
         return run
 
 
@@ -90,6 +119,7 @@ def cached(monkeypatch):
 
     class Driver:
         active = Active()
+
     monkeypatch.setattr(L, "driver", Driver())
 
 
@@ -104,14 +134,16 @@ def test_a_hit_launches_with_every_parameter_in_signature_order(cached):
 
 def test_a_new_specialization_compiles_again(cached):
     k, x = _Kernel(), torch.zeros(64)
-    calls = [((x, 32), {"BLOCK": 16}),
-             ((x, 33), {"BLOCK": 16}),           # not divisible by 16
-             ((x, 1), {"BLOCK": 16}),            # Triton makes a 1 a constexpr
-             ((x[1:], 32), {"BLOCK": 16}),       # a misaligned view
-             ((x.half(), 32), {"BLOCK": 16}),    # another dtype
-             ((x, 32), {"BLOCK": 32}),           # another constexpr
-             ((x, 32), {"BLOCK": 16, "FLAG": True}),
-             ((x, 32), {"BLOCK": 16, "num_warps": 8})]
+    calls = [
+        ((x, 32), {"BLOCK": 16}),
+        ((x, 33), {"BLOCK": 16}),  # not divisible by 16
+        ((x, 1), {"BLOCK": 16}),  # Triton makes a 1 a constexpr
+        ((x[1:], 32), {"BLOCK": 16}),  # a misaligned view
+        ((x.half(), 32), {"BLOCK": 16}),  # another dtype
+        ((x, 32), {"BLOCK": 32}),  # another constexpr
+        ((x, 32), {"BLOCK": 16, "FLAG": True}),
+        ((x, 32), {"BLOCK": 16, "num_warps": 8}),
+    ]
     for args, kw in calls:
         L.launch(k, (1,), *args, **kw)
     assert len(k.compiles) == len(calls)
@@ -126,7 +158,7 @@ def test_the_plain_path_where_caching_is_off(cached, monkeypatch):
     for _ in range(2):  # a constexpr passed positionally: its value is not in the key
         L.launch(k, (1,), x, 16, 16)
     assert len(k.compiles) == 2 and all(c.runs == [] for c in k.compiled)
-    hook = lambda metadata: None  # noqa: E731
+    hook = lambda metadata: None
     L.knobs.runtime.launch_exit_hook.add(hook)
     try:
         for _ in range(2):  # a profiler's hook must see every launch
@@ -156,13 +188,15 @@ def test_it_is_on_unless_turned_off():
     import os
     import subprocess
     import sys
+
     probe = "from ufp4_megatron.kernels import launch; print(launch.ENABLED)"
     for value, want in ((None, "True"), ("1", "True"), ("0", "False"), ("yes", None)):
         env = {k: v for k, v in os.environ.items() if k != "UFP4_CACHED_LAUNCH"}
         if value is not None:
             env["UFP4_CACHED_LAUNCH"] = value
-        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
-                             text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+        )
         if want is None:  # a value that is neither: refused, saying what to give
             assert out.returncode != 0
             assert "UFP4_CACHED_LAUNCH='yes': give 1" in out.stderr, out.stderr[-2000:]

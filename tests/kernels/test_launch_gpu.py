@@ -5,18 +5,20 @@ goes through Triton (a miss), the next ones through the compiled kernel's launch
 with other data and other SR seeds than the first: a runtime argument passed wrongly would
 show as a mismatch. Run by gpu/kernels_exact.sh (all of tests/kernels on CUDA).
 """
+
 import pytest
 import torch
+from kernel_assertions import assert_bitwise
 
 from ufp4_megatron import kernels
 from ufp4_megatron.kernels import launch as L
 from ufp4_megatron.numerics.hadamard import RHT
 from ufp4_megatron.numerics.quantize import quantize_view as reference
 
-from kernel_assertions import assert_bitwise
-
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 CASES = {  # name -> quantize_view arguments (one per kernel path of dispatch.py)
     "row16 e1m2 rtne+rht16": dict(grid="e1m2", rht=RHT(16, 3)),
@@ -48,8 +50,11 @@ def test_hits_give_the_reference_bits(cached, name, layout):
         view = x if layout == "row" else x.t().contiguous().t()
         args = dict(kw, seed=100 + i) if kw.get("rounding") == "sr" else kw
         entries = len(L._cache)
-        assert_bitwise(kernels.quantize_view(view, **args), reference(view, **args),
-                       f"{name} {layout} call {i}")
+        assert_bitwise(
+            kernels.quantize_view(view, **args),
+            reference(view, **args),
+            f"{name} {layout} call {i}",
+        )
         if i:  # same shapes and classes of arguments: no new entry, the launcher ran
             assert len(L._cache) == entries, f"{name}: call {i} missed the cache"
     assert L._cache and all(c is not None for c, _, _ in L._cache.values())

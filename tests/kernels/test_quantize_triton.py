@@ -26,22 +26,28 @@ Coverage matrix (each row one test; x: every value of the axis is crossed with t
 | quantized_linear_triton_matches_torch  | ufp4, nvfp4, mxfp4, e2m1 recipes, bf16 and fp16, forward and backward
 | triton_backend_refuses_what_it_lacks   | backend="triton" says what the kernels do not implement
 """
+
 import pytest
 import torch
+from kernel_assertions import assert_bitwise
 
 from ufp4_megatron import get_recipe, kernels, quantize, quantized_linear
 from ufp4_megatron.kernels.dispatch import TILES
 from ufp4_megatron.numerics.hadamard import RHT
 from ufp4_megatron.numerics.quantize import quantize_view as reference
 
-from kernel_assertions import assert_bitwise
-
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter runs kernels in numpy, which warns on the NaN/Inf the special-value tests
 # feed in on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-GRIDS = ["e2m1", "e1m2", "int4", "int4_asym", (0.0, 0.5, 1.0, 3.0),
-         tuple(float(v) for v in range(16))]
+GRIDS = [
+    "e2m1",
+    "e1m2",
+    "int4",
+    "int4_asym",
+    (0.0, 0.5, 1.0, 3.0),
+    tuple(float(v) for v in range(16)),
+]
 
 
 def _data(rows, cols, seed, dtype=torch.bfloat16):
@@ -55,8 +61,11 @@ def _check(x, grid, layout="row", **kw):
     view = x if layout == "row" else x.t().contiguous().t()
     if not kernels.supports(view, grid, **kw):
         return False
-    assert_bitwise(kernels.quantize_view(view, grid, **kw), reference(view, grid, **kw),
-                   f"{grid} {layout} {kw}")
+    assert_bitwise(
+        kernels.quantize_view(view, grid, **kw),
+        reference(view, grid, **kw),
+        f"{grid} {layout} {kw}",
+    )
     return True
 
 
@@ -71,21 +80,39 @@ def test_quantize_triton_matches_reference_bitwise(grid, scale, rounding):
 
 
 @pytest.mark.parametrize("layout", ["row", "col"])
-@pytest.mark.parametrize("block,block_2d,rht", [
-    (16, False, None), (16, False, 32), (32, False, None), (32, False, 16),
-    (16, True, None), (16, True, 16), (32, True, None), (32, True, 64)])
+@pytest.mark.parametrize(
+    "block,block_2d,rht",
+    [
+        (16, False, None),
+        (16, False, 32),
+        (32, False, None),
+        (32, False, 16),
+        (16, True, None),
+        (16, True, 16),
+        (32, True, None),
+        (32, True, 64),
+    ],
+)
 def test_block_options_match(block, block_2d, rht, layout):
     x = _data(41, 50, seed=block + rht if rht else block)
     for rounding, keep_padding in (("rtne", False), ("sr", True)):
-        assert _check(x, "e1m2", layout, block=block, block_2d=block_2d, rounding=rounding,
-                      rht=RHT(rht, 1) if rht else None, seed=3, keep_padding=keep_padding)
+        assert _check(
+            x,
+            "e1m2",
+            layout,
+            block=block,
+            block_2d=block_2d,
+            rounding=rounding,
+            rht=RHT(rht, 1) if rht else None,
+            seed=3,
+            keep_padding=keep_padding,
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("out_dtype", [None, torch.float32, torch.bfloat16])
 def test_dtypes_match(dtype, out_dtype):
-    assert _check(_data(19, 48, seed=1, dtype=dtype), "e2m1", rht=RHT(16, 2),
-                  out_dtype=out_dtype)
+    assert _check(_data(19, 48, seed=1, dtype=dtype), "e2m1", rht=RHT(16, 2), out_dtype=out_dtype)
 
 
 def _special(rows=12, cols=64):
@@ -109,8 +136,11 @@ def _special(rows=12, cols=64):
 @pytest.mark.parametrize("grid", [g for g in GRIDS if g != "int4" and len(g) != 4], ids=str)
 def test_special_values_match(grid, scale, layout):
     x = _special()
-    for kw in (dict(rht=None), dict(rht=RHT(16, 0), rounding="sr", seed=5),
-               dict(block=32, block_2d=True, rounding="sr", seed=8)):
+    for kw in (
+        dict(rht=None),
+        dict(rht=RHT(16, 0), rounding="sr", seed=5),
+        dict(block=32, block_2d=True, rounding="sr", seed=8),
+    ):
         ran = _check(x, grid, layout, scale=scale, **kw)
         assert ran == (not (scale == "e4m3" and grid == "int4_asym"))
 
@@ -122,9 +152,17 @@ def _e2m1_ties() -> torch.Tensor:
     lv = torch.tensor((0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0))
     mids = (lv[:-1] + lv[1:]) / 2
     lo, hi = torch.tensor(0.0), torch.tensor(6.0)
-    pool = torch.cat([lv, mids, torch.nextafter(mids, lo), torch.nextafter(mids, hi),
-                      torch.nextafter(lv[1:], lo), torch.nextafter(lv[:-1], hi),
-                      torch.tensor([1e-45, 1e-40, 1e-30])])
+    pool = torch.cat(
+        [
+            lv,
+            mids,
+            torch.nextafter(mids, lo),
+            torch.nextafter(mids, hi),
+            torch.nextafter(lv[1:], lo),
+            torch.nextafter(lv[:-1], hi),
+            torch.tensor([1e-45, 1e-40, 1e-30]),
+        ]
+    )
     pool = torch.cat([pool, -pool])
     n = 15 * 8
     body = pool[torch.arange(n) % len(pool)].reshape(8, 15)
@@ -139,8 +177,11 @@ def test_e2m1_binade_rounding_matches_tables_at_ties(rounding, layout):
     assert _check(x, "e2m1", layout, rounding=rounding, seed=3)  # the 16-tensor kernels
     view = x if layout == "row" else x.t().contiguous().t()
     kw = dict(rounding=rounding, seed=3)
-    assert_bitwise(kernels.quantize_view(view, "e2m1", tiles=TILES, **kw),  # the generic one
-                   reference(view, "e2m1", **kw), f"generic e2m1 {layout}")
+    assert_bitwise(
+        kernels.quantize_view(view, "e2m1", tiles=TILES, **kw),  # the generic one
+        reference(view, "e2m1", **kw),
+        f"generic e2m1 {layout}",
+    )
 
 
 @pytest.mark.parametrize("rht", [None, 16])
@@ -156,22 +197,48 @@ def test_generic_kernel_matches_on_16_blocks(rht):
 
 
 PAIRS = {  # (a spec, b spec, a layout, b layout): the GEMMs of the presets and some harder
-    "fprop ufp4": (dict(grid="e1m2", rht=RHT(16, 0)), dict(grid="e1m2", rht=RHT(16, 0)),
-                   "row", "row"),
-    "dgrad ufp4": (dict(grid="e1m2", rht=RHT(16, 0), rounding="sr", seed=2**40 + 3),
-                   dict(grid="e1m2", rht=RHT(16, 0)), "row", "col"),
-    "wgrad ufp4": (dict(grid="e1m2", rht=RHT(16, 0), rounding="sr", seed=5, origin=(8, 16)),
-                   dict(grid="e1m2", rht=RHT(16, 0), origin=(0, 32)), "col", "col"),
-    "mixed grids and scales": (dict(grid="e2m1", scale="e4m3", rounding="sr", seed=1),
-                               dict(grid="int4_asym", scale="e8m0", keep_padding=True,
-                                    out_dtype=torch.float32), "col", "row"),
-    "codebook": (dict(grid=(0.0, 0.5, 1.0, 3.0), rht=RHT(16, 9)),
-                 dict(grid="e1m2", rounding="sr", seed=7), "row", "col"),
-    "generic kernel (two launches)": (dict(grid="e1m2", block=32),
-                                      dict(grid="e2m1", block_2d=True), "row", "col"),
+    "fprop ufp4": (
+        dict(grid="e1m2", rht=RHT(16, 0)),
+        dict(grid="e1m2", rht=RHT(16, 0)),
+        "row",
+        "row",
+    ),
+    "dgrad ufp4": (
+        dict(grid="e1m2", rht=RHT(16, 0), rounding="sr", seed=2**40 + 3),
+        dict(grid="e1m2", rht=RHT(16, 0)),
+        "row",
+        "col",
+    ),
+    "wgrad ufp4": (
+        dict(grid="e1m2", rht=RHT(16, 0), rounding="sr", seed=5, origin=(8, 16)),
+        dict(grid="e1m2", rht=RHT(16, 0), origin=(0, 32)),
+        "col",
+        "col",
+    ),
+    "mixed grids and scales": (
+        dict(grid="e2m1", scale="e4m3", rounding="sr", seed=1),
+        dict(grid="int4_asym", scale="e8m0", keep_padding=True, out_dtype=torch.float32),
+        "col",
+        "row",
+    ),
+    "codebook": (
+        dict(grid=(0.0, 0.5, 1.0, 3.0), rht=RHT(16, 9)),
+        dict(grid="e1m2", rounding="sr", seed=7),
+        "row",
+        "col",
+    ),
+    "generic kernel (two launches)": (
+        dict(grid="e1m2", block=32),
+        dict(grid="e2m1", block_2d=True),
+        "row",
+        "col",
+    ),
     "nvfp4 fprop (two launches, e4m3 tensor scales)": (
-        dict(grid="e2m1", scale="e4m3"), dict(grid="e2m1", scale="e4m3", block_2d=True),
-        "row", "row"),
+        dict(grid="e2m1", scale="e4m3"),
+        dict(grid="e2m1", scale="e4m3", block_2d=True),
+        "row",
+        "row",
+    ),
 }
 
 
@@ -179,8 +246,9 @@ PAIRS = {  # (a spec, b spec, a layout, b layout): the GEMMs of the presets and 
 def test_pair_matches_two_single_launches(name):
     a_kw, b_kw, a_layout, b_layout = PAIRS[name]
     a, b = _special(38, 64), _data(45, 96, seed=6)
-    views = [x if lay == "row" else x.t().contiguous().t() for x, lay in ((a, a_layout),
-                                                                        (b, b_layout))]
+    views = [
+        x if lay == "row" else x.t().contiguous().t() for x, lay in ((a, a_layout), (b, b_layout))
+    ]
     qa, qb = kernels.quantize_pair(views[0], dict(a_kw), views[1], dict(b_kw))
     assert_bitwise(qa, reference(views[0], **a_kw), f"{name} a")
     assert_bitwise(qb, reference(views[1], **b_kw), f"{name} b")
@@ -190,6 +258,7 @@ def test_pair_takes_each_e4m3_tensor_amax_once(monkeypatch):
     # a pair that falls back to two launches computed each operand's tensor amax twice
     # (nvfp4: 10 amax passes per linear forward+backward instead of 6)
     import ufp4_megatron.kernels.dispatch as dispatch
+
     calls = []
     real = dispatch._tensor_amax
     monkeypatch.setattr(dispatch, "_tensor_amax", lambda *a: calls.append(a) or real(*a))
@@ -202,8 +271,13 @@ def test_pair_takes_each_e4m3_tensor_amax_once(monkeypatch):
 
 
 AMAX_CASES = {  # (block, block_2d, rht): nvfp4's operands (x, dY; 16x16 weights; wgrad RHT16)
-    "1x16": (16, False, None), "16x16 tiles": (16, True, None), "1x16 rht16": (16, False, 16),
-    "1x32 rht32": (32, False, 32), "32x32 tiles": (32, True, None), "1x16 rht64": (16, False, 64)}
+    "1x16": (16, False, None),
+    "16x16 tiles": (16, True, None),
+    "1x16 rht16": (16, False, 16),
+    "1x32 rht32": (32, False, 32),
+    "32x32 tiles": (32, True, None),
+    "1x16 rht64": (16, False, 64),
+}
 
 
 @pytest.mark.parametrize("layout", ["row", "col"])
@@ -211,27 +285,33 @@ AMAX_CASES = {  # (block, block_2d, rht): nvfp4's operands (x, dY; 16x16 weights
 def test_tensor_amax_kernel_is_the_reference_bit_for_bit(case, layout):
     import ufp4_megatron.kernels.dispatch as dispatch
     from ufp4_megatron.numerics.quantize import e4m3_tensor_amax
+
     block, block_2d, rht = AMAX_CASES[case]
     rht = RHT(rht, 5) if rht else None
     specials = _special(12, 64)  # NaN and Inf blocks (left out), zeros, subnormals, huge
-    shapes = {"special": specials.to(DEVICE), "ragged 37x70": _data(37, 70, seed=8),
-              "one row": _data(1, 40, seed=9, dtype=torch.float16),
-              "all NaN": torch.full((16, 32), float("nan"), device=DEVICE),
-              "huge, fp32": _data(20, 48, seed=10, dtype=torch.float32) * 1e30,
-              "column slice": _data(20, 128, seed=12)[:, ::2],
-              "expanded rows": _data(1, 64, seed=13).expand(18, 64)}
+    shapes = {
+        "special": specials.to(DEVICE),
+        "ragged 37x70": _data(37, 70, seed=8),
+        "one row": _data(1, 40, seed=9, dtype=torch.float16),
+        "all NaN": torch.full((16, 32), float("nan"), device=DEVICE),
+        "huge, fp32": _data(20, 48, seed=10, dtype=torch.float32) * 1e30,
+        "column slice": _data(20, 128, seed=12)[:, ::2],
+        "expanded rows": _data(1, 64, seed=13).expand(18, 64),
+    }
     for name, x in shapes.items():
         view = x if layout == "row" else x.t().contiguous().t()
-        plan = dispatch._plan(view.dtype, view.device, "e2m1", block, block_2d, "e4m3",
-                              "rtne", rht, False, None)
+        plan = dispatch._plan(
+            view.dtype, view.device, "e2m1", block, block_2d, "e4m3", "rtne", rht, False, None
+        )
         R, C = view.shape
         length = -(-C // plan.unit) * plan.unit
         other = -(-R // block) * block if block_2d else R
         got = dispatch._tensor_amax(view, plan, length, other)
         want = e4m3_tensor_amax(view, block=block, block_2d=block_2d, rht=rht)
         assert got.dtype == torch.float32 and got.shape == ()
-        assert got.cpu().view(torch.int32).item() == want.cpu().float().view(torch.int32).item(), \
+        assert got.cpu().view(torch.int32).item() == want.cpu().float().view(torch.int32).item(), (
             f"{case} {layout} {name}: {got.item()} != {want.item()}"
+        )
 
 
 @pytest.mark.parametrize("layout", ["row", "col"])
@@ -243,8 +323,9 @@ def test_e4m3_nan_stays_in_its_block(layout, block_2d):
     for kw in (dict(rht=RHT(16, 2) if not block_2d else None), dict(rounding="sr", seed=4)):
         view = x if layout == "row" else x.t().contiguous().t()
         got = kernels.quantize_view(view, "e2m1", scale="e4m3", block_2d=block_2d, **kw)
-        assert_bitwise(got, reference(view, "e2m1", scale="e4m3", block_2d=block_2d, **kw),
-                       f"{layout} {kw}")
+        assert_bitwise(
+            got, reference(view, "e2m1", scale="e4m3", block_2d=block_2d, **kw), f"{layout} {kw}"
+        )
         nan = torch.isnan(got.cpu())  # only the two blocks (tiles) holding NaN / Inf
         assert int(nan.sum()) == 2 * (256 if block_2d else 16) and nan[0, 0] and nan[20, 40]
 
@@ -258,8 +339,9 @@ def test_fp16_rht_is_float32_and_finite():
         assert got.dtype == torch.float32 and torch.isfinite(got).all()
         assert_bitwise(got, reference(view, "e1m2", rht=RHT(16, 0)), "fp16 rht")
         assert_bitwise(got, reference(view.float(), "e1m2", rht=RHT(16, 0)), "fp32 ref")
-    qa, qb = kernels.quantize_pair(x, dict(grid="e1m2", rht=RHT(16, 0)),
-                                   x.t(), dict(grid="e1m2", rht=RHT(16, 0)))
+    qa, qb = kernels.quantize_pair(
+        x, dict(grid="e1m2", rht=RHT(16, 0)), x.t(), dict(grid="e1m2", rht=RHT(16, 0))
+    )
     assert qa.dtype == qb.dtype == torch.float32 and torch.isfinite(qa).all()
 
 
@@ -270,14 +352,16 @@ def test_rht_near_fp32_max_is_finite(layout):
     agree with the reference bit for bit and nothing is NaN (RHT16 of values near 8e37 gave a
     NaN block). The 16-tensor kernel (1x16, RHT16) and the generic one (RHT32/64) both."""
     g = torch.Generator().manual_seed(21)
-    big = torch.finfo(torch.float32).max / 64 ** 0.5 * 0.99  # within range for every size
+    big = torch.finfo(torch.float32).max / 64**0.5 * 0.99  # within range for every size
     x = (torch.rand(6, 64, generator=g) * 2 - 1) * big
     for size in (16, 32, 64):
         x[size // 16, :size] = RHT(size, 7).signs * big  # every sum of the block adds up
     x = x.to(DEVICE)
-    for size, block, grid, scale, rounding in ((16, 16, "e1m2", "fp32", "rtne"),
-                                               (32, 32, "e2m1", "e4m3", "sr"),
-                                               (64, 16, "e1m2", "fp32", "sr")):
+    for size, block, grid, scale, rounding in (
+        (16, 16, "e1m2", "fp32", "rtne"),
+        (32, 32, "e2m1", "e4m3", "sr"),
+        (64, 16, "e1m2", "fp32", "sr"),
+    ):
         kw = dict(block=block, scale=scale, rounding=rounding, rht=RHT(size, 7), seed=4)
         assert _check(x, grid, layout, **kw), (size, block, grid)
         q = kernels.quantize_view(x if layout == "row" else x.t().contiguous().t(), grid, **kw)
@@ -286,22 +370,31 @@ def test_rht_near_fp32_max_is_finite(layout):
 
 def test_non_contiguous_inputs_match():
     base = _data(20, 64, seed=14)
-    views = {"column slice": base[:, ::2], "row slice": base[::3], "offset": base[1:, 16:],
-             "transposed slice": base.t()[:48], "expanded rows": base[:1].expand(8, 64),
-             "expanded cols": base[:, :1].expand(20, 32),
-             "expanded, stride (1, 0)": base[:, 0].clone()[:, None].expand(20, 32),
-             "permuted 3d": base.reshape(4, 5, 64).permute(1, 0, 2)}
+    views = {
+        "column slice": base[:, ::2],
+        "row slice": base[::3],
+        "offset": base[1:, 16:],
+        "transposed slice": base.t()[:48],
+        "expanded rows": base[:1].expand(8, 64),
+        "expanded cols": base[:, :1].expand(20, 32),
+        "expanded, stride (1, 0)": base[:, 0].clone()[:, None].expand(20, 32),
+        "permuted 3d": base.reshape(4, 5, 64).permute(1, 0, 2),
+    }
     kws = (dict(rht=16, rounding="sr", seed=3), dict(dim=0, block=32, block_2d=True))
     for i, (name, x) in enumerate(views.items()):  # the 16-tensor and generic kernels in turn
         kw = kws[i % 2]
-        assert_bitwise(quantize(x, "e1m2", backend="triton", **kw),
-                       quantize(x, "e1m2", backend="torch", **kw), f"{name} {kw}")
+        assert_bitwise(
+            quantize(x, "e1m2", backend="triton", **kw),
+            quantize(x, "e1m2", backend="torch", **kw),
+            f"{name} {kw}",
+        )
 
 
 def test_triton_backend_refuses_what_it_lacks():
     x = _data(4, 32, seed=0)
-    with pytest.raises(ValueError, match="Triton kernels do not implement e4m3 scales on the "
-                                         "two's-complement grid"):
+    with pytest.raises(
+        ValueError, match="Triton kernels do not implement e4m3 scales on the two's-complement grid"
+    ):
         quantize(x, "int4_asym", scale="e4m3", backend="triton")
     with pytest.raises(ValueError, match="do not implement dtype torch.float64"):
         quantize(x.double(), "e1m2", backend="triton")
@@ -309,8 +402,11 @@ def test_triton_backend_refuses_what_it_lacks():
         quantize(x.reshape(2, 64), "e1m2", block=64, backend="triton")
     assert quantize(x[:0], "e1m2", backend="triton").shape == (0, 32)  # nothing to launch
     # backend="auto" takes the reference for what the kernels lack, so the two agree
-    assert_bitwise(quantize(x, "int4_asym", scale="e4m3"),
-                   quantize(x, "int4_asym", scale="e4m3", backend="torch"), "auto")
+    assert_bitwise(
+        quantize(x, "int4_asym", scale="e4m3"),
+        quantize(x, "int4_asym", scale="e4m3", backend="torch"),
+        "auto",
+    )
 
 
 @pytest.mark.parametrize("layout", ["row", "col"])
@@ -339,13 +435,23 @@ def test_quantize_dispatch_backends_agree():
     x = _data(15, 64, seed=2).reshape(3, 5, 64)
     for dim in (-1, 0):
         kw = dict(rht=16, rounding="sr", seed=4, dim=dim) if dim == -1 else dict(dim=dim)
-        assert_bitwise(quantize(x, "e1m2", backend="triton", **kw),
-                       quantize(x, "e1m2", backend="torch", **kw), f"dim {dim}")
+        assert_bitwise(
+            quantize(x, "e1m2", backend="triton", **kw),
+            quantize(x, "e1m2", backend="torch", **kw),
+            f"dim {dim}",
+        )
 
 
-@pytest.mark.parametrize("name,dtype", [("ufp4", torch.bfloat16), ("nvfp4", torch.bfloat16),
-                                        ("mxfp4", torch.bfloat16), ("e2m1", torch.bfloat16),
-                                        ("ufp4", torch.float16)])
+@pytest.mark.parametrize(
+    "name,dtype",
+    [
+        ("ufp4", torch.bfloat16),
+        ("nvfp4", torch.bfloat16),
+        ("mxfp4", torch.bfloat16),
+        ("e2m1", torch.bfloat16),
+        ("ufp4", torch.float16),
+    ],
+)
 def test_quantized_linear_triton_matches_torch(name, dtype):
     recipe = get_recipe(name)
     x = _data(24, 64, seed=3, dtype=dtype)

@@ -10,15 +10,15 @@ GPU (and, for the UFP4 operand specs, on the CPU too). Run with `make test-gpu`.
 
 Few kernel variants on purpose: each compiles for seconds (run with -n 8 to compile in parallel).
 """
+
 import pytest
 import torch
+from kernel_assertions import assert_bitwise
 
 from ufp4_megatron import kernels
 from ufp4_megatron.kernels.dispatch import TILES
 from ufp4_megatron.numerics.hadamard import RHT
 from ufp4_megatron.numerics.quantize import quantize_view as reference
-
-from kernel_assertions import assert_bitwise
 
 pytestmark = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -49,8 +49,9 @@ def test_gpu_ufp4_operands_match_reference(shape, rounding):
 
 @needs_cuda
 @pytest.mark.parametrize("scale", ["fp32", "e4m3", "e8m0"])
-@pytest.mark.parametrize("grid", ["e2m1", "e1m2", "int4", "int4_asym",
-                                  tuple(float(v) for v in range(16))], ids=str)
+@pytest.mark.parametrize(
+    "grid", ["e2m1", "e1m2", "int4", "int4_asym", tuple(float(v) for v in range(16))], ids=str
+)
 def test_gpu_all_grids_and_scales_match(grid, scale):
     x = _data(1024, 1536, seed=1)
     kw = dict(scale=scale, rounding="sr", rht=RHT(16, 1), seed=9)
@@ -66,10 +67,18 @@ def test_gpu_block_options_and_special_values_match(block, block_2d):
     x = _data(999, 1000, seed=block).float()
     x[0, 5], x[1, 40], x[2], x[3] = float("nan"), float("-inf"), 0.0, x[3] * 1e-41
     for view, scale, rht in ((x, "fp32", None), (x.t(), "e8m0", RHT(32, 2))):
-        kw = dict(block=block, block_2d=block_2d, scale=scale, rht=rht, keep_padding=True,
-                  rounding="sr", seed=1)
-        assert_bitwise(kernels.quantize_view(view, "e1m2", **kw),
-                       reference(view, "e1m2", **kw), f"{kw}")
+        kw = dict(
+            block=block,
+            block_2d=block_2d,
+            scale=scale,
+            rht=rht,
+            keep_padding=True,
+            rounding="sr",
+            seed=1,
+        )
+        assert_bitwise(
+            kernels.quantize_view(view, "e1m2", **kw), reference(view, "e1m2", **kw), f"{kw}"
+        )
 
 
 @needs_cuda
@@ -80,8 +89,11 @@ def test_gpu_pair_matches_reference(shape):
     dy = _data(shape[0], shape[1] // 2, seed=9)
     rtne = dict(grid="e1m2", rht=RHT(16, 0), keep_padding=True)
     sr = dict(rtne, rounding="sr", seed=2**50 + 5, origin=(0, 64))
-    for name, a, a_kw, b, b_kw in (("fprop", x, rtne, w, rtne), ("dgrad", dy, sr, w.t(), rtne),
-                                   ("wgrad", dy.t(), sr, x.t(), rtne)):
+    for name, a, a_kw, b, b_kw in (
+        ("fprop", x, rtne, w, rtne),
+        ("dgrad", dy, sr, w.t(), rtne),
+        ("wgrad", dy.t(), sr, x.t(), rtne),
+    ):
         qa, qb = kernels.quantize_pair(a, a_kw, b, b_kw)
         assert_bitwise(qa, reference(a, **a_kw), f"{name} a")
         assert_bitwise(qb, reference(b, **b_kw), f"{name} b")

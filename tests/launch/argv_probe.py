@@ -5,15 +5,26 @@ $PROBE_OUT/rank<RANK>.json (and rank<RANK>.restart<SLURM_RESTART_COUNT>), then
 sleeps $PROBE_SLEEP seconds (a workload that runs until Slurm stops it). It stands in for the trainer only where the launcher's contract is
 the argv/environment boundary; the end-to-end tests run the real trainer.
 """
+
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
-        "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
-        "SLURM_JOB_ID", "SLURM_ARRAY_TASK_ID")
+keys = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "NCCL_NVLS_ENABLE",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    "NVSHMEM_DISABLE_NVLS",
+    "SLURM_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
+)
 out = Path(os.environ["PROBE_OUT"])
 out.mkdir(parents=True, exist_ok=True)
 record = {"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in keys}}

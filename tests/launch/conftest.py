@@ -1,5 +1,6 @@
 """Fixtures for the launcher tests: the repo paths, a clean environment for subprocesses, and a
 real one-node Slurm cluster (launch/ci/slurm_up.sh) for the pytest session, stopped at its end."""
+
 from __future__ import annotations
 
 import os
@@ -18,14 +19,32 @@ LAUNCH = ROOT / "launch"
 def run_env(tmp_path: Path, **extra: str) -> dict:
     """The environment launched processes get: this Python, offline W&B in tmp, no stray
     torchrun/Slurm variables from the caller."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "TORCHELASTIC_", "RDZV_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                         "NNODES", "NPROC_PER_NODE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "TORCHELASTIC_", "RDZV_"))
+        and k
+        not in (
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "NNODES",
+            "NPROC_PER_NODE",
+        )
+    }
     wandb = tmp_path / "wandb"
-    env.update(PYTHON=sys.executable, PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
-               WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(wandb),
-               WANDB_CACHE_DIR=str(wandb), WANDB_CONFIG_DIR=str(wandb), OMP_NUM_THREADS="1")
+    env.update(
+        PYTHON=sys.executable,
+        PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        WANDB_DIR=str(wandb),
+        WANDB_CACHE_DIR=str(wandb),
+        WANDB_CONFIG_DIR=str(wandb),
+        OMP_NUM_THREADS="1",
+    )
     env.update(extra)
     return env
 
@@ -46,8 +65,9 @@ def slurm(apt_tools):
     state = Path(tempfile.mkdtemp(prefix="ufp4-slurm-"))
     state.chmod(0o755)  # munged runs as user munge and writes its pid file in here
     env = {**os.environ, "UFP4_SLURM_DIR": str(state)}
-    res = subprocess.run([str(LAUNCH / "ci" / "slurm_up.sh")], env=env, capture_output=True,
-                         text=True, timeout=300)
+    res = subprocess.run(
+        [str(LAUNCH / "ci" / "slurm_up.sh")], env=env, capture_output=True, text=True, timeout=300
+    )
     if res.returncode != 0:
         logs = "".join(p.read_text()[-2000:] for p in (state / "log").glob("*.log"))
         pytest.fail(f"slurm_up.sh failed:\n{res.stderr[-3000:]}\n{logs}")

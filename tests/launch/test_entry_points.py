@@ -6,13 +6,14 @@ launch scripts live once, in the package, with launch/ linking to them.
     test_torchrun_sh_help_and_no_gpu_message
     test_launch_dir_links_to_the_packaged_scripts
 """
+
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import LAUNCH, run_env
+
 from ufp4_megatron.scripts import SLURM_SBATCH, TORCHRUN
 
 BIN = Path(sys.executable).parent
@@ -27,8 +28,14 @@ PROGRAMS = {  # console script: (module, what its --help starts with)
 
 
 def _help(cmd, tmp_path):
-    return subprocess.run([*cmd, "--help"], cwd=tmp_path, env=run_env(tmp_path),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [*cmd, "--help"],
+        cwd=tmp_path,
+        env=run_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("script", sorted(PROGRAMS))
@@ -39,8 +46,9 @@ def test_console_script_help_names_the_program(script, tmp_path):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("script", ["ufp4-describe", "ufp4-compare", "ufp4-prepare-data",
-                                    "ufp4-diagnostics"])
+@pytest.mark.parametrize(
+    "script", ["ufp4-describe", "ufp4-compare", "ufp4-prepare-data", "ufp4-diagnostics"]
+)
 def test_module_help_names_the_program(script, tmp_path):
     module = PROGRAMS[script][0]
     r = _help([sys.executable, "-m", module], tmp_path)
@@ -50,13 +58,22 @@ def test_module_help_names_the_program(script, tmp_path):
 
 
 def test_torchrun_sh_help_and_no_gpu_message(tmp_path):
-    r = subprocess.run([str(LAUNCH / "torchrun.sh"), "--help"], env=run_env(tmp_path),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [str(LAUNCH / "torchrun.sh"), "--help"],
+        env=run_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0 and "--nproc-per-node" in r.stdout and not r.stderr
     assert not r.stdout.startswith("#!")
-    r = subprocess.run([str(LAUNCH / "torchrun.sh"), "--", "model=tiny"], timeout=120,
-                       env=run_env(tmp_path, NPROC_PER_NODE="gpu", CUDA_VISIBLE_DEVICES=""),
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [str(LAUNCH / "torchrun.sh"), "--", "model=tiny"],
+        timeout=120,
+        env=run_env(tmp_path, NPROC_PER_NODE="gpu", CUDA_VISIBLE_DEVICES=""),
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "no GPU visible" in r.stderr and "Traceback" not in r.stderr
 
 

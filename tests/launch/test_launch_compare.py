@@ -10,6 +10,7 @@ elastic torchrun restart.
   one rank is killed mid-run, torchrun restarts both, they resume from the newest checkpoint
   and finish every step (make test-slow).
 """
+
 import json
 import os
 import re
@@ -21,18 +22,28 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from conftest import LAUNCH, ROOT, run_env
+from conftest import LAUNCH, run_env
 
 STEPS = 12
 # A tiny model with a small corpus: seconds per run on 2 CPU cores. Each run tokenizes into its
 # own cache (the trainer's cache writes are not safe between concurrent jobs).
-COMMON = ["model=tiny", "model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
-          "model.num_attention_heads=2", "model.num_query_groups=1", "train.seq_len=32",
-          "train.micro_batch=1", "train.global_batch=2", "train.seed=7",
-          "logging.wandb.mode=disabled", "logging.progress=plain",
-          "data.corpus_max_bytes=300000", "data.split='80,20,0'",
-          "data.cache_dir=${hydra:run.dir}/data-cache"]
+COMMON = [
+    "model=tiny",
+    "model.num_layers=2",
+    "model.hidden_size=64",
+    "model.ffn_hidden_size=128",
+    "model.num_attention_heads=2",
+    "model.num_query_groups=1",
+    "train.seq_len=32",
+    "train.micro_batch=1",
+    "train.global_batch=2",
+    "train.seed=7",
+    "logging.wandb.mode=disabled",
+    "logging.progress=plain",
+    "data.corpus_max_bytes=300000",
+    "data.split='80,20,0'",
+    "data.cache_dir=${hydra:run.dir}/data-cache",
+]
 
 
 def overrides(steps: int, interval: int) -> list[str]:
@@ -47,8 +58,9 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 def scontrol_job(env, job) -> dict:
-    res = subprocess.run(["scontrol", "-o", "show", "job", job], env=env, capture_output=True,
-                         text=True, timeout=30)
+    res = subprocess.run(
+        ["scontrol", "-o", "show", "job", job], env=env, capture_output=True, text=True, timeout=30
+    )
     return dict(kv.split("=", 1) for kv in res.stdout.split() if "=" in kv)
 
 
@@ -69,33 +81,67 @@ def test_compare_sweep_with_requeue_resumes_exactly(slurm, tmp_path):
     out = tmp_path / "sweep"
     # The same UFP4 run in one go, outside Slurm, to compare the requeued one against.
     ref_dir = tmp_path / "ufp4-uninterrupted"
-    ref = subprocess.Popen([sys.executable, "-m", "ufp4_megatron.train", *overrides(STEPS, 4),
-                            "precision=ufp4",
-                            f"hydra.run.dir={ref_dir}"], env=env, cwd=tmp_path,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    res = subprocess.run([sys.executable, "-m", "ufp4_megatron.cli.launch", "compare",
-                          "--out", str(out), "--nproc-per-node", "1",
-                          # UFP4 first: its requeue then overlaps the other runs on 2 CPUs
-                          "--precisions", "ufp4,bf16,e2m1", "--", *overrides(STEPS, 4)],
-                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    ref = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ufp4_megatron.train",
+            *overrides(STEPS, 4),
+            "precision=ufp4",
+            f"hydra.run.dir={ref_dir}",
+        ],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ufp4_megatron.cli.launch",
+            "compare",
+            "--out",
+            str(out),
+            "--nproc-per-node",
+            "1",
+            # UFP4 first: its requeue then overlaps the other runs on 2 CPUs
+            "--precisions",
+            "ufp4,bf16,e2m1",
+            "--",
+            *overrides(STEPS, 4),
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     sweep = json.loads((out / "sweep.json").read_text())
     names = [run["name"] for run in sweep["runs"]]
     assert names == ["ufp4", "bf16", "e2m1"]
     array, report = sweep["jobs"]["array"], sweep["jobs"]["report"]
     ufp4 = f"{array}_{names.index('ufp4')}"
-    logs = lambda: "\n".join(p.name + ":\n" + p.read_text()[-3000:]  # noqa: E731
-                             for p in sorted((out / "logs").glob("*")))
-    failed = lambda: any(scontrol_job(env, f"{array}_{i}").get("JobState")  # noqa: E731
-                         in ("FAILED", "CANCELLED", "TIMEOUT") for i in range(len(names)))
+    logs = lambda: "\n".join(
+        p.name + ":\n" + p.read_text()[-3000:] for p in sorted((out / "logs").glob("*"))
+    )
+    failed = lambda: any(
+        scontrol_job(env, f"{array}_{i}").get("JobState") in ("FAILED", "CANCELLED", "TIMEOUT")
+        for i in range(len(names))
+    )
 
     # Mid-run, after its first checkpoint (step 4): the time-limit warning for the UFP4
     # element. The trainer runs in 0.2 s slices between SIGSTOPs, so it is surely paused mid-run
     # when the warning is sent; Slurm's SIGCONT + SIGTERM to the step then wake it up to
     # checkpoint and exit.
     pattern = f"hydra.run.dir={out / 'ufp4'}( |$)"
-    find = lambda: subprocess.run(["pgrep", "-f", pattern], capture_output=True,  # noqa: E731
-                                  text=True).stdout.split()
+    find = lambda: subprocess.run(
+        ["pgrep", "-f", pattern],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     wait_for(lambda: len(find()) == 1, 180, "the UFP4 trainer", logs, failed)
     trainer = int(find()[0])
     deadline = time.time() + 180
@@ -111,16 +157,31 @@ def test_compare_sweep_with_requeue_resumes_exactly(slurm, tmp_path):
     # job, scancel's own retry loop ("Job can not be altered now, try again later") waits until
     # the old step has ended, i.e. until the trainer has checkpointed and exited: not awaited.
     warning = subprocess.Popen(["scancel", "--batch", "--signal=USR1", ufp4], env=env)
-    wait_for(lambda: scontrol_job(env, ufp4).get("JobState") == "PENDING"
-             and scontrol_job(env, ufp4).get("Restarts") == "1", 120, "the requeue", logs)
+    wait_for(
+        lambda: (
+            scontrol_job(env, ufp4).get("JobState") == "PENDING"
+            and scontrol_job(env, ufp4).get("Restarts") == "1"
+        ),
+        120,
+        "the requeue",
+        logs,
+    )
     warning.wait(timeout=120)
     trained_before_requeue = max(losses(out / "ufp4"))
     # Slurm holds a requeued job ~2 minutes (BeginTime); release it now.
-    subprocess.run(["scontrol", "update", f"JobId={ufp4}", "StartTime=now"], env=env,
-                   check=True, timeout=30)
-    wait_for(lambda: scontrol_job(env, report).get("JobState") in ("COMPLETED", "FAILED",
-                                                                    "CANCELLED", "TIMEOUT"),
-             240, "the report job", logs, failed)
+    subprocess.run(
+        ["scontrol", "update", f"JobId={ufp4}", "StartTime=now"], env=env, check=True, timeout=30
+    )
+    wait_for(
+        lambda: (
+            scontrol_job(env, report).get("JobState")
+            in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+        ),
+        240,
+        "the report job",
+        logs,
+        failed,
+    )
     assert scontrol_job(env, report)["JobState"] == "COMPLETED", logs()
     ref_out, _ = ref.communicate(timeout=240)
     assert ref.returncode == 0, ref_out[-3000:]
@@ -136,8 +197,9 @@ def test_compare_sweep_with_requeue_resumes_exactly(slurm, tmp_path):
     # Stopped mid-run, within one step of the signal, nothing trained past the save. Slurm
     # sends SIGCONT before SIGTERM, so the paused trainer may run on for a few steps before the
     # signal comes; the trainer's message says when it came.
-    stopped = re.search(r"stop signal \((SIGTERM|SIGUSR1) after step (\d+)\): saved step (\d+)",
-                        ufp4_log)
+    stopped = re.search(
+        r"stop signal \((SIGTERM|SIGUSR1) after step (\d+)\): saved step (\d+)", ufp4_log
+    )
     assert stopped, ufp4_log[-3000:]
     arrived, saved = int(stopped[2]), int(stopped[3])
     assert paused_at <= arrived <= saved <= arrived + 1
@@ -151,6 +213,7 @@ def test_compare_sweep_with_requeue_resumes_exactly(slurm, tmp_path):
         c = yaml.safe_load((out / name / ".hydra" / "config.yaml").read_text())
         c.pop("precision"), c["checkpoint"].pop("dir"), c["data"].pop("cache_dir")
         return c
+
     first = identity("bf16")
     assert first["train"]["seed"] == 7
     assert all(identity(n) == first for n in names)
@@ -170,10 +233,24 @@ def test_torchrun_elastic_restart_resumes(tmp_path):
     env = run_env(tmp_path)
     log = tmp_path / "torchrun.log"
     with log.open("w") as f:
-        proc = subprocess.Popen([str(LAUNCH / "torchrun.sh"), "--nproc-per-node", "2",
-                                 "--max-restarts", "1", "--", *overrides(40, 4), "precision=bf16",
-                                 f"hydra.run.dir={run_dir}"], env=env, cwd=tmp_path,
-                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                str(LAUNCH / "torchrun.sh"),
+                "--nproc-per-node",
+                "2",
+                "--max-restarts",
+                "1",
+                "--",
+                *overrides(40, 4),
+                "precision=bf16",
+                f"hydra.run.dir={run_dir}",
+            ],
+            env=env,
+            cwd=tmp_path,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     latest = run_dir / "checkpoints" / "latest"
 
     def paused_mid_run() -> bool:
@@ -193,12 +270,18 @@ def test_torchrun_elastic_restart_resumes(tmp_path):
         return latest.exists() and int(latest.read_text()) < len(done) < 40
 
     try:
-        wait_for(paused_mid_run, 180, "a checkpoint and a step past it",
-                 lambda: log.read_text()[-4000:], failed=lambda: proc.poll() is not None)
+        wait_for(
+            paused_mid_run,
+            180,
+            "a checkpoint and a step past it",
+            lambda: log.read_text()[-4000:],
+            failed=lambda: proc.poll() is not None,
+        )
         saved = int(latest.read_text())
         before = (run_dir / "metrics.jsonl").read_text().splitlines()
-        workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                 text=True).stdout.split()
+        workers = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
         assert len(workers) == 2, workers
         os.kill(int(workers[-1]), signal.SIGKILL)  # one rank dies: torchrun restarts both
         os.killpg(proc.pid, signal.SIGCONT)

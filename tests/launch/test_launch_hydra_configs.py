@@ -1,13 +1,14 @@
 """configs/hydra/launcher/*: every launcher composes with the trainer's config and resolves to
 hydra-submitit-launcher's classes with the settings the comments promise."""
+
 from pathlib import Path
 
 import pytest
 from hydra import compose
 from omegaconf import OmegaConf
 
-from ufp4_megatron.train.overrides import training_configs
 from ufp4_megatron.configs import CONFIG_DIR
+from ufp4_megatron.train.overrides import training_configs
 
 
 @pytest.fixture(scope="module")
@@ -15,8 +16,9 @@ def launchers():
     out = {}
     with training_configs():
         for path in sorted((Path(CONFIG_DIR) / "hydra" / "launcher").glob("*.yaml")):
-            cfg = compose("config", overrides=[f"hydra/launcher={path.stem}"],
-                          return_hydra_config=True)
+            cfg = compose(
+                "config", overrides=[f"hydra/launcher={path.stem}"], return_hydra_config=True
+            )
             out[path.stem] = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
     return out
 

@@ -1,4 +1,5 @@
 """Every shell script under launch/ passes shellcheck (installed by launch/ci/apt_deps.sh)."""
+
 import subprocess
 
 from conftest import LAUNCH, which_or_fail
@@ -12,6 +13,9 @@ def test_launch_scripts_exist():
 
 
 def test_shellcheck_passes_on_every_script(apt_tools):
-    res = subprocess.run([which_or_fail("shellcheck"), "--shell=bash", "--severity=style",
-                          *map(str, SCRIPTS)], capture_output=True, text=True)
+    res = subprocess.run(
+        [which_or_fail("shellcheck"), "--shell=bash", "--severity=style", *map(str, SCRIPTS)],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stdout + res.stderr

@@ -2,14 +2,15 @@
 pytest session (`mcore_results`, marked `distributed`): Megatron is imported once per rank
 and every layout and recipe runs inside it, which keeps the suite under a minute on 2 CPU
 cores."""
-import pytest
 
+import pytest
 from mcore_harness import run_scenario
 
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "distributed: uses the shared 2-rank gloo launch of tests/megatron (~1-2 min)")
+        "markers", "distributed: uses the shared 2-rank gloo launch of tests/megatron (~1-2 min)"
+    )
 
 
 @pytest.fixture(scope="session")

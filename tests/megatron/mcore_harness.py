@@ -1,6 +1,7 @@
 """Launch a scenario of mcore_scenarios.py on N gloo ranks (subprocesses) and load rank 0's
 results. One launch imports Megatron once per rank and runs many configurations, which keeps
 the multi-process tests inside the suite's time budget."""
+
 from __future__ import annotations
 
 import json
@@ -22,18 +23,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_scenario(name: str, out_dir: Path, *, world_size: int = 2, timeout: int = 900,
-                 **kwargs) -> dict:
+def run_scenario(
+    name: str, out_dir: Path, *, world_size: int = 2, timeout: int = 900, **kwargs
+) -> dict:
     port = _free_port()
     procs = []
     for rank in range(world_size):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                   PYTHONWARNINGS="ignore")
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            PYTHONWARNINGS="ignore",
+        )
         log = open(out_dir / f"{name}.rank{rank}.log", "w")
-        procs.append((subprocess.Popen(
-            [sys.executable, str(WORKER), name, str(out_dir), json.dumps(kwargs)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=HERE), log))
+        procs.append(
+            (
+                subprocess.Popen(
+                    [sys.executable, str(WORKER), name, str(out_dir), json.dumps(kwargs)],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=HERE,
+                ),
+                log,
+            )
+        )
     failed = []
     for rank, (proc, log) in enumerate(procs):
         try:

@@ -1,5 +1,6 @@
 """Tiny Megatron GPTs on CPU and the bookkeeping to compare them across parallel layouts:
 full (unsharded) parameters in, full gradients out, under layout-independent names."""
+
 from __future__ import annotations
 
 import re
@@ -26,39 +27,72 @@ _LAYOUT: list = []
 def setup_parallel(tp: int = 1, ep: int = 1, seed: int = 1234) -> None:
     """Megatron's parallel state for (tp, ep), rebuilt only when the layout changes (group
     creation dominates a gloo run's set-up), and the RNGs reseeded."""
-    if _LAYOUT != [tp, ep]:
+    if [tp, ep] != _LAYOUT:
         ps.destroy_model_parallel()
         # gloo is already the default backend: no second set of gloo groups
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
-                                     create_gloo_process_groups=False)
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            expert_model_parallel_size=ep,
+            create_gloo_process_groups=False,
+        )
         _LAYOUT[:] = [tp, ep]
     seed_model_parallel(seed)
 
 
-def tiny_config(*, moe: bool = False, tp: int = 1, ep: int = 1, sp: bool = False,
-                grouped: bool = False, glu: bool = False, **overrides) -> TransformerConfig:
-    kw = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
-              use_cpu_initialization=True, params_dtype=torch.float32, hidden_dropout=0.0,
-              attention_dropout=0.0, tensor_model_parallel_size=tp, sequence_parallel=sp,
-              expert_model_parallel_size=ep, add_bias_linear=not moe)
+def tiny_config(
+    *,
+    moe: bool = False,
+    tp: int = 1,
+    ep: int = 1,
+    sp: bool = False,
+    grouped: bool = False,
+    glu: bool = False,
+    **overrides,
+) -> TransformerConfig:
+    kw = dict(
+        num_layers=2,
+        hidden_size=64,
+        ffn_hidden_size=128,
+        num_attention_heads=4,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        sequence_parallel=sp,
+        expert_model_parallel_size=ep,
+        add_bias_linear=not moe,
+    )
     if glu:  # SwiGLU: fc1 weights are partitioned with stride 2
         kw.update(gated_linear_unit=True, activation_func=torch.nn.functional.silu)
     if moe:
-        kw.update(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=64,
-                  moe_token_dispatcher_type="allgather", moe_grouped_gemm=grouped,
-                  moe_shared_expert_intermediate_size=64)
+        kw.update(
+            num_moe_experts=4,
+            moe_router_topk=2,
+            moe_ffn_hidden_size=64,
+            moe_token_dispatcher_type="allgather",
+            moe_grouped_gemm=grouped,
+            moe_shared_expert_intermediate_size=64,
+        )
     kw.update(overrides)
     return TransformerConfig(**kw)
 
 
-def build_gpt(config: TransformerConfig, policy: UFP4Policy,
-              attention: str = "megatron") -> GPTModel:
-    base = get_gpt_layer_local_spec(num_experts=config.num_moe_experts,
-                                    moe_grouped_gemm=config.moe_grouped_gemm)
+def build_gpt(
+    config: TransformerConfig, policy: UFP4Policy, attention: str = "megatron"
+) -> GPTModel:
+    base = get_gpt_layer_local_spec(
+        num_experts=config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm
+    )
     if attention != "megatron":
         base = with_core_attention(base, core_attention_spec(attention))
-    return GPTModel(config=config, transformer_layer_spec=ufp4_block_spec(base, config, policy),
-                    vocab_size=VOCAB, max_sequence_length=SEQ, position_embedding_type="rope")
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=ufp4_block_spec(base, config, policy),
+        vocab_size=VOCAB,
+        max_sequence_length=SEQ,
+        position_embedding_type="rope",
+    )
 
 
 def batch(dp_rank: int) -> torch.Tensor:
@@ -84,8 +118,13 @@ def _per_expert(name: str, t, num_local_experts: int):
     m = _GROUPED.search(name)
     if m:
         fc, kind = m.groups()
-        return [(name[:m.start()] + f".experts.local_experts.{first + e}.{fc}.{kind}",
-                 None if t is None else t[e]) for e in range(num_local_experts)]
+        return [
+            (
+                name[: m.start()] + f".experts.local_experts.{first + e}.{fc}.{kind}",
+                None if t is None else t[e],
+            )
+            for e in range(num_local_experts)
+        ]
     return [(_LOCAL.sub(lambda m: f".experts.local_experts.{first + int(m.group(1))}.", name), t)]
 
 
@@ -94,8 +133,11 @@ def _is_expert(name: str) -> bool:
 
 
 def _tp_group(name: str):
-    return ps.get_expert_tensor_parallel_group() if _is_expert(name) else \
-        ps.get_tensor_model_parallel_group()
+    return (
+        ps.get_expert_tensor_parallel_group()
+        if _is_expert(name)
+        else ps.get_tensor_model_parallel_group()
+    )
 
 
 def _partition(p, name: str) -> tuple[int, int] | None:
@@ -110,8 +152,11 @@ def full_state(model) -> dict[str, torch.Tensor]:
     assert ps.get_tensor_model_parallel_world_size() == 1
     assert ps.get_expert_model_parallel_world_size() == 1
     n = model.config.num_moe_experts or 0
-    return {k: t.detach().clone() for name, p in model.named_parameters()
-            for k, t in _per_expert(name, p, n)}
+    return {
+        k: t.detach().clone()
+        for name, p in model.named_parameters()
+        for k, t in _per_expert(name, p, n)
+    }
 
 
 def load_full_state(model, state: dict[str, torch.Tensor], num_local_experts: int = 0) -> None:
@@ -126,7 +171,7 @@ def load_full_state(model, state: dict[str, torch.Tensor], num_local_experts: in
                     # Megatron's strided partition: world*stride chunks, rank r takes r::world
                     dim, stride = part
                     chunks = full.chunk(group.size() * stride, dim=dim)
-                    full = torch.cat(chunks[group.rank()::group.size()], dim=dim)
+                    full = torch.cat(chunks[group.rank() :: group.size()], dim=dim)
                 local.copy_(full)
 
 
@@ -142,21 +187,28 @@ def full_grads(model, num_local_experts: int = 0, dp_sum: bool = False) -> dict:
         if part is None and getattr(p, "sequence_parallel", False) and group.size() > 1:
             dist.all_reduce(g, group=group)
         if dp_sum:
-            dp = (ps.get_expert_data_parallel_group() if _is_expert(name) else
-                  ps.get_data_parallel_group())
+            dp = (
+                ps.get_expert_data_parallel_group()
+                if _is_expert(name)
+                else ps.get_data_parallel_group()
+            )
             dist.all_reduce(g, group=dp)
         for key, local in _per_expert(name, g, num_local_experts):
             if part is not None:
                 dim, stride = part
                 parts = [torch.empty_like(local) for _ in range(group.size())]
                 dist.all_gather(parts, local.contiguous(), group=group)
-                local = torch.cat([q.chunk(stride, dim)[c] for c in range(stride) for q in parts],
-                                  dim=dim)
+                local = torch.cat(
+                    [q.chunk(stride, dim)[c] for c in range(stride) for q in parts], dim=dim
+                )
             out[key] = local
     if ps.get_expert_model_parallel_world_size() > 1:
         parts = [None] * ps.get_expert_model_parallel_world_size()
-        dist.all_gather_object(parts, {k: v for k, v in out.items() if _is_expert(k)},
-                               group=ps.get_expert_model_parallel_group())
+        dist.all_gather_object(
+            parts,
+            {k: v for k, v in out.items() if _is_expert(k)},
+            group=ps.get_expert_model_parallel_group(),
+        )
         for part in parts:
             out.update(part)
     return out

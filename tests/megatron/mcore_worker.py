@@ -1,4 +1,5 @@
 """One gloo rank of a scenario: `python mcore_worker.py <scenario> <out_dir> <json kwargs>`."""
+
 import json
 import sys
 from pathlib import Path

@@ -12,10 +12,10 @@ grouped BF16 experts, on the shared 2-rank gloo launch (mcore_scenarios.attentio
 - spec wiring: the trainer's block_spec puts SDPAttention (or TE, or Megatron's) in every
   layer and keeps the UFP4 rewrite; unknown backends and kernels fail with the valid choices.
 """
+
 import functools
 
 import pytest
-import torch
 
 pytestmark = pytest.mark.distributed
 
@@ -50,8 +50,10 @@ def test_grouped_bf16_experts_match_sequential(mcore_results, layout):
     assert abs(run["loss"] - ref["loss"]) <= 1e-6 * ref["loss"]
     key = "grads" if layout != "ep2" else "grads_dp"
     assert _rel(run[key], ref[key]) < 1e-6
-    assert run["modules"]["decoder.layers.0.mlp.experts.linear_fc1"] == \
-        "UFP4ColumnParallelGroupedLinear"
+    assert (
+        run["modules"]["decoder.layers.0.mlp.experts.linear_fc1"]
+        == "UFP4ColumnParallelGroupedLinear"
+    )
     assert ref["modules"]["decoder.layers.0.mlp.experts"] == "SequentialMLP"
 
 
@@ -61,8 +63,9 @@ def test_grouped_bf16_experts_match_sequential(mcore_results, layout):
 def _config(**kw):
     from megatron.core.transformer import TransformerConfig
 
-    return TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
-                             num_query_groups=2, **kw)
+    return TransformerConfig(
+        num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, **kw
+    )
 
 
 def _core(block, i):
@@ -111,7 +114,7 @@ def test_the_trainers_check_knows_the_same_backends_and_kernels():
     from ufp4_megatron.megatron.attention import BACKENDS, KERNELS
     from ufp4_megatron.train.validate import ATTENTION_BACKENDS, SDPA_KERNELS
 
-    assert ATTENTION_BACKENDS == BACKENDS and SDPA_KERNELS == tuple(KERNELS)
+    assert ATTENTION_BACKENDS == BACKENDS and tuple(KERNELS) == SDPA_KERNELS
 
 
 def test_sdpa_refuses_what_it_does_not_implement():
@@ -120,5 +123,6 @@ def test_sdpa_refuses_what_it_does_not_implement():
     from ufp4_megatron.megatron.attention import SDPAttention
 
     with pytest.raises(ValueError, match="window_size"):
-        SDPAttention(_config(window_size=(8, 0)), 1, AttnMaskType.causal, "self",
-                     pg_collection=object())
+        SDPAttention(
+            _config(window_size=(8, 0)), 1, AttnMaskType.causal, "self", pg_collection=object()
+        )

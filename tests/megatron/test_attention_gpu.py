@@ -6,13 +6,16 @@ head dim 128, sequence 4096: output and dq/dk/dv within 3e-2 relative (L2; bf16
 probabilities and outputs rounded in two different kernels, sums over 4096 keys); forward +
 backward time printed per kernel (never asserted).
 """
+
 import socket
 
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +27,12 @@ def megatron_state():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                                world_size=1)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     ps.initialize_model_parallel()
     # Megatron's attention forks the model-parallel RNG (dropout), which a test process run
     # alone (pytest -n) has not seeded yet
     from ufp4_megatron.megatron.cpu_compat import seed_model_parallel
+
     seed_model_parallel(0)
     yield
     ps.destroy_model_parallel()
@@ -66,12 +69,21 @@ def test_gpu_sdpa_kernels_match_megatron_attention(megatron_state):
     from ufp4_megatron.megatron.attention import SDPAttention
 
     s, b, heads, groups, dim = 4096, 1, 16, 4, 128
-    config = TransformerConfig(num_layers=1, hidden_size=heads * dim, num_attention_heads=heads,
-                               num_query_groups=groups, params_dtype=torch.bfloat16, bf16=True,
-                               attention_dropout=0.0, masked_softmax_fusion=False)
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=heads * dim,
+        num_attention_heads=heads,
+        num_query_groups=groups,
+        params_dtype=torch.bfloat16,
+        bf16=True,
+        attention_dropout=0.0,
+        masked_softmax_fusion=False,
+    )
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(s, b, n, dim, device="cuda", generator=g, dtype=torch.bfloat16)
-               for n in (heads, groups, groups))
+    q, k, v = (
+        torch.randn(s, b, n, dim, device="cuda", generator=g, dtype=torch.bfloat16)
+        for n in (heads, groups, groups)
+    )
     dy = torch.randn(s, b, heads * dim, device="cuda", generator=g, dtype=torch.bfloat16)
     mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device="cuda"), 1)[None, None]
     ref_mod = DotProductAttention(config, 1, AttnMaskType.causal, "self")
@@ -88,7 +100,8 @@ def test_gpu_sdpa_kernels_match_megatron_attention(megatron_state):
         errors = [_rel(a, r) for a, r in zip(got, ref)]
         assert max(errors) < 3e-2, (kernel, errors)
         times[f"sdpa {kernel[0] if kernel else 'auto'}"] = _ms(
-            lambda: _fwd_bwd(mod, q, k, v, None, dy))
+            lambda: _fwd_bwd(mod, q, k, v, None, dy)
+        )
         ran.append(kernel)
     assert None in ran  # PyTorch's own choice always runs
     print("\nattention fwd+bwd, b=1 s=4096 16 heads / 4 groups x 128, bf16 (ms):")

@@ -11,6 +11,7 @@
 No Megatron class is patched here or in the module; the GPU branch is reached by reporting
 CUDA available (torch.cuda.is_available), which is what the module asks.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,9 @@ import torch
 from ufp4_megatron.megatron import cpu_compat
 
 NAMES = ("current_device", "Stream", "Event", "current_stream", "stream", "synchronize")
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
-                                reason="the shims act only on a machine without CUDA")
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the shims act only on a machine without CUDA"
+)
 
 
 def _functions() -> dict:
@@ -65,9 +67,8 @@ def test_scope_shims_cuda_and_restores_it():
 
 def test_scope_restores_after_an_exception():
     before, modes = _functions(), _modes()
-    with pytest.raises(KeyError, match="inside"):
-        with cpu_compat.cpu_compat():
-            raise KeyError("inside")
+    with pytest.raises(KeyError, match="inside"), cpu_compat.cpu_compat():
+        raise KeyError("inside")
     assert _functions() == before and _modes() == modes and not cpu_compat.active()
 
 
@@ -86,9 +87,9 @@ def test_type_names_cuda_only_for_megatron():
     megatron_frame = {"__name__": "megatron.core.optimizer.optimizer"}
     with cpu_compat.cpu_compat():
         assert t.type() == "torch.FloatTensor"  # asked from a test module
-        asked = eval("t.type()", megatron_frame, {"t": t})  # noqa: S307 - a frame in megatron.*
+        asked = eval("t.type()", megatron_frame, {"t": t})
         assert asked == "torch.cuda.FloatTensor"
-    assert eval("t.type()", megatron_frame, {"t": t}) == "torch.FloatTensor"  # noqa: S307
+    assert eval("t.type()", megatron_frame, {"t": t}) == "torch.FloatTensor"
 
 
 def test_noop_when_cuda_is_available(monkeypatch):

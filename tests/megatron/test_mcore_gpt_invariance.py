@@ -16,6 +16,7 @@ Tolerances (relative L2 norm over all gradients; losses compared absolutely):
   one seed per role and forward (so every other linear's seed agrees too): the whole model's
   loss and gradients are bitwise equal.
 """
+
 import pytest
 
 pytestmark = pytest.mark.distributed
@@ -30,8 +31,11 @@ def _rel(a: dict, b: dict) -> float:
     return float((num / den).sqrt())
 
 
-CASES = [(m, r, lay) for r in ("bf16", "e2m1", "ufp4")
-         for m, lay in (("dense", "tp2"), ("dense", "tp2sp"), ("moe", "tp2sp"))]
+CASES = [
+    (m, r, lay)
+    for r in ("bf16", "e2m1", "ufp4")
+    for m, lay in (("dense", "tp2"), ("dense", "tp2sp"), ("moe", "tp2sp"))
+]
 # SwiGLU's fc1 is partitioned with stride 2 ([gate_r; up_r] per rank): SR keys per chunk
 CASES += [("dense_glu", r, "tp2sp") for r in ("bf16", "ufp4")]
 
@@ -55,16 +59,19 @@ def test_moe_ep2_matches_ep1(mcore_results, recipe):
 
 def test_sr_noise_is_far_above_tp_tolerance(mcore_results):
     runs = mcore_results["models"]
-    other_seed = _rel(runs[("dense", "ufp4", "tp1_seed8")]["grads"],
-                      runs[("dense", "ufp4", "tp1")]["grads"])
+    other_seed = _rel(
+        runs[("dense", "ufp4", "tp1_seed8")]["grads"], runs[("dense", "ufp4", "tp1")]["grads"]
+    )
     assert other_seed > 20 * QUANT_TOL
 
 
 def test_quantized_recipes_change_the_gradients(mcore_results):
     runs = mcore_results["models"]
     for recipe in ("e2m1", "ufp4"):
-        assert _rel(runs[("dense", recipe, "tp1")]["grads"],
-                    runs[("dense", "bf16", "tp1")]["grads"]) > 1e-3
+        assert (
+            _rel(runs[("dense", recipe, "tp1")]["grads"], runs[("dense", "bf16", "tp1")]["grads"])
+            > 1e-3
+        )
 
 
 def test_grouped_experts_model_matches_sequential(mcore_results):
@@ -73,8 +80,10 @@ def test_grouped_experts_model_matches_sequential(mcore_results):
     assert abs(grouped["loss"] - seq["loss"]) <= 1e-6 * seq["loss"]
     assert _rel(grouped["grads"], seq["grads"]) == 0.0  # same SR bits, same products (CPU)
     assert grouped["modules"]["decoder.layers.0.mlp.experts"] == "TEGroupedMLP"
-    assert grouped["modules"]["decoder.layers.0.mlp.experts.linear_fc1"] == \
-        "UFP4ColumnParallelGroupedLinear"
+    assert (
+        grouped["modules"]["decoder.layers.0.mlp.experts.linear_fc1"]
+        == "UFP4ColumnParallelGroupedLinear"
+    )
 
 
 @pytest.mark.parametrize("layout", ("tp2sp", "ep2"))
@@ -95,11 +104,23 @@ def test_lm_head_router_embeddings_stay_megatron_bf16(mcore_results):
     for layer in (0, 1):
         assert modules[f"decoder.layers.{layer}.mlp.router"] == "TopKRouter"
     ufp4 = {n for n, t in modules.items() if t.startswith("UFP4")}
-    expected = {f"decoder.layers.{i}.{s}" for i in (0, 1) for s in (
-        "self_attention.linear_qkv", "self_attention.linear_proj", "mlp.experts",
-        "mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2")}
-    expected |= {f"decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc{k}"
-                 for i in (0, 1) for e in range(4) for k in (1, 2)}
+    expected = {
+        f"decoder.layers.{i}.{s}"
+        for i in (0, 1)
+        for s in (
+            "self_attention.linear_qkv",
+            "self_attention.linear_proj",
+            "mlp.experts",
+            "mlp.shared_experts.linear_fc1",
+            "mlp.shared_experts.linear_fc2",
+        )
+    }
+    expected |= {
+        f"decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc{k}"
+        for i in (0, 1)
+        for e in range(4)
+        for k in (1, 2)
+    }
     assert ufp4 == expected
 
 
@@ -117,7 +138,10 @@ def test_megatron_lm_entry_point_builds_ufp4_model_from_env(mcore_results, model
     assert entry["policy"] == "e2m1"
     linears = entry[model]
     assert "decoder.layers.1.self_attention.linear_qkv" in linears
-    assert all("recipe=e2m1" in desc for name, desc in linears.items()
-               if name.rsplit(".", 1)[-1].startswith("linear_"))
+    assert all(
+        "recipe=e2m1" in desc
+        for name, desc in linears.items()
+        if name.rsplit(".", 1)[-1].startswith("linear_")
+    )
     if model == "moe":
         assert "decoder.layers.0.mlp.shared_experts.linear_fc2" in linears

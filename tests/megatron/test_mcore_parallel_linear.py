@@ -18,6 +18,7 @@
   parameter itself; test_grouped_checkpoint_loads_into_sequential_experts_and_back: a real
   dist_checkpointing save/load between the two hosts restores every parameter exactly.
 """
+
 import pytest
 
 pytestmark = pytest.mark.distributed
@@ -57,8 +58,11 @@ def test_grouped_experts_match_sequential_experts_bitwise(mcore_results, roundin
     experts = mcore_results["layers"]["experts"][rounding]  # y, dx, dW of fc1 and fc2
     assert experts["grouped_vs_sequential_maxabs"] == 0.0
     # one draw per role (fc1, fc2) and forward in both hosts: the same stream position
-    assert experts["draws"]["seq"] == experts["draws"]["grp"] == ([0, 0] if rounding == "rtne"
-                                                                  else [1, 1])
+    assert (
+        experts["draws"]["seq"]
+        == experts["draws"]["grp"]
+        == ([0, 0] if rounding == "rtne" else [1, 1])
+    )
     if rounding != "rtne":
         assert experts["dx_vs_rtne_maxabs"] > 0  # SR is on: the equality above is not RTNE's
 

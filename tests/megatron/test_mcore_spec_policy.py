@@ -2,6 +2,7 @@
 stream, shard units, version guard, Megatron-LM entry point configuration. (The CPU
 compat layer patches torch.cuda process-wide, so it is exercised only inside the gloo
 workers of the distributed tests, never in this process.)"""
+
 import copy
 import functools
 import json
@@ -18,8 +19,8 @@ from ufp4_megatron.megatron import (
     UFP4ColumnParallelLinear,
     UFP4Policy,
     UFP4RowParallelLinear,
+    _version,
 )
-from ufp4_megatron.megatron import _version
 from ufp4_megatron.megatron.spec import policy_from_env, ufp4_block_spec
 
 
@@ -57,17 +58,20 @@ def test_policy_rejects_unknown_recipe_name():
 
 
 def test_policy_honours_megatron_first_last_layers_bf16():
-    config = _config(first_last_layers_bf16=True, num_layers_at_start_in_bf16=1,
-                     num_layers_at_end_in_bf16=1)
+    config = _config(
+        first_last_layers_bf16=True, num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=1
+    )
     policy = UFP4Policy("ufp4")
-    quantized = [policy.recipe_for("x", layer_number=n, config=config) is not None
-                 for n in (1, 2, 3)]
+    quantized = [
+        policy.recipe_for("x", layer_number=n, config=config) is not None for n in (1, 2, 3)
+    ]
     assert quantized == [False, True, False]
 
 
 def test_spec_rewrite_swaps_dense_linears_per_layer():
-    config = _config(first_last_layers_bf16=True, num_layers_at_start_in_bf16=1,
-                     num_layers_at_end_in_bf16=0)
+    config = _config(
+        first_last_layers_bf16=True, num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=0
+    )
     policy = UFP4Policy("ufp4", rules={"*.linear_fc2": "e2m1"})
     block = ufp4_block_spec(get_gpt_layer_local_spec(), config, policy, pp_rank=0)
     assert len(block.layer_specs) == 3
@@ -84,10 +88,17 @@ def test_spec_rewrite_swaps_dense_linears_per_layer():
 
 
 def test_spec_rewrite_mla_keeps_identity_checked_down_projections():
-    config = MLATransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4,
-                                  multi_latent_attention=True, q_lora_rank=32, kv_lora_rank=32)
-    block = ufp4_block_spec(get_gpt_layer_local_spec(multi_latent_attention=True), config,
-                            UFP4Policy("ufp4"), pp_rank=0)
+    config = MLATransformerConfig(
+        num_layers=1,
+        hidden_size=64,
+        num_attention_heads=4,
+        multi_latent_attention=True,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+    )
+    block = ufp4_block_spec(
+        get_gpt_layer_local_spec(multi_latent_attention=True), config, UFP4Policy("ufp4"), pp_rank=0
+    )
     attn = _attn(block, 0)
     assert attn.linear_q_down_proj is ColumnParallelLinear  # MLA checks its class by identity
     assert attn.linear_kv_down_proj is ColumnParallelLinear
@@ -173,15 +184,13 @@ def test_policy_from_env_reads_name_or_json_file(monkeypatch, tmp_path):
     monkeypatch.setenv("UFP4_RECIPE", "e2m1")
     assert policy_from_env().default.name == "e2m1"
     path = tmp_path / "policy.json"
-    path.write_text(json.dumps({"recipe": "ufp4", "rules": {"*.linear_fc2": "e2m1"},
-                                "sr_seed": 5}))
+    path.write_text(json.dumps({"recipe": "ufp4", "rules": {"*.linear_fc2": "e2m1"}, "sr_seed": 5}))
     monkeypatch.setenv("UFP4_RECIPE", str(path))
     policy = policy_from_env()
     assert policy.rules[0][1].name == "e2m1" and policy.seeds.seed == 5
     path.write_text(json.dumps({"recipes": "ufp4"}))
     with pytest.raises(ValueError, match="unknown keys"):
         policy_from_env()
-
 
 
 def test_spec_rewrite_refuses_a_spec_without_megatron_local_linears():

@@ -10,11 +10,14 @@ The CPU suite checks the refusal of host-integer draws through a UFP4 linear's f
 the capture check simulated (test_mcore_parallel_linear.py::
 test_sr_forward_refuses_under_cuda_graph_capture).
 """
+
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 CUDA = torch.device("cuda")
 

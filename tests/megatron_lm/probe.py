@@ -18,6 +18,7 @@ Test harness only. Two shims, both outside Megatron's code: megatron/training us
 `typing.override` (Python 3.12), so on 3.11 typing gets typing_extensions' (the same
 function); and the plugin's cpu_compat stands in for CUDA (a no-op on a GPU machine).
 """
+
 import contextlib
 import io
 import json
@@ -33,14 +34,12 @@ if sys.version_info < (3, 12):
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 
 
 def _init_world() -> None:
     from megatron.core import parallel_state as ps
 
     from ufp4_megatron.megatron import enable_cpu_compat
-
     from ufp4_megatron.train.distributed import single_process_group
 
     enable_cpu_compat()
@@ -55,8 +54,11 @@ def _linears(model) -> dict:
     for name, m in model.named_modules():
         if isinstance(m, (ColumnParallelLinear, RowParallelLinear)) or hasattr(m, "ufp4"):
             binding = getattr(m, "ufp4", None)
-            out[name] = [type(m).__name__, None if binding is None else binding.recipe.name,
-                         None if binding is None else binding.recipe.describe()]
+            out[name] = [
+                type(m).__name__,
+                None if binding is None else binding.recipe.name,
+                None if binding is None else binding.recipe.describe(),
+            ]
     return out
 
 
@@ -87,20 +89,30 @@ def routes(cases: list[dict]) -> dict:
     pretrain_gpt = None
     if os.path.exists("pretrain_gpt.py"):  # a Megatron-LM checkout, not the wheel
         sys.path.insert(0, os.getcwd())
-        import pretrain_gpt  # noqa: F401  (its imports must work, as on the H200)
+        import pretrain_gpt
     _init_world()
-    out = {"_meta": {"megatron_core": megatron.core.__version__,
-                     "megatron_core_file": megatron.core.__file__,
-                     "pretrain_gpt": pretrain_gpt is not None}}
+    out = {
+        "_meta": {
+            "megatron_core": megatron.core.__version__,
+            "megatron_core_file": megatron.core.__file__,
+            "pretrain_gpt": pretrain_gpt is not None,
+        }
+    }
     for case in cases:
-        out[case["name"]] = _route(case, gpt_config_from_args, pretrain_cfg_container_from_args,
-                                   seed_model_parallel, ProcessGroupCollection)
+        out[case["name"]] = _route(
+            case,
+            gpt_config_from_args,
+            pretrain_cfg_container_from_args,
+            seed_model_parallel,
+            ProcessGroupCollection,
+        )
         unset_global_variables()
     return out
 
 
-def _route(case, gpt_config_from_args, container_from_args, seed_model_parallel,
-           ProcessGroupCollection) -> dict:
+def _route(
+    case, gpt_config_from_args, container_from_args, seed_model_parallel, ProcessGroupCollection
+) -> dict:
     """parse_and_validate_args, step by step (to tell parsing from validation errors)."""
     saved_env = dict(os.environ)
     os.environ.update(case.get("env", {}))
@@ -114,8 +126,10 @@ def _route(case, gpt_config_from_args, container_from_args, seed_model_parallel,
 
                 args = parse_args()
             except SystemExit as e:
-                return {"stage": "parse", "error": f"SystemExit({e.code}): "
-                        + err.getvalue().strip().splitlines()[-1]}
+                return {
+                    "stage": "parse",
+                    "error": f"SystemExit({e.code}): " + err.getvalue().strip().splitlines()[-1],
+                }
             stage = "validate"
             validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
             from megatron.training.global_vars import set_global_variables
@@ -129,8 +143,11 @@ def _route(case, gpt_config_from_args, container_from_args, seed_model_parallel,
                 return {"stage": "ok"}
             model_cfg = gpt_config_from_args(args)
             full = container_from_args(args, model_cfg)
-        result["args"] = {"fp4": args.fp4, "fp4_recipe": args.fp4_recipe,
-                          "ufp4_format": getattr(args, "ufp4_format", None)}
+        result["args"] = {
+            "fp4": args.fp4,
+            "fp4_recipe": args.fp4_recipe,
+            "ufp4_format": getattr(args, "ufp4_format", None),
+        }
         result["config_fp4"] = full.model.transformer.fp4
         spec = full.model.transformer_layer_spec
         result["spec"] = None if spec is None else getattr(spec, "__name__", None) or repr(spec)
@@ -184,27 +201,49 @@ def te() -> dict:
     _init_world()
     out = {}
     for label, experts in (("dense", None), ("moe", 4)):
-        kw = dict(num_moe_experts=experts, moe_router_topk=2,
-                  moe_token_dispatcher_type="allgather", add_bias_linear=False) if experts else {}
-        config = TransformerConfig(num_layers=3, hidden_size=64, num_attention_heads=4,
-                                   normalization="RMSNorm", use_cpu_initialization=True,
-                                   hidden_dropout=0.0, attention_dropout=0.0, **kw)
+        kw = (
+            dict(
+                num_moe_experts=experts,
+                moe_router_topk=2,
+                moe_token_dispatcher_type="allgather",
+                add_bias_linear=False,
+            )
+            if experts
+            else {}
+        )
+        config = TransformerConfig(
+            num_layers=3,
+            hidden_size=64,
+            num_attention_heads=4,
+            normalization="RMSNorm",
+            use_cpu_initialization=True,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            **kw,
+        )
         models = {}
         for recipe in ("bf16", "ufp4"):
             # layer 0 stays BF16 (TE's modules), layers 1-2 run the recipe
             policy = UFP4Policy(recipe, rules={"decoder.layers.0.*": "bf16"})
             block = ufp4_block_spec(te_layer(experts), config, policy, te=TE_CLASSES)
             seed_model_parallel(1)
-            model = GPTModel(config=config, transformer_layer_spec=block, vocab_size=128,
-                             max_sequence_length=32)
+            model = GPTModel(
+                config=config, transformer_layer_spec=block, vocab_size=128, max_sequence_length=32
+            )
             loss = _step(model)
             sharded = model.sharded_state_dict()
             models[recipe] = {
                 "linears": _linears(model),
-                "norms": {n: type(m).__name__ for n, m in model.named_modules()
-                          if n.endswith(("input_layernorm", "pre_mlp_layernorm"))},
-                "keys": sorted((v.key, tuple(v.global_shape), tuple(v.global_offset)) for v in
-                               sharded.values() if not v.key.endswith("_extra_state")),
+                "norms": {
+                    n: type(m).__name__
+                    for n, m in model.named_modules()
+                    if n.endswith(("input_layernorm", "pre_mlp_layernorm"))
+                },
+                "keys": sorted(
+                    (v.key, tuple(v.global_shape), tuple(v.global_offset))
+                    for v in sharded.values()
+                    if not v.key.endswith("_extra_state")
+                ),
                 "loss": loss,
             }
         out[label] = models
@@ -217,8 +256,7 @@ def te() -> dict:
 def sr_state() -> dict:
     """The SR stream through Megatron's checkpoint path: sharded_state_dict's ShardedObjects
     and load_state_dict (what Megatron-LM's load_checkpoint calls after reading them)."""
-    from megatron.core.dist_checkpointing.mapping import ShardedObject
-    from megatron.core.dist_checkpointing.mapping import is_main_replica
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, is_main_replica
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
@@ -227,16 +265,22 @@ def sr_state() -> dict:
     from ufp4_megatron.megatron.spec import ufp4_block_spec
 
     _init_world()
-    config = TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
-                               use_cpu_initialization=True, hidden_dropout=0.0,
-                               attention_dropout=0.0)
+    config = TransformerConfig(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        use_cpu_initialization=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
 
     def build(recipe):
         policy = UFP4Policy(recipe, sr_seed=7)
         spec = ufp4_block_spec(get_gpt_layer_local_spec(), config, policy)
         seed_model_parallel(1)
-        return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=128,
-                        max_sequence_length=32), policy
+        return GPTModel(
+            config=config, transformer_layer_spec=spec, vocab_size=128, max_sequence_length=32
+        ), policy
 
     model, policy = build("ufp4")
     _step(model)
@@ -261,13 +305,19 @@ def sr_state() -> dict:
     bf16.load_state_dict(state, strict=True)  # a UFP4 checkpoint into Megatron's own linears
     return {
         "objects": sorted(objects),
-        "ufp4_objects": {k: {"key": v.key, "main_replica": is_main_replica(v.replica_id),
-                             "draws": v.data["ufp4_sr_seeds"]["draws"]}
-                         for k, v in ufp4_objects.items()},
+        "ufp4_objects": {
+            k: {
+                "key": v.key,
+                "main_replica": is_main_replica(v.replica_id),
+                "draws": v.data["ufp4_sr_seeds"]["draws"],
+            }
+            for k, v in ufp4_objects.items()
+        },
         "reloaded_draws": sorted({v["ufp4_sr_seeds"]["draws"] for v in reloaded.values()}),
         "draws_at_save": draws_at_save,
         "fresh_draws": fresh_policy.seeds.draws - 3,
-        "after_save": after_save, "resumed": resumed,
+        "after_save": after_save,
+        "resumed": resumed,
         "bf16_into_ufp4_draws": other_policy.seeds.draws,
         "bf16_into_ufp4_missing": [list(missing.missing_keys), list(missing.unexpected_keys)],
     }
@@ -328,29 +378,38 @@ def load_converted(case: dict) -> dict:
         seed_model_parallel(args.seed)
         full = pretrain_cfg_container_from_args(args, gpt_config_from_args(args))
         model = full.model.get_builder_cls()(full.model).build_model(
-            ProcessGroupCollection.use_mpu_process_groups())
+            ProcessGroupCollection.use_mpu_process_groups()
+        )
         stage = "load"
         md = dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {}
-        md["dp_cp_group"] = __import__("megatron.core.parallel_state", fromlist=["x"]) \
-            .get_data_parallel_group(with_context_parallel=True)
-        sharded = ck.generate_state_dict(args, [model], None, None, None,
-                                         model_sd_kwargs=dict(metadata=md))
-        state = dist_checkpointing.load(sharded, name, TorchDistLoadShardedStrategy(),
-                                        strict=args.dist_ckpt_strictness)
+        md["dp_cp_group"] = __import__(
+            "megatron.core.parallel_state", fromlist=["x"]
+        ).get_data_parallel_group(with_context_parallel=True)
+        sharded = ck.generate_state_dict(
+            args, [model], None, None, None, model_sd_kwargs=dict(metadata=md)
+        )
+        state = dist_checkpointing.load(
+            sharded, name, TorchDistLoadShardedStrategy(), strict=args.dist_ckpt_strictness
+        )
         result = model.load_state_dict(state["model"], strict=True)
         out["missing"] = list(result.missing_keys) if result else []
         out["iteration_in_state"] = state["iteration"]
-        out["weights"] = {k: float(v.detach().double().sum()) for k, v in
-                          model.state_dict().items() if isinstance(v, torch.Tensor)
-                          and not k.endswith("_extra_state")}
+        out["weights"] = {
+            k: float(v.detach().double().sum())
+            for k, v in model.state_dict().items()
+            if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")
+        }
         out["model_sum"] = sum(out["weights"].values())
         if case.get("source"):  # the trainer's step dir it was converted from
             plain = dist_checkpointing.load_plain_tensors(case["source"])
-            out["source_sum"] = sum(float(v.double().sum()) for k, v in plain.items()
-                                    if isinstance(v, torch.Tensor)
-                                    and not k.startswith("optimizer."))
-        streams = {repr(m.ufp4.seeds.state_dict()["draws"]) for m in model.modules()
-                   if hasattr(m, "ufp4")}
+            out["source_sum"] = sum(
+                float(v.double().sum())
+                for k, v in plain.items()
+                if isinstance(v, torch.Tensor) and not k.startswith("optimizer.")
+            )
+        streams = {
+            repr(m.ufp4.seeds.state_dict()["draws"]) for m in model.modules() if hasattr(m, "ufp4")
+        }
         out["sr_draws"] = sorted(streams)
         return {"stage": "ok", **out}
     except (ValueError, AssertionError, TypeError, KeyError, RuntimeError, Exception) as e:
@@ -377,7 +436,8 @@ def _pretrain_gpt_model(argv: list[str]):
     seed_model_parallel(args.seed)
     full = pretrain_cfg_container_from_args(args, gpt_config_from_args(args))
     model = full.model.get_builder_cls()(full.model).build_model(
-        ProcessGroupCollection.use_mpu_process_groups())
+        ProcessGroupCollection.use_mpu_process_groups()
+    )
     return args, model
 
 
@@ -403,21 +463,42 @@ def save_megatron_lm(case: dict) -> dict:
     _init_world()
     args, model = _pretrain_gpt_model(case["argv"])
     ddp = DistributedDataParallel(
-        config=model.config, module=model,
+        config=model.config,
+        module=model,
         ddp_config=DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, use_distributed_optimizer=args.use_distributed_optimizer))
-    opt = get_megatron_optimizer(OptimizerConfig(
-        optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
-        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
-        clip_grad=args.clip_grad, bf16=args.bf16, params_dtype=args.params_dtype,
-        use_distributed_optimizer=args.use_distributed_optimizer), [ddp])
+            grad_reduce_in_fp32=True, use_distributed_optimizer=args.use_distributed_optimizer
+        ),
+    )
+    opt = get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam",
+            lr=args.lr,
+            min_lr=args.min_lr,
+            weight_decay=args.weight_decay,
+            adam_beta1=args.adam_beta1,
+            adam_beta2=args.adam_beta2,
+            adam_eps=args.adam_eps,
+            clip_grad=args.clip_grad,
+            bf16=args.bf16,
+            params_dtype=args.params_dtype,
+            use_distributed_optimizer=args.use_distributed_optimizer,
+        ),
+        [ddp],
+    )
     batch = args.global_batch_size
     sched = OptimizerParamScheduler(
-        opt, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
-        lr_warmup_steps=args.lr_warmup_iters * batch, lr_decay_steps=args.train_iters * batch,
-        lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay,
-        end_wd=args.weight_decay, wd_incr_steps=args.train_iters * batch,
-        wd_incr_style="constant")
+        opt,
+        init_lr=0.0,
+        max_lr=args.lr,
+        min_lr=args.min_lr,
+        lr_warmup_steps=args.lr_warmup_iters * batch,
+        lr_decay_steps=args.train_iters * batch,
+        lr_decay_style=args.lr_decay_style,
+        start_wd=args.weight_decay,
+        end_wd=args.weight_decay,
+        wd_incr_steps=args.train_iters * batch,
+        wd_incr_style="constant",
+    )
     for _ in range(case["iterations"]):
         ddp.zero_grad_buffer()
         opt.zero_grad()
@@ -426,24 +507,46 @@ def save_megatron_lm(case: dict) -> dict:
         sched.step(increment=batch)
     iteration = case["iterations"]
     args.consumed_train_samples = iteration * batch
-    rng = ShardedObject("rng_state", [{
-        "random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
-        "torch_rng_state": torch.get_rng_state(),
-        "rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states()}],
-        (1, 1), (0, 0), replica_id=0)
+    rng = ShardedObject(
+        "rng_state",
+        [
+            {
+                "random_rng_state": random.getstate(),
+                "np_rng_state": np.random.get_state(),
+                "torch_rng_state": torch.get_rng_state(),
+                "rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states(),
+            }
+        ],
+        (1, 1),
+        (0, 0),
+        replica_id=0,
+    )
     md = ck._build_sharded_state_dict_metadata(args)
-    state = ck.generate_state_dict(args, [model], opt, sched, rng, iteration=iteration,
-                                   optim_sd_kwargs=dict(metadata=md),
-                                   model_sd_kwargs=dict(metadata=md))
+    state = ck.generate_state_dict(
+        args,
+        [model],
+        opt,
+        sched,
+        rng,
+        iteration=iteration,
+        optim_sd_kwargs=dict(metadata=md),
+        model_sd_kwargs=dict(metadata=md),
+    )
     state["num_floating_point_operations_so_far"] = 0
     name = ck.get_checkpoint_name(case["save"], iteration, return_base_dir=True)
     os.makedirs(name)
     dist_checkpointing.save(state, name, content_metadata=ck._clean_metadata_for_serialization(md))
     with open(ck.get_checkpoint_tracker_filename(case["save"]), "w") as f:
         f.write(str(iteration))
-    return {"stage": "ok", "dir": name, "weights_sum": sum(
-        float(v.detach().double().sum()) for k, v in model.state_dict().items()
-        if isinstance(v, torch.Tensor) and not k.endswith("_extra_state"))}
+    return {
+        "stage": "ok",
+        "dir": name,
+        "weights_sum": sum(
+            float(v.detach().double().sum())
+            for k, v in model.state_dict().items()
+            if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")
+        ),
+    }
 
 
 def _main() -> dict:

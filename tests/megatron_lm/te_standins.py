@@ -9,6 +9,7 @@ structure of get_gpt_layer_with_transformer_engine_submodules (no MLA) with
   GroupedColumn, GroupedRow  for TE's grouped expert linears (in Megatron's TEGroupedMLP)
 and TE_CLASSES, the TEModules table that te_modules() would read from TESpecProvider.
 """
+
 import functools
 
 import torch
@@ -79,32 +80,53 @@ class FakeTEBackend(LocalSpecProvider):
 
     def grouped_mlp_modules(self, moe_use_grouped_gemm):
         if moe_use_grouped_gemm:
-            return functools.partial(TEGroupedMLP, submodules=GroupedMLPSubmodules(
-                linear_fc1=GroupedColumn, linear_fc2=GroupedRow, activation_func=None))
-        return functools.partial(SequentialMLP, submodules=MLPSubmodules(
-            linear_fc1=TEColumn, linear_fc2=TERow))
+            return functools.partial(
+                TEGroupedMLP,
+                submodules=GroupedMLPSubmodules(
+                    linear_fc1=GroupedColumn, linear_fc2=GroupedRow, activation_func=None
+                ),
+            )
+        return functools.partial(
+            SequentialMLP, submodules=MLPSubmodules(linear_fc1=TEColumn, linear_fc2=TERow)
+        )
 
 
-TE_CLASSES = TEModules(fused=FusedNormColumn, column=TEColumn, row=TERow, norm=WrappedTorchNorm,
-                       qk_norm=WrappedTorchNorm, grouped_mlp=TEGroupedMLP,
-                       grouped_linears=(GroupedColumn, GroupedRow), fused_mlps=(FusedMLP,))
+TE_CLASSES = TEModules(
+    fused=FusedNormColumn,
+    column=TEColumn,
+    row=TERow,
+    norm=WrappedTorchNorm,
+    qk_norm=WrappedTorchNorm,
+    grouped_mlp=TEGroupedMLP,
+    grouped_linears=(GroupedColumn, GroupedRow),
+    fused_mlps=(FusedMLP,),
+)
 
 
 def te_layer(num_experts=None, fused_mlp=False, grouped=False) -> ModuleSpec:
     backend = FakeTEBackend()
-    mlp = get_mlp_module_spec_for_backend(backend=backend, num_experts=num_experts,
-                                          moe_grouped_gemm=grouped)
+    mlp = get_mlp_module_spec_for_backend(
+        backend=backend, num_experts=num_experts, moe_grouped_gemm=grouped
+    )
     if fused_mlp:  # what use_te_op_fuser selects
         mlp = functools.partial(FusedMLP.as_mlp_submodule, **mlp.keywords)
-    return ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(
-        self_attention=ModuleSpec(
-            module=SelfAttention, params={"attn_mask_type": AttnMaskType.causal},
-            submodules=SelfAttentionSubmodules(
-                linear_qkv=backend.column_parallel_layer_norm_linear(),
-                core_attention=backend.core_attention(),
-                linear_proj=backend.row_parallel_linear(),
-                q_layernorm=IdentityOp, k_layernorm=IdentityOp)),
-        self_attn_bda=get_bias_dropout_add,
-        pre_mlp_layernorm=WrappedTorchNorm if num_experts else IdentityOp,
-        mlp=mlp,
-        mlp_bda=get_bias_dropout_add))
+    return ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            self_attention=ModuleSpec(
+                module=SelfAttention,
+                params={"attn_mask_type": AttnMaskType.causal},
+                submodules=SelfAttentionSubmodules(
+                    linear_qkv=backend.column_parallel_layer_norm_linear(),
+                    core_attention=backend.core_attention(),
+                    linear_proj=backend.row_parallel_linear(),
+                    q_layernorm=IdentityOp,
+                    k_layernorm=IdentityOp,
+                ),
+            ),
+            self_attn_bda=get_bias_dropout_add,
+            pre_mlp_layernorm=WrappedTorchNorm if num_experts else IdentityOp,
+            mlp=mlp,
+            mlp_bda=get_bias_dropout_add,
+        ),
+    )

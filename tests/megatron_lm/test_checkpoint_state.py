@@ -10,6 +10,7 @@
 (dist_checkpointing's file writer needs psutil, not installed here: the files themselves are
 written and read by gpu/megatron_lm.sh's resume run.)
 """
+
 import pytest
 from conftest import run_probe
 

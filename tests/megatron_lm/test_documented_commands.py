@@ -8,11 +8,11 @@ the one gpu/megatron_lm.sh runs.
   route's, `<!-- megatron-lm-te-run: NAME -->`, which gpu/te_check.sh runs).
 - the flags the patch declares are the ones the docs' flag table lists.
 """
+
 import re
 
 import pytest
-from conftest import (PATCHES, ROOT, documented_commands, gpu_megatron_lm,
-                      te_documented_commands)
+from conftest import PATCHES, ROOT, documented_commands, gpu_megatron_lm, te_documented_commands
 
 DOC = ROOT / "docs" / "megatron-lm.md"
 COMMANDS = documented_commands()
@@ -26,8 +26,9 @@ def test_docs_have_every_route_of_the_gpu_script():
 def test_every_pretrain_gpt_block_is_marked_for_the_gpu_script():
     text = DOC.read_text()
     # megatron-lm-te-run: the TransformerEngine route's blocks (gpu/te_megatron_lm.py)
-    blocks = re.findall(r"(<!-- megatron-lm(?:-te)?-run: [^>]*-->\s*\n)?```bash\n(.*?)```", text,
-                        re.S)
+    blocks = re.findall(
+        r"(<!-- megatron-lm(?:-te)?-run: [^>]*-->\s*\n)?```bash\n(.*?)```", text, re.S
+    )
     for marker, body in blocks:
         if "pretrain_gpt.py" in body or "ARGS=(" in body:
             assert marker, f"unmarked command block in {DOC.name}:\n{body}"
@@ -53,7 +54,7 @@ def test_resume_commands_save_and_load_the_same_directory():
 
 def test_readme_snippets_are_parts_of_documented_commands():
     readme = (ROOT / "README.md").read_text()
-    paragraph = readme[readme.index("Megatron-LM users"):].split("\n\n")[0]
+    paragraph = readme[readme.index("Megatron-LM users") :].split("\n\n")[0]
     snippets = [" ".join(s.split()) for s in re.findall(r"`([^`]+)`", paragraph)]
     commands = [" ".join([*c["torchrun"], "pretrain_gpt.py", *c["argv"]]) for c in COMMANDS]
     commands += [" ".join(c["argv"]) for c in te_documented_commands()]  # TE route's blocks
@@ -67,10 +68,14 @@ def test_readme_snippets_are_parts_of_documented_commands():
 def test_docs_flag_table_lists_the_patch_flags():
     declared = set()
     for patch in PATCHES:
-        declared |= set(re.findall(r"^\+.*add_argument\('(--[a-z0-9-]+)'", patch.read_text(),
-                                   re.M))
-    assert declared == {"--fp4-format", "--fp4-recipe", "--fp4-block", "--fp4-rht",
-                        "--no-fp4-sr-dy"}
+        declared |= set(re.findall(r"^\+.*add_argument\('(--[a-z0-9-]+)'", patch.read_text(), re.M))
+    assert declared == {
+        "--fp4-format",
+        "--fp4-recipe",
+        "--fp4-block",
+        "--fp4-rht",
+        "--no-fp4-sr-dy",
+    }
     table = DOC.read_text().split("## Route 2")[1]
     for flag in declared:
         assert f"`{flag}" in table
@@ -92,12 +97,18 @@ def test_resume_check_models_megatron_lms_first_iteration_log():
 
     def run(loss):
         log = "successfully loaded checkpoint from /tmp/c at iteration 20"
-        return {"rc": 0, "loss": {**{i: unbroken.get(i, 7.0) for i in range(1, 21)}, **loss},
-                "probes": [], "log": log}
+        return {
+            "rc": 0,
+            "loss": {**{i: unbroken.get(i, 7.0) for i in range(1, 21)}, **loss},
+            "probes": [],
+            "log": log,
+        }
 
     base = {i: unbroken.get(i, 7.0) for i in range(1, 25)}
-    results = {"spec-ufp4": {"rc": 0, "loss": base, "probes": [], "log": ""},
-               "resume": run(resumed)}
+    results = {
+        "spec-ufp4": {"rc": 0, "loss": base, "probes": [], "log": ""},
+        "resume": run(resumed),
+    }
     check = dict((n, ok) for n, ok, _ in tool.evaluate(results, 24))
     assert [ok for n, ok in check.items() if n.startswith("resume: saved")] == [True]
     results["resume"] = run({**resumed, 23: 7.078826})

@@ -12,6 +12,7 @@ Contracts (model: the documented 4-layer GPT, 17 parallel linears = 4 per layer 
   path); every invalid combination stops at parsing or validation naming the flag.
 - both routes build the same model for the same recipe.
 """
+
 import pytest
 from conftest import CHECKOUT, FLAGS, NEEDS_CHECKOUT, PATCHED, base_argv, run_probe
 
@@ -54,8 +55,9 @@ def test_stock_without_spec_builds_megatron_linears(stock_results):
     assert {v[0] for v in r["linears"].values()} == {"ColumnParallelLinear", "RowParallelLinear"}
 
 
-@pytest.mark.parametrize("case, recipe", [("spec-ufp4", "ufp4"), ("spec-default", "ufp4"),
-                                          ("spec-e2m1", "e2m1")])
+@pytest.mark.parametrize(
+    "case, recipe", [("spec-ufp4", "ufp4"), ("spec-default", "ufp4"), ("spec-e2m1", "e2m1")]
+)
 def test_spec_route_on_stock_builds_ufp4_linears(stock_results, case, recipe):
     r = stock_results[case]
     assert r["stage"] == "ok" and r["spec"] == "ufp4_gpt_spec"
@@ -72,9 +74,15 @@ def test_spec_route_bf16_is_the_stock_model(stock_results):
 
 def test_spec_route_reads_a_json_policy(stock_results):
     recipes = _recipes(stock_results["spec-json"])  # layer 0 bf16, then every fc2 e2m1
-    assert all(recipes[f"decoder.layers.0.{p}"] is None for p in
-               ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1",
-                "mlp.linear_fc2"))
+    assert all(
+        recipes[f"decoder.layers.0.{p}"] is None
+        for p in (
+            "self_attention.linear_qkv",
+            "self_attention.linear_proj",
+            "mlp.linear_fc1",
+            "mlp.linear_fc2",
+        )
+    )
     for i in (1, 2, 3):
         assert recipes[f"decoder.layers.{i}.mlp.linear_fc2"] == "e2m1"
         assert recipes[f"decoder.layers.{i}.mlp.linear_fc1"] == "ufp4"
@@ -88,12 +96,18 @@ def test_spec_route_builds_ufp4_experts(stock_results):
     assert r["ufp4"] == 4 * (2 + 4 * 2)  # attention qkv/proj + 4 experts x fc1/fc2 per layer
 
 
-@pytest.mark.parametrize("case, stage, message", [
-    ("spec-unknown", "build", "unknown recipe 'ufp5'; valid: bf16, e2m1, ufp4"),
-    ("spec-te-absent", "build", "needs TransformerEngine, which is not installed: pass "
-                                "--transformer-impl local"),
-    ("stock-refuses-flags", "parse", "argument --fp4-recipe: invalid choice: 'ufp4'"),
-])
+@pytest.mark.parametrize(
+    "case, stage, message",
+    [
+        ("spec-unknown", "build", "unknown recipe 'ufp5'; valid: bf16, e2m1, ufp4"),
+        (
+            "spec-te-absent",
+            "build",
+            "needs TransformerEngine, which is not installed: pass --transformer-impl local",
+        ),
+        ("stock-refuses-flags", "parse", "argument --fp4-recipe: invalid choice: 'ufp4'"),
+    ],
+)
 def test_stock_refusals(stock_results, case, stage, message):
     r = stock_results[case]
     assert r["stage"] == stage and message in r["error"], r
@@ -105,9 +119,14 @@ def test_patched_without_flags_is_stock(patched_results, stock_results):
     assert r["linears"] == stock_results["bf16"]["linears"]
 
 
-@pytest.mark.parametrize("case, fmt, preset", [("flags-ufp4", "e1m2", "ufp4"),
-                                               ("flags-int4", "int4", "ufp4_int4"),
-                                               ("flags-e2m1", "e2m1", "e2m1")])
+@pytest.mark.parametrize(
+    "case, fmt, preset",
+    [
+        ("flags-ufp4", "e1m2", "ufp4"),
+        ("flags-int4", "int4", "ufp4_int4"),
+        ("flags-e2m1", "e2m1", "e2m1"),
+    ],
+)
 def test_flags_build_the_preset_of_their_format(patched_results, case, fmt, preset):
     r = patched_results[case]
     assert r["stage"] == "ok" and r["ufp4"] == UFP4_LINEARS and len(r["linears"]) == LINEARS
@@ -118,15 +137,18 @@ def test_flags_build_the_preset_of_their_format(patched_results, case, fmt, pres
     assert r["config_fp4"] is None
 
 
-@pytest.mark.parametrize("case, preset, overrides", [
-    ("rht-none", "ufp4", {"rht": ()}),
-    ("rht-wgrad", "ufp4", {"rht": ("wgrad",)}),
-    ("rht-dgrad-wgrad", "ufp4", {"rht": ("dgrad", "wgrad")}),
-    ("rht-fprop-wgrad", "ufp4", {"rht": ("fprop", "wgrad")}),
-    ("block-32", "ufp4", {"block": 32}),
-    ("no-sr", "ufp4", {"sr": ()}),
-    ("e2m1-all", "e2m1", {"rht": ("fprop", "dgrad", "wgrad"), "block": 32, "sr": ()}),
-])
+@pytest.mark.parametrize(
+    "case, preset, overrides",
+    [
+        ("rht-none", "ufp4", {"rht": ()}),
+        ("rht-wgrad", "ufp4", {"rht": ("wgrad",)}),
+        ("rht-dgrad-wgrad", "ufp4", {"rht": ("dgrad", "wgrad")}),
+        ("rht-fprop-wgrad", "ufp4", {"rht": ("fprop", "wgrad")}),
+        ("block-32", "ufp4", {"block": 32}),
+        ("no-sr", "ufp4", {"sr": ()}),
+        ("e2m1-all", "e2m1", {"rht": ("fprop", "dgrad", "wgrad"), "block": 32, "sr": ()}),
+    ],
+)
 def test_flag_knobs_are_the_plugins_ablations(patched_results, case, preset, overrides):
     r = patched_results[case]
     assert r["stage"] == "ok" and r["ufp4"] == UFP4_LINEARS
@@ -158,8 +180,10 @@ REFUSED = {  # case: (stage, message)
     "with-fp8": ("validate", "--fp4-recipe ufp4 and --fp8-format cannot be combined"),
     "with-spec": ("validate", "drop --spec, or drop the --fp4-* flags"),
     "with-env": ("validate", "UFP4_RECIPE=e2m1 is set, but --fp4-recipe ufp4 takes its recipe"),
-    "te-absent": ("validate", "needs TransformerEngine, which is not installed: pass "
-                              "--transformer-impl local"),
+    "te-absent": (
+        "validate",
+        "needs TransformerEngine, which is not installed: pass --transformer-impl local",
+    ),
     "inference-impl": ("validate", "--transformer-impl inference_optimized: UFP4 rewrites"),
     "nvfp4-needs-te": ("validate", "--fp4-format requires Transformer Engine >= 2.7.0.dev0"),
 }
@@ -169,9 +193,21 @@ def test_every_refusal_case_is_checked():
     assert set(REFUSED) == {n for n in PATCHED if n not in _BUILT}
 
 
-_BUILT = {"plain", "flags-ufp4", "flags-int4", "flags-e2m1", "rht-none", "rht-wgrad",
-          "rht-dgrad-wgrad", "rht-fprop-wgrad", "block-32", "no-sr", "e2m1-all", "flags-moe",
-          "spec-on-patched"}
+_BUILT = {
+    "plain",
+    "flags-ufp4",
+    "flags-int4",
+    "flags-e2m1",
+    "rht-none",
+    "rht-wgrad",
+    "rht-dgrad-wgrad",
+    "rht-fprop-wgrad",
+    "block-32",
+    "no-sr",
+    "e2m1-all",
+    "flags-moe",
+    "spec-on-patched",
+}
 
 
 def test_hybrid_models_refuse_the_flags(patched_results):
@@ -190,10 +226,17 @@ def test_flags_without_the_plugin_say_how_to_install_it(patched_root, tmp_path):
     shadow = tmp_path / "shadow" / "ufp4_megatron"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text(
-        "raise ModuleNotFoundError(\"No module named 'ufp4_megatron'\")\n")
-    r = run_probe("validate", patched_root, [{"name": "no-plugin",
-                                              "argv": base_argv() + FLAGS + ["e1m2"]}],
-                  tmp_path, pythonpath=(shadow.parent,))["no-plugin"]
+        "raise ModuleNotFoundError(\"No module named 'ufp4_megatron'\")\n"
+    )
+    r = run_probe(
+        "validate",
+        patched_root,
+        [{"name": "no-plugin", "argv": base_argv() + FLAGS + ["e1m2"]}],
+        tmp_path,
+        pythonpath=(shadow.parent,),
+    )["no-plugin"]
     assert r["stage"] == "validate"
-    assert "needs the ufp4-megatron plugin, which does not import (No module named " \
-           "'ufp4_megatron'): pip install ufp4-megatron" in r["error"]
+    assert (
+        "needs the ufp4-megatron plugin, which does not import (No module named "
+        "'ufp4_megatron'): pip install ufp4-megatron" in r["error"]
+    )

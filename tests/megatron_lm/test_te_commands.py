@@ -9,6 +9,7 @@ named recipe. Whether TE then trains with it is for gpu/te_check.sh on a GPU (va
 needs TransformerEngine installed); how that script judges its runs is checked here on made-up
 logs.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -38,8 +39,9 @@ print("PARSED " + json.dumps(out))
 
 def _te_tool():
     sys.path.insert(0, str(ROOT / "gpu"))
-    spec = importlib.util.spec_from_file_location("gpu_te_megatron_lm",
-                                                  ROOT / "gpu" / "te_megatron_lm.py")
+    spec = importlib.util.spec_from_file_location(
+        "gpu_te_megatron_lm", ROOT / "gpu" / "te_megatron_lm.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -54,17 +56,21 @@ def test_te_route_commands_parse_as_megatron_lm_reads_them(tmp_path):
     assert [n for n, _ in runs] == ["te-ufp4", "te-bf16", "te-e2m1", "te-resume"]
     cmds = [(c["run"], c) for c in te_documented_commands()]
     assert [n for n, _ in cmds] == ["te-ufp4", "te-bf16", "te-e2m1", "te-resume", "te-resume"]
-    argvs = [c["argv"][c["argv"].index("pretrain_gpt.py") + 1:] for _, c in cmds]
+    argvs = [c["argv"][c["argv"].index("pretrain_gpt.py") + 1 :] for _, c in cmds]
     path = tmp_path / "argv.json"
     path.write_text(json.dumps(argvs))
     root = os.environ.get("MEGATRON_LM_DIR", "")
-    res = subprocess.run([sys.executable, "-c", PARSE, str(path)], cwd=root or HERE,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                             filter(None, [root, str(ROOT)]))},
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", PARSE, str(path)],
+        cwd=root or HERE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, str(ROOT)]))},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("PARSED ")]
     assert res.returncode == 0 and lines, res.stderr[-3000:]
-    parsed = dict(zip(range(len(cmds)), json.loads(lines[0][len("PARSED "):])))
+    parsed = dict(zip(range(len(cmds)), json.loads(lines[0][len("PARSED ") :])))
     for i, (name, _) in enumerate(cmds):
         a = parsed[i]
         assert a["transformer_impl"] == "transformer_engine" and a["spec"] is None, (name, a)
@@ -88,19 +94,23 @@ def test_te_check_judges_the_runs():
     tool = _te_tool()
     its = range(1, 31)
     base = {i: 7.0 - 0.01 * i for i in its}
-    te = [{"linears": 1, "ufp4": 0, "te_linears": 16, "te_ufp4": 16,
-           "te_recipes": {"ufp4": 16}}]
+    te = [{"linears": 1, "ufp4": 0, "te_linears": 16, "te_ufp4": 16, "te_recipes": {"ufp4": 16}}]
     local = [{"linears": 17, "ufp4": 16, "te_linears": 0, "te_ufp4": 0, "te_recipes": {}}]
     ufp4 = {i: v + 0.01 for i, v in base.items()}
     resumed = tool.mlm.logged_after_restart(ufp4, 20)
     results = {
         "te-ufp4": _run(ufp4, te),
-        "te-bf16": _run(base, [{"linears": 1, "ufp4": 0, "te_linears": 16, "te_ufp4": 0,
-                                "te_recipes": {}}]),
-        "te-e2m1": _run({i: v + 0.02 for i, v in base.items()},
-                        [dict(te[0], te_recipes={"e2m1": 16})]),
-        "te-resume": _run({i: resumed[i] for i in range(21, 31)}, te + te,
-                          log="successfully loaded checkpoint from /c at iteration 20"),
+        "te-bf16": _run(
+            base, [{"linears": 1, "ufp4": 0, "te_linears": 16, "te_ufp4": 0, "te_recipes": {}}]
+        ),
+        "te-e2m1": _run(
+            {i: v + 0.02 for i, v in base.items()}, [dict(te[0], te_recipes={"e2m1": 16})]
+        ),
+        "te-resume": _run(
+            {i: resumed[i] for i in range(21, 31)},
+            te + te,
+            log="successfully loaded checkpoint from /c at iteration 20",
+        ),
         "spec-te-ufp4": _run({i: v + (0.01 if i == 1 else 0.011) for i, v in base.items()}, local),
         "spec-te-ufp4-sr1": _run({i: v + 0.012 for i, v in base.items()}, local),
     }
@@ -112,7 +122,8 @@ def test_te_check_judges_the_runs():
     assert any("within 3x the SR yardstick" in n for n in failed)
     assert any("at iteration 1" in n for n in failed)
     assert any(n.startswith("te-resume") for n in failed)
-    missing = dict(results, **{"te-ufp4": _run(ufp4, [dict(te[0], te_ufp4=15,
-                                                          te_recipes={"ufp4": 15})])})
+    missing = dict(
+        results, **{"te-ufp4": _run(ufp4, [dict(te[0], te_ufp4=15, te_recipes={"ufp4": 15})])}
+    )
     failed = {name for name, ok, _ in tool.evaluate(missing, 30) if not ok}
     assert failed == {"te-ufp4: 17 linears, 16 quantized by ufp4_megatron.te (ufp4)"}

@@ -9,14 +9,15 @@ stand-in classes (te_standins.py; TE itself cannot be installed here).
 - TE's fused MLP is refused where it would be quantized; an unexpected fused module or norm
   slot is refused; without TE, `te_modules()` says to use --transformer-impl local.
 """
+
 import functools
 
 import pytest
 from conftest import run_probe
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.identity_op import IdentityOp
-from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.moe.experts import TEGroupedMLP
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from te_standins import (
     TE_CLASSES,
     FusedNormColumn,
@@ -37,8 +38,9 @@ from ufp4_megatron.megatron.te_spec import place_norms, te_modules
 
 
 def _config(**kw):
-    return TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
-                             normalization="RMSNorm", **kw)
+    return TransformerConfig(
+        num_layers=2, hidden_size=64, num_attention_heads=4, normalization="RMSNorm", **kw
+    )
 
 
 def _rewrite(layer, config, policy):
@@ -59,20 +61,26 @@ def test_fused_linear_is_split_into_norm_and_ufp4_linear():
     layer = block.layer_specs[0].submodules
     attn = layer.self_attention.submodules
     mlp = layer.mlp.keywords["submodules"]
-    assert _cls(attn.linear_qkv) is UFP4ColumnParallelLinear and layer.input_layernorm is \
-        WrappedTorchNorm
-    assert _cls(mlp.linear_fc1) is UFP4ColumnParallelLinear and layer.pre_mlp_layernorm is \
-        WrappedTorchNorm
+    assert (
+        _cls(attn.linear_qkv) is UFP4ColumnParallelLinear
+        and layer.input_layernorm is WrappedTorchNorm
+    )
+    assert (
+        _cls(mlp.linear_fc1) is UFP4ColumnParallelLinear
+        and layer.pre_mlp_layernorm is WrappedTorchNorm
+    )
     assert _cls(attn.linear_proj) is UFP4RowParallelLinear
     assert _cls(mlp.linear_fc2) is UFP4RowParallelLinear
     assert layer.sharded_state_dict_keys_map == {
         "input_layernorm.": "self_attention.linear_qkv.layer_norm_",
-        "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
+        "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_",
+    }
 
 
 def test_bf16_layers_keep_te_modules():
-    policy = UFP4Policy("ufp4", rules={"decoder.layers.0.*": "bf16",
-                                       "decoder.layers.1.mlp.*": "bf16"})
+    policy = UFP4Policy(
+        "ufp4", rules={"decoder.layers.0.*": "bf16", "decoder.layers.1.mlp.*": "bf16"}
+    )
     block = _rewrite(te_layer(), _config(), policy)
     first, second = (s.submodules for s in block.layer_specs)
     assert first.self_attention.submodules.linear_qkv is FusedNormColumn
@@ -81,7 +89,8 @@ def test_bf16_layers_keep_te_modules():
     assert second.mlp.keywords["submodules"].linear_fc1 is FusedNormColumn
     assert second.pre_mlp_layernorm is IdentityOp and second.input_layernorm is WrappedTorchNorm
     assert second.sharded_state_dict_keys_map == {
-        "input_layernorm.": "self_attention.linear_qkv.layer_norm_"}
+        "input_layernorm.": "self_attention.linear_qkv.layer_norm_"
+    }
 
 
 def test_te_sequential_experts_become_ufp4():
@@ -89,24 +98,30 @@ def test_te_sequential_experts_become_ufp4():
     block = _rewrite(te_layer(num_experts=4), config, UFP4Policy("ufp4"))
     experts = block.layer_specs[0].submodules.mlp.keywords["submodules"].experts
     assert experts.func.__name__ == "UFP4SequentialMLP"
-    assert {_cls(experts.keywords["submodules"].linear_fc1),
-            _cls(experts.keywords["submodules"].linear_fc2)} == {UFP4ColumnParallelLinear,
-                                                               UFP4RowParallelLinear}
+    assert {
+        _cls(experts.keywords["submodules"].linear_fc1),
+        _cls(experts.keywords["submodules"].linear_fc2),
+    } == {UFP4ColumnParallelLinear, UFP4RowParallelLinear}
 
 
 def test_te_grouped_experts_become_ufp4_grouped_experts():
-    config = _config(num_moe_experts=4, moe_router_topk=2, add_bias_linear=False,
-                     moe_grouped_gemm=True)
+    config = _config(
+        num_moe_experts=4, moe_router_topk=2, add_bias_linear=False, moe_grouped_gemm=True
+    )
     block = _rewrite(te_layer(num_experts=4, grouped=True), config, UFP4Policy("ufp4"))
     experts = block.layer_specs[0].submodules.mlp.keywords["submodules"].experts
     subs = experts.keywords["submodules"]
     assert experts.func is TEGroupedMLP
-    assert (_cls(subs.linear_fc1), _cls(subs.linear_fc2)) == (UFP4ColumnParallelGroupedLinear,
-                                                             UFP4RowParallelGroupedLinear)
-    kept = _rewrite(te_layer(num_experts=4, grouped=True), config,
-                    UFP4Policy("ufp4", rules={"*.experts.*": "bf16"}))
-    subs = kept.layer_specs[0].submodules.mlp.keywords["submodules"].experts.keywords[
-        "submodules"]
+    assert (_cls(subs.linear_fc1), _cls(subs.linear_fc2)) == (
+        UFP4ColumnParallelGroupedLinear,
+        UFP4RowParallelGroupedLinear,
+    )
+    kept = _rewrite(
+        te_layer(num_experts=4, grouped=True),
+        config,
+        UFP4Policy("ufp4", rules={"*.experts.*": "bf16"}),
+    )
+    subs = kept.layer_specs[0].submodules.mlp.keywords["submodules"].experts.keywords["submodules"]
     assert (subs.linear_fc1, subs.linear_fc2) == (GroupedColumn, GroupedRow)
 
 
@@ -126,8 +141,9 @@ def test_unknown_fused_module_or_taken_norm_slot_is_refused():
     layer = te_layer()
     with pytest.raises(TypeError, match="no norm slot"):
         place_norms(layer, ["self_attention.linear_proj"], TE_CLASSES)
-    taken = ufp4_block_spec(te_layer(), _config(), UFP4Policy("ufp4"),
-                            te=TE_CLASSES, pp_rank=0).layer_specs[0]
+    taken = ufp4_block_spec(
+        te_layer(), _config(), UFP4Policy("ufp4"), te=TE_CLASSES, pp_rank=0
+    ).layer_specs[0]
     with pytest.raises(TypeError, match="not empty"):
         place_norms(taken, ["self_attention.linear_qkv"], TE_CLASSES)
 
@@ -148,8 +164,9 @@ def test_te_classes_cover_the_local_equivalents():
 def test_rewritten_te_model_keeps_te_checkpoint_keys(te_results, kind):
     bf16, ufp4 = te_results[kind]["bf16"], te_results[kind]["ufp4"]
     assert ufp4["keys"] == bf16["keys"]
-    assert any(k[0] == "decoder.layers.self_attention.linear_qkv.layer_norm_weight"
-               for k in ufp4["keys"])
+    assert any(
+        k[0] == "decoder.layers.self_attention.linear_qkv.layer_norm_weight" for k in ufp4["keys"]
+    )
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
@@ -166,6 +183,8 @@ def test_rewritten_te_model_builds_and_trains(te_results, kind):
         assert ufp4["norms"]["decoder.layers.1.pre_mlp_layernorm"] == "RMSNorm"
     else:
         experts = {p: c for p, c in classes.items() if "decoder.layers.1.mlp.experts" in p}
-        assert len(experts) == 8 and set(experts.values()) == {"UFP4ColumnParallelLinear",
-                                                               "UFP4RowParallelLinear"}
+        assert len(experts) == 8 and set(experts.values()) == {
+            "UFP4ColumnParallelLinear",
+            "UFP4RowParallelLinear",
+        }
     assert 0 < ufp4["loss"] < 10

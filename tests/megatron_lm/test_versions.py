@@ -2,6 +2,7 @@
 their code differs in five files only, none of which holds a seam the glue uses; in
 transformer_layer.py the objects the spec rewrite uses are unchanged. (The version guard's
 accept/refuse cases are in tests/megatron/test_mcore_spec_policy.py.)"""
+
 import ast
 import filecmp
 from pathlib import Path
@@ -13,8 +14,7 @@ DIFFERING = {  # megatron/ files that differ between f8837c04ef and the 0.19.2 w
     "core/transformer/transformer_layer.py",  # get_inner_quantization_context (FP8/FP4)
     "core/transformer/multi_token_prediction.py",
     "core/models/common/model_chunk_schedule_plan.py",
-    "core/inference/text_generation_server/dynamic_text_gen_server/endpoints/"
-    "chat_completions.py",
+    "core/inference/text_generation_server/dynamic_text_gen_server/endpoints/chat_completions.py",
 }
 
 

@@ -13,6 +13,7 @@ behaviour (docs/reliability.md, "Library", lists each case).
 | bias of the wrong shape                            | ValueError in forward                      | linear_checks_bias_shape_in_forward |
 | siblings: origin, grid types, weight dims, empty   | ValueError / documented dtype              | origin_is_checked, grid_values_are_checked, linear_checks_shapes, empty_* |
 """
+
 import os
 import subprocess
 import sys
@@ -20,12 +21,20 @@ import sys
 import pytest
 import torch
 
-from ufp4_megatron import (RHT, GemmSpec, OperandSpec, Recipe, get_grid, get_recipe,
-                           quantize, quantized_linear)
+from ufp4_megatron import (
+    RHT,
+    GemmSpec,
+    OperandSpec,
+    Recipe,
+    get_grid,
+    get_recipe,
+    quantize,
+    quantized_linear,
+)
 from ufp4_megatron.ops import dgrad, fprop, wgrad
 
-
 # ----------------------------------------------------------------- NaN in e4m3 (NVFP4)
+
 
 @pytest.mark.parametrize("block_2d", [False, True])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
@@ -58,6 +67,7 @@ def test_nvfp4_linear_nan_stays_in_its_rows():
 
 
 # ----------------------------------------------------------------- fp16 with an RHT
+
 
 def _fp16(rows, cols, seed, scale=1.0, big_row=None, big_col=None):
     """Random fp16 with one block of +-16400 (along a row or down a column) matched to the
@@ -109,10 +119,14 @@ def test_fp16_rht_unquantized_rotated_operand_stays_finite():
 
 # ----------------------------------------------------------------- shapes, dims, dtypes
 
+
 def test_out_of_range_dim_is_refused():
     x = torch.randn(4, 16)
-    with pytest.raises(IndexError, match=r"dim 2 is out of range for a 2-D tensor: pass a dim "
-                                         r"in \[-2, 1\]"):
+    with pytest.raises(
+        IndexError,
+        match=r"dim 2 is out of range for a 2-D tensor: pass a dim "
+        r"in \[-2, 1\]",
+    ):
         quantize(x, "e1m2", dim=2)
     with pytest.raises(IndexError, match="out of range"):
         quantize(x, "e1m2", dim=-3)
@@ -126,7 +140,9 @@ def test_out_of_range_dim_is_refused():
 def test_linear_refuses_non_floating_tensors():
     x, w, b = torch.randn(2, 16), torch.randn(4, 16), torch.randn(4)
     r = get_recipe("ufp4")
-    with pytest.raises(TypeError, match="float32/bfloat16/float16/float64 tensors; x is torch.int32"):
+    with pytest.raises(
+        TypeError, match="float32/bfloat16/float16/float64 tensors; x is torch.int32"
+    ):
         quantized_linear(x.int(), w, None, r)
     with pytest.raises(TypeError, match="weight is torch.int64"):
         quantized_linear(x, w.long(), None, r)
@@ -172,6 +188,7 @@ def test_empty_tensors_keep_the_documented_dtype():
 
 # ----------------------------------------------------------------- values of options
 
+
 def test_codebook_refuses_non_finite_levels():
     for levels in ((0, 1, float("inf")), (0, float("nan"), 2)):
         with pytest.raises(ValueError, match="codebook levels must be finite numbers"):
@@ -200,8 +217,10 @@ def test_seeds_must_be_ints_in_range():
             quantize(x, "e1m2", rounding="sr", seed=seed)
         with pytest.raises(ValueError, match=r"RHT seed must be an int in \[0, 2\^63\)"):
             RHT(16, seed)
-    assert torch.equal(quantize(x, "e1m2", rounding="sr", seed=2**63 - 1),
-                       quantize(x, "e1m2", rounding="sr", seed=2**63 - 1))
+    assert torch.equal(
+        quantize(x, "e1m2", rounding="sr", seed=2**63 - 1),
+        quantize(x, "e1m2", rounding="sr", seed=2**63 - 1),
+    )
     with pytest.raises(ValueError, match="RHT size must be one of"):
         RHT(16.0)
 
@@ -219,26 +238,31 @@ def test_rht_rotate_refuses_zero_dim_bad_dim_and_integers():
     assert r.rotate(torch.randn(16)).shape == (16,)
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda: get_recipe("ufp4", rht_seed="a"), r"rht_seed must be an int in \[0, 2\^63\)"),
-    (lambda: get_recipe("ufp4", rht_seed=True), "rht_seed must be an int"),
-    (lambda: get_recipe("ufp4", rht_seed=-1), "rht_seed must be an int"),
-    (lambda: Recipe(name="r", rht_seed=1.0), "rht_seed must be an int"),
-    (lambda: OperandSpec(block_2d="yes"), "block_2d must be True or False, got 'yes'"),
-    (lambda: OperandSpec(block_2d=1), "block_2d must be True or False"),
-    (lambda: get_recipe("nvfp4", block_2d="yes"), "block_2d must be True or False"),
-    (lambda: quantize(torch.randn(16, 16), "e1m2", block_2d="yes"), "block_2d must be True"),
-    (lambda: OperandSpec(block=True), "block must be a positive integer"),
-    (lambda: GemmSpec(x=None, w=None, rht=16.0), "rht size must be one of"),
-    (lambda: GemmSpec(x=None, w=None, rht=True), "rht size must be one of"),
-    (lambda: GemmSpec(x="e1m2", w=None), "GemmSpec.x must be an OperandSpec or None"),
-    (lambda: Recipe(name="r", dgrad=GemmSpec(x=OperandSpec(), w=OperandSpec())),
-     "Recipe.dgrad has no operand 'x' \\(its operands are dy, w\\)"),
-    (lambda: Recipe(name="r", fprop="ufp4"), "Recipe.fprop must be a GemmSpec or None"),
-    (lambda: Recipe(name=3), "recipe name must be a string"),
-    (lambda: get_recipe("ufp4", rht=16.0), "override rht=16.0: expected True, False, a size"),
-    (lambda: get_recipe("ufp4", sr=5), "override sr=5: expected True, False or a tuple"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: get_recipe("ufp4", rht_seed="a"), r"rht_seed must be an int in \[0, 2\^63\)"),
+        (lambda: get_recipe("ufp4", rht_seed=True), "rht_seed must be an int"),
+        (lambda: get_recipe("ufp4", rht_seed=-1), "rht_seed must be an int"),
+        (lambda: Recipe(name="r", rht_seed=1.0), "rht_seed must be an int"),
+        (lambda: OperandSpec(block_2d="yes"), "block_2d must be True or False, got 'yes'"),
+        (lambda: OperandSpec(block_2d=1), "block_2d must be True or False"),
+        (lambda: get_recipe("nvfp4", block_2d="yes"), "block_2d must be True or False"),
+        (lambda: quantize(torch.randn(16, 16), "e1m2", block_2d="yes"), "block_2d must be True"),
+        (lambda: OperandSpec(block=True), "block must be a positive integer"),
+        (lambda: GemmSpec(x=None, w=None, rht=16.0), "rht size must be one of"),
+        (lambda: GemmSpec(x=None, w=None, rht=True), "rht size must be one of"),
+        (lambda: GemmSpec(x="e1m2", w=None), "GemmSpec.x must be an OperandSpec or None"),
+        (
+            lambda: Recipe(name="r", dgrad=GemmSpec(x=OperandSpec(), w=OperandSpec())),
+            "Recipe.dgrad has no operand 'x' \\(its operands are dy, w\\)",
+        ),
+        (lambda: Recipe(name="r", fprop="ufp4"), "Recipe.fprop must be a GemmSpec or None"),
+        (lambda: Recipe(name=3), "recipe name must be a string"),
+        (lambda: get_recipe("ufp4", rht=16.0), "override rht=16.0: expected True, False, a size"),
+        (lambda: get_recipe("ufp4", sr=5), "override sr=5: expected True, False or a tuple"),
+    ],
+)
 def test_option_types_are_checked(call, match):
     with pytest.raises(ValueError, match=match):
         call()
@@ -257,15 +281,21 @@ def test_origin_is_checked():
 
 # ----------------------------------------------------------------- backend="triton"
 
+
 def test_triton_backend_on_cpu_says_what_to_do():
     """Without TRITON_INTERPRET the kernels cannot run on a CPU tensor (a fresh process: the
     kernel tests turn the interpreter on in this one)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("import torch\nfrom ufp4_megatron import quantize\n"
-            "quantize(torch.randn(4, 16), 'e1m2', backend='triton')")
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=300)
+    code = (
+        "import torch\nfrom ufp4_megatron import quantize\n"
+        "quantize(torch.randn(4, 16), 'e1m2', backend='triton')"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
     assert p.returncode != 0
-    assert ("ValueError: backend='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 for the "
-            "CPU interpreter), got a tensor on cpu") in p.stderr, p.stderr[-2000:]
+    assert (
+        "ValueError: backend='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 for the "
+        "CPU interpreter), got a tensor on cpu"
+    ) in p.stderr, p.stderr[-2000:]
     assert "active drivers" not in p.stderr

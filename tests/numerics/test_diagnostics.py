@@ -8,6 +8,7 @@ effects stay many standard errors wide):
   grid's interior levels do not;
 - bucket ratio in [1/K, 1]; sqnr/attenuation on known inputs.
 """
+
 import math
 
 import torch

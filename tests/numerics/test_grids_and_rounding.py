@@ -6,6 +6,7 @@ Contracts:
 - RTNE ties go to the even code; everything else to the nearest level;
 - invalid codebooks and names fail with a message listing the valid choices.
 """
+
 import pytest
 import torch
 
@@ -25,8 +26,10 @@ def test_e1m2_equals_int4_after_scaling():
     assert torch.equal(e1m2 * 4, torch.tensor(get_grid("int4").levels))
     x = torch.randn(64, 256, dtype=torch.float32)
     assert torch.equal(quantize(x, "e1m2"), quantize(x, "int4"))
-    assert torch.equal(quantize(x, "e1m2", rht=16, rounding="sr", seed=3),
-                       quantize(x, "int4", rht=16, rounding="sr", seed=3))
+    assert torch.equal(
+        quantize(x, "e1m2", rht=16, rounding="sr", seed=3),
+        quantize(x, "int4", rht=16, rounding="sr", seed=3),
+    )
 
 
 @pytest.mark.parametrize("fmt", ["e2m1", "e1m2", "int4"])
@@ -92,11 +95,19 @@ def test_int4_asym_reaches_minus_eight_only_for_negative_amax():
 @pytest.mark.parametrize("fmt", ["e1m2", "int4"])
 def test_uniform_fast_path_equals_generic_comparisons_bitwise(fmt):
     from ufp4_megatron.numerics.rounding import uniform_step
+
     lv = get_grid(fmt).levels_tensor()
     assert uniform_step(lv) is not None and uniform_step(get_grid("e2m1").levels_tensor()) is None
     g = lv[-1]
-    v = torch.cat([torch.rand(20000) * g, lv, (lv[:-1] + lv[1:]) / 2,  # levels and ties
-                   torch.nextafter((lv[:-1] + lv[1:]) / 2, torch.tensor(0.0)), g.reshape(1)])
+    v = torch.cat(
+        [
+            torch.rand(20000) * g,
+            lv,
+            (lv[:-1] + lv[1:]) / 2,  # levels and ties
+            torch.nextafter((lv[:-1] + lv[1:]) / 2, torch.tensor(0.0)),
+            g.reshape(1),
+        ]
+    )
     u = torch.rand(v.shape)
     assert torch.equal(round_rtne(v, lv), round_rtne(v, lv, generic=True))
     assert torch.equal(round_stochastic(v, lv, u), round_stochastic(v, lv, u, generic=True))
@@ -105,17 +116,29 @@ def test_uniform_fast_path_equals_generic_comparisons_bitwise(fmt):
 def _ties_and_neighbours(lv: torch.Tensor) -> torch.Tensor:
     mids = (lv[:-1] + lv[1:]) / 2
     lo, hi = torch.tensor(0.0), lv[-1]
-    return torch.cat([lv, mids, torch.nextafter(mids, lo), torch.nextafter(mids, hi),
-                      torch.nextafter(lv, lo).clamp(min=0), torch.nextafter(lv, hi).clamp(max=hi),
-                      torch.tensor([0.0, 1e-45, 1e-40, 1e-30])])
+    return torch.cat(
+        [
+            lv,
+            mids,
+            torch.nextafter(mids, lo),
+            torch.nextafter(mids, hi),
+            torch.nextafter(lv, lo).clamp(min=0),
+            torch.nextafter(lv, hi).clamp(max=hi),
+            torch.tensor([0.0, 1e-45, 1e-40, 1e-30]),
+        ]
+    )
 
 
-@pytest.mark.parametrize("levels", [get_grid("e2m1").levels, (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0),
-                                    (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)], ids=str)
+@pytest.mark.parametrize(
+    "levels",
+    [get_grid("e2m1").levels, (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0), (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)],
+    ids=str,
+)
 def test_minifloat_fast_path_equals_generic_comparisons_bitwise(levels):
     """E2M1 (and codebooks that are its prefixes) round within v's binade: the same codes as
     the comparisons, at every level, tie, neighbour of either and subnormal v."""
     from ufp4_megatron.numerics.rounding import minifloat_mantissa
+
     lv = torch.tensor(levels)
     assert minifloat_mantissa(lv) == 1
     v = torch.cat([torch.rand(50000) * lv[-1], _ties_and_neighbours(lv)])
@@ -125,12 +148,19 @@ def test_minifloat_fast_path_equals_generic_comparisons_bitwise(levels):
     assert torch.equal(round_stochastic(v3, lv, u), round_stochastic(v3, lv, u, generic=True))
 
 
-@pytest.mark.parametrize("levels,m", [
-    (get_grid("e2m1").levels, 1), (get_grid("e1m2").levels, 2),
-    (get_grid("int4").levels, None),  # uniform, step 1: not a minifloat with min normal 1
-    ((0.0, 1.0, 2.0, 4.0), None),  # E3M0: ties across a binade would go to the odd code
-    ((0.0, 0.5, 1.0, 2.0), None), ((0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0), None)], ids=str)
+@pytest.mark.parametrize(
+    "levels,m",
+    [
+        (get_grid("e2m1").levels, 1),
+        (get_grid("e1m2").levels, 2),
+        (get_grid("int4").levels, None),  # uniform, step 1: not a minifloat with min normal 1
+        ((0.0, 1.0, 2.0, 4.0), None),  # E3M0: ties across a binade would go to the odd code
+        ((0.0, 0.5, 1.0, 2.0), None),
+        ((0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0), None),
+    ],
+    ids=str,
+)
 def test_minifloat_mantissa_names_only_minifloat_grids(levels, m):
     from ufp4_megatron.numerics.rounding import minifloat_mantissa
-    assert minifloat_mantissa(torch.tensor(levels)) == m
 
+    assert minifloat_mantissa(torch.tensor(levels)) == m

@@ -4,6 +4,7 @@ Contracts: D H / sqrt(n) is orthonormal for every size; the butterfly equals the
 matrix; inverse undoes rotate; rotating both GEMM operands leaves the product unchanged;
 the sign vector is a pure function of (size, seed).
 """
+
 import pytest
 import torch
 
@@ -53,16 +54,20 @@ def test_rht_of_values_near_fp32_max_over_sqrt_n_is_finite(size):
     """Finite blocks up to fp32's max / sqrt(n) rotate to finite values (the butterfly used to
     sum them to inf, and inf - inf to NaN: RHT16 of values near 8e37 gave a NaN block)."""
     r = RHT(size, seed=3)
-    big = torch.finfo(torch.float32).max / size ** 0.5 * 0.99
+    big = torch.finfo(torch.float32).max / size**0.5 * 0.99
     g = torch.Generator().manual_seed(size)
-    x = torch.cat([r.signs * big,  # the worst block: every sum adds up to sqrt(n) * big
-                   (torch.rand(3 * size, generator=g) * 2 - 1) * big]).reshape(1, -1)
+    x = torch.cat(
+        [
+            r.signs * big,  # the worst block: every sum adds up to sqrt(n) * big
+            (torch.rand(3 * size, generator=g) * 2 - 1) * big,
+        ]
+    ).reshape(1, -1)
     assert not torch.isfinite(_unscaled(r, x)).all()  # what the old order gave
     y = r.rotate(x)
     assert torch.isfinite(y).all()
     exact = (x.double().view(-1, size) @ r.matrix()).view(1, -1)
     assert torch.allclose(y.double(), exact, rtol=1e-6, atol=big * 1e-6)
-    assert y[0, 0] == torch.tensor(big * size ** 0.5, dtype=torch.float32) or size not in (16, 64)
+    assert y[0, 0] == torch.tensor(big * size**0.5, dtype=torch.float32) or size not in (16, 64)
     assert torch.isfinite(r.inverse(y)).all()
     assert torch.allclose(r.inverse(y).double(), x.double(), rtol=1e-5, atol=big * 1e-6)
 

@@ -10,6 +10,7 @@ Contracts:
 - x of any leading shape, bf16/fp16/fp32, K not a multiple of 16, bias;
 - backward saves only x and w (what BF16 saves), never quantized copies.
 """
+
 import pytest
 import torch
 
@@ -41,12 +42,15 @@ def test_ufp4_gemms_equal_the_explicit_quantize_composition():
     rht = RHT(16, 7)
     x, w, dy = torch.randn(32, 64), torch.randn(48, 64), torch.randn(32, 48)
     seed = 99
-    q = lambda t, **kw: quantize(t, "e1m2", rht=rht, **kw)  # noqa: E731
+    q = lambda t, **kw: quantize(t, "e1m2", rht=rht, **kw)
     assert torch.equal(fprop(x, w, r, seed=seed), q(x) @ q(w).t())
-    assert torch.equal(dgrad(dy, w, r, seed=seed),
-                       q(dy, rounding="sr", seed=mix_seed(seed, 1, 0)) @ q(w, dim=0))
-    assert torch.equal(wgrad(dy, x, r, seed=seed),
-                       q(dy, dim=0, rounding="sr", seed=mix_seed(seed, 2, 0)).t() @ q(x, dim=0))
+    assert torch.equal(
+        dgrad(dy, w, r, seed=seed), q(dy, rounding="sr", seed=mix_seed(seed, 1, 0)) @ q(w, dim=0)
+    )
+    assert torch.equal(
+        wgrad(dy, x, r, seed=seed),
+        q(dy, dim=0, rounding="sr", seed=mix_seed(seed, 2, 0)).t() @ q(x, dim=0),
+    )
 
 
 def test_e2m1_baseline_rotates_only_wgrad():

@@ -9,6 +9,7 @@ Contracts:
 - NaN/Inf poison only their own block (to NaN); zero blocks give exact zeros; empty
   tensors work; unknown names raise errors listing the valid ones.
 """
+
 import pytest
 import torch
 
@@ -95,6 +96,7 @@ def test_tiny_block_in_e4m3_underflows_to_exact_zero_not_nan():
 
 def test_rht_returns_values_in_the_rotated_domain():
     from ufp4_megatron import RHT
+
     x = torch.randn(8, 64)
     r = RHT(16, seed=3)
     assert torch.equal(quantize(x, "e1m2", rht=r), quantize(r.rotate(x), "e1m2"))
@@ -130,8 +132,16 @@ def test_rht16_quantize_of_values_near_8e37_is_finite():
         assert float(err) < 0.2, grid  # a 4-bit rounding, no more
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(rounding="sr", seed=3), dict(block=32,
-                                block_2d=True), dict(dim=0), dict(scale="e4m3")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(rounding="sr", seed=3),
+        dict(block=32, block_2d=True),
+        dict(dim=0),
+        dict(scale="e4m3"),
+    ],
+)
 def test_gradient_is_straight_through(kw):
     """quantize() of a tensor that requires grad: the rounding counts as the identity (the
     straight-through estimator); without it the gradient was 0 except at each block's amax."""

@@ -15,6 +15,7 @@ Contracts:
 - test_e4m3_segments_that_straddle_a_block_are_refused (one line naming the unit);
 - test_bad_segments_say_what_to_pass.
 """
+
 import pytest
 import torch
 
@@ -42,8 +43,15 @@ def test_segment_bits_are_each_segments_own_position_bits(axis):
 
 
 @pytest.mark.parametrize("axis", (0, 1))
-@pytest.mark.parametrize("kw", [dict(rht=RHT(16, 1)), dict(rht=RHT(32, 2)), dict(block=32),
-                                dict(rht=RHT(16, 1), keep_padding=True)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(rht=RHT(16, 1)),
+        dict(rht=RHT(32, 2)),
+        dict(block=32),
+        dict(rht=RHT(16, 1), keep_padding=True),
+    ],
+)
 def test_quantize_view_with_segments_equals_quantizing_each_segment(axis, kw):
     # column segments are blocks along the quantized dim: they start at multiples of the
     # block/RHT unit (the precondition of the equality)
@@ -54,39 +62,50 @@ def test_quantize_view_with_segments_equals_quantizing_each_segment(axis, kw):
     x = x[:, :56] if axis == 0 and not kw.get("rht") else x  # a padded last block (rows)
     args = dict(rounding="sr", origin=(5, 4), **kw)
     got = quantize_view(x, "e1m2", segments=Segments(axis, starts, SEEDS), **args)
-    parts = [quantize_view(p, "e1m2", seed=s, **args) for p, s in
-             zip(_split(x, starts, axis), SEEDS)]
+    parts = [
+        quantize_view(p, "e1m2", seed=s, **args) for p, s in zip(_split(x, starts, axis), SEEDS)
+    ]
     assert torch.equal(got, torch.cat(parts, dim=axis))
     assert not torch.equal(got, quantize_view(x, "e1m2", seed=SEEDS[0], **args))
 
 
 def test_segments_change_nothing_under_rtne():
     x = torch.randn(48, 32)
-    assert torch.equal(quantize_view(x, "e2m1", segments=Segments(0, STARTS[:3], SEEDS[:3])),
-                       quantize_view(x, "e2m1"))
+    assert torch.equal(
+        quantize_view(x, "e2m1", segments=Segments(0, STARTS[:3], SEEDS[:3])),
+        quantize_view(x, "e2m1"),
+    )
 
 
-@pytest.mark.parametrize("args,match", [
-    ((2, (0,), (1,)), "axis must be 0"),
-    ((True, (0,), (1,)), "axis must be 0"),
-    ((0, (), ()), "one seed per start"),
-    ((0, (0, 16), (1,)), "one seed per start"),
-    ((0, (4, 16), (1, 2)), "begin at 0 and never decrease"),
-    ((0, (0, 32, 16), (1, 2, 3)), "begin at 0 and never decrease"),
-    ((1, (0, 6), (1, 2)), "multiples of 4"),
-    ((0, (0, -16), (1, 2)), "segment start must be an int >= 0"),
-    ((0, (0, 1.5), (1, 2)), "segment start must be an int"),
-    ((0, (0,), (2**63,)), r"segment seed must be an int in \[0, 2\^63\)"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        ((2, (0,), (1,)), "axis must be 0"),
+        ((True, (0,), (1,)), "axis must be 0"),
+        ((0, (), ()), "one seed per start"),
+        ((0, (0, 16), (1,)), "one seed per start"),
+        ((0, (4, 16), (1, 2)), "begin at 0 and never decrease"),
+        ((0, (0, 32, 16), (1, 2, 3)), "begin at 0 and never decrease"),
+        ((1, (0, 6), (1, 2)), "multiples of 4"),
+        ((0, (0, -16), (1, 2)), "segment start must be an int >= 0"),
+        ((0, (0, 1.5), (1, 2)), "segment start must be an int"),
+        ((0, (0,), (2**63,)), r"segment seed must be an int in \[0, 2\^63\)"),
+    ],
+)
 def test_bad_segments_say_what_to_pass(args, match):
     with pytest.raises(ValueError, match=match):
         Segments(*args)
 
 
 E4M3_CASES = [  # (axis, options): NVFP4's operands (1x16 activations, 16x16 weight tiles)
-    (0, dict()), (0, dict(block_2d=True)), (0, dict(rounding="sr", origin=(5, 4))),
-    (1, dict(rht=RHT(16, 1))), (1, dict(rht=RHT(16, 1), rounding="sr", origin=(0, 8))),
-    (1, dict(block_2d=True)), (0, dict(rht=RHT(16, 1), keep_padding=True))]
+    (0, dict()),
+    (0, dict(block_2d=True)),
+    (0, dict(rounding="sr", origin=(5, 4))),
+    (1, dict(rht=RHT(16, 1))),
+    (1, dict(rht=RHT(16, 1), rounding="sr", origin=(0, 8))),
+    (1, dict(block_2d=True)),
+    (0, dict(rht=RHT(16, 1), keep_padding=True)),
+]
 
 
 @pytest.mark.parametrize("axis,kw", E4M3_CASES)
@@ -110,14 +129,24 @@ def test_e4m3_segments_take_each_segments_tensor_scale(axis, kw):
     assert not torch.equal(got.nan_to_num(), whole.nan_to_num())
 
 
-@pytest.mark.parametrize("axis,starts,kw,unit", [
-    (0, (0, 8), dict(block_2d=True), 16),  # a 16x16 tile over two experts' rows
-    (1, (0, 8), dict(), 16),  # a block along the quantized dim over two segments
-    (1, (0, 16), dict(rht=RHT(32, 0)), 32)])  # an RHT32 group over two segments
+@pytest.mark.parametrize(
+    "axis,starts,kw,unit",
+    [
+        (0, (0, 8), dict(block_2d=True), 16),  # a 16x16 tile over two experts' rows
+        (1, (0, 8), dict(), 16),  # a block along the quantized dim over two segments
+        (1, (0, 16), dict(rht=RHT(32, 0)), 32),
+    ],
+)  # an RHT32 group over two segments
 def test_e4m3_segments_that_straddle_a_block_are_refused(axis, starts, kw, unit):
     x = torch.randn(64, 64)
     with pytest.raises(ValueError, match=f"e4m3 tensor scales .* multiples of {unit}"):
         quantize_view(x, "e1m2", scale="e4m3", segments=Segments(axis, starts, (1, 2)), **kw)
     # one tensor amax for the whole view, or fp32 scales: nothing to straddle
-    quantize_view(x, "e1m2", scale="e4m3", tensor_amax=torch.tensor(3.0),
-                  segments=Segments(axis, starts, (1, 2)), **kw)
+    quantize_view(
+        x,
+        "e1m2",
+        scale="e4m3",
+        tensor_amax=torch.tensor(3.0),
+        segments=Segments(axis, starts, (1, 2)),
+        **kw,
+    )

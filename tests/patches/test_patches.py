@@ -9,6 +9,7 @@
 What the patched command line does is tested in tests/megatron_lm (through pretrain_gpt.py's
 path to the model).
 """
+
 import importlib.util
 import os
 import re
@@ -22,10 +23,18 @@ ROOT = Path(__file__).resolve().parents[2]
 PATCHES = sorted((ROOT / "patches").glob("[0-9][0-9][0-9][0-9]-*.patch"))
 WHEEL = Path(importlib.util.find_spec("megatron.core").origin).resolve().parents[2]
 CHECKOUT = Path(os.environ["MEGATRON_LM_DIR"]) if os.environ.get("MEGATRON_LM_DIR") else None
-TARGETS = [pytest.param(WHEEL, id="wheel"),
-           pytest.param(CHECKOUT, id="checkout", marks=pytest.mark.skipif(
-               CHECKOUT is None, reason="set MEGATRON_LM_DIR to a Megatron-LM core_r0.19.0 "
-               "checkout (not committed here) to check it too"))]
+TARGETS = [
+    pytest.param(WHEEL, id="wheel"),
+    pytest.param(
+        CHECKOUT,
+        id="checkout",
+        marks=pytest.mark.skipif(
+            CHECKOUT is None,
+            reason="set MEGATRON_LM_DIR to a Megatron-LM core_r0.19.0 "
+            "checkout (not committed here) to check it too",
+        ),
+    ),
+]
 
 
 def _touched(patch: Path) -> list[str]:
@@ -54,9 +63,14 @@ def test_patches_apply_to_pristine_files(root, tmp_path):
             (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(root / rel, tmp_path / rel)
     for patch in PATCHES:
-        res = subprocess.run(["git", "apply", "--check", "--verbose", str(patch)], cwd=tmp_path,
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            ["git", "apply", "--check", "--verbose", str(patch)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 0, f"{patch.name}: {res.stderr}"
-        res = subprocess.run(["git", "apply", str(patch)], cwd=tmp_path, capture_output=True,
-                             text=True)
+        res = subprocess.run(
+            ["git", "apply", str(patch)], cwd=tmp_path, capture_output=True, text=True
+        )
         assert res.returncode == 0, f"{patch.name}: {res.stderr}"

@@ -1,4 +1,5 @@
 """Run dirs in the trainer's format (config.yaml + metrics.jsonl), with chosen losses."""
+
 from __future__ import annotations
 
 import json
@@ -7,18 +8,35 @@ from pathlib import Path
 import yaml
 
 
-def write_run(path: Path, recipe: str, seed: int, losses: list[float], *, model: str = "tiny",
-              experiment: str = "t", val_every: int = 0, precision: dict | None = None,
-              tokens_per_step: int = 64, lr: list[float] | None = None,
-              steps: int | None = None) -> str:
+def write_run(
+    path: Path,
+    recipe: str,
+    seed: int,
+    losses: list[float],
+    *,
+    model: str = "tiny",
+    experiment: str = "t",
+    val_every: int = 0,
+    precision: dict | None = None,
+    tokens_per_step: int = 64,
+    lr: list[float] | None = None,
+    steps: int | None = None,
+) -> str:
     """Step i+1 has loss losses[i] (val_loss = loss + 0.1 every val_every steps) and, given,
     learning rate lr[i]; steps: the config's train.steps (its planned length)."""
     path.mkdir(parents=True)
-    config = {"experiment": experiment, "model": {"name": model},
-              "precision": {"name": recipe, "recipe": recipe, **(precision or {})},
-              "train": {"seed": seed, "global_batch": 2, "seq_len": 32,
-                        **({"steps": steps} if steps is not None else {})},
-              "logging": {"wandb": {"project": "ufp4-test", "diagnostics_layers": [0]}}}
+    config = {
+        "experiment": experiment,
+        "model": {"name": model},
+        "precision": {"name": recipe, "recipe": recipe, **(precision or {})},
+        "train": {
+            "seed": seed,
+            "global_batch": 2,
+            "seq_len": 32,
+            **({"steps": steps} if steps is not None else {}),
+        },
+        "logging": {"wandb": {"project": "ufp4-test", "diagnostics_layers": [0]}},
+    }
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     rows = []
     for i, loss in enumerate(losses):
@@ -37,10 +55,17 @@ def offline_env(tmp: Path) -> dict:
     """W&B offline, its dirs in tmp, no key: what every CLI test runs under."""
     import os
 
-    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", OMP_NUM_THREADS="1",
-               WANDB_DIR=str(tmp / "wb"), WANDB_CACHE_DIR=str(tmp / "wbc"),
-               WANDB_CONFIG_DIR=str(tmp / "wbcfg"), HOME=str(tmp / "home"),
-               MPLCONFIGDIR=str(tmp / "mpl"))
+    env = dict(
+        os.environ,
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        OMP_NUM_THREADS="1",
+        WANDB_DIR=str(tmp / "wb"),
+        WANDB_CACHE_DIR=str(tmp / "wbc"),
+        WANDB_CONFIG_DIR=str(tmp / "wbcfg"),
+        HOME=str(tmp / "home"),
+        MPLCONFIGDIR=str(tmp / "mpl"),
+    )
     env.pop("WANDB_API_KEY", None)
     return env
 

@@ -1,16 +1,17 @@
 """The gap live in W&B (train/live_gap.py), on real run dirs and real offline W&B runs.
 
-    test_gap_every_step_when_the_reference_is_ahead   gap_vs_bf16 = (L - L_bf16) / L_bf16 at
-        each logged step, against its own tokens axis; no e2m1 run: said once, nothing logged
-    test_lagging_reference_catches_up        logged up to the reference's newest whole line,
-        then at the step it reaches next; a reference cut back by a resume is read again
-    test_late_reference_is_found_on_rescan   a sweep that starts the BF16 run after this one
-    test_other_seed_or_batch_is_no_reference
-    test_nearest_reference_wins_two_in_one_place_are_ambiguous
-    test_trainer_logs_live_gap_and_compare_reads_both   real trainer runs (bf16, then ufp4
-        with diagnostics): the training run's W&B keys, then ufp4-compare over the two dirs
-        (make test-slow)
+test_gap_every_step_when_the_reference_is_ahead   gap_vs_bf16 = (L - L_bf16) / L_bf16 at
+    each logged step, against its own tokens axis; no e2m1 run: said once, nothing logged
+test_lagging_reference_catches_up        logged up to the reference's newest whole line,
+    then at the step it reaches next; a reference cut back by a resume is read again
+test_late_reference_is_found_on_rescan   a sweep that starts the BF16 run after this one
+test_other_seed_or_batch_is_no_reference
+test_nearest_reference_wins_two_in_one_place_are_ambiguous
+test_trainer_logs_live_gap_and_compare_reads_both   real trainer runs (bf16, then ufp4
+    with diagnostics): the training run's W&B keys, then ufp4-compare over the two dirs
+    (make test-slow)
 """
+
 from __future__ import annotations
 
 import json
@@ -19,13 +20,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from _runs import logged_table, offline_env
 from hydra import compose
 from omegaconf import OmegaConf
 
-from ufp4_megatron.train.overrides import training_configs
-from _runs import logged_table, offline_env
 from ufp4_megatron.report.wandb_offline import find_run_file, read_run
 from ufp4_megatron.train.live_gap import LiveGap
+from ufp4_megatron.train.overrides import training_configs
 
 ROOT = Path(__file__).resolve().parents[2]
 BF16 = [3.0, 2.8, 2.6, 2.5, 2.4, 2.3]
@@ -58,8 +59,10 @@ def run_dir(root: Path, name: str, *overrides, losses=(), partial: str = "") -> 
 
 
 def write_metrics(d: Path, losses, partial: str = ""):
-    lines = "".join(json.dumps({"step": i + 1, "loss": v, "tokens": 64 * (i + 1)}) + "\n"
-                    for i, v in enumerate(losses))
+    lines = "".join(
+        json.dumps({"step": i + 1, "loss": v, "tokens": 64 * (i + 1)}) + "\n"
+        for i, v in enumerate(losses)
+    )
     (d / "metrics.jsonl").write_text(lines + partial)
 
 
@@ -83,8 +86,11 @@ def logged(wb):
     wb.finish()
     wandb.teardown()  # stops W&B's service process: the run file is complete after it
     hist = read_run(find_run_file(Path(wb.dir).parent))
-    return {h["_step"]: (h["gap_vs_bf16"], h["gap_vs_bf16_at_tokens"])
-            for h in hist["history"] if "gap_vs_bf16" in h}, hist
+    return {
+        h["_step"]: (h["gap_vs_bf16"], h["gap_vs_bf16_at_tokens"])
+        for h in hist["history"]
+        if "gap_vs_bf16" in h
+    }, hist
 
 
 def expected(step):
@@ -174,10 +180,19 @@ def test_nearest_reference_wins_two_in_one_place_are_ambiguous(tmp_path, capsys)
     assert gaps == {}
 
 
-TRAIN = ["model=tiny", "train.steps=4", "train.seq_len=32", "train.micro_batch=2",
-         "train.global_batch=2", "optim.warmup_steps=2", "logging.progress=plain",
-         "data.corpus_max_bytes=1500000", "experiment=live", "logging.wandb.mode=offline",
-         "checkpoint.save_at_end=false"]
+TRAIN = [
+    "model=tiny",
+    "train.steps=4",
+    "train.seq_len=32",
+    "train.micro_batch=2",
+    "train.global_batch=2",
+    "optim.warmup_steps=2",
+    "logging.progress=plain",
+    "data.corpus_max_bytes=1500000",
+    "experiment=live",
+    "logging.wandb.mode=offline",
+    "checkpoint.save_at_end=false",
+]
 
 
 # slow (kept out of make test's 20 minutes): in make test a trainer logs its live gap
@@ -191,8 +206,16 @@ def test_trainer_logs_live_gap_and_compare_reads_both(tmp_path):
     dirs = {}
     for recipe, extra in (("bf16", []), ("ufp4", ["logging.wandb.diagnostics_interval=2"])):
         dirs[recipe] = root / recipe
-        cmd = [sys.executable, "-m", "ufp4_megatron.train", *TRAIN, f"precision={recipe}",
-               f"hydra.run.dir={dirs[recipe]}", f"data.cache_dir={tmp_path / 'cache'}", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "ufp4_megatron.train",
+            *TRAIN,
+            f"precision={recipe}",
+            f"hydra.run.dir={dirs[recipe]}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            *extra,
+        ]
         r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
     assert f"live gap: gap_vs_bf16 from {dirs['bf16']}" in r.stdout
@@ -210,15 +233,35 @@ def test_trainer_logs_live_gap_and_compare_reads_both(tmp_path):
         assert h["gap_vs_bf16_at_tokens"] == m["tokens"] == h["tokens"]
     diag = {k for h in wb["history"] for k in h if k.startswith("diag/")}
     assert "diag/layer0.linear_fc2/fprop.x/alpha" in diag
-    assert {k.rsplit("/", 1)[1] for k in diag} == {"alpha", "sqnr_db", "delta_sqnr_db",
-                                                   "bucket_ratio"}
+    assert {k.rsplit("/", 1)[1] for k in diag} == {
+        "alpha",
+        "sqnr_db",
+        "delta_sqnr_db",
+        "bucket_ratio",
+    }
 
-    r = subprocess.run([sys.executable, "-m", "ufp4_megatron.cli.compare", str(dirs["bf16"]),
-                        str(dirs["ufp4"]), "--out", str(tmp_path / "cmp")], cwd=tmp_path,
-                       env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ufp4_megatron.cli.compare",
+            str(dirs["bf16"]),
+            str(dirs["ufp4"]),
+            "--out",
+            str(tmp_path / "cmp"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     cmp = read_run(find_run_file(tmp_path / "cmp"))
     assert cmp["group"] == "live" and cmp["job_type"] == "compare"
-    curve = [r["gap"] for r in logged_table(find_run_file(tmp_path / "cmp"), "gap_curves/tiny")
-             if r["series"] == "ufp4 s1234"]
+    curve = [
+        r["gap"]
+        for r in logged_table(find_run_file(tmp_path / "cmp"), "gap_curves/tiny")
+        if r["series"] == "ufp4 s1234"
+    ]
     assert curve == pytest.approx([h["gap_vs_bf16"] for h in rows])

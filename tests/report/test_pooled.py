@@ -9,6 +9,7 @@ with known answers.
     test_holm_by_hand_and_its_family_wise_level           a worked example; FWER <= 5%
     test_power_matches_simulation_and_detectable_inverts_it
 """
+
 from __future__ import annotations
 
 import math
@@ -43,7 +44,7 @@ def test_balanced_fit_matches_the_textbook_formulas():
     y = rng.normal(size=(a, s)) + rng.normal(size=s)[None, :] * 3
     fit = fit_two_way({(f"arm{i}", j): y[i, j] for i in range(a) for j in range(s)})
     resid = y - y.mean(1, keepdims=True) - y.mean(0, keepdims=True) + y.mean()
-    sigma = math.sqrt((resid ** 2).sum() / ((a - 1) * (s - 1)))
+    sigma = math.sqrt((resid**2).sum() / ((a - 1) * (s - 1)))
     c = fit.contrast("arm3", "arm1")
     assert fit.sigma == pytest.approx(sigma)
     assert c.estimate == pytest.approx(y[3].mean() - y[1].mean())
@@ -71,8 +72,11 @@ def test_holm_by_hand_and_its_family_wise_level():
     rng = np.random.default_rng(2)
     any_hit = np.mean([min(holm(list(rng.uniform(size=10)))) < 0.05 for _ in range(4000)])
     assert any_hit < 0.05 + 0.01  # independent nulls: 1 - 0.995^10 = 0.049
-    y = {(a, s): float(s) + (3.0 if a == "x" else 0.0) + 0.1 * ((s * 7 + len(a)) % 3)
-         for a in ("x", "y", "z") for s in range(6)}
+    y = {
+        (a, s): float(s) + (3.0 if a == "x" else 0.0) + 0.1 * ((s * 7 + len(a)) % 3)
+        for a in ("x", "y", "z")
+        for s in range(6)
+    }
     cs = family(fit_two_way(y), [("x", "y"), ("z", "y")])
     assert cs[0].p_holm == pytest.approx(min(1, 2 * cs[0].p)) and cs[0].p_holm < 0.05
 

@@ -9,6 +9,7 @@ whose answers are known, and the archives it reads.
     test_a_run_differing_between_archives_is_refused
     test_the_design_is_the_grid                              configs/study/prereg.yaml
 """
+
 from __future__ import annotations
 
 import io
@@ -29,8 +30,13 @@ pytestmark = pytest.mark.filterwarnings("ignore:Precision loss occurred")
 
 def config(arm: str, seed: int, **change) -> dict:
     cfg: dict = {}
-    for key, value in (*DESIGN.config, ("precision.name", arm), ("train.seed", seed),
-                       ("data.prefixes", ["/tmp/corpus/pysrc"]), *change.items()):
+    for key, value in (
+        *DESIGN.config,
+        ("precision.name", arm),
+        ("train.seed", seed),
+        ("data.prefixes", ["/tmp/corpus/pysrc"]),
+        *change.items(),
+    ):
         node = cfg
         *path, last = key.split(".")
         for k in path:
@@ -39,15 +45,21 @@ def config(arm: str, seed: int, **change) -> dict:
     return cfg
 
 
-def run(arm: str, seed: int, loss, starts=(0,), corpus=DESIGN.corpus_sha256, val=None,
-        **change) -> ArchivedRun:
+def run(
+    arm: str, seed: int, loss, starts=(0,), corpus=DESIGN.corpus_sha256, val=None, **change
+) -> ArchivedRun:
     loss = np.broadcast_to(np.asarray(loss, dtype=float), (STEPS,)).copy()
-    return ArchivedRun(name=f"{arm}-s{seed}", archive="synthetic",
-                       config=config(arm, seed, **{k.replace("__", "."): v
-                                                   for k, v in change.items()}),
-                       loss=loss, val_loss=val or {}, grad_norm=np.zeros(STEPS),
-                       logged=np.ones(STEPS, dtype=bool), starts=list(starts),
-                       corpus_sha256=corpus)
+    return ArchivedRun(
+        name=f"{arm}-s{seed}",
+        archive="synthetic",
+        config=config(arm, seed, **{k.replace("__", "."): v for k, v in change.items()}),
+        loss=loss,
+        val_loss=val or {},
+        grad_norm=np.zeros(STEPS),
+        logged=np.ones(STEPS, dtype=bool),
+        starts=list(starts),
+        corpus_sha256=corpus,
+    )
 
 
 def curve(offset: float) -> np.ndarray:
@@ -121,8 +133,9 @@ def test_ablation_recovers_known_contrasts_in_one_pooled_model_with_holm():
     runs = primary_runs({s: rng.normal(scale=0.002) for s in DESIGN.primary_seeds})
     for arm in (*DESIGN.ablation_arms, *DESIGN.recipe_arms):
         for s in DESIGN.seeds:
-            runs[f"{arm}-s{s}"] = run(arm, s, curve(0.01 * (s % 5)) + 0.05 + effect[arm]
-                                      + rng.normal(scale=0.002))
+            runs[f"{arm}-s{s}"] = run(
+                arm, s, curve(0.01 * (s % 5)) + 0.05 + effect[arm] + rng.normal(scale=0.002)
+            )
     res = analyse(runs)
     ab = res.ablation
     assert ab.fit.df == 11 * 11
@@ -146,23 +159,33 @@ def _tar(path, files: dict[str, bytes]):
 
 
 def _metrics(losses) -> bytes:
-    return "".join(json.dumps({"step": i + 1, "loss": x, "grad_norm": 0.5}) + "\n"
-                   for i, x in enumerate(losses)).encode()
+    return "".join(
+        json.dumps({"step": i + 1, "loss": x, "grad_norm": 0.5}) + "\n"
+        for i, x in enumerate(losses)
+    ).encode()
 
 
 def test_archives_read_launch_records_and_log_headers(tmp_path):
     import yaml
 
     cfg = yaml.safe_dump(config("ufp4", 1)).encode()
-    header = (b"\n===== 2026-01-01 00:00:00 attempt 1 slot 0 gpu 0 cpus [0] from step 0: x\n"
-              b"\n===== 2026-01-01 00:05:00 attempt 2 slot 3 gpu 0 cpus [3] from step 141: x\n")
-    _tar(tmp_path / "round1.tar.gz", {
-        "corpus.manifest.json": json.dumps({"sha256": "abc"}).encode(),
-        "runs/ufp4-s1/metrics.jsonl": _metrics([3.0, 2.0, float("nan")]),
-        "runs/ufp4-s1/config.yaml": cfg, "logs/ufp4-s1.log": header,
-        "runs/e2m1-s1/metrics.jsonl": _metrics([3.0, 2.5]),
-        "runs/e2m1-s1/config.yaml": cfg, "logs/e2m1-s1.log": header,
-        "runs/e2m1-s1/launch.json": b'{"attempt": 3, "from_step": 0}'})
+    header = (
+        b"\n===== 2026-01-01 00:00:00 attempt 1 slot 0 gpu 0 cpus [0] from step 0: x\n"
+        b"\n===== 2026-01-01 00:05:00 attempt 2 slot 3 gpu 0 cpus [3] from step 141: x\n"
+    )
+    _tar(
+        tmp_path / "round1.tar.gz",
+        {
+            "corpus.manifest.json": json.dumps({"sha256": "abc"}).encode(),
+            "runs/ufp4-s1/metrics.jsonl": _metrics([3.0, 2.0, float("nan")]),
+            "runs/ufp4-s1/config.yaml": cfg,
+            "logs/ufp4-s1.log": header,
+            "runs/e2m1-s1/metrics.jsonl": _metrics([3.0, 2.5]),
+            "runs/e2m1-s1/config.yaml": cfg,
+            "logs/e2m1-s1.log": header,
+            "runs/e2m1-s1/launch.json": b'{"attempt": 3, "from_step": 0}',
+        },
+    )
     runs = load_study(tmp_path)
     u, e = runs["ufp4-s1"], runs["e2m1-s1"]
     assert u.starts == [0, 141] and u.one_process is False and u.diverged
@@ -175,8 +198,10 @@ def test_a_run_differing_between_archives_is_refused(tmp_path):
 
     cfg = yaml.safe_dump(config("ufp4", 1)).encode()
     for i, loss in ((1, 2.0), (2, 2.0), (3, 2.1)):
-        _tar(tmp_path / f"round{i}.tar.gz", {"runs/ufp4-s1/metrics.jsonl": _metrics([loss]),
-                                             "runs/ufp4-s1/config.yaml": cfg})
+        _tar(
+            tmp_path / f"round{i}.tar.gz",
+            {"runs/ufp4-s1/metrics.jsonl": _metrics([loss]), "runs/ufp4-s1/config.yaml": cfg},
+        )
     with pytest.raises(BadInput, match=r"ufp4-s1 differs between .*round1\.tar\.gz and .*round3"):
         load_study(tmp_path)
     (tmp_path / "round3.tar.gz").write_bytes(b"not a tar")
@@ -192,17 +217,26 @@ def test_the_design_is_the_grid():
     g = load_grid("prereg")
     assert tuple(g.arms) == DESIGN.arms
     runs = expand(g)
-    assert {(r.arm, r.seed) for r in runs} == {(a, s) for a in DESIGN.arms
-                                               for s in DESIGN.seeds_of(a)}
+    assert {(r.arm, r.seed) for r in runs} == {
+        (a, s) for a in DESIGN.arms for s in DESIGN.seeds_of(a)
+    }
     from omegaconf import OmegaConf
 
     from ufp4_megatron.train.overrides import compose_training, training_configs
 
     with training_configs():
         cfg = OmegaConf.to_container(compose_training(list(runs[0].overrides)), resolve=True)
-    r = ArchivedRun(name=runs[0].name, archive="-", config=cfg, loss=np.ones(STEPS),
-                    val_loss={}, grad_norm=np.ones(STEPS), logged=np.ones(STEPS, dtype=bool),
-                    starts=[0], corpus_sha256=DESIGN.corpus_sha256)
+    r = ArchivedRun(
+        name=runs[0].name,
+        archive="-",
+        config=cfg,
+        loss=np.ones(STEPS),
+        val_loss={},
+        grad_norm=np.ones(STEPS),
+        logged=np.ones(STEPS, dtype=bool),
+        starts=[0],
+        corpus_sha256=DESIGN.corpus_sha256,
+    )
     cfg["data"]["prefixes"] = ["/tmp/corpus/pysrc"]  # gpu/study.sh's, not the grid's
     from ufp4_megatron.report.prereg import why_not_counted
 

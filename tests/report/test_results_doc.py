@@ -6,6 +6,7 @@ are what they are (`python -m ufp4_megatron.cli.results`, report/results_doc.py)
         ablation's "resolved" contrast, Holm 0.06-0.10 for MXFP4, sign flips >= 0.125
     test_cli_says_which_table_differs_and_refuses_bad_paths
 """
+
 from __future__ import annotations
 
 import itertools
@@ -34,9 +35,14 @@ def test_the_earlier_designs_audit():
     g = {a: rd.seed_gaps(runs, a, 200, range(1, 9)) for a in rd.EARLIER_RECIPES}
     d = paired(rd.diff(g["ufp4"], g["e2m1"]))
     assert (round(d.mean, 2), round(d.lo, 2), round(d.hi, 2), round(d.sd, 2)) == (
-        -1.33, -3.65, 0.98, 2.77)
-    assert np.corrcoef([g["ufp4"][s] for s in d.values],
-                       [g["e2m1"][s] for s in d.values])[0, 1] == pytest.approx(-0.04, abs=0.005)
+        -1.33,
+        -3.65,
+        0.98,
+        2.77,
+    )
+    assert np.corrcoef([g["ufp4"][s] for s in d.values], [g["e2m1"][s] for s in d.values])[
+        0, 1
+    ] == pytest.approx(-0.04, abs=0.005)
     ps = [paired(rd.diff(g[a], g["e2m1"])).p for a in ("ufp4", "ufp4_int4", "nvfp4", "mxfp4")]
     assert round(ps[3], 3) == 0.016 and round(holm(ps)[3], 3) == 0.063
     six = ps + [paired(rd.diff(g["ufp4"], g[b])).p for b in ("ufp4_int4", "nvfp4")]
@@ -48,8 +54,10 @@ def test_the_earlier_designs_audit():
     fit = fit_two_way({(a, s): v for a in a4 for s, v in a4[a].items()})
     assert fit.df == 33 and round(fit.contrast("ufp4", "ufp4_rht_wgrad").p, 2) == 0.12
     dv = np.array(list(rd.diff(a4["ufp4"], a4["ufp4_rht_wgrad"]).values()))
-    flips = [abs((dv * np.array(f)).mean()) >= abs(dv.mean()) - 1e-12
-             for f in itertools.product((1, -1), repeat=4)]
+    flips = [
+        abs((dv * np.array(f)).mean()) >= abs(dv.mean()) - 1e-12
+        for f in itertools.product((1, -1), repeat=4)
+    ]
     assert np.mean(flips) == 0.125
 
 

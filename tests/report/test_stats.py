@@ -15,13 +15,21 @@
     test_every_interval_refuses_a_confidence_outside_0_1
 The intervals are scipy.stats' t-tests; the by-hand cases show they are the textbook ones.
 """
+
 import math
 
 import pytest
 
-from ufp4_megatron.report.stats import (MOST_SEEDS, fieller_ratio, paired_difference,
-                                        seeds_for_power, t_band, t_interval, t_quantile,
-                                        welch_difference)
+from ufp4_megatron.report.stats import (
+    MOST_SEEDS,
+    fieller_ratio,
+    paired_difference,
+    seeds_for_power,
+    t_band,
+    t_interval,
+    t_quantile,
+    welch_difference,
+)
 
 T975_DF2 = 4.302652729749462  # Student t, 97.5% quantile, 2 dof (tables: 4.303)
 T975_DF3 = 3.182446305283708  # 3 dof (tables: 3.182)
@@ -100,11 +108,14 @@ def test_fieller_unbounded_when_denominator_unresolved():
     assert r.ratio == pytest.approx(2.0) and not r.bounded and not r.excludes(1.0)
 
 
-@pytest.mark.parametrize("args, match", [
-    (([1.0], [1.0, 2.0]), "pairs needed"),
-    (([], []), "no values"),
-    (([1.0, float("nan")], [1.0, 2.0]), "non-finite"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (([1.0], [1.0, 2.0]), "pairs needed"),
+        (([], []), "no values"),
+        (([1.0, float("nan")], [1.0, 2.0]), "non-finite"),
+    ],
+)
 def test_bad_input_is_refused(args, match):
     with pytest.raises(ValueError, match=match):
         fieller_ratio(*args)
@@ -141,9 +152,10 @@ def test_paired_difference_by_hand_and_against_scipy():
     from scipy import stats
 
     d, p, sd = paired_difference([1.0, 2.0, 3.0], [2.0, 3.0, 5.0])
-    assert sd == pytest.approx(3 ** -0.5)
+    assert sd == pytest.approx(3**-0.5)
     assert (d.mean, d.lo, d.hi, d.n) == pytest.approx(
-        (-4 / 3, -4 / 3 - T975_DF2 / 3, -4 / 3 + T975_DF2 / 3, 3))
+        (-4 / 3, -4 / 3 - T975_DF2 / 3, -4 / 3 + T975_DF2 / 3, 3)
+    )
     assert p == pytest.approx(0.057191, abs=1e-6)
     ref = stats.ttest_rel([1.0, 2.0, 3.0], [2.0, 3.0, 5.0])
     assert (d.lo, d.hi, p) == pytest.approx((*ref.confidence_interval(0.95), ref.pvalue), abs=1e-12)
@@ -204,10 +216,12 @@ def test_equal_values_have_the_mean_as_interval_where_scipy_says_nan():
 
 @pytest.mark.parametrize("confidence", [0, 1, 1.5, -0.1, 95, float("nan")])
 def test_every_interval_refuses_a_confidence_outside_0_1(confidence):
-    for call in (lambda: t_interval([1.0, 2.0], confidence),
-                 lambda: paired_difference([1.0, 2.0], [2.0, 4.0], confidence),
-                 lambda: welch_difference([1.0, 2.0], [2.0, 4.0], confidence),
-                 lambda: fieller_ratio([1.0, 2.0], [2.0, 4.0], confidence)):
+    for call in (
+        lambda: t_interval([1.0, 2.0], confidence),
+        lambda: paired_difference([1.0, 2.0], [2.0, 4.0], confidence),
+        lambda: welch_difference([1.0, 2.0], [2.0, 4.0], confidence),
+        lambda: fieller_ratio([1.0, 2.0], [2.0, 4.0], confidence),
+    ):
         with pytest.raises(ValueError, match="between 0 and 1"):
             call()
     with pytest.raises(ValueError, match="no values"):

@@ -4,6 +4,7 @@ Tolerances come from the variance: for a value at fraction p between two levels 
 d apart, one SR draw has variance p(1-p) d^2; the mean of n draws has sd d sqrt(p(1-p)/n);
 we allow 5 sd (fixed seeds, so the test is deterministic).
 """
+
 import math
 
 import pytest
@@ -12,11 +13,13 @@ import torch
 from ufp4_megatron import quantize
 
 
-@pytest.mark.parametrize("fmt,lo,hi", [("e1m2", 1.0, 1.25), ("e2m1", 4.0, 6.0),
-                                       ("e2m1", 2.0, 3.0), ("int4", 3.0, 4.0)])
+@pytest.mark.parametrize(
+    "fmt,lo,hi", [("e1m2", 1.0, 1.25), ("e2m1", 4.0, 6.0), ("e2m1", 2.0, 3.0), ("int4", 3.0, 4.0)]
+)
 @pytest.mark.parametrize("p", [0.5, 0.1, 0.9])
 def test_sr_is_unbiased_between_neighbours(fmt, lo, hi, p):
     from ufp4_megatron import get_grid
+
     gmax = get_grid(fmt).g_max
     n_rows = 4096
     v = lo + p * (hi - lo)

@@ -1,5 +1,6 @@
 """Shared by the study tests: a tiny fast training config, a clean environment for the runner
 subprocess, and what /proc says about the trainers it started."""
+
 from __future__ import annotations
 
 import os
@@ -8,22 +9,50 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # 2 layers, 64 tokens per step, a 1.5 MB corpus: a trainer starts in seconds on one core
-FAST = ["model=tiny", "train.seq_len=32", "train.micro_batch=2", "train.global_batch=2",
-        "optim.warmup_steps=2", "data.corpus_max_bytes=1500000", "logging.print_interval=1"]
+FAST = [
+    "model=tiny",
+    "train.seq_len=32",
+    "train.micro_batch=2",
+    "train.global_batch=2",
+    "optim.warmup_steps=2",
+    "data.corpus_max_bytes=1500000",
+    "logging.print_interval=1",
+]
 
 
 def env(tmp: Path) -> dict:
-    e = {k: v for k, v in os.environ.items()
-         if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    e.update(WANDB_MODE="disabled", WANDB_SILENT="true", WANDB_DIR=str(tmp / "wb"),
-             OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
+    e = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    e.update(
+        WANDB_MODE="disabled",
+        WANDB_SILENT="true",
+        WANDB_DIR=str(tmp / "wb"),
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+        CUDA_VISIBLE_DEVICES="",
+    )
     e.pop("WANDB_API_KEY", None)
     return e
 
 
 def study_cmd(out: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "ufp4_megatron.study", "--out", str(out), "--gpus", "none",
-            "--progress", "plain", "--wandb-mode", "disabled", *args]
+    return [
+        sys.executable,
+        "-m",
+        "ufp4_megatron.study",
+        "--out",
+        str(out),
+        "--gpus",
+        "none",
+        "--progress",
+        "plain",
+        "--wandb-mode",
+        "disabled",
+        *args,
+    ]
 
 
 def children(pid: int) -> list[int]:
@@ -59,8 +88,12 @@ def proc_view(pid: int) -> dict | None:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return None
-    cpus = next(line.split(":", 1)[1].strip() for line in status.splitlines()
-                if line.startswith("Cpus_allowed_list"))
-    omp = next((v.split(b"=", 1)[1].decode() for v in environ
-                if v.startswith(b"OMP_NUM_THREADS=")), None)
+    cpus = next(
+        line.split(":", 1)[1].strip()
+        for line in status.splitlines()
+        if line.startswith("Cpus_allowed_list")
+    )
+    omp = next(
+        (v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"OMP_NUM_THREADS=")), None
+    )
     return {"cpus": cpus, "omp": omp, "cmd": [c.decode() for c in cmdline if c]}

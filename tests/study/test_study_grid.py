@@ -17,6 +17,7 @@ rules, packing slots and the child environment, and the one-line errors of bad i
     test_lock_refuses_a_second_runner
     test_study11m_has_the_measured_shape         6 x 384, 10,916,736 parameters
 """
+
 from __future__ import annotations
 
 import json
@@ -49,16 +50,34 @@ def grid(**kw) -> StudyGrid:
 
 
 def test_expand_is_seed_major_with_axes():
-    g = grid(axes={"depth": {"L2": ["model.num_layers=2", "model.name=t2"],
-                             "L4": ["model.num_layers=4", "model.name=t4"]}})
+    g = grid(
+        axes={
+            "depth": {
+                "L2": ["model.num_layers=2", "model.name=t2"],
+                "L4": ["model.num_layers=4", "model.name=t4"],
+            }
+        }
+    )
     runs = expand(g)
     assert [r.name for r in runs] == [
-        "bf16-L2-s1", "ufp4-L2-s1", "bf16-L4-s1", "ufp4-L4-s1",
-        "bf16-L2-s2", "ufp4-L2-s2", "bf16-L4-s2", "ufp4-L4-s2"]
+        "bf16-L2-s1",
+        "ufp4-L2-s1",
+        "bf16-L4-s1",
+        "ufp4-L4-s1",
+        "bf16-L2-s2",
+        "ufp4-L2-s2",
+        "bf16-L4-s2",
+        "ufp4-L4-s2",
+    ]
     r = runs[3]
     assert (r.arm, r.seed, r.axis) == ("ufp4", 1, {"depth": "L4"})
-    assert r.overrides == ("model=tiny", "model.num_layers=4", "model.name=t4",
-                           "precision=ufp4", "train.seed=1")
+    assert r.overrides == (
+        "model=tiny",
+        "model.num_layers=4",
+        "model.name=t4",
+        "precision=ufp4",
+        "train.seed=1",
+    )
 
 
 def test_named_ablations_label_their_runs():
@@ -66,8 +85,13 @@ def test_named_ablations_label_their_runs():
     runs = expand(grid(arms=["bf16", *arms], seeds=[3]))
     infos = resolve(runs)
     assert [infos[r.name].recipe for r in runs] == ["bf16", *arms]
-    assert runs[1].overrides == ("model=tiny", "precision=ufp4", "precision.name=ufp4_rht_none",
-                                 *ABLATIONS["ufp4_rht_none"], "train.seed=3")
+    assert runs[1].overrides == (
+        "model=tiny",
+        "precision=ufp4",
+        "precision.name=ufp4_rht_none",
+        *ABLATIONS["ufp4_rht_none"],
+        "train.seed=3",
+    )
     assert E2M1_ABLATIONS["e2m1_uniform"][0] in runs[2].overrides
 
 
@@ -76,7 +100,8 @@ def test_every_shipped_grid_composes(name):
     g = load_grid(name)
     runs = expand(g)
     assert len(runs) == sum(len(seeds_of(g, a)) for a in g.arms) * max(
-        1, len(next(iter(g.axes.values()), {})))
+        1, len(next(iter(g.axes.values()), {}))
+    )
     # the seeds differ in train.seed alone: every arm and axis value at one seed composes
     # what every run does (all of them: ~0.4 s a run on a 2-core machine, 188 in prereg)
     first = {}
@@ -89,11 +114,23 @@ def test_every_shipped_grid_composes(name):
 def test_arm_seeds_give_an_arm_its_own_seeds(tmp_path):
     """arm_seeds: BF16 at fewer seeds than the arms compared with each other, seed-major
     still; such a grid fixes its seeds (--seeds is refused), --arms still chooses arms."""
-    g = grid(arms=["bf16", "e2m1", "ufp4"], seeds=[1, 2], arm_seeds={"e2m1": [1, 2, 3, 4],
-                                                                      "ufp4": [1, 2, 3, 4]})
+    g = grid(
+        arms=["bf16", "e2m1", "ufp4"],
+        seeds=[1, 2],
+        arm_seeds={"e2m1": [1, 2, 3, 4], "ufp4": [1, 2, 3, 4]},
+    )
     assert [r.name for r in expand(g)] == [
-        "bf16-s1", "e2m1-s1", "ufp4-s1", "bf16-s2", "e2m1-s2", "ufp4-s2",
-        "e2m1-s3", "ufp4-s3", "e2m1-s4", "ufp4-s4"]
+        "bf16-s1",
+        "e2m1-s1",
+        "ufp4-s1",
+        "bf16-s2",
+        "e2m1-s2",
+        "ufp4-s2",
+        "e2m1-s3",
+        "ufp4-s3",
+        "e2m1-s4",
+        "ufp4-s4",
+    ]
     with pytest.raises(SystemExit, match="arm_seeds of ufp4: \\[\\]; give distinct"):
         check_grid(grid(arm_seeds={"ufp4": []}))
     with pytest.raises(SystemExit, match="unknown arm 'ufp5'"):
@@ -115,8 +152,9 @@ def test_study_grids_share_their_runs():
                 assert r.overrides == main[r.name], r.name
 
 
-@pytest.mark.parametrize("spec,seeds", [("1-3", [1, 2, 3]), ("5", [5]), ("1-2,7,2", [1, 2, 7]),
-                                        (" 0 - 1 ", [0, 1])])
+@pytest.mark.parametrize(
+    "spec,seeds", [("1-3", [1, 2, 3]), ("5", [5]), ("1-2,7,2", [1, 2, 7]), (" 0 - 1 ", [0, 1])]
+)
 def test_parse_seeds(spec, seeds):
     assert parse_seeds(spec) == seeds
 
@@ -134,8 +172,11 @@ def test_bad_grids_fail_naming_the_problem(tmp_path):
 
     with pytest.raises(SystemExit, match="sets train.seed, which the runner sets"):
         check_grid(grid(overrides=["train.seed=3"]))
-    with pytest.raises(SystemExit, match=r"reference 'bf16' is not among the arms \['ufp4'\]; "
-                       r".*add it \(e.g. --arms bf16,ufp4; its runs complete on disk"):
+    with pytest.raises(
+        SystemExit,
+        match=r"reference 'bf16' is not among the arms \['ufp4'\]; "
+        r".*add it \(e.g. --arms bf16,ufp4; its runs complete on disk",
+    ):
         check_grid(grid(arms=["ufp4"]))
     bad = tmp_path / "g.yaml"
     bad.write_text("name: g\narms: [bf16]\nseeds: [1]\nseed: 4\n")
@@ -145,8 +186,11 @@ def test_bad_grids_fail_naming_the_problem(tmp_path):
         load_grid("nope")
     with pytest.raises(SystemExit, match="run bf16-s1: .*model.num_layer"):
         resolve(expand(grid(overrides=["model=tiny", "model.num_layer=3"])))
-    with pytest.raises(SystemExit, match=r"run bf16-s1: model.num_layer is not a key of the "
-                                         r"training config, so nothing would read it"):
+    with pytest.raises(
+        SystemExit,
+        match=r"run bf16-s1: model.num_layer is not a key of the "
+        r"training config, so nothing would read it",
+    ):
         resolve(expand(grid(overrides=["model=tiny", "+model.num_layer=3"])))
 
 
@@ -157,8 +201,9 @@ def test_runs_confused_in_reports_are_refused():
 
 
 def _info(steps=8):
-    return RunInfo(steps=steps, model="tiny", recipe="bf16", seed=1, tokens_per_step=64,
-                   embedded_data=None)
+    return RunInfo(
+        steps=steps, model="tiny", recipe="bf16", seed=1, tokens_per_step=64, embedded_data=None
+    )
 
 
 def test_merge_adds_runs_and_keeps_status():
@@ -179,19 +224,29 @@ def test_merge_refuses_changed_overrides():
     runs = expand(g)
     m = mf.merge(None, g, runs, {r.name: _info() for r in runs})
     g2 = grid(seeds=[1], overrides=["model=tiny", "train.steps=9"])
-    with pytest.raises(SystemExit, match=r"run bf16-s1 is already in this study with other "
-                                         r"overrides \(differing: \['train.steps=9'\]\)"):
+    with pytest.raises(
+        SystemExit,
+        match=r"run bf16-s1 is already in this study with other "
+        r"overrides \(differing: \['train.steps=9'\]\)",
+    ):
         mf.merge(m, g2, expand(g2), {r.name: _info() for r in expand(g2)})
-    with pytest.raises(SystemExit, match="reference 'bf16' and baseline 'e2m1'; the grid "
-                                         "says 'ufp4'"):
+    with pytest.raises(
+        SystemExit, match="reference 'bf16' and baseline 'e2m1'; the grid says 'ufp4'"
+    ):
         mf.merge(m, grid(arms=["ufp4", "bf16"], reference="ufp4"), runs, {})
 
 
 def test_paired_runs_need_a_done_reference():
-    runs = [{"name": n, "arm": a, "model": "m", "seed": s, "status": st}
-            for n, a, s, st in [("b1", "bf16", 1, "done"), ("u1", "ufp4", 1, "done"),
-                                ("b2", "bf16", 2, "failed"), ("u2", "ufp4", 2, "done"),
-                                ("b3", "bf16", 3, "done")]]
+    runs = [
+        {"name": n, "arm": a, "model": "m", "seed": s, "status": st}
+        for n, a, s, st in [
+            ("b1", "bf16", 1, "done"),
+            ("u1", "ufp4", 1, "done"),
+            ("b2", "bf16", 2, "failed"),
+            ("u2", "ufp4", 2, "done"),
+            ("b3", "bf16", 3, "done"),
+        ]
+    ]
     got = paired_runs({"reference": "bf16", "runs": runs})
     assert [r["name"] for r in got] == ["b1", "u1"]
 
@@ -230,11 +285,37 @@ def test_cli_errors(tmp_path, capsys):
     with pytest.raises(SystemExit, match="--pause-at-limit needs --time-limit SECONDS"):
         study_main(["--out", str(tmp_path), "--grid", "demo", "--pause-at-limit", "--dry-run"])
     with pytest.raises(SystemExit, match="--restart-incomplete starts them over: choose one"):
-        study_main(["--out", str(tmp_path), "--grid", "demo", "--time-limit", "9",
-                    "--pause-at-limit", "--restart-incomplete", "--dry-run"])
+        study_main(
+            [
+                "--out",
+                str(tmp_path),
+                "--grid",
+                "demo",
+                "--time-limit",
+                "9",
+                "--pause-at-limit",
+                "--restart-incomplete",
+                "--dry-run",
+            ]
+        )
     # the subcommand of ufp4-launch is the same parser
-    assert launch_main(["study", "--out", str(tmp_path / "s"), "--grid", "demo", "--gpus", "none",
-                        "--seeds", "4", "--dry-run"]) == 0
+    assert (
+        launch_main(
+            [
+                "study",
+                "--out",
+                str(tmp_path / "s"),
+                "--grid",
+                "demo",
+                "--gpus",
+                "none",
+                "--seeds",
+                "4",
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "study demo: 3 runs" in out and "ufp4-s4 [pending]" in out
     assert not (tmp_path / "s").exists()  # a dry run writes nothing
@@ -255,11 +336,23 @@ def test_pause_at_limit_reaches_the_runner(tmp_path, monkeypatch):
             return self.manifest
 
     monkeypatch.setattr(cli, "Runner", Recorder)
-    for flags, pause, restart in ((["--time-limit", "60", "--pause-at-limit"], True, False),
-                                  (["--time-limit", "60"], False, False),
-                                  (["--restart-incomplete"], False, True)):
-        study_main(["--out", str(tmp_path / str(flags)), "--grid", "demo", "--gpus", "none",
-                    "--no-compare", *flags])
+    for flags, pause, restart in (
+        (["--time-limit", "60", "--pause-at-limit"], True, False),
+        (["--time-limit", "60"], False, False),
+        (["--restart-incomplete"], False, True),
+    ):
+        study_main(
+            [
+                "--out",
+                str(tmp_path / str(flags)),
+                "--grid",
+                "demo",
+                "--gpus",
+                "none",
+                "--no-compare",
+                *flags,
+            ]
+        )
         assert (seen[-1].pause_at_limit, seen[-1].restart_incomplete) == (pause, restart)
     assert seen[0].time_limit == 60.0
 
@@ -277,10 +370,13 @@ def test_restart_incomplete_moves_partial_runs_aside_and_launch_records_the_star
     (partial / "metrics.jsonl").write_text("".join(f'{{"step": {i}}}\n' for i in (1, 2, 3)))
     untouched = mf.run_dir(tmp_path, "bf16-s1")
     untouched.mkdir(parents=True)
-    records = [{"name": "ufp4-s1", "attempts": 1, "steps": 10},
-               {"name": "ufp4-s2", "attempts": 0, "steps": 10}]
-    runner = Runner(tmp_path, {"name": "t", "runs": records}, {}, [],
-                    Options(restart_incomplete=True))
+    records = [
+        {"name": "ufp4-s1", "attempts": 1, "steps": 10},
+        {"name": "ufp4-s2", "attempts": 0, "steps": 10},
+    ]
+    runner = Runner(
+        tmp_path, {"name": "t", "runs": records}, {}, [], Options(restart_incomplete=True)
+    )
     runner._discard_partial(records)
     moved = tmp_path / "discarded" / "ufp4-s1-attempt1"
     assert (moved / "checkpoints" / "latest").read_text() == "3" and not partial.exists()
@@ -315,18 +411,37 @@ def test_axis_keeps_some_values_of_an_axis(tmp_path, capsys):
     """--axis depth=L12,L3: the depth grid's cheap depths first (in the grid's order), the
     deepest in a later invocation; bad specs fail in one line naming what exists."""
     out = str(tmp_path / "s")
-    assert study_main(["--out", out, "--grid", "depth", "--seeds", "2", "--axis",
-                       "depth=L12,L3", "--gpus", "none", "--dry-run"]) == 0
+    assert (
+        study_main(
+            [
+                "--out",
+                out,
+                "--grid",
+                "depth",
+                "--seeds",
+                "2",
+                "--axis",
+                "depth=L12,L3",
+                "--gpus",
+                "none",
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     plan = capsys.readouterr().out
     assert "study study: 6 runs" in plan
     for name in ("bf16-L3-s2", "ufp4-L3-s2", "e2m1-L12-s2"):
         assert f"{name} [pending]" in plan
     assert "L24" not in plan
     assert plan.index("bf16-L3-s2") < plan.index("bf16-L12-s2")  # the grid's order
-    for spec, match in (("depth", "write NAME=VALUE"), ("=L3", "write NAME=VALUE"),
-                        ("depth=", "write NAME=VALUE"),
-                        ("width=L3", "no axis 'width' \\(its axes: depth\\)"),
-                        ("depth=L3,L5", "depth has no value 'L5' \\(its values: L3, L12, L24\\)")):
+    for spec, match in (
+        ("depth", "write NAME=VALUE"),
+        ("=L3", "write NAME=VALUE"),
+        ("depth=", "write NAME=VALUE"),
+        ("width=L3", "no axis 'width' \\(its axes: depth\\)"),
+        ("depth=L3,L5", "depth has no value 'L5' \\(its values: L3, L12, L24\\)"),
+    ):
         with pytest.raises(SystemExit, match=match):
             study_main(["--out", out, "--grid", "depth", "--axis", spec, "--dry-run"])
     with pytest.raises(SystemExit, match="no axis 'depth' \\(its axes: none\\)"):

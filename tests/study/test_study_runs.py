@@ -1,23 +1,24 @@
 """The study runner with real trainers on CPU (`python -m ufp4_megatron.study` in a subprocess).
 
-    test_packed_runs_are_concurrent_and_pinned   2 slots: two trainers alive at once, each
-        pinned to its own CPUs with OMP_NUM_THREADS=1 (read from /proc), recorded in
-        study.json; then compare over the seeds (make test-slow)
-    test_killed_study_resumes_and_skips_complete_runs   SIGKILL on the runner and its
-        trainers mid-way; the rerun completes every run, the complete one is not retrained
-        (its metrics.jsonl is byte-identical) and the one in progress resumes from its
-        checkpoint (its lines up to that step are unchanged)
-    test_time_limit_leaves_runs_for_the_next_round   exit 3: the run in progress at the
-        limit is stopped, the one that would not fit is left pending (make test-slow)
-    test_time_limit_sheds_the_least_advanced_runs   the shedding decision on real processes
-    test_shed_stops_the_highest_seed_first   whole seeds complete, not the fastest recipe
-    test_no_start_without_time_for_it_when_nothing_runs   the last measured rate stands in
-    test_an_invocation_trains_its_own_runs   --seeds 1 leaves an earlier invocation's seed 2
-    test_sigterm_stops_cleanly_and_resume_finishes   the trainer saves where it is; --resume
-        (make test-slow)
-    test_restart_incomplete_trains_a_stopped_run_again_in_one_process   no resume across
-        invocations: from step 0, the partial run kept in discarded/ (make test-slow)
+test_packed_runs_are_concurrent_and_pinned   2 slots: two trainers alive at once, each
+    pinned to its own CPUs with OMP_NUM_THREADS=1 (read from /proc), recorded in
+    study.json; then compare over the seeds (make test-slow)
+test_killed_study_resumes_and_skips_complete_runs   SIGKILL on the runner and its
+    trainers mid-way; the rerun completes every run, the complete one is not retrained
+    (its metrics.jsonl is byte-identical) and the one in progress resumes from its
+    checkpoint (its lines up to that step are unchanged)
+test_time_limit_leaves_runs_for_the_next_round   exit 3: the run in progress at the
+    limit is stopped, the one that would not fit is left pending (make test-slow)
+test_time_limit_sheds_the_least_advanced_runs   the shedding decision on real processes
+test_shed_stops_the_highest_seed_first   whole seeds complete, not the fastest recipe
+test_no_start_without_time_for_it_when_nothing_runs   the last measured rate stands in
+test_an_invocation_trains_its_own_runs   --seeds 1 leaves an earlier invocation's seed 2
+test_sigterm_stops_cleanly_and_resume_finishes   the trainer saves where it is; --resume
+    (make test-slow)
+test_restart_incomplete_trains_a_stopped_run_again_in_one_process   no resume across
+    invocations: from step 0, the partial run kept in discarded/ (make test-slow)
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,8 @@ import subprocess
 import time
 
 import pytest
-
 from study_helpers import FAST, ROOT, children, cpu_list, env, proc_view, study_cmd
+
 from ufp4_megatron.study.packing import available_cpus
 
 
@@ -49,8 +50,9 @@ def lines(path) -> list[str]:
 
 
 def trainer_children(pid: int) -> list[int]:
-    return [c for c in children(pid)
-            if "ufp4_megatron.train" in ((proc_view(c) or {}).get("cmd") or [])]
+    return [
+        c for c in children(pid) if "ufp4_megatron.train" in ((proc_view(c) or {}).get("cmd") or [])
+    ]
 
 
 # slow (kept out of make test's 20 minutes): in make test the slots' CPUs and the child's
@@ -61,10 +63,26 @@ def trainer_children(pid: int) -> list[int]:
 @pytest.mark.skipif(len(available_cpus()) < 2, reason="packing needs 2 CPUs")
 def test_packed_runs_are_concurrent_and_pinned(tmp_path):
     out = tmp_path / "study"
-    cmd = study_cmd(out, "--arms", "bf16,e2m1", "--seeds", "1", "--per-device", "2", "--",
-                    *FAST, "train.steps=20")
-    runner = subprocess.Popen(cmd, cwd=ROOT, env=env(tmp_path), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    cmd = study_cmd(
+        out,
+        "--arms",
+        "bf16,e2m1",
+        "--seeds",
+        "1",
+        "--per-device",
+        "2",
+        "--",
+        *FAST,
+        "train.steps=20",
+    )
+    runner = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen = []  # (CPU set, OMP_NUM_THREADS) of the trainers alive at the same moment
     while runner.poll() is None:
         views = [v for v in map(proc_view, trainer_children(runner.pid)) if v and v["omp"]]
@@ -89,10 +107,27 @@ def test_packed_runs_are_concurrent_and_pinned(tmp_path):
 def test_killed_study_resumes_and_skips_complete_runs(tmp_path):
     out = tmp_path / "study"
     steps = 60
-    cmd = study_cmd(out, "--arms", "bf16,e2m1", "--seeds", "1", "--per-device", "1", "--",
-                    *FAST, f"train.steps={steps}", "checkpoint.interval=5")
-    runner = subprocess.Popen(cmd, cwd=ROOT, env=env(tmp_path), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+    cmd = study_cmd(
+        out,
+        "--arms",
+        "bf16,e2m1",
+        "--seeds",
+        "1",
+        "--per-device",
+        "1",
+        "--",
+        *FAST,
+        f"train.steps={steps}",
+        "checkpoint.interval=5",
+    )
+    runner = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     bf16, e2m1 = out / "runs" / "bf16-s1", out / "runs" / "e2m1-s1"
     deadline = time.monotonic() + 300
     while True:  # kill once bf16 is done and e2m1 has a checkpoint but more steps to go
@@ -110,12 +145,14 @@ def test_killed_study_resumes_and_skips_complete_runs(tmp_path):
     ckpt = int((e2m1 / "checkpoints" / "latest").read_text())
     assert 5 <= ckpt < steps, "e2m1 finished before the kill; make it longer"
     done_before = (bf16 / "metrics.jsonl").read_bytes()
-    kept_before = [line for line in lines(e2m1 / "metrics.jsonl")
-                   if json.loads(line)["step"] <= ckpt]
+    kept_before = [
+        line for line in lines(e2m1 / "metrics.jsonl") if json.loads(line)["step"] <= ckpt
+    ]
     assert len(kept_before) == ckpt
 
-    again = subprocess.run(cmd, cwd=ROOT, env=env(tmp_path), capture_output=True, text=True,
-                           timeout=300)
+    again = subprocess.run(
+        cmd, cwd=ROOT, env=env(tmp_path), capture_output=True, text=True, timeout=300
+    )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert status(out) == {"bf16-s1": "done", "e2m1-s1": "done"}
     assert (bf16 / "metrics.jsonl").read_bytes() == done_before  # not retrained
@@ -134,10 +171,27 @@ def test_killed_study_resumes_and_skips_complete_runs(tmp_path):
 @pytest.mark.slow
 def test_time_limit_leaves_runs_for_the_next_round(tmp_path):
     out = tmp_path / "study"
-    args = ["--arms", "bf16", "--seeds", "1-2", "--per-device", "1", "--no-compare", "--",
-            *FAST, "train.steps=3000", "checkpoint.interval=500"]
-    first = subprocess.run(study_cmd(out, "--time-limit", "20", *args), cwd=ROOT,
-                           env=env(tmp_path), capture_output=True, text=True, timeout=300)
+    args = [
+        "--arms",
+        "bf16",
+        "--seeds",
+        "1-2",
+        "--per-device",
+        "1",
+        "--no-compare",
+        "--",
+        *FAST,
+        "train.steps=3000",
+        "checkpoint.interval=500",
+    ]
+    first = subprocess.run(
+        study_cmd(out, "--time-limit", "20", *args),
+        cwd=ROOT,
+        env=env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert first.returncode == 3, first.stdout[-3000:] + first.stderr[-3000:]
     assert status(out) == {"bf16-s1": "stopped", "bf16-s2": "pending"}
     assert "stopping (time limit)" in first.stdout
@@ -152,19 +206,31 @@ def test_time_limit_sheds_the_least_advanced_runs(tmp_path):
     from ufp4_megatron.study.runner import Active, Options, Runner
 
     records = [{"name": f"r{i}", "steps": 1000, "status": "running"} for i in range(4)]
-    runner = Runner(tmp_path, {"name": "t", "runs": records}, {}, [Slot(0, None, (0,))] * 3,
-                    Options(time_limit=100.0))
+    runner = Runner(
+        tmp_path,
+        {"name": "t", "runs": records},
+        {},
+        [Slot(0, None, (0,))] * 3,
+        Options(time_limit=100.0),
+    )
     now = time.monotonic()
     runner.t0 = now - 50
     procs = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
     try:
         for i, (proc, step) in enumerate(zip(procs, (900, 500, 100))):
-            runner.active[i] = Active(record=records[i], proc=proc, slot=Slot(i, None, (0,)),
-                                      log=None, launched=now - 40, start_step=0,
-                                      first_seen=now - 30, first_step=step - 60, step=step,
-                                      warm_at=now - 20,
-                                      history=[(now - 30, step - 60), (now - 20, step - 40),
-                                               (now, step)])
+            runner.active[i] = Active(
+                record=records[i],
+                proc=proc,
+                slot=Slot(i, None, (0,)),
+                log=None,
+                launched=now - 40,
+                start_step=0,
+                first_seen=now - 30,
+                first_step=step - 60,
+                step=step,
+                warm_at=now - 20,
+                history=[(now - 30, step - 60), (now - 20, step - 40), (now, step)],
+            )
         assert runner._aggregate_rate() == pytest.approx(6.0, rel=0.01)
         assert not runner._fits(records[3])
         runner._shed()
@@ -187,20 +253,32 @@ def _sleeping_runner(tmp_path, records, positions, left_s, rate_window=20, pause
     from ufp4_megatron.study.packing import Slot
     from ufp4_megatron.study.runner import Active, Options, Runner
 
-    runner = Runner(tmp_path, {"name": "t", "runs": records}, {},
-                    [Slot(i, None, (0,)) for i in range(len(records))],
-                    Options(time_limit=100.0, pause_at_limit=pause))
+    runner = Runner(
+        tmp_path,
+        {"name": "t", "runs": records},
+        {},
+        [Slot(i, None, (0,)) for i in range(len(records))],
+        Options(time_limit=100.0, pause_at_limit=pause),
+    )
     now = time.monotonic()
     runner.t0 = now - (100.0 - left_s)
     procs = []
     for i, step in enumerate(positions):
         proc = subprocess.Popen(["sleep", "60"])
         procs.append(proc)
-        runner.active[i] = Active(record=records[i], proc=proc, slot=Slot(i, None, (0,)),
-                                  log=None, launched=now - 40, start_step=0,
-                                  first_seen=now - 30, first_step=step - 60, step=step,
-                                  warm_at=now - 30,
-                                  history=[(now - rate_window, step - 40), (now, step)])
+        runner.active[i] = Active(
+            record=records[i],
+            proc=proc,
+            slot=Slot(i, None, (0,)),
+            log=None,
+            launched=now - 40,
+            start_step=0,
+            first_seen=now - 30,
+            first_step=step - 60,
+            step=step,
+            warm_at=now - 30,
+            history=[(now - rate_window, step - 40), (now, step)],
+        )
     return runner, procs
 
 
@@ -210,8 +288,9 @@ def test_shed_stops_the_highest_seed_first(tmp_path):
     seed goes first: 6 steps/s in all, 200 s left; steps left 600 (seed 1), 100 (seed 2), 500
     (seed 3) need 200 s x 1.15: seed 3 stops (the old rule stopped seed 1, the furthest
     behind), and 700 steps fit."""
-    records = [{"name": f"e2m1-s{s}", "seed": s, "steps": 1000, "status": "running"}
-               for s in (1, 2, 3)]
+    records = [
+        {"name": f"e2m1-s{s}", "seed": s, "steps": 1000, "status": "running"} for s in (1, 2, 3)
+    ]
     runner, procs = _sleeping_runner(tmp_path, records, (400, 900, 500), left_s=200)
     try:
         assert runner._aggregate_rate() == pytest.approx(6.0, rel=0.01)
@@ -229,11 +308,13 @@ def test_a_pause_at_the_limit_sheds_nothing_and_starts_while_there_is_time(tmp_p
     """--pause-at-limit (runs longer than one allocation: the 125M grid on 10-minute leases):
     the same runs that test_shed_stops_the_highest_seed_first sheds keep training, and a new
     run starts however far it is from its end, as long as it trains 30 s after its start-up."""
-    records = [{"name": f"e2m1-s{s}", "seed": s, "steps": 1000, "status": "running"}
-               for s in (1, 2, 3)]
+    records = [
+        {"name": f"e2m1-s{s}", "seed": s, "steps": 1000, "status": "running"} for s in (1, 2, 3)
+    ]
     new = {"name": "e2m1-s4", "seed": 4, "steps": 1000, "status": "pending"}
-    runner, procs = _sleeping_runner(tmp_path, records + [new], (400, 900, 500), left_s=200,
-                                     pause=True)
+    runner, procs = _sleeping_runner(
+        tmp_path, records + [new], (400, 900, 500), left_s=200, pause=True
+    )
     try:
         runner._shed()
         time.sleep(0.2)
@@ -258,8 +339,9 @@ def test_no_start_without_time_for_it_when_nothing_runs(tmp_path):
     from ufp4_megatron.study.runner import Options, Runner
 
     new = {"name": "bf16-s6", "seed": 6, "steps": 1000, "status": "pending"}
-    runner = Runner(tmp_path, {"name": "t", "runs": [new]}, {}, [Slot(0, None, (0,))],
-                    Options(time_limit=100.0))
+    runner = Runner(
+        tmp_path, {"name": "t", "runs": [new]}, {}, [Slot(0, None, (0,))], Options(time_limit=100.0)
+    )
     runner.t0 = time.monotonic() - 44
     assert runner._fits(new)  # nothing measured in this study yet: the first runs start
     runner._last_rate, runner.startups = 40.0, [30.0]
@@ -274,13 +356,24 @@ def test_an_invocation_trains_its_own_runs(tmp_path):
     left, and its exit status is about its own runs."""
     out = tmp_path / "study"
     args = ["--arms", "bf16", "--no-compare", "--", *FAST, "train.steps=3"]
-    plan = subprocess.run(study_cmd(out, "--seeds", "1-2", "--time-limit", "0.001", *args),
-                          cwd=ROOT, env=env(tmp_path), capture_output=True, text=True,
-                          timeout=300)
+    plan = subprocess.run(
+        study_cmd(out, "--seeds", "1-2", "--time-limit", "0.001", *args),
+        cwd=ROOT,
+        env=env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert plan.returncode == 3, plan.stdout[-3000:] + plan.stderr[-3000:]
     assert status(out) == {"bf16-s1": "pending", "bf16-s2": "pending"}
-    one = subprocess.run(study_cmd(out, "--seeds", "1", *args), cwd=ROOT, env=env(tmp_path),
-                         capture_output=True, text=True, timeout=300)
+    one = subprocess.run(
+        study_cmd(out, "--seeds", "1", *args),
+        cwd=ROOT,
+        env=env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
     assert status(out) == {"bf16-s1": "done", "bf16-s2": "pending"}
     assert "1 runs of earlier invocations left as they are (bf16-s2)" in one.stdout
@@ -295,25 +388,41 @@ def test_warm_up_and_shed_do_not_cascade(tmp_path):
     from ufp4_megatron.study.runner import Active, Options, Runner
 
     records = [{"name": f"r{i}", "steps": 1000, "status": "running"} for i in range(2)]
-    runner = Runner(tmp_path, {"name": "t", "runs": records}, {}, [Slot(0, None, (0,))] * 2,
-                    Options(time_limit=100.0))
+    runner = Runner(
+        tmp_path,
+        {"name": "t", "runs": records},
+        {},
+        [Slot(0, None, (0,))] * 2,
+        Options(time_limit=100.0),
+    )
     now = time.monotonic()
     runner.t0 = now - 50
     procs = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
     try:
         for i, proc in enumerate(procs):  # 15 steps in 30 s: compiling, not yet warm
-            runner.active[i] = Active(record=records[i], proc=proc, slot=Slot(i, None, (0,)),
-                                      log=None, launched=now - 40, start_step=0,
-                                      first_seen=now - 30, first_step=1, step=16,
-                                      history=[(now - 30, 1), (now, 16)])
+            runner.active[i] = Active(
+                record=records[i],
+                proc=proc,
+                slot=Slot(i, None, (0,)),
+                log=None,
+                launched=now - 40,
+                start_step=0,
+                first_seen=now - 30,
+                first_step=1,
+                step=16,
+                history=[(now - 30, 1), (now, 16)],
+            )
         assert runner._aggregate_rate() is None
         runner._shed()
         assert not any(a.stop_sent for a in runner.active.values())
         # warm for 25 s since the shed of another run 10 s ago: measured from the shed on
         runner._shed_at = now - 10
         for a in runner.active.values():
-            a.warm_at, a.step, a.history = now - 25, 500, [(now - 25, 300), (now - 10, 400),
-                                                         (now, 500)]
+            a.warm_at, a.step, a.history = (
+                now - 25,
+                500,
+                [(now - 25, 300), (now - 10, 400), (now, 500)],
+            )
         assert runner._aggregate_rate() is None  # 10 s after the shed < SETTLE
         runner._shed_at = now - 20
         a0 = runner.active[0]
@@ -335,10 +444,26 @@ def test_sigterm_stops_cleanly_and_resume_finishes(tmp_path):
     the runner records it as stopped (exit 3, no compare); --resume finishes it."""
     out = tmp_path / "study"
     steps = 400
-    cmd = study_cmd(out, "--arms", "bf16", "--seeds", "1", "--no-compare", "--", *FAST,
-                    f"train.steps={steps}", "logging.print_interval=50")
-    runner = subprocess.Popen(cmd, cwd=ROOT, env=env(tmp_path), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    cmd = study_cmd(
+        out,
+        "--arms",
+        "bf16",
+        "--seeds",
+        "1",
+        "--no-compare",
+        "--",
+        *FAST,
+        f"train.steps={steps}",
+        "logging.print_interval=50",
+    )
+    runner = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     metrics = out / "runs" / "bf16-s1" / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while len(lines(metrics)) < 5:
@@ -352,8 +477,14 @@ def test_sigterm_stops_cleanly_and_resume_finishes(tmp_path):
     stopped = int((out / "runs" / "bf16-s1" / "checkpoints" / "latest").read_text())
     assert 5 <= stopped < steps and len(lines(metrics)) == stopped
 
-    done = subprocess.run(study_cmd(out, "--resume", "--no-compare"), cwd=ROOT,
-                          env=env(tmp_path), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        study_cmd(out, "--resume", "--no-compare"),
+        cwd=ROOT,
+        env=env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert status(out) == {"bf16-s1": "done"} and len(lines(metrics)) == steps
 
@@ -368,10 +499,25 @@ def test_restart_incomplete_trains_a_stopped_run_again_in_one_process(tmp_path):
     its launch.json says from_step 0."""
     out = tmp_path / "study"
     steps = 400
-    args = ["--arms", "bf16", "--seeds", "1", "--no-compare", "--restart-incomplete", "--",
-            *FAST, f"train.steps={steps}", "logging.print_interval=50"]
-    runner = subprocess.Popen(study_cmd(out, *args), cwd=ROOT, env=env(tmp_path),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = [
+        "--arms",
+        "bf16",
+        "--seeds",
+        "1",
+        "--no-compare",
+        "--restart-incomplete",
+        "--",
+        *FAST,
+        f"train.steps={steps}",
+        "logging.print_interval=50",
+    ]
+    runner = subprocess.Popen(
+        study_cmd(out, *args),
+        cwd=ROOT,
+        env=env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     run = out / "runs" / "bf16-s1"
     deadline = time.monotonic() + 300
     while len(lines(run / "metrics.jsonl")) < 5:
@@ -381,8 +527,14 @@ def test_restart_incomplete_trains_a_stopped_run_again_in_one_process(tmp_path):
     assert runner.wait(timeout=300) == 3
     stopped = int((run / "checkpoints" / "latest").read_text())
     assert 5 <= stopped < steps
-    done = subprocess.run(study_cmd(out, *args), cwd=ROOT, env=env(tmp_path),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        study_cmd(out, *args),
+        cwd=ROOT,
+        env=env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "starts over from step 0" in done.stdout and "resuming at step" not in done.stdout
     assert json.loads((run / "launch.json").read_text()) == {"attempt": 2, "from_step": 0}

@@ -13,6 +13,7 @@
 What TE does with the quantizers (the GEMMs, main_grad, SP's requantization) needs a GPU:
 gpu/te_check.sh.
 """
+
 from __future__ import annotations
 
 import ast
@@ -53,8 +54,11 @@ def test_factory_names_are_not_module_names():
 
 
 def test_unknown_names():
-    with pytest.raises(ValueError, match=r"no quantizer factory 'ufp44'; valid: bf16, e2m1, "
-                                         r"ufp4, .*ufp4_no_sr, factory"):
+    with pytest.raises(
+        ValueError,
+        match=r"no quantizer factory 'ufp44'; valid: bf16, e2m1, "
+        r"ufp4, .*ufp4_no_sr, factory",
+    ):
         te.ufp44  # noqa: B018
     with pytest.raises(AttributeError):  # dunders and privates stay AttributeErrors
         te.__wrapped__  # noqa: B018
@@ -100,23 +104,38 @@ def test_env_factory_reads_ufp4_recipe(tmp_path, monkeypatch):
         recipe_from_env()
 
 
-@pytest.mark.parametrize("version,ok", [("2.18.0", False), ("2.9.0", False), ("1.13", False),
-                                        ("2.19.0", True), ("2.20.2", True),
-                                        ("2.20.0.dev0+d0067d0", True), ("3.0", True)])
+@pytest.mark.parametrize(
+    "version,ok",
+    [
+        ("2.18.0", False),
+        ("2.9.0", False),
+        ("1.13", False),
+        ("2.19.0", True),
+        ("2.20.2", True),
+        ("2.20.0.dev0+d0067d0", True),
+        ("3.0", True),
+    ],
+)
 def test_te_before_2_19_is_refused(version, ok):
     if ok:
         check_te_version(version)
     else:
-        with pytest.raises(ValueError, match=rf"needs TransformerEngine >= 2.19 \(found "
-                                             rf"{version}\): .*gradient-accumulation fusion"):
+        with pytest.raises(
+            ValueError,
+            match=rf"needs TransformerEngine >= 2.19 \(found "
+            rf"{version}\): .*gradient-accumulation fusion",
+        ):
             check_te_version(version)
 
 
 def test_tensor_parallel_sr_is_refused():
     check_parallel(PRESETS["ufp4"], 1)
     check_parallel(ablation("ufp4_no_sr"), 4)  # RTNE everywhere: TP changes nothing
-    with pytest.raises(ValueError, match=r"TP=2\) with recipe 'e2m1', which rounds dgrad.dy, "
-                                         r"wgrad.dy stochastically"):
+    with pytest.raises(
+        ValueError,
+        match=r"TP=2\) with recipe 'e2m1', which rounds dgrad.dy, "
+        r"wgrad.dy stochastically",
+    ):
         check_parallel(PRESETS["e2m1"], 2)
 
 
@@ -131,17 +150,22 @@ def test_sr_on_weights_is_refused():
 def test_the_package_imports_without_te():
     """`import ufp4_megatron.te` and resolving a factory import no TransformerEngine, and only
     two modules of ufp4_megatron/te name it (the test reads every import of the package)."""
-    code = ("import sys, ufp4_megatron.te as t; t.ufp4; t.factory_path(t.ufp4.recipe)\n"
-            "assert not [m for m in sys.modules if m.startswith('transformer_engine')]")
+    code = (
+        "import sys, ufp4_megatron.te as t; t.ufp4; t.factory_path(t.ufp4.recipe)\n"
+        "assert not [m for m in sys.modules if m.startswith('transformer_engine')]"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
     importers = set()
     for path in PKG.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
-                     else [])
-            if any(n == "transformer_engine" or n.startswith("transformer_engine.")
-                   for n in names):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            if any(n == "transformer_engine" or n.startswith("transformer_engine.") for n in names):
                 importers.add(path.relative_to(PKG).as_posix())
     # the quantizers, and the question whether TE loads here (asked by the trainer)
     assert importers == {"te/quantizers.py", "te/installed.py"}

@@ -16,6 +16,7 @@ pairs of LAYOUTS is what gpu/te_check.sh shows on a GPU.
     test_unrotated_padding_is_cut_rotated_is_refused     lengths off the block / RHT grid
     test_sr_layouts_use_the_call_seed_per_gemm           dgrad and wgrad dY bits of one call seed
 """
+
 from __future__ import annotations
 
 import pytest
@@ -23,11 +24,12 @@ import torch
 
 from ufp4_megatron import ops
 from ufp4_megatron.recipe import ABLATIONS, GEMMS, OPERANDS, PRESETS, ablation, reduction_dim
-from ufp4_megatron.te.layouts import (COLUMNWISE, LAYOUTS, ROWWISE, layout_plan,
-                                      quantize_layout)
+from ufp4_megatron.te.layouts import COLUMNWISE, LAYOUTS, ROWWISE, layout_plan, quantize_layout
 
-RECIPES = {**{n: r for n, r in PRESETS.items() if r.quantized},
-           **{n: ablation(n) for n in ABLATIONS}}
+RECIPES = {
+    **{n: r for n, r in PRESETS.items() if r.quantized},
+    **{n: ablation(n) for n in ABLATIONS},
+}
 SEED = 0x5EED_1234
 
 
@@ -42,9 +44,13 @@ def _tensors(m=64, k=96, n=48, dtype=torch.float32, seed=0):
 def _layouts(recipe, x, w, dy, seed=SEED):
     """TE's six layouts: {(tensor, layout): fake-quantized tensor}."""
     tensors = {"input": x, "weight": w, "grad_output": dy}
-    return {(t, lay): quantize_layout(tensors[t], layout_plan(recipe, t, lay), seed=seed,
-                                      backend="torch")
-            for t in LAYOUTS for lay in (ROWWISE, COLUMNWISE)}
+    return {
+        (t, lay): quantize_layout(
+            tensors[t], layout_plan(recipe, t, lay), seed=seed, backend="torch"
+        )
+        for t in LAYOUTS
+        for lay in (ROWWISE, COLUMNWISE)
+    }
 
 
 def test_layout_table_is_the_recipe_reduction_table():
@@ -68,8 +74,14 @@ def test_layouts_equal_the_local_operands_bitwise(name, dtype):
         if getattr(recipe, gemm) is None:
             continue
         names = OPERANDS[gemm]
-        local = ops._gemm_operands(gemm, recipe, tuple(natural[n] for n in names),
-                                   ((0, 0), (0, 0)), seed=SEED, backend="torch")
+        local = ops._gemm_operands(
+            gemm,
+            recipe,
+            tuple(natural[n] for n in names),
+            ((0, 0), (0, 0)),
+            seed=SEED,
+            backend="torch",
+        )
         for operand, want in zip(names, local):
             layout = ROWWISE if reduction_dim(gemm, operand) == 1 else COLUMNWISE
             got = lay[role[operand], layout]
@@ -93,8 +105,8 @@ def test_te_gemm_flow_reproduces_quantized_linear(name):
     y = ops.quantized_linear(x, w, None, recipe, seed=SEED, backend="torch")
     y.backward(dy)
     lay = _layouts(recipe, x.detach(), w.detach(), dy)
-    y_te = lay["input", ROWWISE] @ lay["weight", ROWWISE].t()           # fprop  TN
-    dx_te = lay["grad_output", ROWWISE] @ lay["weight", COLUMNWISE]     # dgrad  NN
+    y_te = lay["input", ROWWISE] @ lay["weight", ROWWISE].t()  # fprop  TN
+    dx_te = lay["grad_output", ROWWISE] @ lay["weight", COLUMNWISE]  # dgrad  NN
     dw_te = lay["grad_output", COLUMNWISE].t() @ lay["input", COLUMNWISE]  # wgrad NT
     assert torch.equal(y_te, y.detach())
     assert torch.equal(dx_te, x.grad)
@@ -130,8 +142,7 @@ def test_unrotated_padding_is_cut_rotated_is_refused():
     with pytest.raises(ValueError, match=r"input \(32, 40\).*fprop GEMM rotates.*multiple of 16"):
         quantize_layout(x, layout_plan(ufp4, "input", ROWWISE))
     with pytest.raises(ValueError, match=r"wgrad GEMM rotates its tokens"):  # M = 24 tokens
-        quantize_layout(torch.randn(24, 32), layout_plan(ufp4, "grad_output", COLUMNWISE),
-                        seed=1)
+        quantize_layout(torch.randn(24, 32), layout_plan(ufp4, "grad_output", COLUMNWISE), seed=1)
 
 
 def test_sr_layouts_use_the_call_seed_per_gemm():
@@ -143,8 +154,12 @@ def test_sr_layouts_use_the_call_seed_per_gemm():
     a, b = _layouts(recipe, x, w, dy, seed=1), _layouts(recipe, x, w, dy, seed=2)
     assert not torch.equal(a["grad_output", ROWWISE], b["grad_output", ROWWISE])
     assert not torch.equal(a["grad_output", COLUMNWISE], b["grad_output", COLUMNWISE])
-    for key in (("input", ROWWISE), ("input", COLUMNWISE), ("weight", ROWWISE),
-                ("weight", COLUMNWISE)):
+    for key in (
+        ("input", ROWWISE),
+        ("input", COLUMNWISE),
+        ("weight", ROWWISE),
+        ("weight", COLUMNWISE),
+    ):
         assert torch.equal(a[key], b[key]), key
     plan = layout_plan(recipe, "grad_output", ROWWISE)
     assert plan.uses_sr and plan.salt == (GEMMS.index("dgrad"), 0)

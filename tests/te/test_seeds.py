@@ -1,6 +1,7 @@
 """The TE route's SR seed source (te/seeds.py) where a CPU can check it: the fixed seed the
 parity checks use, and the refusal off CUDA. Drawing from the CUDA generator (its state saved
 and restored with a checkpoint) is checked on a GPU: gpu/te_parity.py, "SR stream"."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,6 +19,5 @@ def test_fixed_seed_nests_and_ends():
         assert seeds.draw(cpu) == 5
     with pytest.raises(ValueError, match="draws its SR seeds from the CUDA generator"):
         seeds.draw(cpu)
-    with pytest.raises(ValueError):
-        with seeds.fixed(-1):
-            pass
+    with pytest.raises(ValueError), seeds.fixed(-1):
+        pass

@@ -1,4 +1,5 @@
 """Runs the real CLIs in subprocesses (the trainer owns process-global Megatron state)."""
+
 from __future__ import annotations
 
 import json
@@ -9,28 +10,56 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # small, fast, deterministic: 2-layer model, 64 tokens per step, a 1.5 MB corpus
-FAST = ["model=tiny", "train.seq_len=32", "train.micro_batch=2", "train.global_batch=2",
-        "optim.warmup_steps=2", "logging.progress=plain", "logging.print_interval=1",
-        "data.corpus_max_bytes=1500000"]
+FAST = [
+    "model=tiny",
+    "train.seq_len=32",
+    "train.micro_batch=2",
+    "train.global_batch=2",
+    "optim.warmup_steps=2",
+    "logging.progress=plain",
+    "logging.print_interval=1",
+    "data.corpus_max_bytes=1500000",
+]
 
 
 def env(tmp: Path) -> dict:
-    e = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(tmp / "wb"),
-             WANDB_CACHE_DIR=str(tmp / "wbc"), WANDB_CONFIG_DIR=str(tmp / "wbcfg"),
-             OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    e = dict(
+        os.environ,
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        WANDB_DIR=str(tmp / "wb"),
+        WANDB_CACHE_DIR=str(tmp / "wbc"),
+        WANDB_CONFIG_DIR=str(tmp / "wbcfg"),
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+    )
     e.pop("WANDB_API_KEY", None)
     return e
 
 
 def train_cmd(run_dir: Path, cache: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "ufp4_megatron.train", *FAST, f"hydra.run.dir={run_dir}",
-            f"data.cache_dir={cache}", *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "ufp4_megatron.train",
+        *FAST,
+        f"hydra.run.dir={run_dir}",
+        f"data.cache_dir={cache}",
+        *overrides,
+    ]
 
 
-def run(cmd: list[str], tmp: Path, timeout: int = 240, env_extra: dict | None = None,
-        cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=cwd, env=dict(env(tmp), **(env_extra or {})),
-                          capture_output=True, text=True, timeout=timeout)
+def run(
+    cmd: list[str], tmp: Path, timeout: int = 240, env_extra: dict | None = None, cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        cmd,
+        cwd=cwd,
+        env=dict(env(tmp), **(env_extra or {})),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def losses(run_dir: Path) -> list[float]:

@@ -1,6 +1,7 @@
 """The trainer's checks of a command line, in-process: what `python -m ufp4_megatron.train`
 refuses before it writes anything (train/__main__.py: compose_problem, then checked_config),
 in milliseconds instead of a subprocess. Use inside the hydra_configs fixture."""
+
 from __future__ import annotations
 
 

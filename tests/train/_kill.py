@@ -6,6 +6,7 @@ when the trainer dies (train/lifetime.py). Every process of a run carries a tag 
 environment; after the run, `survivors` lists the tagged processes still alive after a
 grace period (each is then killed by pid, so one failing test does not leak into the next).
 """
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,9 @@ from pathlib import Path
 TAG = "UFP4_TEST_RUN_TAG"
 
 
-def run_to_death(cmd: list[str], cwd: Path, env: dict, log_dir: Path,
-                 timeout: int = 300, grace: float = 10.0) -> subprocess.CompletedProcess:
+def run_to_death(
+    cmd: list[str], cwd: Path, env: dict, log_dir: Path, timeout: int = 300, grace: float = 10.0
+) -> subprocess.CompletedProcess:
     """Like subprocess.run(capture_output=True), through files; the result's `survivors`
     holds (pid, command line) of the run's processes still alive `grace` s after it ended."""
     tag = uuid.uuid4().hex

@@ -1,14 +1,15 @@
 """An override ablation is named after what it changes (train/ablation_name.py).
 
-    test_presets_keep_their_names            every shipped precision YAML, no overrides
-    test_an_override_names_the_ablation      rht / sr switches, grid, dotted overrides, BF16
-                                             layers; sorted; a switch set to the preset's own
-                                             value changes nothing
-    test_a_given_name_is_kept                precision.name=... beside the overrides
-    test_the_name_reaches_wandb_and_compare  W&B run name; compare's label from config.yaml
-    test_hostile_values_stay_one_path_component   separators, `..`, control characters, a
-                                             very long override: one short, distinct name
+test_presets_keep_their_names            every shipped precision YAML, no overrides
+test_an_override_names_the_ablation      rht / sr switches, grid, dotted overrides, BF16
+                                         layers; sorted; a switch set to the preset's own
+                                         value changes nothing
+test_a_given_name_is_kept                precision.name=... beside the overrides
+test_the_name_reaches_wandb_and_compare  W&B run name; compare's label from config.yaml
+test_hostile_values_stay_one_path_component   separators, `..`, control characters, a
+                                         very long override: one short, distinct name
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,15 +34,21 @@ def test_presets_keep_their_names(preset):
     assert _name(f"precision={preset}") == preset
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    (["precision.rht.fprop=false"], "ufp4-rht.fprop=false"),
-    (["precision.sr.dy=false", "precision.rht.fprop=false"], "ufp4-rht.fprop=false,sr.dy=false"),
-    (["precision=e2m1", "precision.rht.fprop=true"], "e2m1-rht.fprop=true"),
-    (["precision.grid=e2m1"], "ufp4-grid=e2m1"),
-    (["+precision.overrides.fprop.x.grid=e2m1"], "ufp4-overrides.fprop.x.grid=e2m1"),
-    (["precision.bf16_layers.end=1"], "ufp4-bf16_layers.end=1"),
-    (["precision.rht.fprop=true"], "ufp4"),  # the preset's own value: not an ablation
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["precision.rht.fprop=false"], "ufp4-rht.fprop=false"),
+        (
+            ["precision.sr.dy=false", "precision.rht.fprop=false"],
+            "ufp4-rht.fprop=false,sr.dy=false",
+        ),
+        (["precision=e2m1", "precision.rht.fprop=true"], "e2m1-rht.fprop=true"),
+        (["precision.grid=e2m1"], "ufp4-grid=e2m1"),
+        (["+precision.overrides.fprop.x.grid=e2m1"], "ufp4-overrides.fprop.x.grid=e2m1"),
+        (["precision.bf16_layers.end=1"], "ufp4-bf16_layers.end=1"),
+        (["precision.rht.fprop=true"], "ufp4"),  # the preset's own value: not an ablation
+    ],
+)
 def test_an_override_names_the_ablation(overrides, expected):
     assert _name(*overrides) == expected
 

@@ -7,6 +7,7 @@ Megatron-LM layout is loaded as Megatron-LM's load_checkpoint loads it, into the
 pretrain_gpt.py builds with the plugin's spec (tests/megatron_lm/probe.py); bad input is
 refused in one line and never overwrites anything.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,20 @@ STEPS = ["train.steps=6", "checkpoint.interval=3", "checkpoint.keep=0"]
 
 
 def convert(tmp: Path, to: str, src: Path, dst: Path, *extra: str):
-    return run([sys.executable, "-m", "ufp4_megatron.cli.convert_checkpoint", "--to", to,
-                *extra, str(src), str(dst)], tmp, timeout=180)
+    return run(
+        [
+            sys.executable,
+            "-m",
+            "ufp4_megatron.cli.convert_checkpoint",
+            "--to",
+            to,
+            *extra,
+            str(src),
+            str(dst),
+        ],
+        tmp,
+        timeout=180,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +64,9 @@ def converted(unbroken):
 def test_megatron_lm_layout_tracker_and_common_state(unbroken, converted):
     assert (converted / "latest_checkpointed_iteration.txt").read_text() == "3"
     assert sorted(p.name for p in converted.iterdir()) == [
-        "iter_0000003", "latest_checkpointed_iteration.txt"]
+        "iter_0000003",
+        "latest_checkpointed_iteration.txt",
+    ]
     assert (converted / "iter_0000003" / "metadata.json").is_file()
 
 
@@ -61,38 +76,94 @@ def _probe(tmp: Path, case: dict, kind: str = "load_converted") -> dict:
     wheel = Path(megatron.core.__file__).resolve().parents[2]
     path = tmp / "case.json"
     path.write_text(json.dumps(case))
-    res = run([sys.executable, str(PROBE), kind, str(path)], tmp, timeout=300,
-              env_extra={"PYTHONPATH": os.pathsep.join([str(ROOT), str(wheel)])}, cwd=wheel)
+    res = run(
+        [sys.executable, str(PROBE), kind, str(path)],
+        tmp,
+        timeout=300,
+        env_extra={"PYTHONPATH": os.pathsep.join([str(ROOT), str(wheel)])},
+        cwd=wheel,
+    )
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("PROBE_JSON ")]
     assert lines, res.stdout[-2000:] + res.stderr[-4000:]
-    return json.loads(lines[-1][len("PROBE_JSON "):])
+    return json.loads(lines[-1][len("PROBE_JSON ") :])
 
 
 def pretrain_gpt_argv(layers: int = 2) -> list[str]:
     """pretrain_gpt.py's flags for the tiny model (conv.model_flags) and the trainer's batch."""
-    identity = {"model": {"num_layers": layers, "hidden_size": 128, "ffn_hidden_size": 352,
-                          "num_attention_heads": 4, "num_query_groups": 2, "rotary_base": 10000,
-                          "max_seq_len": 1024, "untie_embeddings": True, "kv_channels": None}}
-    return [*conv.model_flags(identity), "--seq-length", "32", "--micro-batch-size", "2",
-            "--global-batch-size", "2", "--train-iters", "6", "--lr", "3e-4", "--mock-data",
-            "--tokenizer-type", "NullTokenizer", "--vocab-size", "383",
-            "--transformer-impl", "local", "--attention-backend", "unfused", "--no-rope-fusion",
-            "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
-            "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-persist-layer-norm",
-            "--use-distributed-optimizer", "--spec", "ufp4_megatron.megatron.spec",
-            "ufp4_gpt_spec"]
+    identity = {
+        "model": {
+            "num_layers": layers,
+            "hidden_size": 128,
+            "ffn_hidden_size": 352,
+            "num_attention_heads": 4,
+            "num_query_groups": 2,
+            "rotary_base": 10000,
+            "max_seq_len": 1024,
+            "untie_embeddings": True,
+            "kv_channels": None,
+        }
+    }
+    return [
+        *conv.model_flags(identity),
+        "--seq-length",
+        "32",
+        "--micro-batch-size",
+        "2",
+        "--global-batch-size",
+        "2",
+        "--train-iters",
+        "6",
+        "--lr",
+        "3e-4",
+        "--mock-data",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "383",
+        "--transformer-impl",
+        "local",
+        "--attention-backend",
+        "unfused",
+        "--no-rope-fusion",
+        "--no-gradient-accumulation-fusion",
+        "--no-masked-softmax-fusion",
+        "--no-bias-swiglu-fusion",
+        "--no-bias-dropout-fusion",
+        "--no-persist-layer-norm",
+        "--use-distributed-optimizer",
+        "--spec",
+        "ufp4_megatron.megatron.spec",
+        "ufp4_gpt_spec",
+    ]
 
 
 def test_megatron_lm_load_checkpoint_reads_it_into_pretrain_gpt_model(unbroken, converted):
     tmp, run_dir, _ = unbroken
-    out = _probe(tmp, {"argv": pretrain_gpt_argv(), "env": {"UFP4_RECIPE": "ufp4"},
-                       "load": str(converted),
-                       "source": str(run_dir / "checkpoints" / "step_00000003")})
+    out = _probe(
+        tmp,
+        {
+            "argv": pretrain_gpt_argv(),
+            "env": {"UFP4_RECIPE": "ufp4"},
+            "load": str(converted),
+            "source": str(run_dir / "checkpoints" / "step_00000003"),
+        },
+    )
     assert out["stage"] == "ok", out
     assert (out["iteration"], out["release"], out["dir"], out["format"]) == (
-        3, False, "iter_0000003", "torch_dist")
-    assert {"args", "checkpoint_version", "iteration", "opt_param_scheduler", "optimizer",
-            "num_floating_point_operations_so_far", "content_metadata"} <= set(out["common_keys"])
+        3,
+        False,
+        "iter_0000003",
+        "torch_dist",
+    )
+    assert {
+        "args",
+        "checkpoint_version",
+        "iteration",
+        "opt_param_scheduler",
+        "optimizer",
+        "num_floating_point_operations_so_far",
+        "content_metadata",
+    } <= set(out["common_keys"])
     assert out["consumed_train_samples"] == 3 * 2 and out["iteration_in_state"] == 3
     sched = out["opt_param_scheduler"]  # samples: steps x global batch 2
     assert (sched["num_steps"], sched["lr_warmup_steps"], sched["lr_decay_steps"]) == (6, 4, 12)
@@ -103,8 +174,9 @@ def test_megatron_lm_load_checkpoint_reads_it_into_pretrain_gpt_model(unbroken, 
 
 
 def test_a_mismatched_model_is_refused_by_megatron_lm(unbroken, converted):
-    out = _probe(unbroken[0], {"argv": pretrain_gpt_argv(layers=3), "env": {},
-                               "load": str(converted)})
+    out = _probe(
+        unbroken[0], {"argv": pretrain_gpt_argv(layers=3), "env": {}, "load": str(converted)}
+    )
     assert out["stage"] == "args" and "num_layers value from checkpoint (2)" in out["error"]
 
 
@@ -123,6 +195,7 @@ def test_round_trip_continues_the_unbroken_run_exactly(unbroken, converted):
 
 # -- bad input: refused before anything is written ----------------------------------------
 
+
 def _mlm_dir(tmp: Path, tracker: str | None, iters=(3,)) -> Path:
     d = tmp / "src"
     d.mkdir()
@@ -133,10 +206,17 @@ def _mlm_dir(tmp: Path, tracker: str | None, iters=(3,)) -> Path:
     return d
 
 
-@pytest.mark.parametrize("tracker, says", [
-    ("hello\n", "not an iteration number"), ("", "not an iteration number"),
-    ("9" * 70, "not an iteration number"), ("release", "release checkpoint"),
-    ("7", "iter_0000007 does not exist"), (None, "is missing or not a regular file")])
+@pytest.mark.parametrize(
+    "tracker, says",
+    [
+        ("hello\n", "not an iteration number"),
+        ("", "not an iteration number"),
+        ("9" * 70, "not an iteration number"),
+        ("release", "release checkpoint"),
+        ("7", "iter_0000007 does not exist"),
+        (None, "is missing or not a regular file"),
+    ],
+)
 def test_bad_trackers_are_refused(tmp_path, tracker, says):
     src = _mlm_dir(tmp_path, tracker)
     with pytest.raises(conv.ConversionError, match=says):
@@ -198,17 +278,33 @@ def saved_by_megatron_lm(unbroken):
     pretrain_gpt.py builds, after 3 iterations (probe kind save_megatron_lm)."""
     tmp = unbroken[0]
     argv = [a for a in pretrain_gpt_argv() if a != "--use-distributed-optimizer"]
-    argv += ["--min-lr", "3e-5", "--lr-warmup-iters", "2", "--lr-decay-style", "cosine",
-             "--weight-decay", "0.1", "--clip-grad", "1.0", "--adam-beta2", "0.95"]
+    argv += [
+        "--min-lr",
+        "3e-5",
+        "--lr-warmup-iters",
+        "2",
+        "--lr-decay-style",
+        "cosine",
+        "--weight-decay",
+        "0.1",
+        "--clip-grad",
+        "1.0",
+        "--adam-beta2",
+        "0.95",
+    ]
     src = tmp / "written-by-megatron-lm"
-    out = _probe(tmp, {"argv": argv, "env": {"UFP4_RECIPE": "ufp4"}, "save": str(src),
-                       "iterations": 3}, kind="save_megatron_lm")
+    out = _probe(
+        tmp,
+        {"argv": argv, "env": {"UFP4_RECIPE": "ufp4"}, "save": str(src), "iterations": 3},
+        kind="save_megatron_lm",
+    )
     assert out["stage"] == "ok", out
     return src, argv, out["weights_sum"]
 
 
 def test_a_checkpoint_saved_as_megatron_lm_saves_continues_in_the_trainer(
-        unbroken, saved_by_megatron_lm):
+    unbroken, saved_by_megatron_lm
+):
     """Converted (its real args Namespace read back restricted); a start with another model
     is refused before step 1 and pins nothing; the trainer then continues with the same
     model, data position and schedule."""
@@ -218,11 +314,18 @@ def test_a_checkpoint_saved_as_megatron_lm_saves_continues_in_the_trainer(
     run_dir.mkdir()
     res = convert(tmp, "ufp4", src, run_dir / "ckpt")
     assert res.returncode == 0, res.stderr[-3000:]
-    trainer = ["train.steps=5", "parallel.distributed_optimizer=false",
-               f"checkpoint.dir={run_dir / 'ckpt'}"]
+    trainer = [
+        "train.steps=5",
+        "parallel.distributed_optimizer=false",
+        f"checkpoint.dir={run_dir / 'ckpt'}",
+    ]
     res = run(train_cmd(run_dir, cache, *trainer, "model.hidden_size=64"), tmp)
-    assert res.returncode == 2 and "holds another model: its embedding.word_embeddings" \
-        ".weight is [384, 128], this run's [384, 64]" in res.stderr, res.stderr[-2000:]
+    assert (
+        res.returncode == 2
+        and "holds another model: its embedding.word_embeddings"
+        ".weight is [384, 128], this run's [384, 64]"
+        in res.stderr
+    ), res.stderr[-2000:]
     res = run(train_cmd(run_dir, cache, *trainer), tmp)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resuming from step 3" in res.stdout

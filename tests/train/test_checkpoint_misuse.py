@@ -23,6 +23,7 @@ is not the run's own, NaN, a full or read-only disk.
 The last two mount a tmpfs in a user namespace (`unshare -Urm`); skipped where that is
 not allowed.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,8 @@ import subprocess
 import time
 
 import pytest
-
 from _cli import ROOT, env, run, train_cmd
+
 from ufp4_megatron.train import checkpoint
 
 BASE = ["checkpoint.keep=2", "logging.wandb.mode=disabled"]
@@ -48,8 +49,9 @@ def cache(tmp_path_factory):
 
 def _start(cmd, tmp, name: str) -> tuple[subprocess.Popen, object]:
     err = (tmp / f"{name}.err").open("w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(tmp), stdout=subprocess.PIPE, stderr=err,
-                            text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env(tmp), stdout=subprocess.PIPE, stderr=err, text=True
+    )
     return proc, err
 
 
@@ -63,8 +65,12 @@ def _wait_for_step(proc, step: int) -> list[str]:
 
 
 def _run_both(cmds, tmp) -> list[subprocess.CompletedProcess]:
-    procs = [subprocess.Popen(c, cwd=ROOT, env=env(tmp), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for c in cmds]
+    procs = [
+        subprocess.Popen(
+            c, cwd=ROOT, env=env(tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for c in cmds
+    ]
     done = []
     for c, p in zip(cmds, procs):
         out, err = p.communicate(timeout=240)
@@ -83,18 +89,32 @@ def stopped(tmp_path_factory, cache):
         out = _wait_for_step(proc, 3)
         lines_then = len((run_dir / "metrics.jsonl").read_text().splitlines())
         second, other = _run_both(
-            [[*cmd, LONG], train_cmd(tmp / "other", cache, *COMMON, LONG,
-                                     f"checkpoint.dir={run_dir / 'checkpoints'}")], tmp)
+            [
+                [*cmd, LONG],
+                train_cmd(
+                    tmp / "other", cache, *COMMON, LONG, f"checkpoint.dir={run_dir / 'checkpoints'}"
+                ),
+            ],
+            tmp,
+        )
         lines_after = len((run_dir / "metrics.jsonl").read_text().splitlines())
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
     finally:
         proc.kill()
         err.close()
-    return {"run_dir": run_dir, "rc": proc.returncode, "pid": proc.pid, "second": second,
-            "other": other,
-            "out": "".join(out) + rest, "err": (tmp / "first.err").read_text(),
-            "cut": lines_after < lines_then, "cmd": cmd, "cache": cache}
+    return {
+        "run_dir": run_dir,
+        "rc": proc.returncode,
+        "pid": proc.pid,
+        "second": second,
+        "other": other,
+        "out": "".join(out) + rest,
+        "err": (tmp / "first.err").read_text(),
+        "cut": lines_after < lines_then,
+        "cmd": cmd,
+        "cache": cache,
+    }
 
 
 def test_a_second_trainer_is_refused_and_ctrl_c_saves(stopped):
@@ -110,11 +130,14 @@ def test_a_second_trainer_is_refused_and_ctrl_c_saves(stopped):
     assert "Ctrl-C: saving a checkpoint after this step" in stopped["err"]
     ckpt = stopped["run_dir"] / "checkpoints"
     step = checkpoint.latest_step(ckpt)
-    assert f"stop signal (SIGINT after step {step - 1}): saved step {step}" in stopped["out"] \
+    assert (
+        f"stop signal (SIGINT after step {step - 1}): saved step {step}" in stopped["out"]
         or f"stop signal (SIGINT after step {step}): saved step {step}" in stopped["out"]
+    )
     assert checkpoint.steps_on_disk(ckpt) == [step]  # checkpoint.interval=0: only Ctrl-C's
-    rows = [json.loads(x) for x in (stopped["run_dir"] / "metrics.jsonl").read_text().split("\n")
-            if x]
+    rows = [
+        json.loads(x) for x in (stopped["run_dir"] / "metrics.jsonl").read_text().split("\n") if x
+    ]
     assert rows[-1]["step"] == step
     assert not (stopped["run_dir"] / "trainer.lock").exists()  # released at the end
 
@@ -145,7 +168,7 @@ def test_zeroed_bytes_fall_back_and_a_second_ctrl_c_stops_at_once(stopped, tmp_p
     assert checkpoint.damage(checkpoint.step_dir(ckpt, newest)) is None
     shard = next(checkpoint.step_dir(ckpt, newest).glob("*.distcp"))
     data = bytearray(shard.read_bytes())
-    data[len(data) // 2: len(data) // 2 + 4096] = bytes(4096)  # size unchanged
+    data[len(data) // 2 : len(data) // 2 + 4096] = bytes(4096)  # size unchanged
     shard.write_bytes(bytes(data))
     proc, err = _start([*cmd, LONG], tmp_path, "again")
     try:
@@ -186,10 +209,12 @@ def test_a_planted_pickle_stops_the_start_before_it_runs(stopped, tmp_path, cach
     run_dir = tmp_path / "run"
     shutil.copytree(stopped["run_dir"], run_dir)
     marker = tmp_path / "PWNED"
-    newest = checkpoint.step_dir(run_dir / "checkpoints",
-                                 checkpoint.steps_on_disk(run_dir / "checkpoints")[-1])
+    newest = checkpoint.step_dir(
+        run_dir / "checkpoints", checkpoint.steps_on_disk(run_dir / "checkpoints")[-1]
+    )
     (newest / ".metadata").write_bytes(
-        b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR.")  # os.system("touch ...")
+        b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."
+    )  # os.system("touch ...")
     before = (run_dir / "metrics.jsonl").read_text()
     r = run([*_with_run_dir(stopped["cmd"], run_dir), LONG], tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
@@ -240,11 +265,11 @@ def test_mechanism_refuses_a_planted_checkpoint(stopped, tmp_path):
 
     run_dir = tmp_path / "run"
     shutil.copytree(stopped["run_dir"], run_dir)
-    newest = checkpoint.step_dir(run_dir / "checkpoints",
-                                 checkpoint.latest_step(run_dir / "checkpoints"))
+    newest = checkpoint.step_dir(
+        run_dir / "checkpoints", checkpoint.latest_step(run_dir / "checkpoints")
+    )
     marker = tmp_path / "PWNED"
-    (newest / ".metadata").write_bytes(b"cos\nsystem\n(S'touch " + str(marker).encode()
-                                       + b"'\ntR.")
+    (newest / ".metadata").write_bytes(b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR.")
     with pytest.raises(SystemExit, match="mechanism: .* holds a pickle that names os.system"):
         mechanism([str(run_dir), "--out", str(tmp_path / "out")])
     assert not marker.exists()
@@ -254,8 +279,11 @@ def test_mechanism_refuses_a_planted_checkpoint(stopped, tmp_path):
 def test_a_name_that_leaves_runs_or_an_empty_run_dir_is_refused(tmp_path, override):
     work = tmp_path / "a" / "b"
     work.mkdir(parents=True)
-    cmd = [a for a in train_cmd(tmp_path / "unused", tmp_path / "c", *COMMON) if
-           not a.startswith("hydra.run.dir=")]
+    cmd = [
+        a
+        for a in train_cmd(tmp_path / "unused", tmp_path / "c", *COMMON)
+        if not a.startswith("hydra.run.dir=")
+    ]
     r = run([*cmd, override], tmp_path, cwd=work)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
@@ -276,19 +304,24 @@ def test_another_checkpoint_dir_cannot_cut_metrics_or_pass_the_refusals(stopped,
     shutil.copytree(mine / "checkpoints", elsewhere)  # an older copy of its checkpoints
     overrides = [a for a in stopped["cmd"][3:] if not a.startswith(("hydra.", "logging.prog"))]
     before = (mine / "metrics.jsonl").read_text()
-    for extra in ([f"checkpoint.dir={elsewhere}"],
-                  [f"checkpoint.dir={tmp_path / 'empty'}", "checkpoint.resume=false"]):
-        with pytest.raises(ConfigError, match=f"{mine} keeps its checkpoints in "
-                                              f"{mine / 'checkpoints'}"):
+    for extra in (
+        [f"checkpoint.dir={elsewhere}"],
+        [f"checkpoint.dir={tmp_path / 'empty'}", "checkpoint.resume=false"],
+    ):
+        with pytest.raises(
+            ConfigError, match=f"{mine} keeps its checkpoints in {mine / 'checkpoints'}"
+        ):
             plan_start(load_config([*overrides, LONG, *extra]), mine)
     assert (mine / "metrics.jsonl").read_text() == before
-    assert plan_start(load_config([*overrides, LONG]), mine).step == \
-        checkpoint.latest_step(mine / "checkpoints")  # its own dir still resumes
+    assert plan_start(load_config([*overrides, LONG]), mine).step == checkpoint.latest_step(
+        mine / "checkpoints"
+    )  # its own dir still resumes
     # a UFP4 run pointed at its BF16 sibling's checkpoint dir: the checkpoint names its run
     ufp4 = [o for o in overrides if o != "precision=bf16"] + ["precision=ufp4"]
     with pytest.raises(ConfigError) as e:
-        plan_start(load_config([*ufp4, LONG, f"checkpoint.dir={mine / 'checkpoints'}"]),
-                   tmp_path / "ufp4")
+        plan_start(
+            load_config([*ufp4, LONG, f"checkpoint.dir={mine / 'checkpoints'}"]), tmp_path / "ufp4"
+        )
     msg = str(e.value)
     assert "holds the checkpoints of another run" in msg and str(mine) in msg
     assert "precision.name" in msg and str(tmp_path / "ufp4") in msg
@@ -296,9 +329,19 @@ def test_another_checkpoint_dir_cannot_cut_metrics_or_pass_the_refusals(stopped,
 
 def test_nan_stops_and_keeps_the_last_finite_checkpoint(tmp_path, cache):
     run_dir = tmp_path / "run"
-    r = run(train_cmd(run_dir, cache, "precision=bf16", "optim.lr=30", "train.steps=12",
-                      "checkpoint.interval=1", "checkpoint.keep=1",
-                      "logging.wandb.mode=disabled"), tmp_path)
+    r = run(
+        train_cmd(
+            run_dir,
+            cache,
+            "precision=bf16",
+            "optim.lr=30",
+            "train.steps=12",
+            "checkpoint.interval=1",
+            "checkpoint.keep=1",
+            "logging.wandb.mode=disabled",
+        ),
+        tmp_path,
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     (line,) = [x for x in r.stderr.splitlines() if x.startswith("error:")]
     bad = int(line.split()[2].rstrip(":"))  # "error: step K: grad_norm is nan; ..."
@@ -306,8 +349,9 @@ def test_nan_stops_and_keeps_the_last_finite_checkpoint(tmp_path, cache):
     ckpt = run_dir / "checkpoints"
     assert checkpoint.steps_on_disk(ckpt) == [bad - 1]  # the last finite one, not pushed out
     assert f"{checkpoint.step_dir(ckpt, bad - 1)}, is kept as it was" in line
-    assert [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().split("\n")
-            if x][-1] == bad - 1
+    assert [
+        json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().split("\n") if x
+    ][-1] == bad - 1
 
 
 def _in_namespace(mount: str, cmd: list[str], tmp) -> subprocess.CompletedProcess:
@@ -321,8 +365,14 @@ def _in_namespace(mount: str, cmd: list[str], tmp) -> subprocess.CompletedProces
 @pytest.fixture(scope="module")
 def namespaces():
     try:
-        ok = subprocess.run(["unshare", "-Urm", "sh", "-c", "mount -t tmpfs tmpfs /mnt"],
-                            capture_output=True, timeout=30).returncode == 0
+        ok = (
+            subprocess.run(
+                ["unshare", "-Urm", "sh", "-c", "mount -t tmpfs tmpfs /mnt"],
+                capture_output=True,
+                timeout=30,
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         ok = False
     if not ok:
@@ -333,22 +383,32 @@ def namespaces():
 def test_full_disk_says_so_and_keeps_the_last_checkpoint(tmp_path, cache, namespaces):
     small = tmp_path / "small"  # holds one tiny checkpoint (7.6 MB), not two
     small.mkdir()
-    r = _in_namespace(f"mount -t tmpfs -o size=12m tmpfs {small}",
-                      train_cmd(tmp_path / "run", cache, *COMMON, "checkpoint.keep=0",
-                                "checkpoint.interval=2", "train.steps=8",
-                                f"checkpoint.dir={small}"), tmp_path)
+    r = _in_namespace(
+        f"mount -t tmpfs -o size=12m tmpfs {small}",
+        train_cmd(
+            tmp_path / "run",
+            cache,
+            *COMMON,
+            "checkpoint.keep=0",
+            "checkpoint.interval=2",
+            "train.steps=8",
+            f"checkpoint.dir={small}",
+        ),
+        tmp_path,
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert (f"error: saving step 4 to {small} failed: No space left on device" in r.stderr)
+    assert f"error: saving step 4 to {small} failed: No space left on device" in r.stderr
     assert f"the newest complete checkpoint, {small}/step_00000002, is kept" in r.stderr
 
 
 def test_read_only_checkpoint_dir_is_refused_at_start(tmp_path, cache, namespaces):
     ro = tmp_path / "ro"
     ro.mkdir()
-    r = _in_namespace(f"mount -t tmpfs -o ro tmpfs {ro}",
-                      train_cmd(tmp_path / "run", cache, *COMMON, "train.steps=2",
-                                f"checkpoint.dir={ro}"), tmp_path)
+    r = _in_namespace(
+        f"mount -t tmpfs -o ro tmpfs {ro}",
+        train_cmd(tmp_path / "run", cache, *COMMON, "train.steps=2", f"checkpoint.dir={ro}"),
+        tmp_path,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert (f"error: cannot write to the checkpoint dir {ro} (Read-only file system"
-            in r.stderr)
+    assert f"error: cannot write to the checkpoint dir {ro} (Read-only file system" in r.stderr
     assert not (tmp_path / "run").exists()  # refused before anything was written

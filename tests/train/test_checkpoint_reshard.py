@@ -20,6 +20,7 @@ check_layout refuses is refused.
     test_dp_reshardable_refuses_a_tp_change                  one line naming the fix (slow)
     test_switching_the_distributed_optimizer_is_refused
 """
+
 from __future__ import annotations
 
 import os
@@ -28,15 +29,19 @@ import socket
 import sys
 
 import pytest
-
 from _cli import ROOT, env, losses, run, train_cmd
 from _kill import run_to_death
+
 from ufp4_megatron.train import checkpoint
 
 STEPS = 6
 # micro_batch 1 so that 2 ranks can also be 2 data-parallel replicas of a 2-sequence batch
-COMMON = [f"train.steps={STEPS}", "train.micro_batch=1", "checkpoint.interval=3",
-          "logging.wandb.mode=disabled"]
+COMMON = [
+    f"train.steps={STEPS}",
+    "train.micro_batch=1",
+    "checkpoint.interval=3",
+    "logging.wandb.mode=disabled",
+]
 # UFP4 runs keep Megatron's unfused attention, the fewest kernels that differ between TP=2
 # and TP=1 (the default SDPA blocks its per-rank heads differently).
 UFP4, BF16 = ("precision=ufp4", "model.attention_backend=megatron"), ("precision=bf16",)
@@ -52,17 +57,27 @@ def _port() -> int:
 
 
 def torchrun(cmd: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_port", str(_port()), *cmd[1:]]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(_port()),
+        *cmd[1:],
+    ]
 
 
 def killed_after_step3(tmp_path, cache, *layout: str):
     """2 ranks, SIGKILLed right after the step-3 checkpoint; torchrun kills the other rank."""
     cmd = torchrun(train_cmd(tmp_path / "run", cache, *COMMON, *layout))
-    r = run_to_death(cmd, ROOT, env(tmp_path) | {checkpoint.KILL_HOOK: "latest_written:3"},
-                     tmp_path)
-    assert r.returncode != 0 and checkpoint.latest_step(tmp_path / "run" / "checkpoints") == 3, \
+    r = run_to_death(
+        cmd, ROOT, env(tmp_path) | {checkpoint.KILL_HOOK: "latest_written:3"}, tmp_path
+    )
+    assert r.returncode != 0 and checkpoint.latest_step(tmp_path / "run" / "checkpoints") == 3, (
         r.stderr[-3000:]
+    )
     assert not r.survivors  # each rank's checkpoint-writer helper ended with it
     return tmp_path / "run"
 
@@ -77,8 +92,12 @@ def unbroken(tmp_path_factory, cache):
     """Single-process runs, UFP4 and BF16, each with the distributed optimizer and without:
     unbroken(name) trains one on first use (make test's tests use two of the four; the
     others run in make test-slow)."""
-    extras = {"distributed": [*UFP4], "plain": [*UFP4, PLAIN], "bf16": [*BF16],
-              "bf16-plain": [*BF16, PLAIN]}
+    extras = {
+        "distributed": [*UFP4],
+        "plain": [*UFP4, PLAIN],
+        "bf16": [*BF16],
+        "bf16-plain": [*BF16, PLAIN],
+    }
     out = {}
 
     def get(name: str):
@@ -88,13 +107,15 @@ def unbroken(tmp_path_factory, cache):
             assert r.returncode == 0, r.stderr[-3000:]
             out[name] = tmp / "run"
         return out[name]
+
     return get
 
 
 def _tp2_then_tp1(tmp_path, cache, recipe, opt):
     """Losses of a run killed after step 3 at TP=2 (SP on) and resumed at TP=1."""
-    run_dir = killed_after_step3(tmp_path, cache, *recipe, "parallel.tp=2", "parallel.sp=true",
-                                 *opt)
+    run_dir = killed_after_step3(
+        tmp_path, cache, *recipe, "parallel.tp=2", "parallel.sp=true", *opt
+    )
     r = run(train_cmd(run_dir, cache, *COMMON, *recipe, *opt), tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resharding" in r.stdout and "tp=2" in r.stdout
@@ -106,9 +127,11 @@ def _tp2_then_tp1(tmp_path, cache, recipe, opt):
 # make test keeps the distributed optimizer's BF16 case (to 1e-5: its steps 1-3 at TP=2 are
 # also the check of test_train_run.py's test_torchrun_tp2_matches_single_process); the other
 # layouts and the UFP4 case run in `make test-slow` (kept out of make test's 20 minutes)
-@pytest.mark.parametrize("name, opt", [("bf16", [FULLY]),
-                                       pytest.param("bf16-plain", [PLAIN], marks=pytest.mark.slow)],
-                         ids=["distributed-fully_reshardable", "plain"])
+@pytest.mark.parametrize(
+    "name, opt",
+    [("bf16", [FULLY]), pytest.param("bf16-plain", [PLAIN], marks=pytest.mark.slow)],
+    ids=["distributed-fully_reshardable", "plain"],
+)
 def test_tp2_resumes_at_tp1(unbroken, tmp_path, cache, name, opt):
     want = losses(unbroken(name))  # first: it also fills the data cache, in one process
     got = _tp2_then_tp1(tmp_path, cache, BF16, opt)
@@ -138,11 +161,15 @@ def test_dp2_resumes_at_dp1_from_dp_reshardable(unbroken, tmp_path, cache):
 def test_dp_reshardable_refuses_a_tp_change(unbroken, tmp_path, cache):
     run_dir = tmp_path / "run"
     shutil.copytree(unbroken("distributed"), run_dir)
-    r = run(torchrun(train_cmd(run_dir, cache, *COMMON, *UFP4, "parallel.tp=2", "train.steps=8")),
-            tmp_path)
+    r = run(
+        torchrun(train_cmd(run_dir, cache, *COMMON, *UFP4, "parallel.tp=2", "train.steps=8")),
+        tmp_path,
+    )
     assert r.returncode != 0
-    assert "the distributed optimizer's dp_reshardable state can change only the data-parallel " \
-           "size. Resume with parallel.tp=1" in r.stderr
+    assert (
+        "the distributed optimizer's dp_reshardable state can change only the data-parallel "
+        "size. Resume with parallel.tp=1" in r.stderr
+    )
     assert "checkpoint.optim_fully_reshardable=true" in r.stderr
     assert len(losses(run_dir)) == STEPS
 

@@ -17,20 +17,26 @@ optimizer and dist_checkpointing, the code path of GPU runs. "Equal" means bit f
     test_bf16_params_resume_exactly_with_either_optimizer[opt]   the GPU dtype: Float16Optimizer too
         (its plain-optimizer case in make test-slow)
 """
+
 from __future__ import annotations
 
 import json
 import shutil
 
 import pytest
-
 from _cli import ROOT, env, losses, run, train_cmd
 from _kill import run_to_death
+
 from ufp4_megatron.train import checkpoint
 
 STEPS = 6
-COMMON = ["precision=ufp4", f"train.steps={STEPS}", "checkpoint.interval=2", "checkpoint.keep=1",
-          "logging.wandb.mode=disabled"]
+COMMON = [
+    "precision=ufp4",
+    f"train.steps={STEPS}",
+    "checkpoint.interval=2",
+    "checkpoint.keep=1",
+    "logging.wandb.mode=disabled",
+]
 
 
 def leftovers(ckpt_dir):
@@ -70,13 +76,21 @@ def test_checkpoint_is_megatron_dist_checkpointing(unbroken):
     assert json.loads((step_dir / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
     assert list(step_dir.glob("*.distcp"))
     assert dist_checkpointing.load_content_metadata(str(step_dir)) == {
-        "singleton_local_shards": False, "chained_optim_avoid_prefix": True,
-        "distrib_optim_sharding_type": "dp_reshardable"}
+        "singleton_local_shards": False,
+        "chained_optim_avoid_prefix": True,
+        "distrib_optim_sharding_type": "dp_reshardable",
+    }
     common = load_common_state_dict(str(step_dir))
     assert common["ufp4.step"] == STEPS
-    assert common["ufp4.layout"] == {"tp": 1, "pp": 1, "ep": 1, "dp": 1, "world_size": 1,
-                                     "distributed_optimizer": True,
-                                     "optim_sharding": "dp_reshardable"}
+    assert common["ufp4.layout"] == {
+        "tp": 1,
+        "pp": 1,
+        "ep": 1,
+        "dp": 1,
+        "world_size": 1,
+        "distributed_optimizer": True,
+        "optim_sharding": "dp_reshardable",
+    }
     assert checkpoint.damage(step_dir) is None and checkpoint.latest_step(ckpt) == STEPS
 
 
@@ -86,14 +100,19 @@ def test_checkpoint_is_megatron_dist_checkpointing(unbroken):
 # after `latest` is written is also the kill of the damaged-checkpoint and bf16 tests below,
 # resuming from the step before is also the damaged-checkpoint test's, and a half-deleted step
 # dir is test_checkpoint_units.py's test_prune_leaves_no_half_deleted_step
-@pytest.mark.parametrize("phase, resumes_from", [
-    pytest.param("tmp_created", 2, marks=pytest.mark.slow),
-    pytest.param("shards_written", 2, marks=pytest.mark.slow),
-    ("renamed", 4),
-    pytest.param("latest_written", 4, marks=pytest.mark.slow),
-    pytest.param("pruning", 4, marks=pytest.mark.slow)])
-def test_sigkill_during_save_leaves_a_resumable_state(unbroken, tmp_path, cache, phase,
-                                                      resumes_from):
+@pytest.mark.parametrize(
+    "phase, resumes_from",
+    [
+        pytest.param("tmp_created", 2, marks=pytest.mark.slow),
+        pytest.param("shards_written", 2, marks=pytest.mark.slow),
+        ("renamed", 4),
+        pytest.param("latest_written", 4, marks=pytest.mark.slow),
+        pytest.param("pruning", 4, marks=pytest.mark.slow),
+    ],
+)
+def test_sigkill_during_save_leaves_a_resumable_state(
+    unbroken, tmp_path, cache, phase, resumes_from
+):
     cmd, run_dir = _killed(tmp_path, cache, f"{phase}:4")
     ckpt = run_dir / "checkpoints"
     assert checkpoint.latest_step(ckpt) == resumes_from
@@ -105,7 +124,8 @@ def test_sigkill_during_save_leaves_a_resumable_state(unbroken, tmp_path, cache,
 
 
 def test_damaged_newest_checkpoint_falls_back_and_cut_metrics_line_is_dropped(
-        unbroken, tmp_path, cache):
+    unbroken, tmp_path, cache
+):
     cmd, run_dir = _killed(tmp_path, cache, "latest_written:4", "checkpoint.keep=2")
     ckpt = run_dir / "checkpoints"
     assert checkpoint.steps_on_disk(ckpt) == [2, 4]
@@ -126,11 +146,14 @@ def test_resume_false_in_used_run_dir_is_refused(unbroken, tmp_path, cache):
     run_dir = tmp_path / "run"
     shutil.copytree(unbroken, run_dir)
     before = (run_dir / "metrics.jsonl").read_text()
-    r = run(train_cmd(run_dir, cache, *COMMON, "checkpoint.resume=false", "train.steps=4"),
-            tmp_path)
+    r = run(
+        train_cmd(run_dir, cache, *COMMON, "checkpoint.resume=false", "train.steps=4"), tmp_path
+    )
     assert r.returncode != 0
-    assert "checkpoint.resume=false but" in r.stderr and "Start a fresh run in a new run dir" \
-        in r.stderr
+    assert (
+        "checkpoint.resume=false but" in r.stderr
+        and "Start a fresh run in a new run dir" in r.stderr
+    )
     assert (run_dir / "metrics.jsonl").read_text() == before
     assert checkpoint.steps_on_disk(run_dir / "checkpoints") == [STEPS]
     assert (run_dir / "checkpoints" / "latest").read_text() == str(STEPS)
@@ -141,8 +164,9 @@ def test_resume_false_in_used_run_dir_is_refused(unbroken, tmp_path, cache):
 
 def test_extending_steps_keeps_the_checkpoints_schedule(tmp_path, cache):
     run_dir = tmp_path / "run"
-    cmd = lambda steps: train_cmd(run_dir, cache, "precision=bf16", f"train.steps={steps}",
-                                  "logging.wandb.mode=disabled")
+    cmd = lambda steps: train_cmd(
+        run_dir, cache, "precision=bf16", f"train.steps={steps}", "logging.wandb.mode=disabled"
+    )
     assert run(cmd(4), tmp_path).returncode == 0
     first = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     r = run(cmd(6), tmp_path)
@@ -155,14 +179,17 @@ def test_extending_steps_keeps_the_checkpoints_schedule(tmp_path, cache):
 
 # the plain optimizer's variant (Float16Optimizer) runs in `make test-slow`; the distributed
 # one, the trainer's default, in make test (its 20-minute budget)
-@pytest.mark.parametrize("optimizer", ["distributed", pytest.param("plain", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "optimizer", ["distributed", pytest.param("plain", marks=pytest.mark.slow)]
+)
 def test_bf16_params_resume_exactly_with_either_optimizer(tmp_path, cache, optimizer):
     """The GPU runs' dtype: bf16 parameters (norms too, as Megatron-LM's Float16Module casts
     them), whose non-distributed optimizer is Megatron's Float16Optimizer: its checkpoint
     failed on an fp32 norm weight ("Param id 10 does not match any model sharded param",
     seen on the H200). SIGKILL after the step-4 save, rerun: the unbroken run's losses."""
-    extra = ["train.dtype=bf16"] + (["parallel.distributed_optimizer=false"]
-                                    if optimizer == "plain" else [])
+    extra = ["train.dtype=bf16"] + (
+        ["parallel.distributed_optimizer=false"] if optimizer == "plain" else []
+    )
     whole = run(train_cmd(tmp_path / "whole", cache, *COMMON, *extra), tmp_path)
     assert whole.returncode == 0, whole.stderr[-3000:]
     cmd, run_dir = _killed(tmp_path, cache, "latest_written:4", *extra)

@@ -26,6 +26,7 @@ Each test is a case tried as an attacker, a typo or a second job would; none run
         second job building it waits for the first
     test_the_watchdog_kills_helpers_of_a_killed_process
 """
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,9 @@ def fake_step(ckpt: Path, step: int, **files: bytes) -> Path:
     """A step dir with a valid torch_dist metadata.json and the given files."""
     d = checkpoint.step_dir(ckpt, step)
     d.mkdir(parents=True)
-    (d / "metadata.json").write_text('{"sharded_backend": "torch_dist", '
-                                     '"sharded_backend_version": 1}')
+    (d / "metadata.json").write_text(
+        '{"sharded_backend": "torch_dist", "sharded_backend_version": 1}'
+    )
     for name, data in files.items():
         (d / name.replace("_dot_", ".")).write_bytes(data)
     return d
@@ -90,7 +92,7 @@ def test_restricted_unpickling_refuses_code_but_reads_data(tmp_path):
     with unpickling.restricted() as scope:
         with pytest.raises(unpickling.ForbiddenGlobal, match="posix.system"):
             pickle.loads(evil)
-        with pytest.raises(Exception):  # torch wraps it; scope.refused names it
+        with pytest.raises(Exception):  # noqa: B017 - torch wraps it; scope.refused names it
             torch.load(io.BytesIO(evil), weights_only=False)
         with pytest.raises(unpickling.ForbiddenGlobal):  # an object array's items too
             pickle.loads(pickle.dumps(np.array([Payload(marker)], dtype=object)))
@@ -108,8 +110,9 @@ def test_garbage_metadata_json_is_damage_and_the_older_step_is_tried(tmp_path):
     fake_step(tmp_path, 4)  # no .metadata: damaged too, but it must have been looked at
     found = checkpoint.find(tmp_path)
     assert found.step is None
-    assert "step_00000006 is damaged: metadata.json is not Megatron's JSON config" in \
-        found.skipped[0]
+    assert (
+        "step_00000006 is damaged: metadata.json is not Megatron's JSON config" in found.skipped[0]
+    )
     assert "step_00000004 is damaged: .metadata unreadable" in found.skipped[1]
 
 
@@ -140,8 +143,11 @@ def test_a_symlinked_step_dir_is_damaged_and_pruning_never_follows_it(tmp_path):
 def test_latest_naming_removed_steps_is_refused(tmp_path):
     (tmp_path / "latest").write_text("6")
     for resume in (True, False):
-        with pytest.raises(checkpoint.CheckpointError, match=r"names step 6 but .* holds no "
-                           r"step dir: its checkpoints were removed") as e:
+        with pytest.raises(
+            checkpoint.CheckpointError,
+            match=r"names step 6 but .* holds no "
+            r"step dir: its checkpoints were removed",
+        ) as e:
             checkpoint.check_start(tmp_path, resume=resume)
         assert "remove" in str(e.value) and "\n" not in str(e.value)
 
@@ -168,8 +174,10 @@ def test_manifest_listing_problems_are_damage(tmp_path):
 
 @pytest.mark.parametrize("world", [1, 2, 3, 8])
 def test_checksum_shares_cover_every_file_once(world):
-    files = [f"__{r}_{i}.distcp" for r in range(4) for i in range(2)] + [".metadata",
-                                                                          "metadata.json"]
+    files = [f"__{r}_{i}.distcp" for r in range(4) for i in range(2)] + [
+        ".metadata",
+        "metadata.json",
+    ]
     shares = [checksums.share(files, r, world) for r in range(world)]
     assert sorted(f for s in shares for f in s) == sorted(files)
     if world >= 4:  # each rank hashes the files it wrote itself
@@ -249,15 +257,18 @@ def test_a_lock_file_that_is_a_directory_or_a_link_is_refused(tmp_path):
 
 def test_metrics_bad_middle_line_and_string_step_are_kept_aside(tmp_path, capsys):
     f = tmp_path / "metrics.jsonl"
-    f.write_text('{"step": 1, "loss": 3.0}\n{"step": 2, "lo\n{"step": "3", "loss": 2.0}\n'
-                 '{"step": 4, "loss": 1.5}\n')
+    f.write_text(
+        '{"step": 1, "loss": 3.0}\n{"step": 2, "lo\n{"step": "3", "loss": 2.0}\n'
+        '{"step": 4, "loss": 1.5}\n'
+    )
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON step record \(2 "):
         read_metrics(f)  # compare & co. refuse it rather than guess
     MetricsFile(f, resumed_step=4).close()
     err = capsys.readouterr().err
     assert "line(s) 2, 3 not JSON step records (damaged or edited): moved to" in err
-    assert (tmp_path / "metrics.jsonl.bad").read_text() == \
-        '{"step": 2, "lo\n{"step": "3", "loss": 2.0}\n'
+    assert (
+        tmp_path / "metrics.jsonl.bad"
+    ).read_text() == '{"step": 2, "lo\n{"step": "3", "loss": 2.0}\n'
     assert [r["step"] for r in read_metrics(f)] == [1, 4]
 
 
@@ -277,9 +288,19 @@ def test_a_symlink_at_a_run_dir_file_is_refused(tmp_path):
     assert victim.read_text() == "keep me\n"
 
 
-@pytest.mark.parametrize("override", ["experiment=../../x", "precision.name=../../../x",
-                                      "model.name=a/b", "experiment=", "experiment=..",
-                                      "experiment='a\tb'", "hydra.run.dir=", "hydra.run.dir=' '"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "experiment=../../x",
+        "precision.name=../../../x",
+        "model.name=a/b",
+        "experiment=",
+        "experiment=..",
+        "experiment='a\tb'",
+        "hydra.run.dir=",
+        "hydra.run.dir=' '",
+    ],
+)
 def test_names_that_would_leave_runs_are_refused(override):
     problem = names.overrides_problem(["model=tiny", override])
     assert problem and "\n" not in problem
@@ -293,8 +314,10 @@ def test_os_reason_finds_the_disk_error_in_a_wrapped_failure():
     wrapped = CheckpointException("write failed", {0: (RuntimeError("worker"), None)})
     wrapped.failures[0][0].__cause__ = full
     assert checkpoint.os_reason(wrapped) == "No space left on device (ENOSPC)"
-    assert checkpoint.os_reason(RuntimeError("[Errno 30] Read-only file system: '/x'")) == \
-        "Read-only file system (EROFS)"
+    assert (
+        checkpoint.os_reason(RuntimeError("[Errno 30] Read-only file system: '/x'"))
+        == "Read-only file system (EROFS)"
+    )
     assert checkpoint.os_reason(RuntimeError("a bug")) is None
 
 
@@ -327,8 +350,9 @@ def test_a_cut_or_foreign_index_cache_file_is_rebuilt(tmp_path, capsys):
     from ufp4_megatron.data.datasets import build_datasets
     from ufp4_megatron.train.footprint import load_config
 
-    data = load_config([f"data.cache_dir={tmp_path}", "data.corpus_max_bytes=200000",
-                        "data.split='80,20,0'"]).data
+    data = load_config(
+        [f"data.cache_dir={tmp_path}", "data.corpus_max_bytes=200000", "data.split='80,20,0'"]
+    ).data
     args = dict(seed=1, seq_len=32, vocab_size=512, n_train=64, n_valid=8)
     first = [int(x) for x in build_datasets(data, **args)[0][5]["tokens"][:8]]
     npys = sorted((tmp_path / "index").rglob("*-sample_index.npy"))
@@ -359,8 +383,11 @@ def test_a_cut_or_foreign_index_cache_file_is_rebuilt(tmp_path, capsys):
     waited = t.is_alive() and not built
     os.close(fd)
     t.join(120)
-    assert waited and built and "another job is building Megatron's index cache" in \
-        capsys.readouterr().err
+    assert (
+        waited
+        and built
+        and "another job is building Megatron's index cache" in capsys.readouterr().err
+    )
 
 
 _KILLED_PARENT = r"""
@@ -375,8 +402,13 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 
 def test_the_watchdog_kills_helpers_of_a_killed_process(tmp_path):
-    r = subprocess.run([sys.executable, "-c", _KILLED_PARENT], capture_output=True, text=True,
-                       timeout=60, cwd=Path(__file__).resolve().parents[2])
+    r = subprocess.run(
+        [sys.executable, "-c", _KILLED_PARENT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert r.returncode == -signal.SIGKILL, r.stderr
     helper = int(r.stdout.split()[0])
     deadline = time.monotonic() + 10
@@ -385,8 +417,10 @@ def test_the_watchdog_kills_helpers_of_a_killed_process(tmp_path):
         if state == "Z":
             break
         time.sleep(0.1)
-    alive = Path(f"/proc/{helper}").exists() and \
-        Path(f"/proc/{helper}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    alive = (
+        Path(f"/proc/{helper}").exists()
+        and Path(f"/proc/{helper}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    )
     if alive:
         os.kill(helper, signal.SIGKILL)
     assert not alive

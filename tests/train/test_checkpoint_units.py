@@ -1,17 +1,18 @@
 """The checkpoint dir's rules, on real files, in process (train/checkpoint.py, train/metrics.py).
 
-    test_prune_by_integer_step_never_newer      retention deletes only steps older than the
-        one just saved, by number (step_100000000 sorts before step_99999999 by name)
-    test_prune_leaves_no_half_deleted_step       a dir being deleted is renamed first
-    test_resume_false_over_used_dir_is_refused   one line, says how to start fresh
-    test_no_intact_checkpoint_is_refused         damaged dirs only: refuse, name them
-    test_check_layout_refusals                   pp or ep change, distributed optimizer on/off,
-        dp_reshardable at another TP
-    test_check_layout_allows_what_megatron_reshards   DP changes; TP changes in model space
-    test_metrics_partial_last_line_dropped       a line cut by a kill: moved to metrics.jsonl.bad,
-        warned, rest kept; records past the checkpoint to metrics.jsonl.superseded
-    test_read_metrics_skips_a_line_being_written, test_read_metrics_names_a_damaged_line
+test_prune_by_integer_step_never_newer      retention deletes only steps older than the
+    one just saved, by number (step_100000000 sorts before step_99999999 by name)
+test_prune_leaves_no_half_deleted_step       a dir being deleted is renamed first
+test_resume_false_over_used_dir_is_refused   one line, says how to start fresh
+test_no_intact_checkpoint_is_refused         damaged dirs only: refuse, name them
+test_check_layout_refusals                   pp or ep change, distributed optimizer on/off,
+    dp_reshardable at another TP
+test_check_layout_allows_what_megatron_reshards   DP changes; TP changes in model space
+test_metrics_partial_last_line_dropped       a line cut by a kill: moved to metrics.jsonl.bad,
+    warned, rest kept; records past the checkpoint to metrics.jsonl.superseded
+test_read_metrics_skips_a_line_being_written, test_read_metrics_names_a_damaged_line
 """
+
 from __future__ import annotations
 
 import json
@@ -64,29 +65,44 @@ def test_no_intact_checkpoint_is_refused(tmp_path):
     assert "names step 5" in msg and "step_00000003 is damaged: no metadata.json" in msg
 
 
-LAYOUT = {"tp": 2, "pp": 1, "ep": 1, "dp": 2, "world_size": 4, "distributed_optimizer": True,
-          "optim_sharding": "dp_reshardable"}
+LAYOUT = {
+    "tp": 2,
+    "pp": 1,
+    "ep": 1,
+    "dp": 2,
+    "world_size": 4,
+    "distributed_optimizer": True,
+    "optim_sharding": "dp_reshardable",
+}
 
 
-@pytest.mark.parametrize("change, match", [
-    (dict(pp=2, world_size=8), "changing parallel.pp"),
-    (dict(distributed_optimizer=False, optim_sharding=None), "switching the distributed"),
-    (dict(tp=1, dp=4), "dp_reshardable state can change only the data-parallel size"),
-    (dict(ep=2), "changing parallel.ep"),
-    (dict(ep=2, distributed_optimizer=False, optim_sharding=None), "changing parallel.ep"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(pp=2, world_size=8), "changing parallel.pp"),
+        (dict(distributed_optimizer=False, optim_sharding=None), "switching the distributed"),
+        (dict(tp=1, dp=4), "dp_reshardable state can change only the data-parallel size"),
+        (dict(ep=2), "changing parallel.ep"),
+        (dict(ep=2, distributed_optimizer=False, optim_sharding=None), "changing parallel.ep"),
+    ],
+)
 def test_check_layout_refusals(tmp_path, change, match):
     with pytest.raises(checkpoint.CheckpointError, match=match) as e:
         checkpoint.check_layout(LAYOUT, LAYOUT | change, tmp_path)
     assert "Resume with parallel.tp=2 parallel.pp=1" in str(e.value)
 
 
-@pytest.mark.parametrize("saved, now", [
-    (LAYOUT, LAYOUT | dict(dp=1, world_size=2)),  # DP change, dp_reshardable
-    (LAYOUT | dict(optim_sharding="fully_reshardable"), LAYOUT | dict(tp=1, dp=4)),
-    (LAYOUT | dict(distributed_optimizer=False, optim_sharding=None),
-     LAYOUT | dict(tp=1, dp=4, distributed_optimizer=False, optim_sharding=None)),
-])
+@pytest.mark.parametrize(
+    "saved, now",
+    [
+        (LAYOUT, LAYOUT | dict(dp=1, world_size=2)),  # DP change, dp_reshardable
+        (LAYOUT | dict(optim_sharding="fully_reshardable"), LAYOUT | dict(tp=1, dp=4)),
+        (
+            LAYOUT | dict(distributed_optimizer=False, optim_sharding=None),
+            LAYOUT | dict(tp=1, dp=4, distributed_optimizer=False, optim_sharding=None),
+        ),
+    ],
+)
 def test_check_layout_allows_what_megatron_reshards(tmp_path, saved, now):
     checkpoint.check_layout(saved, now, tmp_path)
 
@@ -148,6 +164,7 @@ def test_ctrl_c_while_the_writer_queue_starts_is_blocked_not_ignored(monkeypatch
     import signal
 
     import megatron.core.dist_checkpointing.strategies.filesystem_async as fa
+
     from ufp4_megatron.train import checkpoint
 
     seen = {}

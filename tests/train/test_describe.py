@@ -5,6 +5,7 @@
     test_dp_null_describes_the_smallest_world  dp = ep, not an impossible dp=1
 (impossible layouts are refused: tests/train/test_validate.py)
 """
+
 import sys
 
 from _cli import run
@@ -27,8 +28,18 @@ for overrides in (["model=tiny"], ["model=moe_small", "model.num_layers=2", "pre
 
 
 def test_describe_prints_the_contract_lines(tmp_path):
-    r = run([sys.executable, "-m", "ufp4_megatron.cli.describe", "model=moe_7p9b", "parallel.tp=2",
-             "parallel.ep=8", "parallel.dp=8"], tmp_path)
+    r = run(
+        [
+            sys.executable,
+            "-m",
+            "ufp4_megatron.cli.describe",
+            "model=moe_7p9b",
+            "parallel.tp=2",
+            "parallel.ep=8",
+            "parallel.dp=8",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     lines = dict(line.split(": ", 1) for line in r.stdout.splitlines())
     assert int(lines["total_params"]) == 7_910_017_024
@@ -44,14 +55,32 @@ def test_counts_match_a_built_megatron_model(tmp_path):
 
 
 def test_dp_null_describes_the_smallest_world(tmp_path):
-    r = run([sys.executable, "-m", "ufp4_megatron.cli.describe", "model=moe_124b", "parallel.tp=4",
-             "parallel.ep=8"], tmp_path)
+    r = run(
+        [
+            sys.executable,
+            "-m",
+            "ufp4_megatron.cli.describe",
+            "model=moe_124b",
+            "parallel.tp=4",
+            "parallel.ep=8",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     lines = dict(line.split(": ", 1) for line in r.stdout.splitlines())
     assert lines["layout"].startswith("tp=4 pp=1 ep=8 dp=8 ")
 
 
 def test_config_dir_must_exist(tmp_path):
-    r = run([sys.executable, "-m", "ufp4_megatron.cli.describe", "--config-dir",
-             str(tmp_path / "nowhere"), "model=tiny"], tmp_path)
+    r = run(
+        [
+            sys.executable,
+            "-m",
+            "ufp4_megatron.cli.describe",
+            "--config-dir",
+            str(tmp_path / "nowhere"),
+            "model=tiny",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 2 and "--config-dir" in r.stderr and "no such directory" in r.stderr

@@ -1,14 +1,15 @@
 """A Hydra launcher whose plugin is missing is refused in one line that names the extra.
 
-    test_every_submitit_launcher_config_is_checked    the configs that run through
-                                                      hydra-submitit-launcher are the names the
-                                                      check knows
-    test_launcher_problem_names_the_extra             only when a submitit launcher is chosen
-                                                      and the plugin is missing
-    test_trainer_refuses_a_sweep_without_the_plugin   `ufp4-train -m hydra/launcher=local` with
-                                                      the plugin hidden: `error:`, exit 2,
-                                                      nothing written
+test_every_submitit_launcher_config_is_checked    the configs that run through
+                                                  hydra-submitit-launcher are the names the
+                                                  check knows
+test_launcher_problem_names_the_extra             only when a submitit launcher is chosen
+                                                  and the plugin is missing
+test_trainer_refuses_a_sweep_without_the_plugin   `ufp4-train -m hydra/launcher=local` with
+                                                  the plugin hidden: `error:`, exit 2,
+                                                  nothing written
 """
+
 from __future__ import annotations
 
 import sys
@@ -23,21 +24,25 @@ from ufp4_megatron.train.launchers import PLUGIN, SUBMITIT_LAUNCHERS, launcher_p
 
 def test_every_submitit_launcher_config_is_checked():
     configs = sorted((Path(CONFIG_DIR) / "hydra" / "launcher").glob("*.yaml"))
-    through_submitit = {p.stem for p in configs if "submitit" in p.read_text()
-                        or p.stem == "slurm_cpu"}  # slurm_cpu extends slurm
+    through_submitit = {
+        p.stem for p in configs if "submitit" in p.read_text() or p.stem == "slurm_cpu"
+    }  # slurm_cpu extends slurm
     assert through_submitit == {"local", "slurm", "slurm_cpu"}
     assert through_submitit <= set(SUBMITIT_LAUNCHERS)
 
 
-@pytest.mark.parametrize("overrides,refused", [
-    (["hydra/launcher=local"], True),
-    (["model=tiny", "hydra/launcher=slurm_cpu"], True),
-    (["+hydra/launcher=submitit_local"], True),
-    (["hydra/launcher=basic"], False),      # Hydra's own, nothing to install
-    (["hydra/launcher=locl"], False),       # a typo: Hydra's compose names the options
-    (["model=tiny", "precision=ufp4"], False),
-    (["hydra.launcher.partition=local"], False),
-])
+@pytest.mark.parametrize(
+    "overrides,refused",
+    [
+        (["hydra/launcher=local"], True),
+        (["model=tiny", "hydra/launcher=slurm_cpu"], True),
+        (["+hydra/launcher=submitit_local"], True),
+        (["hydra/launcher=basic"], False),  # Hydra's own, nothing to install
+        (["hydra/launcher=locl"], False),  # a typo: Hydra's compose names the options
+        (["model=tiny", "precision=ufp4"], False),
+        (["hydra.launcher.partition=local"], False),
+    ],
+)
 def test_launcher_problem_names_the_extra(overrides, refused):
     problem = launcher_problem(overrides, installed=lambda: False)
     assert (problem is not None) == refused, problem
@@ -60,10 +65,23 @@ runpy.run_module("ufp4_megatron.train", run_name="__main__")
 
 def test_trainer_refuses_a_sweep_without_the_plugin(tmp_path):
     sweep = tmp_path / "sweep"
-    r = run([sys.executable, "-c", HIDE, "-m", "hydra/launcher=local", "model=tiny",
-             "precision=bf16,ufp4", f"hydra.sweep.dir={sweep}"], tmp_path, cwd=ROOT)
+    r = run(
+        [
+            sys.executable,
+            "-c",
+            HIDE,
+            "-m",
+            "hydra/launcher=local",
+            "model=tiny",
+            "precision=bf16,ufp4",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        tmp_path,
+        cwd=ROOT,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     (line,) = r.stderr.strip().splitlines()
-    assert line.startswith("error: hydra/launcher=local runs the sweep's jobs through "
-                           "hydra-submitit-launcher"), line
+    assert line.startswith(
+        "error: hydra/launcher=local runs the sweep's jobs through hydra-submitit-launcher"
+    ), line
     assert not sweep.exists()

@@ -1,17 +1,18 @@
 """The trainer's console output (train/log_line.py), unit by unit; no trainer is started.
 
-    test_peak_table_by_device_name          PCIe before SXM, unknown GPU and CPU: no peak,
-                                            the override wins everywhere
-    test_flops_per_token_of_tiny_by_hand    6 N + 12 L d s, N counted by hand for model=tiny
-    test_mfu_only_with_a_peak               tflops_per_gpu always, mfu iff a peak is known
-    test_step_line_carries_megatrons_fields iteration/total, tokens, ms/it, TFLOP/s, MFU, mem
-    test_plain_lines_have_elapsed_and_eta   a pipe or file gets elapsed time and ETA
-    test_bar_lines_do_not_overprint_the_bar under a bar every line goes through tqdm.write
-    test_summary_line                       done / stopped, last loss, last val loss, run dir
-    test_params_line_counts_the_model_and_the_rank  total (MoE: active too), this rank's
-    test_tensorboard_writes_the_logged_scalars    where tensorboard is installed
-    test_say_goes_through_tqdm_write        messages of other modules mid-run, the same way
+test_peak_table_by_device_name          PCIe before SXM, unknown GPU and CPU: no peak,
+                                        the override wins everywhere
+test_flops_per_token_of_tiny_by_hand    6 N + 12 L d s, N counted by hand for model=tiny
+test_mfu_only_with_a_peak               tflops_per_gpu always, mfu iff a peak is known
+test_step_line_carries_megatrons_fields iteration/total, tokens, ms/it, TFLOP/s, MFU, mem
+test_plain_lines_have_elapsed_and_eta   a pipe or file gets elapsed time and ETA
+test_bar_lines_do_not_overprint_the_bar under a bar every line goes through tqdm.write
+test_summary_line                       done / stopped, last loss, last val loss, run dir
+test_params_line_counts_the_model_and_the_rank  total (MoE: active too), this rank's
+test_tensorboard_writes_the_logged_scalars    where tensorboard is installed
+test_say_goes_through_tqdm_write        messages of other modules mid-run, the same way
 """
+
 from __future__ import annotations
 
 import pytest
@@ -19,20 +20,30 @@ import pytest
 from ufp4_megatron.train import log_line
 from ufp4_megatron.train.footprint import load_config
 
-RECORD = {"step": 20, "loss": 4.81234, "lr": 3e-4, "grad_norm": 0.8123, "tokens": 163840,
-          "step_time": 0.0612, "tokens_per_s": 133856.0}
+RECORD = {
+    "step": 20,
+    "loss": 4.81234,
+    "lr": 3e-4,
+    "grad_norm": 0.8123,
+    "tokens": 163840,
+    "step_time": 0.0612,
+    "tokens_per_s": 133856.0,
+}
 
 
-@pytest.mark.parametrize("name, override, expected", [
-    ("NVIDIA H100 80GB HBM3", None, 989.0),
-    ("NVIDIA H100 PCIe", None, 756.0),
-    ("NVIDIA H200", None, 989.0),
-    ("NVIDIA A100-SXM4-80GB", None, 312.0),
-    ("NVIDIA GeForce RTX 4090", None, None),  # not in the table: no MFU, not a guess
-    (None, None, None),  # CPU
-    ("NVIDIA GeForce RTX 4090", 165.0, 165.0),
-    (None, 100.0, 100.0),
-])
+@pytest.mark.parametrize(
+    "name, override, expected",
+    [
+        ("NVIDIA H100 80GB HBM3", None, 989.0),
+        ("NVIDIA H100 PCIe", None, 756.0),
+        ("NVIDIA H200", None, 989.0),
+        ("NVIDIA A100-SXM4-80GB", None, 312.0),
+        ("NVIDIA GeForce RTX 4090", None, None),  # not in the table: no MFU, not a guess
+        (None, None, None),  # CPU
+        ("NVIDIA GeForce RTX 4090", 165.0, 165.0),
+        (None, 100.0, 100.0),
+    ],
+)
 def test_peak_table_by_device_name(name, override, expected):
     assert log_line.peak_tflops(name, override) == expected
 
@@ -55,11 +66,23 @@ def test_mfu_only_with_a_peak():
 
 
 def test_step_line_carries_megatrons_fields():
-    line = log_line.step_line(RECORD | {"tflops_per_gpu": 11.94, "mfu": 0.0121,
-                                        "mem_gib": 3.1, "val_loss": 4.9}, total=200)
-    for part in ("step 20 of 200", "tokens 164k", "loss 4.8123", "val_loss 4.9000",
-                 "lr 3.00e-04", "grad_norm 0.812", "61.2 ms/it", "134k tok/s",
-                 "11.9 TFLOP/s/GPU", "MFU 1.2%", "mem 3.10 GiB"):
+    line = log_line.step_line(
+        RECORD | {"tflops_per_gpu": 11.94, "mfu": 0.0121, "mem_gib": 3.1, "val_loss": 4.9},
+        total=200,
+    )
+    for part in (
+        "step 20 of 200",
+        "tokens 164k",
+        "loss 4.8123",
+        "val_loss 4.9000",
+        "lr 3.00e-04",
+        "grad_norm 0.812",
+        "61.2 ms/it",
+        "134k tok/s",
+        "11.9 TFLOP/s/GPU",
+        "MFU 1.2%",
+        "mem 3.10 GiB",
+    ):
         assert part in line.split(" | "), (part, line)
     cpu = log_line.step_line(RECORD | {"tflops_per_gpu": 0.001, "max_rss_gib": 0.5}, total=200)
     assert "MFU" not in cpu and "rss 0.50 GiB" in cpu and "val_loss" not in cpu
@@ -99,15 +122,20 @@ def test_bar_lines_do_not_overprint_the_bar(capsys, monkeypatch):
 
 def test_summary_line():
     recs = [RECORD | {"step": 19, "val_loss": 5.0}, RECORD]
-    line = log_line.summary_line(recs, start=10, total=200, wall_s=3725, run_dir="runs/x",
-                                 stopped=False)
-    assert line == ("done: steps 11-20 of 200 in 1:02:05 (wall), loss 4.8123, "
-                    "val loss 5.0000 (step 19); run dir runs/x")
-    stopped = log_line.summary_line(recs[:1], start=0, total=200, wall_s=1, run_dir="r",
-                                    stopped=True)
+    line = log_line.summary_line(
+        recs, start=10, total=200, wall_s=3725, run_dir="runs/x", stopped=False
+    )
+    assert line == (
+        "done: steps 11-20 of 200 in 1:02:05 (wall), loss 4.8123, "
+        "val loss 5.0000 (step 19); run dir runs/x"
+    )
+    stopped = log_line.summary_line(
+        recs[:1], start=0, total=200, wall_s=1, run_dir="r", stopped=True
+    )
     assert stopped.startswith("stopped: steps 1-19 of 200")
-    assert "no step" in log_line.summary_line([], start=5, total=5, wall_s=0, run_dir="r",
-                                              stopped=False)
+    assert "no step" in log_line.summary_line(
+        [], start=5, total=5, wall_s=0, run_dir="r", stopped=False
+    )
 
 
 def test_params_line_counts_the_model_and_the_rank():
@@ -128,8 +156,10 @@ def test_tensorboard_writes_the_logged_scalars(tmp_path):
     tb.log(RECORD | {"step": 2, "loss": 4.5})
     tb.close()
     acc = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
-    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, pytest.approx(4.81234)),
-                                                                 (2, 4.5)]
+    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [
+        (1, pytest.approx(4.81234)),
+        (2, 4.5),
+    ]
     assert "val_loss" not in acc.Tags()["scalars"]
 
 
@@ -138,8 +168,11 @@ def test_say_goes_through_tqdm_write(capsys, monkeypatch):
     from tqdm import tqdm
 
     written, real = [], tqdm.write.__func__
-    monkeypatch.setattr(tqdm, "write", classmethod(
-        lambda cls, s, *a, **k: (written.append(s), real(cls, s, *a, **k))[1]))
+    monkeypatch.setattr(
+        tqdm,
+        "write",
+        classmethod(lambda cls, s, *a, **k: (written.append(s), real(cls, s, *a, **k))[1]),
+    )
     log_line.say("live gap: gap_vs_bf16 from runs/x")
     assert written == ["live gap: gap_vs_bf16 from runs/x"]
     assert capsys.readouterr().out == "live gap: gap_vs_bf16 from runs/x\n"

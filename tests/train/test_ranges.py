@@ -12,17 +12,17 @@ tests/train/test_validate.py runs the CLI end to end for a few.
     test_defaults_and_shipped_configs_are_in_range  no false refusal of what ships
     test_issue_values_are_refused                   the reported cases (nan, inf, 0, -1, 1e10)
 """
+
 from __future__ import annotations
 
 import copy
 import math
 
 import pytest
+from _config import refusal
 
 from ufp4_megatron.train.ranges import INT_LIMIT, RANGES, numeric_fields
 from ufp4_megatron.train.validate import ConfigError, check_config
-
-from _config import refusal
 
 pytestmark = pytest.mark.usefixtures("hydra_configs")  # tests/conftest.py
 
@@ -87,21 +87,32 @@ def test_out_of_range_values_are_refused(default_config, key, value):
 
 def test_defaults_and_shipped_configs_are_in_range():
     assert refusal([]) is None
-    for over in (["model=small"], ["model=moe_small"], ["data=embedded_bpe"],
-                 ["optim=study", "train=study"], ["model=study11m"], ["checkpoint.keep=0"],
-                 ["train.seed=0"], ["optim.beta1=0"], ["model.rotary_base=500000"]):
+    for over in (
+        ["model=small"],
+        ["model=moe_small"],
+        ["data=embedded_bpe"],
+        ["optim=study", "train=study"],
+        ["model=study11m"],
+        ["checkpoint.keep=0"],
+        ["train.seed=0"],
+        ["optim.beta1=0"],
+        ["model.rotary_base=500000"],
+    ):
         assert refusal(over) is None, over
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["optim.weight_decay=nan"], "optim.weight_decay=nan must be a finite number >= 0"),
-    (["model.init_std=nan"], "model.init_std=nan must be a finite number in (0, 1]"),
-    (["optim.lr=inf"], "optim.lr=inf must be a finite number > 0"),
-    (["model.rotary_base=0"], "model.rotary_base=0 must be >= 2"),
-    (["checkpoint.interval=-1"], "checkpoint.interval=-1 must be >= 0 (0: only at the end"),
-    (["train.steps=10000000000"], "train.steps=10000000000 must be < 2**31"),
-    (["optim.beta1=-0.1"], "optim.beta1=-0.1 must be in [0, 1)"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["optim.weight_decay=nan"], "optim.weight_decay=nan must be a finite number >= 0"),
+        (["model.init_std=nan"], "model.init_std=nan must be a finite number in (0, 1]"),
+        (["optim.lr=inf"], "optim.lr=inf must be a finite number > 0"),
+        (["model.rotary_base=0"], "model.rotary_base=0 must be >= 2"),
+        (["checkpoint.interval=-1"], "checkpoint.interval=-1 must be >= 0 (0: only at the end"),
+        (["train.steps=10000000000"], "train.steps=10000000000 must be < 2**31"),
+        (["optim.beta1=-0.1"], "optim.beta1=-0.1 must be in [0, 1)"),
+    ],
+)
 def test_issue_values_are_refused(overrides, message):
     line = refusal(overrides)
     assert line is not None and line.startswith(message), line

@@ -15,6 +15,7 @@ resume is checked against the config stored in the run dir before anything is wr
         recorded; precision=e2m1 into the ufp4 dir is refused, nothing rewritten; a checkpoint
         without its config.yaml is refused
 """
+
 from __future__ import annotations
 
 import json
@@ -22,13 +23,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from _cli import FAST, run
 from hydra import compose
 from omegaconf import OmegaConf
 
-from _cli import FAST, run
 from ufp4_megatron.train import identity
 from ufp4_megatron.train.wandb_run import wandb_id
-
 
 pytestmark = pytest.mark.usefixtures("hydra_configs")  # tests/conftest.py
 
@@ -37,9 +37,14 @@ def compose_cfg(*overrides: str, hydra: bool = False):
     return compose("config", overrides=["model=tiny", *overrides], return_hydra_config=hydra)
 
 
-@pytest.mark.parametrize("overrides", [[], ["precision=e2m1", "train.seed=7"],
-                                       ["+precision.overrides.fprop.x.grid=e2m1",
-                                        "data.prefixes=[a,b]", "optim.lr=1"]])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["precision=e2m1", "train.seed=7"],
+        ["+precision.overrides.fprop.x.grid=e2m1", "data.prefixes=[a,b]", "optim.lr=1"],
+    ],
+)
 def test_run_id_is_the_same_from_dictconfig_dataclass_and_stored_yaml(overrides):
     d = compose_cfg(*overrides)
     stored = OmegaConf.to_container(OmegaConf.create(OmegaConf.to_yaml(d, resolve=True)))
@@ -49,21 +54,43 @@ def test_run_id_is_the_same_from_dictconfig_dataclass_and_stored_yaml(overrides)
 
 def test_run_id_changes_with_identity_keys_only():
     base = identity.run_id(compose_cfg())
-    others = ["precision.rht.fprop=false", "precision=e2m1", "precision.sr.dy=false",
-              "train.seed=1", "train.seq_len=512", "train.global_batch=16", "optim.lr=1e-3",
-              "model.num_layers=3", "data.corpus_max_bytes=1000", "precision.name=x"]
+    others = [
+        "precision.rht.fprop=false",
+        "precision=e2m1",
+        "precision.sr.dy=false",
+        "train.seed=1",
+        "train.seq_len=512",
+        "train.global_batch=16",
+        "optim.lr=1e-3",
+        "model.num_layers=3",
+        "data.corpus_max_bytes=1000",
+        "precision.name=x",
+    ]
     ids = [identity.run_id(compose_cfg(o)) for o in others]
     assert base not in ids and len(set(ids)) == len(ids)
-    same = ["train.steps=5", "train.micro_batch=4", "train.eval_interval=3",
-            "logging.log_interval=5", "parallel.tp=2", "checkpoint.interval=7",
-            "data.cache_dir=/elsewhere", "data.valid_seed=7", "experiment=other",
-            "train.device=cpu"]
+    same = [
+        "train.steps=5",
+        "train.micro_batch=4",
+        "train.eval_interval=3",
+        "logging.log_interval=5",
+        "parallel.tp=2",
+        "checkpoint.interval=7",
+        "data.cache_dir=/elsewhere",
+        "data.valid_seed=7",
+        "experiment=other",
+        "train.device=cpu",
+    ]
     assert {identity.run_id(compose_cfg(o)) for o in same} == {base}
     # the BF16 reference and the 4-bit runs of one model/data/seed are siblings
     assert identity.sibling_key(compose_cfg("precision=bf16")) == identity.sibling_key(
-        compose_cfg("precision.rht.fprop=false"))
+        compose_cfg("precision.rht.fprop=false")
+    )
     assert identity.differences(compose_cfg(), compose_cfg("precision=e2m1")) == [
-        "precision.name", "precision.recipe", "precision.rht.dgrad", "precision.rht.fprop"]
+        "precision.name",
+        "precision.recipe",
+        "precision.rht.dgrad",
+        "precision.rht.fprop",
+    ]
 
 
 # The identity's keys, group.key: a key added to an identity group renames every run recorded
@@ -85,12 +112,18 @@ train.global_batch train.seed train.seq_len""".split())
 
 def test_identity_keys_are_known():
     cfg = OmegaConf.to_container(compose_cfg(), resolve=True)
-    keys = {f"{g}.{k}" for g in (*identity.IDENTITY_GROUPS, "train") for k in cfg[g]
-            if (g, k) not in identity.NON_IDENTITY_KEYS
-            and (g != "train" or k in identity.IDENTITY_TRAIN_KEYS)}
+    keys = {
+        f"{g}.{k}"
+        for g in (*identity.IDENTITY_GROUPS, "train")
+        for k in cfg[g]
+        if (g, k) not in identity.NON_IDENTITY_KEYS
+        and (g != "train" or k in identity.IDENTITY_TRAIN_KEYS)
+    }
     added, removed = sorted(keys - IDENTITY_KEYS), sorted(IDENTITY_KEYS - keys)
-    assert not added, (f"new identity keys {added}: name each in identity.KEYS_ADDED_LATER "
-                       "with the value earlier runs trained with, then add it to IDENTITY_KEYS")
+    assert not added, (
+        f"new identity keys {added}: name each in identity.KEYS_ADDED_LATER "
+        "with the value earlier runs trained with, then add it to IDENTITY_KEYS"
+    )
     assert not removed, f"identity keys gone: {removed}; every stored config holds them"
     later = {f"{g}.{k}" for g, k in identity.KEYS_ADDED_LATER}
     assert later <= IDENTITY_KEYS
@@ -117,7 +150,9 @@ def test_the_study_archives_pair_across_a_key_added_later(tmp_path):
 
     import yaml
 
-    archives = sorted((Path(__file__).parents[2] / "docs/results/study-pysrc").glob("round*.tar.gz"))
+    archives = sorted(
+        (Path(__file__).parents[2] / "docs/results/study-pysrc").glob("round*.tar.gz")
+    )
     found = {}
     for a in archives:
         with tarfile.open(a) as t:
@@ -131,8 +166,10 @@ def test_the_study_archives_pair_across_a_key_added_later(tmp_path):
 
 
 def test_hydra_run_and_sweep_dirs_carry_the_run_id():
-    for overrides, label in (([], "ufp4"), (["precision.rht.fprop=false", "experiment=abl"],
-                                             "ufp4-rht.fprop=false")):  # an ablation's name
+    for overrides, label in (
+        ([], "ufp4"),
+        (["precision.rht.fprop=false", "experiment=abl"], "ufp4-rht.fprop=false"),
+    ):  # an ablation's name
         cfg = compose_cfg(*overrides, hydra=True)
         name = f"tiny-{label}-s1234-{identity.run_id(cfg)}"
         assert OmegaConf.select(cfg, "hydra.run.dir") == f"runs/{cfg.experiment}/{name}"
@@ -143,25 +180,39 @@ def test_hydra_run_and_sweep_dirs_carry_the_run_id():
 def test_wandb_id_follows_the_run_dir(tmp_path):
     a = OmegaConf.to_object(compose_cfg())
     b = OmegaConf.to_object(compose_cfg("precision.rht.fprop=false"))
-    assert wandb_id(a, tmp_path / "x") == wandb_id(OmegaConf.to_object(compose_cfg()),
-                                                   tmp_path / "x")
+    assert wandb_id(a, tmp_path / "x") == wandb_id(
+        OmegaConf.to_object(compose_cfg()), tmp_path / "x"
+    )
     assert wandb_id(a, tmp_path / "x").startswith(identity.run_id(a) + "-")
-    assert len({wandb_id(a, tmp_path / "x"), wandb_id(a, tmp_path / "y"),
-                wandb_id(b, tmp_path / "x")}) == 3
+    assert (
+        len({wandb_id(a, tmp_path / "x"), wandb_id(a, tmp_path / "y"), wandb_id(b, tmp_path / "x")})
+        == 3
+    )
 
 
 # ---- the real CLI, in default (identity-named) run dirs under a temporary working dir ----
 
+
 def _train(tmp: Path, *overrides: str, flags: tuple[str, ...] = ()):
-    cmd = [sys.executable, "-m", "ufp4_megatron.train", *flags, *FAST,
-           "logging.wandb.mode=disabled",
-           f"data.cache_dir={tmp / 'cache'}", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ufp4_megatron.train",
+        *flags,
+        *FAST,
+        "logging.wandb.mode=disabled",
+        f"data.cache_dir={tmp / 'cache'}",
+        *overrides,
+    ]
     return run(cmd, tmp, cwd=tmp / "work")
 
 
 def _snapshot(run_dir: Path) -> dict:
-    return {p.relative_to(run_dir).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in run_dir.rglob("*") if p.is_file()}
+    return {
+        p.relative_to(run_dir).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in run_dir.rglob("*")
+        if p.is_file()
+    }
 
 
 def _dirs(tmp: Path) -> dict[bool, Path]:
@@ -180,8 +231,13 @@ def _lines(path: Path) -> list[dict]:
 
 def test_ablations_and_resumes_are_checked(tmp_path):
     (tmp_path / "work").mkdir()
-    r = _train(tmp_path, "precision.rht.fprop=true,false", "train.steps=2", "~hydra/callbacks",
-               flags=("-m",))  # (no BF16 run to compare against: the compare callback off)
+    r = _train(
+        tmp_path,
+        "precision.rht.fprop=true,false",
+        "train.steps=2",
+        "~hydra/callbacks",
+        flags=("-m",),
+    )  # (no BF16 run to compare against: the compare callback off)
     assert r.returncode == 0, r.stderr[-3000:]
     dirs = _dirs(tmp_path)
     assert set(dirs) == {True, False} and dirs[True] != dirs[False]
@@ -215,9 +271,11 @@ def test_ablations_and_resumes_are_checked(tmp_path):
     kept = _snapshot(dirs[True])
     r = _train(tmp_path, "precision=e2m1", "train.steps=3", f"hydra.run.dir={dirs[True]}")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert (f"error: {dirs[True]} holds another run: its config.yaml differs in "
-            "precision.name, precision.recipe, precision.rht.dgrad, precision.rht.fprop. "
-            "To start a fresh run") in r.stderr
+    assert (
+        f"error: {dirs[True]} holds another run: its config.yaml differs in "
+        "precision.name, precision.recipe, precision.rht.dgrad, precision.rht.fprop. "
+        "To start a fresh run"
+    ) in r.stderr
     assert _snapshot(dirs[True]) == kept
 
     # a checkpoint whose config.yaml is gone cannot be checked: refused
@@ -237,8 +295,9 @@ def test_a_start_refused_for_its_data_pins_nothing(tmp_path):
     (bad / "d.bin").write_bytes(b"x")
     (bad / "d.idx").write_bytes(b"not an index")
     run_dir = tmp_path / "work" / "run"
-    r = _train(tmp_path, f"data.prefixes=[{bad / 'd'}]", "train.steps=1",
-               f"hydra.run.dir={run_dir}")
+    r = _train(
+        tmp_path, f"data.prefixes=[{bad / 'd'}]", "train.steps=1", f"hydra.run.dir={run_dir}"
+    )
     assert r.returncode == 2, r.stderr[-3000:]
     assert f"error: {bad / 'd'}.idx is not a readable Megatron index" in r.stderr
     assert not (run_dir / "metrics.jsonl").exists()

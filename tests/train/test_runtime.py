@@ -13,6 +13,7 @@ The machine is an input of `decide(cfg, cuda=...)`, so both columns of the table
     test_init_outside_the_cpu_scope_is_refused   distributed.init says what is missing
     test_trainer_restores_torch_cuda         a whole CPU run in one process, torch.cuda after
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,8 @@ import sys
 
 import pytest
 import torch
-
 from _cli import FAST, run
+
 from ufp4_megatron.train.runtime import (
     Runtime,
     decide,
@@ -51,24 +52,54 @@ def _cfg(device="auto", dtype="auto", backend="auto", pp=1, distributed_optimize
 
 
 TABLE = [  # (machine has CUDA, config keys, expected Runtime fields)
-    (False, {}, dict(device=CPU, dtype=torch.float32, backend="gloo",
-                     distributed_optimizer=True, optim_sharding="dp_reshardable")),
+    (
+        False,
+        {},
+        dict(
+            device=CPU,
+            dtype=torch.float32,
+            backend="gloo",
+            distributed_optimizer=True,
+            optim_sharding="dp_reshardable",
+        ),
+    ),
     (False, dict(device="cpu", dtype="fp32"), dict(device=CPU, dtype=torch.float32)),
     (False, dict(dtype="bf16"), dict(device=CPU, dtype=torch.bfloat16, backend="gloo")),
     (False, dict(backend="gloo"), dict(backend="gloo")),
-    (True, {}, dict(device=GPU, dtype=torch.bfloat16, backend="nccl",
-                    distributed_optimizer=True, optim_sharding="dp_reshardable")),
+    (
+        True,
+        {},
+        dict(
+            device=GPU,
+            dtype=torch.bfloat16,
+            backend="nccl",
+            distributed_optimizer=True,
+            optim_sharding="dp_reshardable",
+        ),
+    ),
     (True, dict(device="cuda", dtype="fp32"), dict(device=GPU, dtype=torch.float32)),
     (True, dict(backend="gloo"), dict(device=GPU, backend="gloo")),
     (True, dict(pp=2), dict(device=GPU, backend="nccl")),  # Megatron's 1F1B
-    (False, dict(distributed_optimizer=False),
-     dict(distributed_optimizer=False, optim_sharding=None)),
-    (False, dict(distributed_optimizer=False, fully_reshardable=True),  # no such state to shard
-     dict(distributed_optimizer=False, optim_sharding=None)),
-    (False, dict(fully_reshardable=True),
-     dict(distributed_optimizer=True, optim_sharding="fully_reshardable")),
-    (True, dict(dtype="bf16", fully_reshardable=True),
-     dict(dtype=torch.bfloat16, optim_sharding="fully_reshardable")),
+    (
+        False,
+        dict(distributed_optimizer=False),
+        dict(distributed_optimizer=False, optim_sharding=None),
+    ),
+    (
+        False,
+        dict(distributed_optimizer=False, fully_reshardable=True),  # no such state to shard
+        dict(distributed_optimizer=False, optim_sharding=None),
+    ),
+    (
+        False,
+        dict(fully_reshardable=True),
+        dict(distributed_optimizer=True, optim_sharding="fully_reshardable"),
+    ),
+    (
+        True,
+        dict(dtype="bf16", fully_reshardable=True),
+        dict(dtype=torch.bfloat16, optim_sharding="fully_reshardable"),
+    ),
     # the Adam kernel; the installed FusedAdam library is the third input (None: neither)
     (False, {}, dict(adam="torch_fused")),
     (True, {}, dict(adam="torch_fused")),
@@ -79,8 +110,9 @@ TABLE = [  # (machine has CUDA, config keys, expected Runtime fields)
 ]
 
 
-@pytest.mark.parametrize("cuda,keys,expected", TABLE,
-                         ids=[f"{'cuda' if c else 'cpu'}-{k}" for c, k, _ in TABLE])
+@pytest.mark.parametrize(
+    "cuda,keys,expected", TABLE, ids=[f"{'cuda' if c else 'cpu'}-{k}" for c, k, _ in TABLE]
+)
 def test_decision_table(cuda, keys, expected):
     keys = dict(keys)
     library = keys.pop("library", None)
@@ -102,8 +134,10 @@ def test_runtime_is_frozen():
 def test_decide_asks_this_machine_by_default():
     rt = decide(_cfg())
     assert rt.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert rt.adam == {None: "torch_fused", "te": "te_fused",
-                       "apex": "apex_fused"}[fused_adam_library()]
+    assert (
+        rt.adam
+        == {None: "torch_fused", "te": "te_fused", "apex": "apex_fused"}[fused_adam_library()]
+    )
 
 
 @pytest.mark.parametrize("adam", ["torch_fused", "torch_foreach"])
@@ -143,26 +177,46 @@ def test_fused_and_foreach_adam_agree():
 
 
 REFUSED = [  # (machine has CUDA, config keys, fragments of the one-line message)
-    (False, dict(device="cuda"), ("train.device=cuda but no CUDA device is visible here",
-                                  "use train.device=auto or cpu")),
-    (True, dict(device="cpu"), ("train.device=cpu but a CUDA device is visible here",
-                                "use train.device=auto", "CUDA_VISIBLE_DEVICES=")),
+    (
+        False,
+        dict(device="cuda"),
+        ("train.device=cuda but no CUDA device is visible here", "use train.device=auto or cpu"),
+    ),
+    (
+        True,
+        dict(device="cpu"),
+        (
+            "train.device=cpu but a CUDA device is visible here",
+            "use train.device=auto",
+            "CUDA_VISIBLE_DEVICES=",
+        ),
+    ),
     (False, dict(pp=2), ("parallel.pp=2 runs on GPU only", "use parallel.pp=1 on CPU")),
-    (False, dict(backend="nccl"), ("parallel.backend=nccl needs GPU tensors",
-                                   "use parallel.backend=auto or gloo")),
+    (
+        False,
+        dict(backend="nccl"),
+        ("parallel.backend=nccl needs GPU tensors", "use parallel.backend=auto or gloo"),
+    ),
     (False, dict(backend="nccl", dtype="bf16"), ("parallel.backend=nccl",)),
     (True, dict(dtype="fp16"), ("train.dtype='fp16'; valid: auto, bf16, fp32",)),
     (False, dict(device="tpu"), ("train.device='tpu'; valid: auto, cpu, cuda",)),
     (True, dict(backend="mpi"), ("parallel.backend='mpi'; valid: auto, nccl, gloo",)),
     (True, dict(adam_kernel="apex"), ("optim.adam_kernel='apex'; valid: auto, fused, foreach",)),
-    (True, dict(adam_kernel="foreach", library="te"),
-     ("optim.adam_kernel=foreach asks for torch's AdamW", "te's FusedAdam",
-      "use optim.adam_kernel=auto")),
+    (
+        True,
+        dict(adam_kernel="foreach", library="te"),
+        (
+            "optim.adam_kernel=foreach asks for torch's AdamW",
+            "te's FusedAdam",
+            "use optim.adam_kernel=auto",
+        ),
+    ),
 ]
 
 
-@pytest.mark.parametrize("cuda,keys,fragments", REFUSED,
-                         ids=[f"{'cuda' if c else 'cpu'}-{k}" for c, k, _ in REFUSED])
+@pytest.mark.parametrize(
+    "cuda,keys,fragments", REFUSED, ids=[f"{'cuda' if c else 'cpu'}-{k}" for c, k, _ in REFUSED]
+)
 def test_what_cannot_run_here_is_refused(cuda, keys, fragments):
     keys = dict(keys)
     library = keys.pop("library", None)
@@ -176,6 +230,7 @@ def test_what_cannot_run_here_is_refused(cuda, keys, fragments):
 
 def test_a_wrong_cached_launch_setting_is_refused_at_the_start(monkeypatch):
     from _config import typed_default
+
     from ufp4_megatron.train.validate import ConfigError, check_machine
 
     cfg = typed_default("train.device=cpu")
@@ -183,21 +238,33 @@ def test_a_wrong_cached_launch_setting_is_refused_at_the_start(monkeypatch):
         monkeypatch.setenv("UFP4_CACHED_LAUNCH", ok)
         check_machine(cfg)
     monkeypatch.setenv("UFP4_CACHED_LAUNCH", "true")
-    with pytest.raises(ConfigError, match=r"^UFP4_CACHED_LAUNCH='true': give 1 \(cached kernel "
-                       r"launches, the default\) or 0 .*, or unset it$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^UFP4_CACHED_LAUNCH='true': give 1 \(cached kernel "
+        r"launches, the default\) or 0 .*, or unset it$",
+    ):
         check_machine(cfg)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_trainer_refuses_nccl_on_cpu(tmp_path):
-    cmd = [sys.executable, "-m", "ufp4_megatron.train", *FAST, "logging.wandb.mode=disabled",
-           f"hydra.run.dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}",
-           "parallel.backend=nccl"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ufp4_megatron.train",
+        *FAST,
+        "logging.wandb.mode=disabled",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "parallel.backend=nccl",
+    ]
     r = run(cmd, tmp_path)
     assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
     lines = [line for line in r.stderr.splitlines() if line.strip()]
-    assert lines == ["error: parallel.backend=nccl needs GPU tensors but this run is on CPU; "
-                     "use parallel.backend=auto or gloo"], r.stderr
+    assert lines == [
+        "error: parallel.backend=nccl needs GPU tensors but this run is on CPU; "
+        "use parallel.backend=auto or gloo"
+    ], r.stderr
     assert not (tmp_path / "run").exists()
 
 
@@ -206,9 +273,12 @@ def test_resolve_device_names_the_callers_key():
     assert resolve_device("auto", cuda=False, key="--device") == CPU
     # a launcher may run on CPU beside a GPU: it hides the GPU from its runs (study --gpus none)
     assert resolve_device("cpu", cuda=True, key="--device") == CPU
-    with pytest.raises(ValueError, match=r"^--device=cuda but no CUDA device is visible here "
-                                         r"\(torch.cuda.is_available\(\) is False\); use "
-                                         r"--device=auto or cpu$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^--device=cuda but no CUDA device is visible here "
+        r"\(torch.cuda.is_available\(\) is False\); use "
+        r"--device=auto or cpu$",
+    ):
         resolve_device("cuda", cuda=False, key="--device")
 
 
@@ -233,8 +303,14 @@ def test_cpu_scope_is_cpu_compat():
 def test_gpu_scope_changes_nothing():
     from ufp4_megatron.megatron import cpu_compat
 
-    rt = Runtime(device=GPU, dtype=torch.bfloat16, backend="nccl", distributed_optimizer=True,
-                 optim_sharding="dp_reshardable", adam="torch_fused")
+    rt = Runtime(
+        device=GPU,
+        dtype=torch.bfloat16,
+        backend="nccl",
+        distributed_optimizer=True,
+        optim_sharding="dp_reshardable",
+        adam="torch_fused",
+    )
     before = _cuda_functions()
     with rt.scope():
         assert _cuda_functions() == before
@@ -244,8 +320,14 @@ def test_gpu_scope_changes_nothing():
 def test_init_outside_the_cpu_scope_is_refused():
     from ufp4_megatron.train import distributed
 
-    rt = Runtime(device=CPU, dtype=torch.float32, backend="gloo", distributed_optimizer=True,
-                 optim_sharding="dp_reshardable", adam="torch_fused")
+    rt = Runtime(
+        device=CPU,
+        dtype=torch.float32,
+        backend="gloo",
+        distributed_optimizer=True,
+        optim_sharding="dp_reshardable",
+        adam="torch_fused",
+    )
     with pytest.raises(RuntimeError, match=r"inside `with runtime.scope\(\):`"):
         distributed.init(ParallelConfig(), rt, 0)
     assert not torch.distributed.is_initialized()
@@ -270,9 +352,13 @@ print("RESULT", len(records), changed, modes)
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the shims act only without CUDA")
 def test_trainer_restores_torch_cuda(tmp_path):
-    overrides = [*FAST, "train.steps=2", "logging.wandb.mode=disabled",
-                 "checkpoint.save_at_end=true", f"data.cache_dir={tmp_path / 'cache'}"]
-    r = run([sys.executable, "-c", _TRAIN_IN_PROCESS, str(tmp_path / "run"), *overrides],
-            tmp_path)
+    overrides = [
+        *FAST,
+        "train.steps=2",
+        "logging.wandb.mode=disabled",
+        "checkpoint.save_at_end=true",
+        f"data.cache_dir={tmp_path / 'cache'}",
+    ]
+    r = run([sys.executable, "-c", _TRAIN_IN_PROCESS, str(tmp_path / "run"), *overrides], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "RESULT 2 [] 0" in r.stdout, r.stdout[-2000:]

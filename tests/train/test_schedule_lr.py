@@ -1,14 +1,15 @@
 """The LR schedule: Megatron-Core's OptimizerParamScheduler, built from optim.* (train/optim.py).
 
-    test_default_keeps_the_old_warmup_and_cosine   warmup bit-equal to the formula used before
-        the scheduler (lr * (s+1) / warmup), cosine = that formula one step on, last update at
-        min_lr
-    test_run_shorter_than_warmup_stays_in_warmup   train.steps <= warmup: as before, no error
-    test_wsd_holds_then_decays                     WSD: lr until the final wsd_decay_steps
-    test_linear_and_constant_styles
-    test_state_round_trip_continues_the_schedule   state_dict -> a fresh scheduler: same LRs
-    test_bad_schedule_keys_fail_with_one_line      each new key's error cases
+test_default_keeps_the_old_warmup_and_cosine   warmup bit-equal to the formula used before
+    the scheduler (lr * (s+1) / warmup), cosine = that formula one step on, last update at
+    min_lr
+test_run_shorter_than_warmup_stays_in_warmup   train.steps <= warmup: as before, no error
+test_wsd_holds_then_decays                     WSD: lr until the final wsd_decay_steps
+test_linear_and_constant_styles
+test_state_round_trip_continues_the_schedule   state_dict -> a fresh scheduler: same LRs
+test_bad_schedule_keys_fail_with_one_line      each new key's error cases
 """
+
 import math
 
 import pytest
@@ -66,10 +67,10 @@ def test_wsd_holds_then_decays():
 
 
 def test_linear_and_constant_styles():
-    assert _lrs(_cfg(6, lr=1.0, min_lr=0.0, warmup_steps=2, decay_style="linear")) == \
-        pytest.approx([0.5, 1.0, 0.75, 0.5, 0.25, 0.0])
-    assert _lrs(_cfg(4, lr=1.0, min_lr=0.0, warmup_steps=1, decay_style="constant")) == \
-        [1.0] * 4
+    assert _lrs(_cfg(6, lr=1.0, min_lr=0.0, warmup_steps=2, decay_style="linear")) == pytest.approx(
+        [0.5, 1.0, 0.75, 0.5, 0.25, 0.0]
+    )
+    assert _lrs(_cfg(4, lr=1.0, min_lr=0.0, warmup_steps=1, decay_style="constant")) == [1.0] * 4
 
 
 def test_state_round_trip_continues_the_schedule():
@@ -78,23 +79,31 @@ def test_state_round_trip_continues_the_schedule():
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     first = build_scheduler(opt, cfg)
     head = _lrs(cfg, 12, sched=first)
-    resumed = build_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0),
-                              _cfg(40, lr=1.0, min_lr=0.1, warmup_steps=5))  # steps extended
+    resumed = build_scheduler(
+        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0),
+        _cfg(40, lr=1.0, min_lr=0.1, warmup_steps=5),
+    )  # steps extended
     resumed.load_state_dict(first.state_dict())
     tail = _lrs(cfg, 28, sched=resumed)
     assert head + tail[:18] == unbroken  # the checkpoint's horizon (30 steps) is kept
     assert tail[18:] == [pytest.approx(0.1)] * 10  # the extension runs at min_lr
 
 
-@pytest.mark.parametrize("optim, match", [
-    (dict(decay_style="exp"), "optim.decay_style='exp'; valid: cosine"),
-    (dict(decay_style="WSD"), "needs optim.wsd_decay_steps"),
-    (dict(decay_style="WSD", wsd_decay_steps=5, wsd_decay_style="cos"), "wsd_decay_style='cos'"),
-    (dict(decay_style="WSD", wsd_decay_steps=500), "longer than the decay phase"),
-    (dict(decay_steps=50), "optim.decay_steps=50 must exceed optim.warmup_steps=100"),
-    (dict(warmup_steps=-1), "optim.warmup_steps=-1 must be >= 0"),
-    (dict(min_lr=1.0), "optim.min_lr=1.0 must be in"),
-])
+@pytest.mark.parametrize(
+    "optim, match",
+    [
+        (dict(decay_style="exp"), "optim.decay_style='exp'; valid: cosine"),
+        (dict(decay_style="WSD"), "needs optim.wsd_decay_steps"),
+        (
+            dict(decay_style="WSD", wsd_decay_steps=5, wsd_decay_style="cos"),
+            "wsd_decay_style='cos'",
+        ),
+        (dict(decay_style="WSD", wsd_decay_steps=500), "longer than the decay phase"),
+        (dict(decay_steps=50), "optim.decay_steps=50 must exceed optim.warmup_steps=100"),
+        (dict(warmup_steps=-1), "optim.warmup_steps=-1 must be >= 0"),
+        (dict(min_lr=1.0), "optim.min_lr=1.0 must be in"),
+    ],
+)
 def test_bad_schedule_keys_fail_with_one_line(optim, match):
     with pytest.raises(ValueError, match=match) as e:
         check_schedule(_cfg(200, **optim))

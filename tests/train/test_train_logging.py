@@ -10,6 +10,7 @@ Megatron's start-up warnings reduced to one note; the step line, parameter count
         keyed on module and message: Megatron's noise only; showwarning is Python's own
     test_a_mistyped_show_warnings_is_refused     UFP4_SHOW_WARNINGS=yes: error, exit 2
 """
+
 from __future__ import annotations
 
 import json
@@ -18,6 +19,7 @@ import subprocess
 import sys
 
 from _cli import FAST, ROOT, env, run
+
 from ufp4_megatron.report.wandb_offline import find_run_file, read_run
 from ufp4_megatron.train.quiet import NOTE
 
@@ -36,20 +38,34 @@ def _env_with_warnings(tmp, **extra):
 
 def test_diagnostics_val_loss_and_quiet_start(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "ufp4_megatron.train", *FAST, "precision=ufp4",
-           "train.steps=6", f"hydra.run.dir={run_dir}", f"data.cache_dir={tmp_path / 'c'}",
-           "logging.wandb.mode=offline", "logging.wandb.diagnostics_interval=3",
-           "logging.wandb.diagnostics_layers=[1]", "logging.log_interval=2",
-           "logging.print_interval=100", "train.eval_interval=3", "train.eval_iters=1"]
-    r = subprocess.run(cmd, cwd=ROOT, env=_env_with_warnings(tmp_path), capture_output=True,
-                       text=True, timeout=400)
+    cmd = [
+        sys.executable,
+        "-m",
+        "ufp4_megatron.train",
+        *FAST,
+        "precision=ufp4",
+        "train.steps=6",
+        f"hydra.run.dir={run_dir}",
+        f"data.cache_dir={tmp_path / 'c'}",
+        "logging.wandb.mode=offline",
+        "logging.wandb.diagnostics_interval=3",
+        "logging.wandb.diagnostics_layers=[1]",
+        "logging.log_interval=2",
+        "logging.print_interval=100",
+        "train.eval_interval=3",
+        "train.eval_iters=1",
+    ]
+    r = subprocess.run(
+        cmd, cwd=ROOT, env=_env_with_warnings(tmp_path), capture_output=True, text=True, timeout=400
+    )
     assert r.returncode == 0, r.stderr[-3000:]
 
     history = read_run(find_run_file(run_dir))["history"]
     diag_steps = [h["_step"] for h in history if any(k.startswith("diag/") for k in h)]
     assert diag_steps == [3, 6]
-    expected = {f"diag/layer1.{lin}/{op}/{stat}"
-                for lin in LINEARS for op in OPERANDS for stat in STATS}
+    expected = {
+        f"diag/layer1.{lin}/{op}/{stat}" for lin in LINEARS for op in OPERANDS for stat in STATS
+    }
     for h in history:
         if h["_step"] in diag_steps:
             keys = {k for k in h if k.startswith("diag/")}
@@ -59,8 +75,9 @@ def test_diagnostics_val_loss_and_quiet_start(tmp_path):
     logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").open()]
     assert logged == [2, 4, 6]
 
-    val_lines = [line for line in r.stdout.splitlines()
-                 if line.startswith("step") and "val_loss" in line]
+    val_lines = [
+        line for line in r.stdout.splitlines() if line.startswith("step") and "val_loss" in line
+    ]
     assert [int(line.split()[1]) for line in val_lines] == [3, 6]
     assert all(math.isfinite(float(line.split("val_loss ")[1].split()[0])) for line in val_lines)
     # Megatron-LM's --log-throughput fields, and the plain lines' elapsed time and ETA
@@ -77,12 +94,17 @@ def test_diagnostics_val_loss_and_quiet_start(tmp_path):
 
 
 def test_show_warnings_brings_them_back(tmp_path):
-    code = ("from ufp4_megatron.train.quiet import hide_megatron_noise\n"
-            "hide_megatron_noise()\n"
-            "import megatron.core.optimizer, megatron.core.hyper_comm_grid\n")
+    code = (
+        "from ufp4_megatron.train.quiet import hide_megatron_noise\n"
+        "hide_megatron_noise()\n"
+        "import megatron.core.optimizer, megatron.core.hyper_comm_grid\n"
+    )
     quiet = run([sys.executable, "-c", code], tmp_path, env_extra={"PYTHONWARNINGS": "default"})
-    shown = run([sys.executable, "-c", code], tmp_path,
-                env_extra={"UFP4_SHOW_WARNINGS": "1", "PYTHONWARNINGS": "default"})
+    shown = run(
+        [sys.executable, "-c", code],
+        tmp_path,
+        env_extra={"UFP4_SHOW_WARNINGS": "1", "PYTHONWARNINGS": "default"},
+    )
     assert quiet.returncode == shown.returncode == 0, quiet.stderr + shown.stderr
     assert "not installed" not in quiet.stderr and quiet.stderr.count(NOTE) == 1
     assert "Transformer Engine and Apex are not installed" in shown.stderr
@@ -117,11 +139,22 @@ def test_filters_hide_only_megatrons_noise_and_keep_showwarning(tmp_path):
 
 
 def test_a_mistyped_show_warnings_is_refused(tmp_path):
-    r = run([sys.executable, "-m", "ufp4_megatron.train", *FAST, "train.steps=1",
-             f"hydra.run.dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'c'}"],
-            tmp_path, env_extra={"UFP4_SHOW_WARNINGS": "yes"})
+    r = run(
+        [
+            sys.executable,
+            "-m",
+            "ufp4_megatron.train",
+            *FAST,
+            "train.steps=1",
+            f"hydra.run.dir={tmp_path / 'run'}",
+            f"data.cache_dir={tmp_path / 'c'}",
+        ],
+        tmp_path,
+        env_extra={"UFP4_SHOW_WARNINGS": "yes"},
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.strip().splitlines()[-1] == (
         "error: UFP4_SHOW_WARNINGS='yes': give 1 (show Megatron's start-up warnings) or 0 "
-        "(hide them behind one note, the default)")
+        "(hide them behind one note, the default)"
+    )
     assert not (tmp_path / "run").exists()

@@ -1,16 +1,17 @@
 """End-to-end trainer runs on CPU, in subprocesses (the trainer's process state is global).
 
-    test_kill_and_resume_gives_identical_losses  SIGTERM at step k, rerun: same losses as an
-        unbroken run, bit for bit (model, optimizer, LR schedule, RNG, SR seeds, data order)
-    test_run_dir_contract          metrics.jsonl keys, val_loss on eval steps, resolved config
-    (the unbroken run also evaluates every 4 steps and the resumed one does not: equal losses
-    also show that evaluation does not shift the training stream, SR seeds included)
-    test_offline_wandb_run_is_readable   name model-recipe-seed, group, losses = metrics.jsonl
-    test_torchrun_tp2_matches_single_process   2 ranks on gloo, TP=2 + SP, same losses as TP=1
-        (slow: the reshard test in make test checks it too)
-    test_fused_cross_entropy_trains_the_same_losses   model.cross_entropy_fusion=true (slow:
-        torch.compile of Megatron's fused loss on the CPU, ~20 s)
+test_kill_and_resume_gives_identical_losses  SIGTERM at step k, rerun: same losses as an
+    unbroken run, bit for bit (model, optimizer, LR schedule, RNG, SR seeds, data order)
+test_run_dir_contract          metrics.jsonl keys, val_loss on eval steps, resolved config
+(the unbroken run also evaluates every 4 steps and the resumed one does not: equal losses
+also show that evaluation does not shift the training stream, SR seeds included)
+test_offline_wandb_run_is_readable   name model-recipe-seed, group, losses = metrics.jsonl
+test_torchrun_tp2_matches_single_process   2 ranks on gloo, TP=2 + SP, same losses as TP=1
+    (slow: the reshard test in make test checks it too)
+test_fused_cross_entropy_trains_the_same_losses   model.cross_entropy_fusion=true (slow:
+    torch.compile of Megatron's fused loss on the CPU, ~20 s)
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,8 @@ import subprocess
 import sys
 
 import pytest
-
 from _cli import ROOT, env, losses, run, train_cmd
+
 from ufp4_megatron.report.wandb_offline import find_run_file, read_run
 
 STEPS = 8
@@ -36,9 +37,19 @@ def cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def unbroken(tmp_path_factory, cache):
     tmp = tmp_path_factory.mktemp("unbroken")
-    r = run(train_cmd(tmp / "run", cache, "precision=ufp4", f"train.steps={STEPS}",
-                      "logging.wandb.mode=offline", "experiment=pytest",
-                      "train.eval_interval=4", "train.eval_iters=1"), tmp)
+    r = run(
+        train_cmd(
+            tmp / "run",
+            cache,
+            "precision=ufp4",
+            f"train.steps={STEPS}",
+            "logging.wandb.mode=offline",
+            "experiment=pytest",
+            "train.eval_interval=4",
+            "train.eval_iters=1",
+        ),
+        tmp,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return tmp / "run"
 
@@ -65,10 +76,23 @@ def test_offline_wandb_run_is_readable(unbroken):
 def test_kill_and_resume_gives_identical_losses(unbroken, tmp_path, cache):
     run_dir = tmp_path / "run"
     # checkpoint.interval=2: a save before the signal starts the writer's helper process
-    cmd = train_cmd(run_dir, cache, "precision=ufp4", f"train.steps={STEPS}",
-                    "logging.wandb.mode=disabled", "checkpoint.interval=2")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    cmd = train_cmd(
+        run_dir,
+        cache,
+        "precision=ufp4",
+        f"train.steps={STEPS}",
+        "logging.wandb.mode=disabled",
+        "checkpoint.interval=2",
+    )
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     for line in proc.stdout:  # SIGTERM once step 3 is logged: the run saves and stops
         if line.startswith("step") and int(line.split()[1]) == 3:
             # to the whole process group, as Slurm and torchrun deliver it: the checkpoint
@@ -99,8 +123,16 @@ def test_torchrun_tp2_matches_single_process(tmp_path, cache):
     single = run(train_cmd(tmp_path / "tp1", cache, *common), tmp_path)
     assert single.returncode == 0, single.stderr[-3000:]
     cmd = train_cmd(tmp_path / "tp2", cache, *common, "parallel.tp=2", "parallel.sp=true")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", str(29600 + os.getpid() % 300), *cmd[1:]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(29600 + os.getpid() % 300),
+        *cmd[1:],
+    ]
     two = run(cmd, tmp_path)
     assert two.returncode == 0, two.stderr[-3000:]
     assert losses(tmp_path / "tp2") == pytest.approx(losses(tmp_path / "tp1"), rel=1e-5)
@@ -114,8 +146,16 @@ def test_fused_cross_entropy_trains_the_same_losses(tmp_path, cache):
     block that rounds the other way (UFP4 runs measured 9e-4 apart after 8 steps)."""
     got = {}
     for fused in ("false", "true"):
-        r = run(train_cmd(tmp_path / fused, cache, "precision=bf16", f"train.steps={STEPS}",
-                          f"model.cross_entropy_fusion={fused}"), tmp_path)
+        r = run(
+            train_cmd(
+                tmp_path / fused,
+                cache,
+                "precision=bf16",
+                f"train.steps={STEPS}",
+                f"model.cross_entropy_fusion={fused}",
+            ),
+            tmp_path,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         got[fused] = losses(tmp_path / fused)
     assert got["true"] == pytest.approx(got["false"], rel=1e-4)

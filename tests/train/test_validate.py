@@ -16,18 +16,23 @@ Megatron is imported).
     test_device_cuda_without_gpu_is_refused  on a machine without a GPU
     test_describe_refuses_with_the_trainers_message      the same check, the same words
 """
+
 from __future__ import annotations
 
 import sys
 
 import pytest
 import torch
-
 from _cli import run
 from _config import refusal
 
-TINY = ["model=tiny", "train.seq_len=32", "train.micro_batch=2", "train.global_batch=2",
-        "logging.wandb.mode=disabled"]
+TINY = [
+    "model=tiny",
+    "train.seq_len=32",
+    "train.micro_batch=2",
+    "train.global_batch=2",
+    "logging.wandb.mode=disabled",
+]
 
 CASES = [  # (overrides, a fragment of the one-line message)
     (["train.micro_batch=0"], "train.micro_batch=0 must be >= 1"),
@@ -44,17 +49,26 @@ CASES = [  # (overrides, a fragment of the one-line message)
     (["train.eval_interval=2", "train.eval_iters=0"], "evaluate at least 1 batch"),
     (["train.eval_interval=-1"], "train.eval_interval=-1 must be >= 0"),
     # evaluation is on by default: a split with nothing held out is refused before training
-    (["data.split='100,0,0'"], "data.split='100,0,0' gives the validation split no data, but "
-                               "train.eval_interval=1000 evaluates on it"),
+    (
+        ["data.split='100,0,0'"],
+        "data.split='100,0,0' gives the validation split no data, but "
+        "train.eval_interval=1000 evaluates on it",
+    ),
     (["train.device=tpu"], "train.device='tpu'; valid: auto, cpu, cuda"),
     (["train.dtype=fp16"], "train.dtype='fp16'; valid: auto, bf16, fp32"),
-    (["model.num_query_groups=3"], "model.num_query_groups=3 must divide "
-                                   "model.num_attention_heads=4"),
-    (["model.hidden_size=130"], "model.hidden_size=130 is not a multiple of "
-                                "model.num_attention_heads=4"),
+    (
+        ["model.num_query_groups=3"],
+        "model.num_query_groups=3 must divide model.num_attention_heads=4",
+    ),
+    (
+        ["model.hidden_size=130"],
+        "model.hidden_size=130 is not a multiple of model.num_attention_heads=4",
+    ),
     (["model.num_layers=0"], "model.num_layers=0 must be >= 1"),
-    (["logging.wandb.diagnostics_interval=2", "logging.wandb.diagnostics_layers=[5]"],
-     "logging.wandb.diagnostics_layers=[5]: give layer indices in [0, 2)"),
+    (
+        ["logging.wandb.diagnostics_interval=2", "logging.wandb.diagnostics_layers=[5]"],
+        "logging.wandb.diagnostics_layers=[5]: give layer indices in [0, 2)",
+    ),
     (["logging.wandb.diagnostics_layers=[-1]"], "diagnostics_layers=[-1]"),
     (["logging.wandb.diagnostics_interval=-2"], "diagnostics_interval=-2 must be >= 0"),
     (["logging.wandb.mode=cloud"], "logging.wandb.mode='cloud'; valid:"),
@@ -68,10 +82,19 @@ CASES = [  # (overrides, a fragment of the one-line message)
     (["optim.eps=0"], "optim.eps=0.0 must be > 0"),
     (["optim.clip_grad=-1"], "optim.clip_grad=-1.0 must be >= 0"),
     (["parallel.tp=3"], "parallel.tp=3 does not divide model.num_attention_heads=4"),
-    (["model.ffn_hidden_size=351", "parallel.tp=2"],
-     "parallel.tp=2 does not divide model.ffn_hidden_size=351; use a tp that divides it"),
-    (["model.hidden_size=96", "model.num_attention_heads=12", "model.num_query_groups=6",
-      "parallel.tp=4"], "parallel.tp=4 and model.num_query_groups=6: one must divide the other"),
+    (
+        ["model.ffn_hidden_size=351", "parallel.tp=2"],
+        "parallel.tp=2 does not divide model.ffn_hidden_size=351; use a tp that divides it",
+    ),
+    (
+        [
+            "model.hidden_size=96",
+            "model.num_attention_heads=12",
+            "model.num_query_groups=6",
+            "parallel.tp=4",
+        ],
+        "parallel.tp=4 and model.num_query_groups=6: one must divide the other",
+    ),
     (["parallel.pp=3"], "parallel.pp=3 does not divide model.num_layers=2"),
     (["parallel.ep=2"], "parallel.ep=2 needs an MoE model"),
     (["model=moe_small", "parallel.ep=3"], "parallel.ep=3 does not divide model.num_experts=8"),
@@ -82,19 +105,32 @@ CASES = [  # (overrides, a fragment of the one-line message)
     (["precision.bf16_layers.end=3"], "precision.bf16_layers start=0 end=3"),
     (["optim.adam_kernel=apex"], "optim.adam_kernel='apex'; valid: auto, fused, foreach"),
     # what Hydra cannot compose (train/overrides.py): Hydra's words, in one line
-    (["train.stepz=3"], "Could not override 'train.stepz'. To append to your config use "
-                        "+train.stepz=3 (Key 'stepz' not in 'TrainConfig')"),
-    (["train.steps=many"], "Error merging override train.steps=many (Value 'many' of type "
-                           "'str' could not be converted to Integer)"),
+    (
+        ["train.stepz=3"],
+        "Could not override 'train.stepz'. To append to your config use "
+        "+train.stepz=3 (Key 'stepz' not in 'TrainConfig')",
+    ),
+    (
+        ["train.steps=many"],
+        "Error merging override train.steps=many (Value 'many' of type "
+        "'str' could not be converted to Integer)",
+    ),
     (["precision.rht.fprop=maybe"], "Value 'maybe' is not a valid bool"),
-    (["parallel.tp=1.5"], "parallel.tp=1.5 (Value '1.5' of type 'float' could not be "
-                          "converted to Integer)"),
-    (["model=huge"], "In 'config': Could not find 'model/huge'; Available options in "
-                     "'model': dense_1p5b, moe_124b, moe_7p9b, moe_small, small, study11m, tiny"),
+    (
+        ["parallel.tp=1.5"],
+        "parallel.tp=1.5 (Value '1.5' of type 'float' could not be converted to Integer)",
+    ),
+    (
+        ["model=huge"],
+        "In 'config': Could not find 'model/huge'; Available options in "
+        "'model': dense_1p5b, moe_124b, moe_7p9b, moe_small, small, study11m, tiny",
+    ),
     (["train.steps=3,4"], "Ambiguous value for argument 'train.steps=3,4'"),
     # Hydra's own hint for a typo ('+' appends) would add a key nothing reads
-    (["+train.stepz=3"], "train.stepz is not a key of the training config, so nothing would "
-                         "read it"),
+    (
+        ["+train.stepz=3"],
+        "train.stepz is not a key of the training config, so nothing would read it",
+    ),
     (["+foo=1"], "check the spelling: the top level has experiment, model, precision"),
     # reported as deep tracebacks: now one line before anything is written
     (["model.kv_channels=7"], "model.kv_channels=7 is odd: RoPE rotates pairs of channels"),
@@ -106,8 +142,11 @@ CASES = [  # (overrides, a fragment of the one-line message)
     (["data.tokenizer.type=bogus"], "data.tokenizer.type='bogus'; valid: byte-level"),
     (["train.steps=1e10"], "Value '10000000000.0' of type 'float' could not be converted"),
     (["train.steps=10000000000"], "train.steps=10000000000 must be < 2**31"),
-    (["~precision"], "precision is not set; the trainer has no default for it (`~precision` "
-                     "removes the group): choose one of bf16, e2m1"),
+    (
+        ["~precision"],
+        "precision is not set; the trainer has no default for it (`~precision` "
+        "removes the group): choose one of bf16, e2m1",
+    ),
     # silently wrong before (NaN losses with exit 0, a save at every step)
     (["optim.weight_decay=nan"], "optim.weight_decay=nan must be a finite number >= 0"),
     (["model.init_std=nan"], "model.init_std=nan must be a finite number in (0, 1]"),
@@ -115,33 +154,49 @@ CASES = [  # (overrides, a fragment of the one-line message)
     (["model.rotary_base=0"], "model.rotary_base=0 must be >= 2"),
     (["checkpoint.interval=-1"], "checkpoint.interval=-1 must be >= 0"),
     # new cases: typos, attackers and surprises of the same classes
-    (["model.hidden_size=130", "model.num_attention_heads=2", "model.num_query_groups=2"],
-     "the head dim model.hidden_size / model.num_attention_heads = 130 / 2=65 is odd"),
+    (
+        ["model.hidden_size=130", "model.num_attention_heads=2", "model.num_query_groups=2"],
+        "the head dim model.hidden_size / model.num_attention_heads = 130 / 2=65 is odd",
+    ),
     (["data.split='98,-2,0'"], "data.split='98,-2,0': give up to three non-negative weights"),
     (["data.split='1e2,1,0'"], "data.split='1e2,1,0': give up to three"),
     (["data.split='98,1,1,1'"], "data.split='98,1,1,1': give up to three"),
-    (["data.split='100,0,0'", "train.eval_interval=5"],
-     "gives the validation split no data, but train.eval_interval=5 evaluates on it"),
+    (
+        ["data.split='100,0,0'", "train.eval_interval=5"],
+        "gives the validation split no data, but train.eval_interval=5 evaluates on it",
+    ),
     (["model.sdpa_kernels=[]"], "model.sdpa_kernels=[]: give SDPA kernels"),
-    (["model.attention_backend=megatron", "model.sdpa_kernels=[flash]"],
-     "model.sdpa_kernels=['flash'] applies to model.attention_backend=sdpa, not megatron"),
+    (
+        ["model.attention_backend=megatron", "model.sdpa_kernels=[flash]"],
+        "model.sdpa_kernels=['flash'] applies to model.attention_backend=sdpa, not megatron",
+    ),
     (["data.prefixes=['  ']"], "data.prefixes=['  '] holds an empty prefix"),
-    (["data.corpus_bpe_vocab=100"], "data.corpus_bpe_vocab=100: a byte-level BPE needs at least "
-                                    "257 tokens"),
-    (["data=embedded_bpe", "data.prefixes=[x]"], "data.corpus_bpe_vocab=8192 trains a BPE on "
-                                                 "the embedded corpus, but data.prefixes is set"),
+    (
+        ["data.corpus_bpe_vocab=100"],
+        "data.corpus_bpe_vocab=100: a byte-level BPE needs at least 257 tokens",
+    ),
+    (
+        ["data=embedded_bpe", "data.prefixes=[x]"],
+        "data.corpus_bpe_vocab=8192 trains a BPE on the embedded corpus, but data.prefixes is set",
+    ),
     (["data.cache_dir=''"], "data.cache_dir='' is empty, which would mean the current directory"),
     (["checkpoint.dir=' '"], "checkpoint.dir=' ' is empty"),
     (["train.device=' cpu'"], "train.device=' cpu'; valid: auto, cpu, cuda"),
     (["train.dtype='bf16\u00a0'"], "train.dtype='bf16\\xa0'; valid: auto, bf16, fp32"),
     (["train.dtype=bf16\u00a0"], "LexerNoViableAltException: train.dtype=bf16"),  # Hydra's
     (["precision.rht.seed=-1"], "precision.rht.seed=-1 must be in [0, 2**63)"),
-    (["model.hidden_size=1000000"], "needs about 100,631 GiB per process for its weights, "
-                                    "gradients and optimizer state alone"),
-    (["train.deterministic=true", "model.cross_entropy_fusion=true"],
-     "train.deterministic=true with model.cross_entropy_fusion=true"),
-    (["train.deterministic=true", "model.sdpa_kernels=[cudnn]"],
-     "cuDNN attention has no deterministic backward"),
+    (
+        ["model.hidden_size=1000000"],
+        "needs about 100,631 GiB per process for its weights, gradients and optimizer state alone",
+    ),
+    (
+        ["train.deterministic=true", "model.cross_entropy_fusion=true"],
+        "train.deterministic=true with model.cross_entropy_fusion=true",
+    ),
+    (
+        ["train.deterministic=true", "model.sdpa_kernels=[cudnn]"],
+        "cuDNN attention has no deterministic backward",
+    ),
 ]
 
 
@@ -155,15 +210,20 @@ def _refused(r, fragment: str) -> str:
 
 
 def _train(tmp_path, *overrides: str, **env: str):
-    cmd = [sys.executable, "-m", "ufp4_megatron.train", *TINY,
-           f"hydra.run.dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}",
-           *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ufp4_megatron.train",
+        *TINY,
+        f"hydra.run.dir={tmp_path / 'run'}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *overrides,
+    ]
     return run(cmd, tmp_path, env_extra=env)
 
 
 @pytest.mark.usefixtures("hydra_configs")
-@pytest.mark.parametrize("overrides,fragment", CASES,
-                         ids=["+".join(o) for o, _ in CASES])
+@pytest.mark.parametrize("overrides,fragment", CASES, ids=["+".join(o) for o, _ in CASES])
 def test_trainer_refuses_bad_config(overrides, fragment):
     line = refusal([*TINY, *overrides])
     assert line is not None and "\n" not in line, line
@@ -181,14 +241,19 @@ def test_the_precheck_leaves_hydra_interpolations_to_hydra():
     assert problem.startswith("precision is not set"), problem
 
 
-@pytest.mark.parametrize("overrides,fragment", [
-    (["optim.lr=inf"], "error: optim.lr=inf must be a finite number > 0"),
-    (["~precision"], "error: precision is not set"),
-    (["train.stepz=3"], "Could not override 'train.stepz'"),
-    (["data.split='a,b,c'"], "give up to three non-negative weights"),
-    (["train.deterministic=true"], "CUBLAS_WORKSPACE_CONFIG=':0:0' in the environment is not a "
-                                   "deterministic setting"),
-])
+@pytest.mark.parametrize(
+    "overrides,fragment",
+    [
+        (["optim.lr=inf"], "error: optim.lr=inf must be a finite number > 0"),
+        (["~precision"], "error: precision is not set"),
+        (["train.stepz=3"], "Could not override 'train.stepz'"),
+        (["data.split='a,b,c'"], "give up to three non-negative weights"),
+        (
+            ["train.deterministic=true"],
+            "CUBLAS_WORKSPACE_CONFIG=':0:0' in the environment is not a deterministic setting",
+        ),
+    ],
+)
 def test_the_cli_refuses_in_one_line(tmp_path, overrides, fragment):
     env = {"CUBLAS_WORKSPACE_CONFIG": ":0:0"} if "deterministic" in overrides[0] else {}
     _refused(_train(tmp_path, *overrides, **env), fragment)
@@ -200,17 +265,38 @@ def test_compose_errors_see_the_users_config_dir(tmp_path):
     are refused in one line like the package's own."""
     (tmp_path / "mine" / "model").mkdir(parents=True)
     (tmp_path / "mine" / "model" / "wide.yaml").write_text(
-        "defaults:\n  - tiny\n  - _self_\nhidden_sizze: 256\n")
-    r = run([sys.executable, "-m", "ufp4_megatron.train", "--config-dir", str(tmp_path / "mine"),
-             "model=wide", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+        "defaults:\n  - tiny\n  - _self_\nhidden_sizze: 256\n"
+    )
+    r = run(
+        [
+            sys.executable,
+            "-m",
+            "ufp4_megatron.train",
+            "--config-dir",
+            str(tmp_path / "mine"),
+            "model=wide",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        tmp_path,
+    )
     _refused(r, "hidden_sizze")
-    r = run([sys.executable, "-m", "ufp4_megatron.train", f"--config-dir={tmp_path / 'mine'}",
-             "model=wider", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    r = run(
+        [
+            sys.executable,
+            "-m",
+            "ufp4_megatron.train",
+            f"--config-dir={tmp_path / 'mine'}",
+            "model=wider",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        tmp_path,
+    )
     _refused(r, "Could not find 'model/wider'; Available options in 'model': dense_1p5b")
 
 
-@pytest.mark.parametrize("group", ["model", "precision", "data", "optim", "train", "parallel",
-                                   "logging", "checkpoint"])
+@pytest.mark.parametrize(
+    "group", ["model", "precision", "data", "optim", "train", "parallel", "logging", "checkpoint"]
+)
 def test_every_shipped_config_has_only_schema_keys(group):
     """Each option of each config group composes with no key outside the schema (the check
     above would refuse a shipped config otherwise); free-form dicts are exempt."""
@@ -226,15 +312,19 @@ def test_every_shipped_config_has_only_schema_keys(group):
     assert compose_problem(["precision=ufp4", "+precision.overrides.fprop.x.grid=e2m1"]) is None
 
 
-@pytest.mark.parametrize("argv,expected", [
-    (["model=tiny", "train.steps=3"], (["model=tiny", "train.steps=3"], None)),
-    (["--config-dir", "d", "model=x"], (["model=x"], "d")),
-    (["-cd", "d", "model=x"], (["model=x"], "d")),
-    (["--config-dir=d", "model=x"], (["model=x"], "d")),
-    (["--config-dir"], None),                      # Hydra says what is missing
-    (["-m", "train.steps=3,4"], None),             # a sweep: Hydra's multirun
-    (["--cfg", "job"], None), (["--help"], None),
-])
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["model=tiny", "train.steps=3"], (["model=tiny", "train.steps=3"], None)),
+        (["--config-dir", "d", "model=x"], (["model=x"], "d")),
+        (["-cd", "d", "model=x"], (["model=x"], "d")),
+        (["--config-dir=d", "model=x"], (["model=x"], "d")),
+        (["--config-dir"], None),  # Hydra says what is missing
+        (["-m", "train.steps=3,4"], None),  # a sweep: Hydra's multirun
+        (["--cfg", "job"], None),
+        (["--help"], None),
+    ],
+)
 def test_which_command_lines_are_checked_first(argv, expected):
     from ufp4_megatron.train.overrides import precheckable
 
@@ -251,15 +341,28 @@ def test_data_refused_at_the_start_leaves_nothing(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("world,overrides,fragment", [
-    ("3", ["parallel.tp=2"], "3 processes do not divide into parallel.tp * parallel.pp = 2 * 1"),
-    ("2", ["parallel.dp=4"], "parallel.dp=4 but 2 processes / (tp * pp) give dp=2"),
-    ("1", ["model=moe_small", "parallel.ep=2"],
-     "parallel.ep=2 does not divide the data-parallel size 1"),
-    ("2", ["train.global_batch=2", "train.micro_batch=2"],
-     "train.global_batch=2 must be a multiple of train.micro_batch * data-parallel size = 2 * 2"),
-    ("2", ["parallel.pp=2"], "parallel.pp=2 runs on GPU only"),
-])
+@pytest.mark.parametrize(
+    "world,overrides,fragment",
+    [
+        (
+            "3",
+            ["parallel.tp=2"],
+            "3 processes do not divide into parallel.tp * parallel.pp = 2 * 1",
+        ),
+        ("2", ["parallel.dp=4"], "parallel.dp=4 but 2 processes / (tp * pp) give dp=2"),
+        (
+            "1",
+            ["model=moe_small", "parallel.ep=2"],
+            "parallel.ep=2 does not divide the data-parallel size 1",
+        ),
+        (
+            "2",
+            ["train.global_batch=2", "train.micro_batch=2"],
+            "train.global_batch=2 must be a multiple of train.micro_batch * data-parallel size = 2 * 2",
+        ),
+        ("2", ["parallel.pp=2"], "parallel.pp=2 runs on GPU only"),
+    ],
+)
 def test_trainer_refuses_layouts_the_world_cannot_hold(tmp_path, world, overrides, fragment):
     # WORLD_SIZE as torchrun exports it; the check runs before the process group is made
     _refused(_train(tmp_path, *overrides, WORLD_SIZE=world), fragment)
@@ -267,12 +370,15 @@ def test_trainer_refuses_layouts_the_world_cannot_hold(tmp_path, world, override
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_device_cuda_without_gpu_is_refused(tmp_path):
-    _refused(_train(tmp_path, "train.device=cuda"),
-             "train.device=cuda but no CUDA device is visible here")
+    _refused(
+        _train(tmp_path, "train.device=cuda"),
+        "train.device=cuda but no CUDA device is visible here",
+    )
 
 
-@pytest.mark.parametrize("overrides", [["model=tiny", "parallel.tp=3"],
-                                       ["model=moe_124b", "parallel.ep=7"]])
+@pytest.mark.parametrize(
+    "overrides", [["model=tiny", "parallel.tp=3"], ["model=moe_124b", "parallel.ep=7"]]
+)
 def test_describe_refuses_with_the_trainers_message(tmp_path, overrides):
     d = run([sys.executable, "-m", "ufp4_megatron.cli.describe", *overrides], tmp_path)
     assert "total_params" not in d.stdout
@@ -286,6 +392,8 @@ def test_tensorboard_asked_for_but_missing_is_one_line(tmp_path):
 
     if importlib.util.find_spec("tensorboard") is not None:
         pytest.skip("tensorboard is installed here: logging.tensorboard=true runs")
-    _refused(_train(tmp_path, "logging.tensorboard=true"),
-             "logging.tensorboard=true needs the tensorboard package, which is not installed")
+    _refused(
+        _train(tmp_path, "logging.tensorboard=true"),
+        "logging.tensorboard=true needs the tensorboard package, which is not installed",
+    )
     assert not (tmp_path / "run").exists()

@@ -8,6 +8,7 @@ refused at once, as on a node without network), in-process, W&B dirs in tmp.
     test_online_without_a_server_logs_offline   the trainer's W&B start: offline, one line
     test_compare_logs_offline_too               compare's W&B run: the same
 """
+
 from __future__ import annotations
 
 import socket
@@ -25,8 +26,12 @@ def _closed_port() -> int:
 
 @pytest.fixture
 def no_server(tmp_path, monkeypatch):
-    for key, sub in (("WANDB_DIR", "wb"), ("WANDB_CACHE_DIR", "wbc"),
-                     ("WANDB_CONFIG_DIR", "wbcfg"), ("WANDB_DATA_DIR", "wbd")):
+    for key, sub in (
+        ("WANDB_DIR", "wb"),
+        ("WANDB_CACHE_DIR", "wbc"),
+        ("WANDB_CONFIG_DIR", "wbcfg"),
+        ("WANDB_DATA_DIR", "wbd"),
+    ):
         monkeypatch.setenv(key, str(tmp_path / sub))
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{_closed_port()}")
@@ -74,8 +79,10 @@ def test_compare_logs_offline_too(no_server, monkeypatch, capsys):
 
     from ufp4_megatron.report.compare import main
 
-    runs = [write_run(no_server / "b", "bf16", 1, [3.0, 2.5, 2.2]),
-            write_run(no_server / "u", "ufp4", 1, [3.1, 2.6, 2.3])]
+    runs = [
+        write_run(no_server / "b", "bf16", 1, [3.0, 2.5, 2.2]),
+        write_run(no_server / "u", "ufp4", 1, [3.1, 2.6, 2.3]),
+    ]
     monkeypatch.setenv("MPLCONFIGDIR", str(no_server / "mpl"))
     assert main([*runs, "--out", str(no_server / "cmp")]) == 0
     out = capsys.readouterr().out

@@ -1,9 +1,10 @@
 """python -m ufp4_megatron.bench [--suite kernels,layer | step | profile] [--out FILE.md]
 
-    --suite kernels,layer   QDQ kernels vs the copy roofline; one linear layer vs BF16
-    --suite step            full trainer steps: every recipe x shape, side by side (step.py)
-    --suite profile         one profiled trainer step of --model/--recipe (profile.py)
+--suite kernels,layer   QDQ kernels vs the copy roofline; one linear layer vs BF16
+--suite step            full trainer steps: every recipe x shape, side by side (step.py)
+--suite profile         one profiled trainer step of --model/--recipe (profile.py)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,25 +41,48 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m ufp4_megatron.bench")
     p.add_argument("--out", help="markdown file to write the tables to (between markers)")
     p.add_argument("--json", help="also dump the raw rows as JSON here")
-    p.add_argument("--suite", "--only", dest="suite", default="kernels,layer",
-                   help="comma list: kernels, layer, step, profile")
+    p.add_argument(
+        "--suite",
+        "--only",
+        dest="suite",
+        default="kernels,layer",
+        help="comma list: kernels, layer, step, profile",
+    )
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile rows")
     step = p.add_argument_group("step")
     step.add_argument("--models", default="small,dense_1p5b,moe_7p9b,moe_124b")
     step.add_argument("--recipes", default="bf16,ufp4,e2m1,ufp4_int4,nvfp4")
     step.add_argument("--steps", type=int, default=12, help="trainer steps per run")
     step.add_argument("--skip", type=int, default=4, help="first steps left out of the median")
-    step.add_argument("--checkpoint", choices=("end", "off"), default="end",
-                      help="end: every run saves a checkpoint after its last step")
+    step.add_argument(
+        "--checkpoint",
+        choices=("end", "off"),
+        default="end",
+        help="end: every run saves a checkpoint after its last step",
+    )
     step.add_argument("--deadline", type=float, help="seconds for the whole step suite")
     step.add_argument("--timeout", type=int, default=240, help="seconds per trainer run")
-    step.add_argument("--repeats", type=int, default=1,
-                      help="runs per row, one pass over all rows after another (spread)")
-    step.add_argument("--micro-batches", type=int, default=1, metavar="N",
-                      help="micro-batches per optimizer step (gradient accumulation: global "
-                           "batch N x the shape's micro batch); also for --suite profile")
-    step.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="extra trainer override for every run (repeatable)")
+    step.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per row, one pass over all rows after another (spread)",
+    )
+    step.add_argument(
+        "--micro-batches",
+        type=int,
+        default=1,
+        metavar="N",
+        help="micro-batches per optimizer step (gradient accumulation: global "
+        "batch N x the shape's micro batch); also for --suite profile",
+    )
+    step.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra trainer override for every run (repeatable)",
+    )
     prof = p.add_argument_group("profile")
     prof.add_argument("--model", default="moe_7p9b")
     prof.add_argument("--recipe", default="ufp4")
@@ -67,11 +91,13 @@ def main(argv=None) -> None:
     unknown = set(parts) - {"kernels", "layer", "step", "profile"}
     if unknown:
         sys.exit(f"unknown suite(s) {sorted(unknown)}; valid: kernels, layer, step, profile")
-    from . import step as step_suite
     from ..recipe import list_recipes
+    from . import step as step_suite
 
-    for what, names, valid in (("model", _csv(args.models) + (args.model,), step_suite.SHAPES),
-                               ("recipe", _csv(args.recipes) + (args.recipe,), list_recipes())):
+    for what, names, valid in (
+        ("model", _csv(args.models) + (args.model,), step_suite.SHAPES),
+        ("recipe", _csv(args.recipes) + (args.recipe,), list_recipes()),
+    ):
         bad = [n for n in names if n not in valid]
         if bad:
             sys.exit(f"unknown {what}(s) {bad}; valid: {', '.join(valid)}")
@@ -81,10 +107,12 @@ def main(argv=None) -> None:
         sys.exit(f"--micro-batches {args.micro_batches}: give 1 or more micro-batches per step")
     if not torch.cuda.is_available():
         sys.exit("the benchmarks need a CUDA device")
-    log = lambda row: print({k: (round(v, 4) if isinstance(v, float) else v)  # noqa: E731
-                             for k, v in row.items()}, flush=True)
+    log = lambda row: print(
+        {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()},
+        flush=True,
+    )
     dev = torch.cuda.get_device_name()
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     cmd = "python -m ufp4_megatron.bench " + " ".join(argv if argv is not None else sys.argv[1:])
     header = f"Device: {dev}; torch {torch.__version__}; {stamp}; command: `{cmd}`"
     raw, text = {}, [header, ""]
@@ -92,35 +120,66 @@ def main(argv=None) -> None:
         from . import kernels, layer  # imports triton
 
         if "kernels" in parts:
-            raw["kernels"] = kernels.kernel_rows(compile_shapes=() if args.no_compile else
-                                                 ((8192, 8192),), log=log)
-            text += ["### Kernels (bf16 in and out, grid e1m2, 1x16 fp32 scales)", "",
-                     kernels.kernel_table(raw["kernels"]), ""]
+            raw["kernels"] = kernels.kernel_rows(
+                compile_shapes=() if args.no_compile else ((8192, 8192),), log=log
+            )
+            text += [
+                "### Kernels (bf16 in and out, grid e1m2, 1x16 fp32 scales)",
+                "",
+                kernels.kernel_table(raw["kernels"]),
+                "",
+            ]
         if "layer" in parts:
             raw["layer"] = layer.layer_rows(log=log)
-            text += [f"### Layer ({layer.TOKENS} tokens, forward + backward, dense_1p5b "
-                     "shapes)", "", layer.layer_table(raw["layer"]), ""]
+            text += [
+                f"### Layer ({layer.TOKENS} tokens, forward + backward, dense_1p5b shapes)",
+                "",
+                layer.layer_table(raw["layer"]),
+                "",
+            ]
     if "step" in parts:
         out = Path(args.json).parent if args.json else Path(".")
         raw["step"] = step_suite.run_suite(
-            out, models=_csv(args.models), recipes=_csv(args.recipes), steps=args.steps,
-            skip=args.skip, checkpoint=args.checkpoint, deadline_s=args.deadline,
-            timeout=args.timeout, extra=tuple(args.set), repeats=args.repeats,
-            micro_batches=args.micro_batches, log=print)
+            out,
+            models=_csv(args.models),
+            recipes=_csv(args.recipes),
+            steps=args.steps,
+            skip=args.skip,
+            checkpoint=args.checkpoint,
+            deadline_s=args.deadline,
+            timeout=args.timeout,
+            extra=tuple(args.set),
+            repeats=args.repeats,
+            micro_batches=args.micro_batches,
+            log=print,
+        )
         peak = raw["step"][0]["tflops_peak"] if raw["step"] else float("nan")
-        runs = (f"; {args.repeats} runs per row, one pass after another: the median of their "
-                "medians, each run's in parentheses" if args.repeats > 1 else "")
-        text += [f"### Step (trainer, one GPU; BF16 GEMM rate measured in the same run: "
-                 f"{peak:.0f} TFLOP/s; median of steps {args.skip + 1}-{args.steps}{runs}; "
-                 f"checkpoint: {args.checkpoint}; {args.micro_batches} micro-batch(es) per "
-                 "optimizer step)", "", step_suite.table(raw["step"]), ""]
+        runs = (
+            f"; {args.repeats} runs per row, one pass after another: the median of their "
+            "medians, each run's in parentheses"
+            if args.repeats > 1
+            else ""
+        )
+        text += [
+            f"### Step (trainer, one GPU; BF16 GEMM rate measured in the same run: "
+            f"{peak:.0f} TFLOP/s; median of steps {args.skip + 1}-{args.steps}{runs}; "
+            f"checkpoint: {args.checkpoint}; {args.micro_batches} micro-batch(es) per "
+            "optimizer step)",
+            "",
+            step_suite.table(raw["step"]),
+            "",
+        ]
     if "profile" in parts:
         from . import profile
 
         shape = step_suite.SHAPES[args.model]
-        overrides = [*step_suite.shape_overrides(shape, args.micro_batches),
-                     f"precision={args.recipe}", "logging.wandb.mode=disabled",
-                     "data.cache_dir=/tmp/ufp4-bench-runs/data", *args.set]
+        overrides = [
+            *step_suite.shape_overrides(shape, args.micro_batches),
+            f"precision={args.recipe}",
+            "logging.wandb.mode=disabled",
+            "data.cache_dir=/tmp/ufp4-bench-runs/data",
+            *args.set,
+        ]
         raw["profile"] = profile.profile_step(overrides)
         text += [f"### Profile: {args.model} {args.recipe}", "", raw["profile"], ""]
     print("\n".join(text), flush=True)

@@ -5,6 +5,7 @@ per bf16 element). The roofline is a
 device-to-device copy of the same tensor, timed the same way; "% copy" = copy bandwidth
 share achieved = (bytes / time) / (copy bytes / copy time).
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,7 +35,7 @@ def kernel_rows(compile_shapes=((8192, 8192),), log=print) -> list[dict]:
         n = shape[0] * shape[1]
         inputs = rotating(lambda: torch.randn(shape, device="cuda", dtype=torch.bfloat16), 2 * n)
         outs = [torch.empty_like(inputs[0])]
-        copy_ms = median_ms(lambda x: outs[0].copy_(x), inputs)
+        copy_ms = median_ms(lambda x: outs[0].copy_(x), inputs)  # noqa: F821 - called before the del below
         copy_bw = 4 * n / copy_ms / 1e9
         rows.append(dict(shape=shape, what="copy (roofline)", ms=copy_ms, tbs=copy_bw, pct=100.0))
         log(rows[-1])
@@ -43,15 +44,28 @@ def kernel_rows(compile_shapes=((8192, 8192),), log=print) -> list[dict]:
                 for rht in (False, True):
                     ms = median_ms(_runner(layout, _spec(rounding, rht)), inputs)
                     bw = 4 * n / ms / 1e9
-                    rows.append(dict(shape=shape, what=f"triton {layout} {rounding}"
-                                     f"{' rht16' if rht else ''}", ms=ms, tbs=bw,
-                                     pct=100 * bw / copy_bw))
+                    rows.append(
+                        dict(
+                            shape=shape,
+                            what=f"triton {layout} {rounding}{' rht16' if rht else ''}",
+                            ms=ms,
+                            tbs=bw,
+                            pct=100 * bw / copy_bw,
+                        )
+                    )
                     log(rows[-1])
         for rht in (False, True):
             spec = _spec("rtne", rht)
             ms = median_ms(lambda x: reference(x, **spec), inputs[:2], warmup_ms=5, rep_ms=50)
-            rows.append(dict(shape=shape, what=f"torch reference row rtne{' rht16' if rht else ''}",
-                             ms=ms, tbs=4 * n / ms / 1e9, pct=100 * 4 * n / ms / 1e9 / copy_bw))
+            rows.append(
+                dict(
+                    shape=shape,
+                    what=f"torch reference row rtne{' rht16' if rht else ''}",
+                    ms=ms,
+                    tbs=4 * n / ms / 1e9,
+                    pct=100 * 4 * n / ms / 1e9 / copy_bw,
+                )
+            )
             log(rows[-1])
             if shape in compile_shapes and not rht:  # one compile: each costs ~1 min
                 try:
@@ -61,9 +75,15 @@ def kernel_rows(compile_shapes=((8192, 8192),), log=print) -> list[dict]:
                 except Exception as e:  # report, keep benchmarking the rest
                     log(dict(shape=shape, what="torch.compile failed", error=repr(e)[:300]))
                     continue
-                rows.append(dict(shape=shape, what="torch.compile(reference) row rtne"
-                                 f"{' rht16' if rht else ''}", ms=ms, tbs=4 * n / ms / 1e9,
-                                 pct=100 * 4 * n / ms / 1e9 / copy_bw))
+                rows.append(
+                    dict(
+                        shape=shape,
+                        what=f"torch.compile(reference) row rtne{' rht16' if rht else ''}",
+                        ms=ms,
+                        tbs=4 * n / ms / 1e9,
+                        pct=100 * 4 * n / ms / 1e9 / copy_bw,
+                    )
+                )
                 log(rows[-1])
         del inputs, outs
         torch.cuda.empty_cache()
@@ -71,9 +91,13 @@ def kernel_rows(compile_shapes=((8192, 8192),), log=print) -> list[dict]:
 
 
 def kernel_table(rows: list[dict]) -> str:
-    out = ["| shape | kernel | ms (median) | TB/s (read+write) | % of copy BW |",
-           "| --- | --- | ---: | ---: | ---: |"]
+    out = [
+        "| shape | kernel | ms (median) | TB/s (read+write) | % of copy BW |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
     for r in rows:
-        out.append(f"| {r['shape'][0]}x{r['shape'][1]} | {r['what']} | {r['ms']:.4f} | "
-                   f"{r['tbs']:.2f} | {r['pct']:.0f}% |")
+        out.append(
+            f"| {r['shape'][0]}x{r['shape'][1]} | {r['what']} | {r['ms']:.4f} | "
+            f"{r['tbs']:.2f} | {r['pct']:.0f}% |"
+        )
     return "\n".join(out)

@@ -1,5 +1,6 @@
 """Layer table: one linear layer forward + backward (dX and dW) at Dense-1.5B shapes,
 UFP4 (and the E2M1 baseline) through quantized_linear vs BF16 F.linear, 8192 tokens."""
+
 from __future__ import annotations
 
 import pathlib
@@ -15,8 +16,12 @@ TOKENS = 8192
 
 def dense_1p5b_shapes() -> dict[str, tuple[int, int]]:
     """(in, out) features of qkv, proj, fc1 (SwiGLU: 2 x ffn), fc2 from configs/model."""
-    cfg = {"hidden_size": 2048, "ffn_hidden_size": 5632, "num_attention_heads": 16,
-           "num_query_groups": 4}
+    cfg = {
+        "hidden_size": 2048,
+        "ffn_hidden_size": 5632,
+        "num_attention_heads": 16,
+        "num_query_groups": 4,
+    }
     path = pathlib.Path(__file__).resolve().parents[1] / "configs/model/dense_1p5b.yaml"
     if path.exists():
         for line in path.read_text().splitlines():
@@ -36,6 +41,7 @@ def _step(recipe):
         else:
             y = quantized_linear(x, w, None, recipe, seed=7)
         return torch.autograd.grad(y, (x, w), dy)
+
     return run
 
 
@@ -60,23 +66,48 @@ def _graphed(fn, args):
 def layer_rows(recipes=("ufp4",), log=print) -> list[dict]:
     rows = []
     for name, (k, n) in dense_1p5b_shapes().items():
+
         def make():
             x = torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16).requires_grad_()
-            w = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5)
-            return x, w.requires_grad_(), torch.randn(TOKENS, n, device="cuda",
-                                                      dtype=torch.bfloat16)
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+            return (
+                x,
+                w.requires_grad_(),
+                torch.randn(TOKENS, n, device="cuda", dtype=torch.bfloat16),
+            )
+
         inputs = [make() for _ in range(2)]
         base = median_ms(_step(None), inputs)
         base_mem = peak_bytes(_step(None), inputs[0])
-        rows.append(dict(layer=name, k=k, n=n, recipe="bf16", ms=base, ratio=1.0,
-                         mem=base_mem / 2**20, mem_ratio=1.0))
+        rows.append(
+            dict(
+                layer=name,
+                k=k,
+                n=n,
+                recipe="bf16",
+                ms=base,
+                ratio=1.0,
+                mem=base_mem / 2**20,
+                mem_ratio=1.0,
+            )
+        )
         log(rows[-1])
         for r in recipes:
             recipe = get_recipe(r)
             ms = median_ms(_step(recipe), inputs)
             mem = peak_bytes(_step(recipe), inputs[0])
-            rows.append(dict(layer=name, k=k, n=n, recipe=r, ms=ms, ratio=ms / base,
-                             mem=mem / 2**20, mem_ratio=mem / base_mem))
+            rows.append(
+                dict(
+                    layer=name,
+                    k=k,
+                    n=n,
+                    recipe=r,
+                    ms=ms,
+                    ratio=ms / base,
+                    mem=mem / 2**20,
+                    mem_ratio=mem / base_mem,
+                )
+            )
             log(rows[-1])
         # the same steps replayed from CUDA graphs: GPU time without host overhead
         graphs = {"bf16": _graphed(_step(None), inputs[0])}
@@ -85,8 +116,18 @@ def layer_rows(recipes=("ufp4",), log=print) -> list[dict]:
             g_base = median_ms(lambda g: g.replay(), [graphs["bf16"]])
             for r, g in graphs.items():
                 ms = median_ms(lambda g: g.replay(), [g])
-                rows.append(dict(layer=name, k=k, n=n, recipe=f"{r} (CUDA graph)", ms=ms,
-                                 ratio=ms / g_base, mem=float("nan"), mem_ratio=float("nan")))
+                rows.append(
+                    dict(
+                        layer=name,
+                        k=k,
+                        n=n,
+                        recipe=f"{r} (CUDA graph)",
+                        ms=ms,
+                        ratio=ms / g_base,
+                        mem=float("nan"),
+                        mem_ratio=float("nan"),
+                    )
+                )
                 log(rows[-1])
         del graphs
         del inputs
@@ -95,9 +136,13 @@ def layer_rows(recipes=("ufp4",), log=print) -> list[dict]:
 
 
 def layer_table(rows: list[dict]) -> str:
-    out = ["| layer | in x out | recipe | fwd+bwd ms | x BF16 | peak extra MiB | x BF16 |",
-           "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    out = [
+        "| layer | in x out | recipe | fwd+bwd ms | x BF16 | peak extra MiB | x BF16 |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
-        out.append(f"| {r['layer']} | {r['k']}x{r['n']} | {r['recipe']} | {r['ms']:.3f} | "
-                   f"{r['ratio']:.2f} | {r['mem']:.0f} | {r['mem_ratio']:.2f} |")
+        out.append(
+            f"| {r['layer']} | {r['k']}x{r['n']} | {r['recipe']} | {r['ms']:.3f} | "
+            f"{r['ratio']:.2f} | {r['mem']:.0f} | {r['mem_ratio']:.2f} |"
+        )
     return "\n".join(out)

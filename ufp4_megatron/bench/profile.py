@@ -8,6 +8,7 @@ prints GPU time per kernel family (GEMM, grouped GEMM, QDQ, attention, optimizer
 and the top kernels. GPU time is kernel time: idle gaps (host-bound stretches) show as the
 difference between the step's wall time and the sum.
 """
+
 from __future__ import annotations
 
 import time
@@ -47,9 +48,9 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 15) -> str
     from torch.profiler import ProfilerActivity, profile
 
     from ..data import datasets as data
-    from ..train.footprint import load_config
     from ..train import distributed, optim, schedule
     from ..train import model as model_lib
+    from ..train.footprint import load_config
     from ..train.precision import recipe_from_config
     from ..train.runtime import decide
 
@@ -63,18 +64,35 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 15) -> str
     opt = optim.build_optimizer(model, cfg, rt)
     train_model = opt.model  # Megatron's DDP wrapper, as the trainer runs it
     train_ds, _ = data.build_datasets(
-        cfg.data, seed=t.seed, seq_len=t.seq_len, vocab_size=cfg.model.vocab_size,
-        n_train=(warmup + 1) * t.global_batch, n_valid=1,
-        create_attention_mask=model_lib.needs_attention_mask(cfg))
+        cfg.data,
+        seed=t.seed,
+        seq_len=t.seq_len,
+        vocab_size=cfg.model.vocab_size,
+        n_train=(warmup + 1) * t.global_batch,
+        n_valid=1,
+        create_attention_mask=model_lib.needs_attention_mask(cfg),
+    )
     n_micro = data.num_micro_batches(t.global_batch, t.micro_batch, env.dp)
 
     def step(i: int) -> None:
         opt.zero_grad()
-        batches = data.micro_batches(train_ds, i, global_batch=t.global_batch,
-                                     micro_batch=t.micro_batch, dp=env.dp, dp_rank=env.dp_rank,
-                                     device=device)
-        schedule.forward_backward(train_model, batches, n_micro=n_micro, seq_len=t.seq_len,
-                                  micro_batch=t.micro_batch, forward_only=False)
+        batches = data.micro_batches(
+            train_ds,
+            i,
+            global_batch=t.global_batch,
+            micro_batch=t.micro_batch,
+            dp=env.dp,
+            dp_rank=env.dp_rank,
+            device=device,
+        )
+        schedule.forward_backward(
+            train_model,
+            batches,
+            n_micro=n_micro,
+            seq_len=t.seq_len,
+            micro_batch=t.micro_batch,
+            forward_only=False,
+        )
         opt.step()
 
     for i in range(warmup):
@@ -87,17 +105,26 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 15) -> str
         wall_ms = (time.perf_counter() - t0) * 1e3
     # GPU-side user annotations (e.g. torch.optim's "Optimizer.step#AdamW.step" range) are
     # CUDA events too: they span the kernels inside them, so counting them counts those twice
-    kernels = [(e.key, _device_us(e), e.count) for e in prof.key_averages()
-               if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
-               and not getattr(e, "is_user_annotation", False) and _device_us(e) > 0]
+    kernels = [
+        (e.key, _device_us(e), e.count)
+        for e in prof.key_averages()
+        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and _device_us(e) > 0
+    ]
     total_ms = sum(us for _, us, _ in kernels) / 1e3
     families = defaultdict(float)
     for name, us, _ in kernels:
         families[_family(name)] += us / 1e3
-    lines = [f"profile {' '.join(overrides)}: step wall {wall_ms:.1f} ms, GPU kernel time "
-             f"{total_ms:.1f} ms ({100 * total_ms / wall_ms:.0f}% of wall; the rest is the GPU "
-             f"waiting for the host), peak memory {torch.cuda.max_memory_allocated() / 2**30:.2f} "
-             "GiB", "", "| kernel family | ms | % of kernel time |", "| --- | ---: | ---: |"]
+    lines = [
+        f"profile {' '.join(overrides)}: step wall {wall_ms:.1f} ms, GPU kernel time "
+        f"{total_ms:.1f} ms ({100 * total_ms / wall_ms:.0f}% of wall; the rest is the GPU "
+        f"waiting for the host), peak memory {torch.cuda.max_memory_allocated() / 2**30:.2f} "
+        "GiB",
+        "",
+        "| kernel family | ms | % of kernel time |",
+        "| --- | ---: | ---: |",
+    ]
     for fam, ms in sorted(families.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {fam} | {ms:.2f} | {100 * ms / total_ms:.1f}% |")
     lines += ["", f"| top {top} kernels | calls | ms | % |", "| --- | ---: | ---: | ---: |"]

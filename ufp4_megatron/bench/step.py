@@ -16,6 +16,7 @@ sent to, shared experts, router, LM head; not the embedding lookup or norms), L 
 d = heads x head dim and s the sequence length (attention counted over the full s x s square,
 as PaLM does; a causal kernel does half of that work).
 """
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ENV = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1",
-       "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-       "NVSHMEM_DISABLE_NVLS": "1"}
+ENV = {
+    **os.environ,
+    "WANDB_MODE": "disabled",
+    "PYTHONUNBUFFERED": "1",
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
 
 @dataclass(frozen=True)
@@ -50,34 +56,52 @@ SHAPES = {
     # of weights, grads and Adam state on one H200
     "moe_124b": Shape(("model=moe_124b", "model.num_layers=1"), 4096, 1),
 }
+
+
 def shape_overrides(shape: Shape, micro_batches: int = 1) -> list[str]:
     """The trainer overrides of a shape with `micro_batches` micro-batches per optimizer step
     (the step table's runs and the profile's)."""
-    return [*shape.overrides, f"train.seq_len={shape.seq_len}",
-            f"train.micro_batch={shape.micro_batch}",
-            f"train.global_batch={shape.micro_batch * micro_batches}"]
+    return [
+        *shape.overrides,
+        f"train.seq_len={shape.seq_len}",
+        f"train.micro_batch={shape.micro_batch}",
+        f"train.global_batch={shape.micro_batch * micro_batches}",
+    ]
 
 
 RECIPES = ("bf16", "ufp4", "e2m1", "ufp4_int4", "nvfp4")  # bf16 and ufp4 first: the targets
 CKPT_BYTES_PER_PARAM = 14  # bf16 weights + fp32 master weights + two Adam moments
 
 
-def run_trainer(name: str, overrides: list[str], *, runs: Path, log: Path, nproc: int = 1,
-                timeout: int = 240) -> dict:
+def run_trainer(
+    name: str, overrides: list[str], *, runs: Path, log: Path, nproc: int = 1, timeout: int = 240
+) -> dict:
     """One trainer run in a subprocess; its metrics rows, return code and output tail."""
     run_dir = runs / name
-    cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}"] if nproc > 1 else [sys.executable])
-    cmd += ["-m", "ufp4_megatron.train", f"hydra.run.dir={run_dir}", "experiment=gpu",
-            "logging.wandb.mode=disabled", "logging.print_interval=5", *overrides]
+    cmd = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+        if nproc > 1
+        else [sys.executable]
+    )
+    cmd += [
+        "-m",
+        "ufp4_megatron.train",
+        f"hydra.run.dir={run_dir}",
+        "experiment=gpu",
+        "logging.wandb.mode=disabled",
+        "logging.print_interval=5",
+        *overrides,
+    ]
     t0 = time.time()
     try:
         p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
         rc, out = p.returncode, p.stdout + p.stderr
     except subprocess.TimeoutExpired as e:
         rc = 124
-        out = "".join(s.decode(errors="replace") if isinstance(s, bytes) else (s or "")
-                      for s in (e.stdout, e.stderr))
+        out = "".join(
+            s.decode(errors="replace") if isinstance(s, bytes) else (s or "")
+            for s in (e.stdout, e.stderr)
+        )
     wall = time.time() - t0
     with open(log, "a") as f:
         f.write(f"\n===== {name} (rc={rc}, {wall:.0f}s): {' '.join(cmd)}\n{out[-6000:]}\n")
@@ -87,11 +111,26 @@ def run_trainer(name: str, overrides: list[str], *, runs: Path, log: Path, nproc
         rows = [json.loads(line) for line in mpath.read_text().splitlines() if line.strip()]
     print(f"[{name}] rc={rc} steps={len(rows)} wall={wall:.0f}s", flush=True)
     with open(log.with_suffix(".jsonl"), "a") as f:  # survives a suite killed by its timeout
-        f.write(json.dumps({"name": name, "rc": rc, "losses": [m["loss"] for m in rows],
-                            "step_time": [m.get("step_time") for m in rows],
-                            "mem_gib": [m.get("mem_gib") for m in rows]}) + "\n")
-    return {"name": name, "rc": rc, "metrics": rows, "wall_s": wall, "run_dir": run_dir,
-            "tail": out[-3000:]}
+        f.write(
+            json.dumps(
+                {
+                    "name": name,
+                    "rc": rc,
+                    "losses": [m["loss"] for m in rows],
+                    "step_time": [m.get("step_time") for m in rows],
+                    "mem_gib": [m.get("mem_gib") for m in rows],
+                }
+            )
+            + "\n"
+        )
+    return {
+        "name": name,
+        "rc": rc,
+        "metrics": rows,
+        "wall_s": wall,
+        "run_dir": run_dir,
+        "tail": out[-3000:],
+    }
 
 
 def gemm_tflops(n: int = 8192) -> float:
@@ -112,7 +151,7 @@ def gemm_tflops(n: int = 8192) -> float:
         times.append(ev[0].elapsed_time(ev[1]))
     del a, b
     torch.cuda.empty_cache()
-    return 2 * n ** 3 / (statistics.median(times) * 1e-3) / 1e12
+    return 2 * n**3 / (statistics.median(times) * 1e-3) / 1e12
 
 
 def model_flops(shape: Shape) -> tuple[float, int]:
@@ -151,10 +190,21 @@ def _checkpoint(run_dir: Path, planned: str, output: str = "") -> str:
     return f"end: saved {size / 2**30:.1f} GiB" + (f" in {took[-1]} s" if took else "")
 
 
-def run_suite(out: Path, *, models=tuple(SHAPES), recipes=RECIPES, steps: int = 12,
-              skip: int = 4, checkpoint: str = "end", deadline_s: float | None = None,
-              timeout: int = 240, extra: tuple[str, ...] = (), repeats: int = 1,
-              micro_batches: int = 1, log=print) -> list[dict]:
+def run_suite(
+    out: Path,
+    *,
+    models=tuple(SHAPES),
+    recipes=RECIPES,
+    steps: int = 12,
+    skip: int = 4,
+    checkpoint: str = "end",
+    deadline_s: float | None = None,
+    timeout: int = 240,
+    extra: tuple[str, ...] = (),
+    repeats: int = 1,
+    micro_batches: int = 1,
+    log=print,
+) -> list[dict]:
     """Rows of the step table; a row for every (shape, recipe), run or not. With repeats > 1
     every row runs that many times, one pass over all rows after the other (so drift shows
     as spread, not as a difference between recipes), and a row aggregates its runs.
@@ -164,8 +214,10 @@ def run_suite(out: Path, *, models=tuple(SHAPES), recipes=RECIPES, steps: int = 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r}: give a whole number of runs per row, 1 or more")
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
-        raise ValueError(f"micro_batches={micro_batches!r}: give a whole number of micro-batches "
-                         "per step, 1 or more")
+        raise ValueError(
+            f"micro_batches={micro_batches!r}: give a whole number of micro-batches "
+            "per step, 1 or more"
+        )
     runs = Path(os.environ.get("RUNS_DIR", "/tmp/ufp4-bench-runs"))
     runs.mkdir(parents=True, exist_ok=True)
     logfile = out / "step.log"
@@ -176,29 +228,58 @@ def run_suite(out: Path, *, models=tuple(SHAPES), recipes=RECIPES, steps: int = 
     # BF16 and UFP4 of every shape first (the targets), then the other recipes: a deadline
     # cuts the least important rows (and, with repeats, the later passes)
     first = [r for r in recipes if r in ("bf16", "ufp4")]
-    order = [(m, r) for tier in (first, [r for r in recipes if r not in first])
-             for m in models for r in tier]
+    order = [
+        (m, r)
+        for tier in (first, [r for r in recipes if r not in first])
+        for m in models
+        for r in tier
+    ]
     done: dict[tuple[str, str], list[dict]] = {key: [] for key in order}
     for rep in range(repeats):
         for model, recipe in order:
             left = t_end - time.time() if t_end else timeout
             if left < 30:
                 continue
-            run = _one_run(model, recipe, rep, n_params=flops[model][1], runs=runs,
-                           logfile=logfile, steps=steps, skip=skip, checkpoint=checkpoint,
-                           timeout=int(min(timeout, left)), extra=extra,
-                           micro_batches=micro_batches)
+            run = _one_run(
+                model,
+                recipe,
+                rep,
+                n_params=flops[model][1],
+                runs=runs,
+                logfile=logfile,
+                steps=steps,
+                skip=skip,
+                checkpoint=checkpoint,
+                timeout=int(min(timeout, left)),
+                extra=extra,
+                micro_batches=micro_batches,
+            )
             done[model, recipe].append(run)
-            log(json.dumps({"model": model, "recipe": recipe, "repeat": rep + 1,
-                            **{k: v for k, v in run.items() if k != "error"}}, default=str))
+            log(
+                json.dumps(
+                    {
+                        "model": model,
+                        "recipe": recipe,
+                        "repeat": rep + 1,
+                        **{k: v for k, v in run.items() if k != "error"},
+                    },
+                    default=str,
+                )
+            )
     rows = []
     for model, recipe in order:
         shape = SHAPES[model]
         model_flops_per_token, n_params = flops[model]
-        row = dict(model=model, recipe=recipe, seq_len=shape.seq_len,
-                   micro_batch=shape.micro_batch, micro_batches=micro_batches,
-                   global_batch=shape.micro_batch * micro_batches, params=n_params,
-                   tflops_peak=peak)
+        row = dict(
+            model=model,
+            recipe=recipe,
+            seq_len=shape.seq_len,
+            micro_batch=shape.micro_batch,
+            micro_batches=micro_batches,
+            global_batch=shape.micro_batch * micro_batches,
+            params=n_params,
+            tflops_peak=peak,
+        )
         tokens = shape.seq_len * shape.micro_batch * micro_batches  # per optimizer step
         rows.append(row | _aggregate(done[model, recipe], tokens, model_flops_per_token, peak))
     _add_ratios(rows)
@@ -206,9 +287,21 @@ def run_suite(out: Path, *, models=tuple(SHAPES), recipes=RECIPES, steps: int = 
     return rows
 
 
-def _one_run(model: str, recipe: str, rep: int, *, n_params: int, runs: Path, logfile: Path,
-             steps: int, skip: int, checkpoint: str, timeout: int,
-             extra: tuple[str, ...], micro_batches: int = 1) -> dict:
+def _one_run(
+    model: str,
+    recipe: str,
+    rep: int,
+    *,
+    n_params: int,
+    runs: Path,
+    logfile: Path,
+    steps: int,
+    skip: int,
+    checkpoint: str,
+    timeout: int,
+    extra: tuple[str, ...],
+    micro_batches: int = 1,
+) -> dict:
     """One trainer run of a row: its status, steady step times, memory, checkpoint, loss."""
     shape = SHAPES[model]
     plan = checkpoint
@@ -217,25 +310,33 @@ def _one_run(model: str, recipe: str, rep: int, *, n_params: int, runs: Path, lo
         free = shutil.disk_usage(runs).free
         if need > 0.8 * free:
             plan = f"off: needs ~{need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"
-    overrides = [*shape_overrides(shape, micro_batches), f"precision={recipe}",
-                 f"train.steps={steps}", "optim.warmup_steps=2",
-                 f"checkpoint.save_at_end={'true' if plan == 'end' else 'false'}",
-                 f"data.cache_dir={runs / 'data'}", *extra]
+    overrides = [
+        *shape_overrides(shape, micro_batches),
+        f"precision={recipe}",
+        f"train.steps={steps}",
+        "optim.warmup_steps=2",
+        f"checkpoint.save_at_end={'true' if plan == 'end' else 'false'}",
+        f"data.cache_dir={runs / 'data'}",
+        *extra,
+    ]
     name = f"step-{model}-{recipe}" + (f"-r{rep + 1}" if rep else "")
     # a fresh run dir: the trainer's defaults (resume, keep) then act as in a user's first run
     shutil.rmtree(runs / name, ignore_errors=True)
     run = run_trainer(name, overrides, runs=runs, log=logfile, timeout=timeout)
     metrics = run["metrics"]
     steady = _steady_values(metrics, "step_time", skip)
-    out = dict(status=_status(run, steps), steps=len(metrics),
-               step_ms=statistics.median(steady) * 1e3 if steady else float("nan"),
-               step_min_ms=min(steady) * 1e3 if steady else float("nan"),
-               step_max_ms=max(steady) * 1e3 if steady else float("nan"),
-               peak_mem_gib=max((m.get("mem_gib", float("nan")) for m in metrics),
-                                default=float("nan")),
-               checkpoint=_checkpoint(run["run_dir"], plan, run["tail"]), wall_s=run["wall_s"],
-               final_loss=metrics[-1]["loss"] if metrics else None,
-               tokens_per_step=metrics[0].get("tokens") if metrics else None)  # as trained
+    out = dict(
+        status=_status(run, steps),
+        steps=len(metrics),
+        step_ms=statistics.median(steady) * 1e3 if steady else float("nan"),
+        step_min_ms=min(steady) * 1e3 if steady else float("nan"),
+        step_max_ms=max(steady) * 1e3 if steady else float("nan"),
+        peak_mem_gib=max((m.get("mem_gib", float("nan")) for m in metrics), default=float("nan")),
+        checkpoint=_checkpoint(run["run_dir"], plan, run["tail"]),
+        wall_s=run["wall_s"],
+        final_loss=metrics[-1]["loss"] if metrics else None,
+        tokens_per_step=metrics[0].get("tokens") if metrics else None,
+    )  # as trained
     if run["rc"] != 0:
         out["error"] = run["tail"].strip().splitlines()[-1][:300] if run["tail"] else ""
     shutil.rmtree(runs / name, ignore_errors=True)  # checkpoints are large
@@ -252,14 +353,22 @@ def _aggregate(runs: list[dict], tokens: int, flops_per_token: float, peak: floa
     mems = [r["peak_mem_gib"] for r in runs if not math.isnan(r["peak_mem_gib"])]
     bad = [r for r in runs if r["status"] != "ok"]
     st = statistics.median(r["step_ms"] for r in timed) / 1e3 if timed else float("nan")
-    row = dict(status=bad[0]["status"] if bad else "ok", steps=max(r["steps"] for r in runs),
-               runs=len(runs), runs_ms=[r["step_ms"] for r in runs], step_ms=st * 1e3,
-               step_min_ms=min((r["step_min_ms"] for r in timed), default=float("nan")),
-               step_max_ms=max((r["step_max_ms"] for r in timed), default=float("nan")),
-               tokens_per_s=tokens / st, mfu=flops_per_token * tokens / st / (peak * 1e12),
-               peak_mem_gib=max(mems, default=float("nan")),
-               checkpoint=runs[-1]["checkpoint"], wall_s=sum(r["wall_s"] for r in runs),
-               final_loss=runs[0]["final_loss"], tokens_per_step=runs[0].get("tokens_per_step"))
+    row = dict(
+        status=bad[0]["status"] if bad else "ok",
+        steps=max(r["steps"] for r in runs),
+        runs=len(runs),
+        runs_ms=[r["step_ms"] for r in runs],
+        step_ms=st * 1e3,
+        step_min_ms=min((r["step_min_ms"] for r in timed), default=float("nan")),
+        step_max_ms=max((r["step_max_ms"] for r in timed), default=float("nan")),
+        tokens_per_s=tokens / st,
+        mfu=flops_per_token * tokens / st / (peak * 1e12),
+        peak_mem_gib=max(mems, default=float("nan")),
+        checkpoint=runs[-1]["checkpoint"],
+        wall_s=sum(r["wall_s"] for r in runs),
+        final_loss=runs[0]["final_loss"],
+        tokens_per_step=runs[0].get("tokens_per_step"),
+    )
     if bad and len(bad) < len(runs):
         row["status"] = f"{len(runs) - len(bad)} of {len(runs)} ok; {bad[0]['status']}"
     if bad and "error" in bad[0]:
@@ -268,8 +377,11 @@ def _aggregate(runs: list[dict], tokens: int, flops_per_token: float, peak: floa
 
 
 def _add_ratios(rows: list[dict]) -> None:
-    base = {r["model"]: r for r in rows
-            if r["recipe"] == "bf16" and r.get("steps", 0) > 0 and "step_ms" in r}
+    base = {
+        r["model"]: r
+        for r in rows
+        if r["recipe"] == "bf16" and r.get("steps", 0) > 0 and "step_ms" in r
+    }
     for r in rows:
         b = base.get(r["model"])
         if b is not None and "step_ms" in r:
@@ -281,24 +393,27 @@ def _add_ratios(rows: list[dict]) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| shape | recipe | status | step (ms) | steady steps (ms) | x BF16 | tokens/s | MFU "
-           "| peak mem (GiB) | x BF16 | checkpoint | loss @ last |",
-           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+    out = [
+        "| shape | recipe | status | step (ms) | steady steps (ms) | x BF16 | tokens/s | MFU "
+        "| peak mem (GiB) | x BF16 | checkpoint | loss @ last |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]
     for r in rows:
         if "step_ms" not in r:
             out.append(f"| {r['model']} | {r['recipe']} | {r['status']} | | | | | | | | | |")
             continue
-        f = lambda k, fmt: format(r[k], fmt) if r.get(k) is not None else "-"  # noqa: E731
-        spread = (f"{r['step_min_ms']:.1f}-{r['step_max_ms']:.1f}" if "step_min_ms" in r
-                  else "-")
+        f = lambda k, fmt: format(r[k], fmt) if r.get(k) is not None else "-"
+        spread = f"{r['step_min_ms']:.1f}-{r['step_max_ms']:.1f}" if "step_min_ms" in r else "-"
         step_cell, x_cell = f("step_ms", ".1f"), f("x_bf16", ".3f")
         if len(r.get("runs_ms", ())) > 1:  # each run's median, in pass order
             step_cell += " (" + ", ".join(f"{v:.1f}" for v in r["runs_ms"]) + ")"
         if len(r.get("x_bf16_runs", ())) > 1:
             x_cell += " (" + ", ".join(f"{v:.3f}" for v in r["x_bf16_runs"]) + ")"
-        out.append(f"| {r['model']} | {r['recipe']} | {r['status']} | {step_cell} | "
-                   f"{spread} | "
-                   f"{x_cell} | {f('tokens_per_s', ',.0f')} | {f('mfu', '.1%')} | "
-                   f"{f('peak_mem_gib', '.2f')} | {f('mem_x_bf16', '.3f')} | "
-                   f"{r.get('checkpoint', '-')} | {f('final_loss', '.4f')} |")
+        out.append(
+            f"| {r['model']} | {r['recipe']} | {r['status']} | {step_cell} | "
+            f"{spread} | "
+            f"{x_cell} | {f('tokens_per_s', ',.0f')} | {f('mfu', '.1%')} | "
+            f"{f('peak_mem_gib', '.2f')} | {f('mem_x_bf16', '.3f')} | "
+            f"{r.get('checkpoint', '-')} | {f('final_loss', '.4f')} |"
+        )
     return "\n".join(out)

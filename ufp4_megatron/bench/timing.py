@@ -1,5 +1,6 @@
 """Timing helpers: CUDA events through triton.testing.do_bench (warm-up, L2 flush between
 runs, median), with inputs rotated over several buffers so no run reads a cached input."""
+
 from __future__ import annotations
 
 import itertools

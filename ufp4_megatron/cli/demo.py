@@ -16,6 +16,7 @@ minutes on 2 cores, docs/demo-report.md); with CUDA it runs the study's 11M conf
 GPU). Outputs:
 runs/demo/ (study.json, runs/, compare/, mechanism/).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,13 +52,17 @@ How to read this
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", type=Path, default=Path("runs/demo"))
     ap.add_argument("--seeds", default=None, help="seeds, e.g. 1-3 (default: the grid's)")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    ap.add_argument("--resume", action="store_true",
-                    help="continue the demo in --out instead of starting it afresh")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the demo in --out instead of starting it afresh",
+    )
     ap.add_argument("--wandb-mode", default="offline")
     args = ap.parse_args(argv)
 
@@ -73,9 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         study += ["--grid", GPU_GRID, "--arms", GPU_ARMS, "--seeds", args.seeds or GPU_SEEDS]
     else:  # one run per core, one thread each (study/packing.py says why)
-        study += ["--grid", CPU_GRID, "--gpus", "none",
-                  "--per-device", str(len(available_cpus())),
-                  *(["--seeds", args.seeds] if args.seeds else [])]
+        study += [
+            "--grid",
+            CPU_GRID,
+            "--gpus",
+            "none",
+            "--per-device",
+            str(len(available_cpus())),
+            *(["--seeds", args.seeds] if args.seeds else []),
+        ]
     t0 = time.perf_counter()
     print(f"== 1. loss gap: ufp4-launch study {' '.join(study)}", flush=True)
     rc = study_main(study)
@@ -87,15 +98,23 @@ def main(argv: list[str] | None = None) -> int:
     manifest = mf.load(args.out)
     ref = next(r for r in manifest["runs"] if r["arm"] == manifest["reference"])
     run_dir = mf.run_dir(args.out, ref["name"])
-    cmd = [sys.executable, "-m", "ufp4_megatron.report.mechanism", str(run_dir),
-           "--out", str(args.out / "mechanism")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ufp4_megatron.report.mechanism",
+        str(run_dir),
+        "--out",
+        str(args.out / "mechanism"),
+    ]
     print(f"\n== 2. mechanism: {' '.join(cmd[1:])}", flush=True)
     t1 = time.perf_counter()
     subprocess.run(cmd, check=True)
     t_mech = time.perf_counter() - t1
     print(f"\n{READING}")
-    print(f"demo: study {t_study:.0f} s, mechanism {t_mech:.0f} s; loss-gap plot "
-          f"{args.out / 'compare'}/, mechanism plot {args.out / 'mechanism' / 'mechanism.png'}")
+    print(
+        f"demo: study {t_study:.0f} s, mechanism {t_mech:.0f} s; loss-gap plot "
+        f"{args.out / 'compare'}/, mechanism plot {args.out / 'mechanism' / 'mechanism.png'}"
+    )
     return 0
 
 

@@ -7,6 +7,7 @@ GQA, no biases); tests check them against a built model. A layout the trainer wo
 (tp not dividing the heads, ep not dividing the experts, ...) is refused here by the same
 check (train/validate.py), with exit status 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,15 +25,24 @@ def main(argv: list[str] | None = None) -> None:
     from ..train.validate import ConfigError, check_config
 
     ap = argparse.ArgumentParser(
-        prog="ufp4-describe", description=__doc__.split("\n\n", 1)[1],
+        prog="ufp4-describe",
+        description=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example: ufp4-describe model=moe_124b parallel.tp=4 parallel.ep=8 "
-               "parallel.pp=4 parallel.dp=8")
-    ap.add_argument("--config-dir", metavar="DIR",
-                    help="a directory of your own config groups, as for ufp4-train")
-    ap.add_argument("overrides", nargs="*", metavar="OVERRIDE",
-                    help="Hydra overrides of the training config (as for ufp4-train); "
-                         "parallel.dp=null describes the smallest world, dp = ep")
+        "parallel.pp=4 parallel.dp=8",
+    )
+    ap.add_argument(
+        "--config-dir",
+        metavar="DIR",
+        help="a directory of your own config groups, as for ufp4-train",
+    )
+    ap.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="OVERRIDE",
+        help="Hydra overrides of the training config (as for ufp4-train); "
+        "parallel.dp=null describes the smallest world, dp = ep",
+    )
     args = ap.parse_args(argv)
     if args.config_dir is not None and not Path(args.config_dir).is_dir():
         ap.error(f"--config-dir {args.config_dir}: no such directory")

@@ -21,6 +21,7 @@ Bad input (an option out of range, a sweep.json that is missing or not one this 
 wrote, an override every run would fail on) ends with one line `ufp4-launch: error: ...` and
 exit status 2, before anything is submitted or written.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,53 +46,91 @@ class LaunchError(ValueError):
     """Bad input to ufp4-launch; main() prints it as one `error:` line and returns 2."""
 
 
-def plan_runs(precisions: list[str], ablations: bool, overrides: list[str],
-              out: Path) -> list[dict]:
+def plan_runs(
+    precisions: list[str], ablations: bool, overrides: list[str], out: Path
+) -> list[dict]:
     """One run per precision (+ ablations): the shared overrides, then what makes it unique."""
     runs = [(p, (f"precision={p}",)) for p in precisions]
     if ablations:
-        runs += [(name, ("precision=ufp4", f"precision.name={name}", *extra))
-                 for name, extra in ABLATIONS.items()]
+        runs += [
+            (name, ("precision=ufp4", f"precision.name={name}", *extra))
+            for name, extra in ABLATIONS.items()
+        ]
     names = [name for name, _ in runs]
     if not names:
-        raise LaunchError("--precisions names no precision: give a comma-separated list, e.g. "
-                          f"--precisions {','.join(DEFAULT_PRECISIONS)}")
+        raise LaunchError(
+            "--precisions names no precision: give a comma-separated list, e.g. "
+            f"--precisions {','.join(DEFAULT_PRECISIONS)}"
+        )
     if len(set(names)) != len(names):
         raise LaunchError(f"duplicate run names in {names}: give each precision once")
     plan = []
     for name, own in runs:
         run_dir = out / name
-        plan.append({"name": name, "run_dir": str(run_dir), "overrides": [
-            *overrides, *own,
-            f"hydra.run.dir={run_dir}",
-            f"checkpoint.dir={run_dir / 'checkpoints'}",
-        ]})
+        plan.append(
+            {
+                "name": name,
+                "run_dir": str(run_dir),
+                "overrides": [
+                    *overrides,
+                    *own,
+                    f"hydra.run.dir={run_dir}",
+                    f"checkpoint.dir={run_dir / 'checkpoints'}",
+                ],
+            }
+        )
     return plan
 
 
 def sbatch_commands(out: Path, plan: list[dict], args) -> tuple[list[str], list[str]]:
     """The two sbatch command lines; the report's gets `--dependency` once the array id is known."""
     logs = out / "logs"
-    array = ["sbatch", "--parsable", f"--array=0-{len(plan) - 1}", f"--nodes={args.nodes}",
-             f"--job-name={args.job_name}", f"--output={logs}/%x-%A_%a.out",
-             *args.sbatch_arg, str(SLURM_SBATCH),
-             *(["--nproc-per-node", str(args.nproc_per_node)] if args.nproc_per_node else []),
-             "--max-restarts", str(args.max_restarts), "--module", "ufp4_megatron.cli.launch", "--",
-             "task", str(out / "sweep.json")]
-    report_argv = [args.python, "-m", args.report_module,
-                   *[run["run_dir"] for run in plan], "--out", str(out / "report")]
-    report = ["sbatch", "--parsable", "--nodes=1", "--ntasks=1",
-              f"--job-name={args.job_name}-report", f"--output={logs}/%x-%j.out",
-              "--kill-on-invalid-dep=yes", *args.sbatch_arg,
-              f"--wrap=exec {shlex.join(report_argv)}"]
+    array = [
+        "sbatch",
+        "--parsable",
+        f"--array=0-{len(plan) - 1}",
+        f"--nodes={args.nodes}",
+        f"--job-name={args.job_name}",
+        f"--output={logs}/%x-%A_%a.out",
+        *args.sbatch_arg,
+        str(SLURM_SBATCH),
+        *(["--nproc-per-node", str(args.nproc_per_node)] if args.nproc_per_node else []),
+        "--max-restarts",
+        str(args.max_restarts),
+        "--module",
+        "ufp4_megatron.cli.launch",
+        "--",
+        "task",
+        str(out / "sweep.json"),
+    ]
+    report_argv = [
+        args.python,
+        "-m",
+        args.report_module,
+        *[run["run_dir"] for run in plan],
+        "--out",
+        str(out / "report"),
+    ]
+    report = [
+        "sbatch",
+        "--parsable",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--job-name={args.job_name}-report",
+        f"--output={logs}/%x-%j.out",
+        "--kill-on-invalid-dep=yes",
+        *args.sbatch_arg,
+        f"--wrap=exec {shlex.join(report_argv)}",
+    ]
     return array, report
 
 
 def _sbatch(cmd: list[str], env: dict) -> str:
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if res.returncode != 0:
-        raise SystemExit(f"ufp4-launch: {shlex.join(cmd)} failed ({res.returncode}):\n"
-                         f"{res.stderr.strip()}")
+        raise SystemExit(
+            f"ufp4-launch: {shlex.join(cmd)} failed ({res.returncode}):\n{res.stderr.strip()}"
+        )
     return res.stdout.strip().split(";")[0]  # --parsable prints "jobid[;cluster]"
 
 
@@ -103,8 +142,10 @@ def check_compare_args(args) -> None:
         raise LaunchError(f"--max-restarts {args.max_restarts}: give a number >= 0 (0: none)")
     n = args.nproc_per_node
     if n is not None and n not in NPROC_WORDS and not (n.isdigit() and int(n) >= 1):
-        raise LaunchError(f"--nproc-per-node {n!r}: give a number >= 1 or one of "
-                          f"{', '.join(NPROC_WORDS)} (as torchrun takes it)")
+        raise LaunchError(
+            f"--nproc-per-node {n!r}: give a number >= 1 or one of "
+            f"{', '.join(NPROC_WORDS)} (as torchrun takes it)"
+        )
     if not args.job_name.strip() or any(not c.isprintable() for c in args.job_name):
         raise LaunchError(f"--job-name {args.job_name!r}: give a printable, non-empty name")
     if Path(args.out).exists() and not Path(args.out).is_dir():
@@ -131,8 +172,7 @@ def compare(args) -> int:
     # The jobs inherit this environment (sbatch --export=ALL): the same Python and package.
     env = {**os.environ, "PYTHON": args.python, "UFP4_TORCHRUN": str(TORCHRUN)}
     array_id = _sbatch(array_cmd, env)
-    report_id = _sbatch([*report_cmd[:2], f"--dependency=afterok:{array_id}", *report_cmd[2:]],
-                        env)
+    report_id = _sbatch([*report_cmd[:2], f"--dependency=afterok:{array_id}", *report_cmd[2:]], env)
     sweep["jobs"] = {"array": array_id, "report": report_id}
     (out / "sweep.json").write_text(json.dumps(sweep, indent=2))
     names = ", ".join(f"{i}={run['name']}" for i, run in enumerate(plan))
@@ -146,20 +186,33 @@ def read_sweep(path: str) -> list[dict]:
     try:
         sweep = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise LaunchError(f"task: no such sweep file: {path} (ufp4-launch compare --out DIR "
-                          "writes DIR/sweep.json)") from None
+        raise LaunchError(
+            f"task: no such sweep file: {path} (ufp4-launch compare --out DIR "
+            "writes DIR/sweep.json)"
+        ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise LaunchError(f"task: cannot read {path}: {e}") from None
     except json.JSONDecodeError as e:
-        raise LaunchError(f"task: {path} is not JSON ({e.msg}, line {e.lineno}); it is "
-                          "written by ufp4-launch compare: submit the sweep again") from None
+        raise LaunchError(
+            f"task: {path} is not JSON ({e.msg}, line {e.lineno}); it is "
+            "written by ufp4-launch compare: submit the sweep again"
+        ) from None
     runs = sweep.get("runs") if isinstance(sweep, dict) else None
-    ok = isinstance(runs, list) and runs and all(
-        isinstance(r, dict) and isinstance(r.get("overrides"), list)
-        and all(isinstance(o, str) for o in r["overrides"]) for r in runs)
+    ok = (
+        isinstance(runs, list)
+        and runs
+        and all(
+            isinstance(r, dict)
+            and isinstance(r.get("overrides"), list)
+            and all(isinstance(o, str) for o in r["overrides"])
+            for r in runs
+        )
+    )
     if not ok:
-        raise LaunchError(f"task: {path} is not a sweep file: it needs a non-empty 'runs' list "
-                          "of {name, overrides: [strings]} (as ufp4-launch compare writes it)")
+        raise LaunchError(
+            f"task: {path} is not a sweep file: it needs a non-empty 'runs' list "
+            "of {name, overrides: [strings]} (as ufp4-launch compare writes it)"
+        )
     return runs
 
 
@@ -183,23 +236,42 @@ def main(argv: list[str] | None = None) -> int:
 
     c = sub.add_parser("compare", help="submit the compare sweep as a Slurm job array + report")
     c.add_argument("--out", required=True, help="sweep directory (run dirs, logs, report)")
-    c.add_argument("--precisions", default=",".join(DEFAULT_PRECISIONS),
-                   help="comma-separated precision configs (default: %(default)s)")
-    c.add_argument("--ablations", action="store_true",
-                   help=f"also run the UFP4 ablations: {', '.join(ABLATIONS)}")
+    c.add_argument(
+        "--precisions",
+        default=",".join(DEFAULT_PRECISIONS),
+        help="comma-separated precision configs (default: %(default)s)",
+    )
+    c.add_argument(
+        "--ablations",
+        action="store_true",
+        help=f"also run the UFP4 ablations: {', '.join(ABLATIONS)}",
+    )
     c.add_argument("--nodes", type=int, default=1, help="nodes per run (default: 1)")
     c.add_argument("--job-name", default="ufp4-compare")
-    c.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
-                   help="extra sbatch option for every job, e.g. --sbatch-arg=--partition=gpu")
-    c.add_argument("--nproc-per-node", default=None,
-                   help="processes per node (default: the node's GPUs; CPU runs give a number)")
-    c.add_argument("--max-restarts", type=int, default=0,
-                   help="torchrun restarts after a failure, each resuming from a checkpoint")
+    c.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra sbatch option for every job, e.g. --sbatch-arg=--partition=gpu",
+    )
+    c.add_argument(
+        "--nproc-per-node",
+        default=None,
+        help="processes per node (default: the node's GPUs; CPU runs give a number)",
+    )
+    c.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="torchrun restarts after a failure, each resuming from a checkpoint",
+    )
     c.add_argument("--python", default=sys.executable, help="Python of the jobs (default: this)")
     c.add_argument("--report-module", default=REPORT_MODULE)
     c.add_argument("--dry-run", action="store_true", help="print the sbatch commands only")
-    c.add_argument("overrides", nargs=argparse.REMAINDER,
-                   help="Hydra overrides shared by every run (after --)")
+    c.add_argument(
+        "overrides", nargs=argparse.REMAINDER, help="Hydra overrides shared by every run (after --)"
+    )
     c.set_defaults(func=compare)
 
     t = sub.add_parser("task", help="(inside an array job) exec the trainer for this element")
@@ -209,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     t.set_defaults(func=task)
 
     from ..study.cli import add_parser as add_study_parser  # lazy: only `study` needs its imports
+
     add_study_parser(sub)
 
     args = parser.parse_args(argv)

@@ -7,6 +7,7 @@ from the committed archives' per-step losses (report/results_doc.py; about 10 s)
 
 Exit status: 0 done (or the doc agrees), 1 the doc's tables differ (--check), 2 bad input.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,10 +18,17 @@ from ..report.errors import BadInput
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ufp4_megatron.cli.results", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--archives", type=Path, default=Path("docs/results"),
-                    help="the folder of the study folders (prereg/, study-pysrc/, ...)")
+    ap = argparse.ArgumentParser(
+        prog="python -m ufp4_megatron.cli.results",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--archives",
+        type=Path,
+        default=Path("docs/results"),
+        help="the folder of the study folders (prereg/, study-pysrc/, ...)",
+    )
     ap.add_argument("--doc", type=Path, default=Path("docs/results.md"))
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="compare the doc's tables")
@@ -30,8 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     from ..report import results_doc
 
     if not args.archives.is_dir():
-        print(f"error: --archives {args.archives}: no such folder (run from the repository "
-              f"root, or pass --archives)", file=sys.stderr)
+        print(
+            f"error: --archives {args.archives}: no such folder (run from the repository "
+            f"root, or pass --archives)",
+            file=sys.stderr,
+        )
         return 2
     if (args.check or args.write) and not args.doc.is_file():
         print(f"error: --doc {args.doc}: no such file", file=sys.stderr)
@@ -42,14 +53,19 @@ def main(argv: list[str] | None = None) -> int:
             for p in problems:
                 print(f"{args.doc}: {p}", file=sys.stderr)
             if problems:
-                print(f"run `python -m ufp4_megatron.cli.results --write` to update "
-                      f"{args.doc}'s tables", file=sys.stderr)
+                print(
+                    f"run `python -m ufp4_megatron.cli.results --write` to update "
+                    f"{args.doc}'s tables",
+                    file=sys.stderr,
+                )
                 return 1
             print(f"{args.doc}: every table agrees with {args.archives}")
         elif args.write:
             changed = results_doc.write(args.doc, args.archives)
-            print(f"{args.doc}: {len(changed)} tables rewritten" + (
-                f" ({', '.join(changed)})" if changed else ""))
+            print(
+                f"{args.doc}: {len(changed)} tables rewritten"
+                + (f" ({', '.join(changed)})" if changed else "")
+            )
         else:
             for name, text in results_doc.tables(args.archives).items():
                 print(f"## {name}\n\n{text}")

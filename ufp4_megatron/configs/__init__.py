@@ -4,6 +4,7 @@
 configs join through Hydra's `--config-dir DIR` (a `model/mine.yaml` there is `model=mine`).
 `CONFIG_DIR` is this folder on disk, for Hydra's compose API in tools and tests.
 """
+
 from pathlib import Path
 
 CONFIG_DIR = str(Path(__file__).resolve().parent)

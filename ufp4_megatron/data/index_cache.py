@@ -16,6 +16,7 @@ header implies); a set with one bad file is removed, with a warning naming it, a
 rebuilds it inside the lock. The files it reads after the build are complete (written inside
 the lock).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -92,8 +93,11 @@ def guard(path_to_cache: Path, build_here: bool = True):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                print(f"note: another job is building Megatron's index cache in {d}: waiting "
-                      "for it", file=sys.stderr, flush=True)
+                print(
+                    f"note: another job is building Megatron's index cache in {d}: waiting for it",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError:
             pass  # a filesystem without flock: build unguarded, as Megatron does

@@ -7,11 +7,12 @@ document; the token dtype is `DType.optimal_dtype(tokenizer.vocab_size)` (uint16
 ids, else int32). Files are written as <prefix>.tmp<pid>.bin/.idx and renamed when complete
 (.bin first: a visible .idx means both are whole); on any error they are removed.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 
 class IndexedWriter:
@@ -22,13 +23,14 @@ class IndexedWriter:
         self.tokenizer = tokenizer
         self.documents = self.tokens = 0
 
-    def __enter__(self) -> "IndexedWriter":
+    def __enter__(self) -> IndexedWriter:
         from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
         self.prefix.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = self.prefix.with_name(f"{self.prefix.name}.tmp{os.getpid()}")
         self._builder = IndexedDatasetBuilder(
-            f"{self._tmp}.bin", dtype=DType.optimal_dtype(self.tokenizer.vocab_size))
+            f"{self._tmp}.bin", dtype=DType.optimal_dtype(self.tokenizer.vocab_size)
+        )
         return self
 
     def add(self, sentences: list[str]) -> int:
@@ -41,8 +43,10 @@ class IndexedWriter:
             lo, hi = min(ids), max(ids)
             if lo < 0 or hi >= self.tokenizer.vocab_size:  # would wrap around in uint16
                 bad = lo if lo < 0 else hi
-                raise ValueError(f"token id {bad} is outside the tokenizer's ids "
-                                 f"0..{self.tokenizer.vocab_size - 1}")
+                raise ValueError(
+                    f"token id {bad} is outside the tokenizer's ids "
+                    f"0..{self.tokenizer.vocab_size - 1}"
+                )
         self._builder.add_document(ids, lengths)
         self.documents += 1
         self.tokens += len(ids)
@@ -58,11 +62,15 @@ class IndexedWriter:
         for ext in (".bin", ".idx"):
             Path(f"{self._tmp}{ext}").unlink(missing_ok=True)
         if exc_type is None and self.documents:  # e.g. one empty text file
-            raise ValueError(f"no text to write to {self.prefix}: all {self.documents} "
-                             "documents are empty; give files that hold text")
+            raise ValueError(
+                f"no text to write to {self.prefix}: all {self.documents} "
+                "documents are empty; give files that hold text"
+            )
         if exc_type is None:
-            raise ValueError(f"no documents to write to {self.prefix}: give text or JSONL "
-                             f"files, or directories that hold some")
+            raise ValueError(
+                f"no documents to write to {self.prefix}: give text or JSONL "
+                f"files, or directories that hold some"
+            )
 
 
 def encode(tokenizer, sentences: list[str]) -> tuple[list[int], list[int]]:
@@ -80,8 +88,7 @@ def encode(tokenizer, sentences: list[str]) -> tuple[list[int], list[int]]:
     return ids, lengths
 
 
-def write_indexed(documents: Iterable[list[str]], prefix: str | Path,
-                  tokenizer) -> tuple[int, int]:
+def write_indexed(documents: Iterable[list[str]], prefix: str | Path, tokenizer) -> tuple[int, int]:
     """Tokenizes documents (lists of sentences) into <prefix>.bin/.idx; (documents, tokens)."""
     with IndexedWriter(prefix, tokenizer) as w:
         for sentences in documents:

@@ -14,12 +14,13 @@ Binary files (a NUL byte in the first 8 KiB) and files that are not UTF-8 are re
 named on the command line and skipped, with a warning, when found in a directory: their
 bytes would otherwise become U+FFFD tokens.
 """
+
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -34,8 +35,11 @@ def collect(paths: list[str]) -> list[Path]:
     files = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = sorted(f for f in p.rglob("*")
-                           if f.is_file() and f.suffix in TEXT_SUFFIXES + JSONL_SUFFIXES)
+            found = sorted(
+                f
+                for f in p.rglob("*")
+                if f.is_file() and f.suffix in TEXT_SUFFIXES + JSONL_SUFFIXES
+            )
             for f in found:
                 why = _not_text(f)
                 if why:
@@ -52,21 +56,26 @@ def collect(paths: list[str]) -> list[Path]:
     return files
 
 
-def read_documents(files: list[Path], json_keys: list[str],
-                   advance: Callable[[int], None] = lambda n: None) -> Iterator[dict]:
+def read_documents(
+    files: list[Path], json_keys: list[str], advance: Callable[[int], None] = lambda n: None
+) -> Iterator[dict]:
     """(where, {key: sentences}) per document; advance(bytes) after each (progress bars)."""
     for f in files:
         if f.suffix in JSONL_SUFFIXES:
             yield from _jsonl(f, json_keys, advance)
             continue
         if len(json_keys) > 1:
-            raise InputError(f"{f}: a plain-text file is one document and fills one dataset; "
-                             f"with several --json-keys give JSONL files only")
+            raise InputError(
+                f"{f}: a plain-text file is one document and fills one dataset; "
+                f"with several --json-keys give JSONL files only"
+            )
         try:
             text = f.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
-            raise InputError(f"{f}: not UTF-8 text (byte {e.start}); convert it, e.g. "
-                             f"`iconv -t utf-8`, or leave it out") from e
+            raise InputError(
+                f"{f}: not UTF-8 text (byte {e.start}); convert it, e.g. "
+                f"`iconv -t utf-8`, or leave it out"
+            ) from e
         advance(f.stat().st_size)
         yield str(f), {json_keys[0]: [text]}
 
@@ -84,25 +93,32 @@ def _jsonl(f: Path, keys: list[str], advance) -> Iterator[dict]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise InputError(f"{f}:{number}: not JSON ({e.msg}); JSONL holds one JSON "
-                                 f"object per line") from e
+                raise InputError(
+                    f"{f}:{number}: not JSON ({e.msg}); JSONL holds one JSON object per line"
+                ) from e
             if not isinstance(obj, dict):
-                raise InputError(f"{f}:{number}: a JSON {type(obj).__name__}, not an object "
-                                 f"with the key {keys[0]!r}")
+                raise InputError(
+                    f"{f}:{number}: a JSON {type(obj).__name__}, not an object "
+                    f"with the key {keys[0]!r}"
+                )
             doc = {}
             for key in keys:
                 if key not in obj:
                     have = ", ".join(map(repr, list(obj)[:5])) or "none"
-                    raise InputError(f"{f}:{number}: no key {key!r} (keys: {have}); choose "
-                                     f"the text's key with --json-keys")
+                    raise InputError(
+                        f"{f}:{number}: no key {key!r} (keys: {have}); choose "
+                        f"the text's key with --json-keys"
+                    )
                 value = obj[key]
                 if isinstance(value, str):
                     doc[key] = [value]
                 elif isinstance(value, list) and all(isinstance(v, str) for v in value):
                     doc[key] = value  # pre-split sentences, as preprocess_data.py reads them
                 else:
-                    raise InputError(f"{f}:{number}: {key!r} is a {type(value).__name__}; "
-                                     f"expected a string or a list of strings")
+                    raise InputError(
+                        f"{f}:{number}: {key!r} is a {type(value).__name__}; "
+                        f"expected a string or a list of strings"
+                    )
             yield f"{f}:{number}", doc
 
 

@@ -13,6 +13,7 @@ the `eod_id` given, tokenizer_config.json's `eos_token` beside the file, or the 
 _EOD_NAMES in the vocabulary. The pad is tokenizer_config.json's `pad_token` when it differs
 from the EOD, else none (-1, Megatron's "no pad").
 """
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,7 @@ NO_PAD = -1
 class TokenizerJsonText(MegatronTokenizerText):
     """megatron-core's text tokenizer over a tokenizer.json (see the module docstring)."""
 
-    def _restore_model(self, **kwargs) -> "TokenizerJson":
+    def _restore_model(self, **kwargs) -> TokenizerJson:
         return TokenizerJson(self.path, **kwargs)
 
 
@@ -45,8 +46,10 @@ class TokenizerJson(MegatronTokenizerTextAbstract):
         if file.is_dir():
             file = file / "tokenizer.json"
         if not file.is_file():
-            raise TokenizerError(f"{path}: no tokenizer.json there (a sentencepiece-only "
-                             f"directory needs data.tokenizer.type=sentencepiece)")
+            raise TokenizerError(
+                f"{path}: no tokenizer.json there (a sentencepiece-only "
+                f"directory needs data.tokenizer.type=sentencepiece)"
+            )
         try:
             self.tokenizer = Tokenizer.from_file(str(file))
         except Exception as e:  # the Rust parser's errors carry no file name
@@ -59,7 +62,8 @@ class TokenizerJson(MegatronTokenizerTextAbstract):
         pad = self._vocab.get(special.get("pad_token"), NO_PAD)
         self._pad = NO_PAD if pad == self._eod else pad
         self.space_sensitive = self.text_to_tokens("x y") != (
-            self.text_to_tokens("x") + self.text_to_tokens("y"))
+            self.text_to_tokens("x") + self.text_to_tokens("y")
+        )
 
     def _find_eod(self, eod_id: int | None, eos_token: str | None) -> int:
         if eod_id is not None:
@@ -69,9 +73,11 @@ class TokenizerJson(MegatronTokenizerTextAbstract):
         for name in ((eos_token,) if eos_token else ()) + _EOD_NAMES:
             if name in self._vocab:
                 return self._vocab[name]
-        raise TokenizerError(f"{self.file} names no end-of-document token (no tokenizer_config.json "
-                         f"eos_token, none of {', '.join(_EOD_NAMES)}): set "
-                         f"data.tokenizer.eod_id (--eod-id) to its id")
+        raise TokenizerError(
+            f"{self.file} names no end-of-document token (no tokenizer_config.json "
+            f"eos_token, none of {', '.join(_EOD_NAMES)}): set "
+            f"data.tokenizer.eod_id (--eod-id) to its id"
+        )
 
     # text <-> ids
     def text_to_ids(self, text: str) -> list[int]:

@@ -18,11 +18,11 @@ Nothing is downloaded: a path that is not a local file is refused, naming the fi
 GPTDataset reads `eod`, `pad` and `vocab_size` from the object returned here; a pad of -1 (as
 Megatron's NullTokenizer uses) never equals a token, so no token is loss-masked.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from .errors import TokenizerError
 
@@ -40,9 +40,9 @@ class TokenizerConfig:
     # huggingface | tiktoken | sentencepiece
     # huggingface: a tokenizer.json or its directory; tiktoken: a ranks .json (Megatron's
     # TikTokenizer format); sentencepiece: a .model file. Local files only.
-    path: Optional[str] = None
-    vocab_size: Optional[int] = None  # null: required; tiktoken: None = specials + the file's ranks
-    eod_id: Optional[int] = None  # null: None = vocab_size - 1; huggingface: None = its EOS
+    path: str | None = None
+    vocab_size: int | None = None  # null: required; tiktoken: None = specials + the file's ranks
+    eod_id: int | None = None  # null: None = vocab_size - 1; huggingface: None = its EOS
     tiktoken_pattern: str = "v2"  # Megatron's TikTokenizer split pattern: v1 or v2
     tiktoken_num_special_tokens: int = 1000  # ids below this are special (Megatron's default)
 
@@ -63,37 +63,50 @@ def build_tokenizer(cfg, *, key: str = "data.tokenizer"):
         # Megatron's ByteLevelTokenizer decodes ids below its first special id as bytes: the
         # two specials take 256 and 257 and ids are set explicitly to the fixed EOD and pad.
         return MegatronTokenizer.from_pretrained(
-            metadata_path=metadata, vocab_size=256, special_tokens=["<pad>", "<eod>"],
-            _eos_id=BYTE_EOD, _pad_id=BYTE_PAD)
+            metadata_path=metadata,
+            vocab_size=256,
+            special_tokens=["<pad>", "<eod>"],
+            _eos_id=BYTE_EOD,
+            _pad_id=BYTE_PAD,
+        )
     if kind == "null-text":
         if not cfg.vocab_size or cfg.vocab_size <= 0:
-            raise TokenizerError(f"{key}.type=null-text needs {key}.vocab_size (the data's ids are "
-                                 f"0..vocab_size-1), e.g. {key}.vocab_size=50257 for GPT-2 BPE")
+            raise TokenizerError(
+                f"{key}.type=null-text needs {key}.vocab_size (the data's ids are "
+                f"0..vocab_size-1), e.g. {key}.vocab_size=50257 for GPT-2 BPE"
+            )
         eod = cfg.vocab_size - 1 if cfg.eod_id is None else cfg.eod_id
         if not 0 <= eod < cfg.vocab_size:
             raise TokenizerError(f"{key}.eod_id={eod} is outside 0..{cfg.vocab_size - 1}")
-        return MegatronTokenizer.from_pretrained(metadata_path=metadata,
-                                                 vocab_size=cfg.vocab_size, eod_id=eod)
+        return MegatronTokenizer.from_pretrained(
+            metadata_path=metadata, vocab_size=cfg.vocab_size, eod_id=eod
+        )
     path = _local_path(cfg, key)
     if kind == "huggingface":
         from .tokenizer_json import TokenizerJsonText
 
-        return TokenizerJsonText(str(path), dict(metadata, model_type=None),
-                                 eod_id=cfg.eod_id)
+        return TokenizerJsonText(str(path), dict(metadata, model_type=None), eod_id=cfg.eod_id)
     if cfg.eod_id is not None:
-        raise TokenizerError(f"{key}.eod_id applies to types null-text and huggingface; "
-                             f"{kind} takes its EOD from {path.name}")
+        raise TokenizerError(
+            f"{key}.eod_id applies to types null-text and huggingface; "
+            f"{kind} takes its EOD from {path.name}"
+        )
     kwargs = {}
     if kind == "tiktoken":
-        kwargs = {"pattern": cfg.tiktoken_pattern,
-                  "num_special_tokens": cfg.tiktoken_num_special_tokens,
-                  "vocab_size": cfg.vocab_size or _tiktoken_vocab(path, cfg)}
+        kwargs = {
+            "pattern": cfg.tiktoken_pattern,
+            "num_special_tokens": cfg.tiktoken_num_special_tokens,
+            "vocab_size": cfg.vocab_size or _tiktoken_vocab(path, cfg),
+        }
     try:
-        return MegatronTokenizer.from_pretrained(tokenizer_path=str(path),
-                                                 metadata_path=metadata, **kwargs)
+        return MegatronTokenizer.from_pretrained(
+            tokenizer_path=str(path), metadata_path=metadata, **kwargs
+        )
     except (AssertionError, ValueError, OSError, RuntimeError) as e:
-        raise TokenizerError(f"{key}.path={cfg.path}: not a {kind} tokenizer megatron-core "
-                             f"can load ({type(e).__name__}: {e})") from e
+        raise TokenizerError(
+            f"{key}.path={cfg.path}: not a {kind} tokenizer megatron-core "
+            f"can load ({type(e).__name__}: {e})"
+        ) from e
 
 
 def pad_id(tok) -> int | None:
@@ -133,17 +146,21 @@ def _check_package(kind: str, key: str) -> None:
 
 
 def _local_path(cfg, key: str) -> Path:
-    what = {"huggingface": "a tokenizer.json or the directory holding it",
-            "tiktoken": "a tiktoken ranks .json (Megatron's TikTokenizer format)",
-            "sentencepiece": "a sentencepiece .model file"}[cfg.type]
+    what = {
+        "huggingface": "a tokenizer.json or the directory holding it",
+        "tiktoken": "a tiktoken ranks .json (Megatron's TikTokenizer format)",
+        "sentencepiece": "a sentencepiece .model file",
+    }[cfg.type]
     if not cfg.path:
         raise TokenizerError(f"{key}.type={cfg.type} needs {key}.path: {what}")
     path = Path(cfg.path).expanduser()
     if not path.exists():
         hint = ""
         if "/" not in cfg.path and cfg.type == "huggingface":  # a hub name such as "gpt2"
-            hint = (f"; nothing is downloaded: fetch it where there is network (e.g. "
-                    f"`hf download {cfg.path} tokenizer.json --local-dir tok/`) and set "
-                    f"{key}.path=tok/tokenizer.json")
+            hint = (
+                f"; nothing is downloaded: fetch it where there is network (e.g. "
+                f"`hf download {cfg.path} tokenizer.json --local-dir tok/`) and set "
+                f"{key}.path=tok/tokenizer.json"
+            )
         raise TokenizerError(f"{key}.path={cfg.path} does not exist: give {what}{hint}")
     return path

@@ -13,6 +13,7 @@ instead, which the host reduces per segment (dispatch.py). A block holding NaN o
 non-finite amax and is left out, as in the reference's finite_tensor_amax; none finite
 gives 0.
 """
+
 import triton
 import triton.language as tl
 
@@ -22,8 +23,16 @@ from .scaling_triton import block_amax
 
 
 @triton.jit
-def _tile_finite_amax(x, sign_ptr, norm, BR: tl.constexpr, BC: tl.constexpr, B: tl.constexpr,
-                      BLOCK_2D: tl.constexpr, LOG_H: tl.constexpr):
+def _tile_finite_amax(
+    x,
+    sign_ptr,
+    norm,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
+    B: tl.constexpr,
+    BLOCK_2D: tl.constexpr,
+    LOG_H: tl.constexpr,
+):
     """The finite block amax of the [BR, BC] fp32 tile x, blocks along axis 1:
     [BR, BC // B], 0 for a block holding NaN or Inf."""
     if LOG_H > 0:
@@ -35,8 +44,9 @@ def _tile_finite_amax(x, sign_ptr, norm, BR: tl.constexpr, BC: tl.constexpr, B: 
 
 
 @triton.jit
-def _store_max(out_ptr, m, v0, vc0, BR: tl.constexpr, NB: tl.constexpr, n_rows, n_bcols,
-               KEEP: tl.constexpr):
+def _store_max(
+    out_ptr, m, v0, vc0, BR: tl.constexpr, NB: tl.constexpr, n_rows, n_bcols, KEEP: tl.constexpr
+):
     """Stores the maxima of the [BR, NB] finite block amax m of the tile whose first view row
     is v0 and first block column vc0: one (KEEP 0, at the program's index), one per view row
     (KEEP 1: out[vc0 // NB, v0 + i], n_rows a row) or one per block column (KEEP 2:
@@ -52,10 +62,22 @@ def _store_max(out_ptr, m, v0, vc0, BR: tl.constexpr, NB: tl.constexpr, n_rows, 
 
 
 @triton.jit
-def _tensor_amax_kernel(x_ptr, stride_a, A, B, sign_ptr, norm, out_ptr,
-                        BA: tl.constexpr, BB: tl.constexpr, COL: tl.constexpr,
-                        BLOCK: tl.constexpr, BLOCK_2D: tl.constexpr, LOG_H: tl.constexpr,
-                        KEEP: tl.constexpr = 0):
+def _tensor_amax_kernel(
+    x_ptr,
+    stride_a,
+    A,
+    B,
+    sign_ptr,
+    norm,
+    out_ptr,
+    BA: tl.constexpr,
+    BB: tl.constexpr,
+    COL: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_2D: tl.constexpr,
+    LOG_H: tl.constexpr,
+    KEEP: tl.constexpr = 0,
+):
     """One BA x BB tile of a row-major [A, B] tensor, quantized along B (COL false) or A:
     the tile's largest finite block amax (padding loads as zeros), per program (KEEP 0), per
     view row (KEEP 1) or per view block column (KEEP 2; _store_max). The view is the tensor
@@ -64,9 +86,27 @@ def _tensor_amax_kernel(x_ptr, stride_a, A, B, sign_ptr, norm, out_ptr,
     p0, p1 = tl.program_id(0), tl.program_id(1)
     if COL:
         m = _tile_finite_amax(tl.trans(x), sign_ptr, norm, BB, BA, BLOCK, BLOCK_2D, LOG_H)
-        _store_max(out_ptr, m, p1 * BB, p0 * (BA // BLOCK), BB, BA // BLOCK,
-                   tl.num_programs(1) * BB, tl.num_programs(0) * (BA // BLOCK), KEEP)
+        _store_max(
+            out_ptr,
+            m,
+            p1 * BB,
+            p0 * (BA // BLOCK),
+            BB,
+            BA // BLOCK,
+            tl.num_programs(1) * BB,
+            tl.num_programs(0) * (BA // BLOCK),
+            KEEP,
+        )
     else:
         m = _tile_finite_amax(x, sign_ptr, norm, BA, BB, BLOCK, BLOCK_2D, LOG_H)
-        _store_max(out_ptr, m, p0 * BA, p1 * (BB // BLOCK), BA, BB // BLOCK,
-                   tl.num_programs(0) * BA, tl.num_programs(1) * (BB // BLOCK), KEEP)
+        _store_max(
+            out_ptr,
+            m,
+            p0 * BA,
+            p1 * (BB // BLOCK),
+            BA,
+            BB // BLOCK,
+            tl.num_programs(0) * BA,
+            tl.num_programs(1) * (BB // BLOCK),
+            KEEP,
+        )

@@ -23,6 +23,7 @@ per call. Under e4m3 scales each segment also gets its own tensor scale (its ama
 read for all segments, `_tensor_amax`), the kernels reading it through the same
 tables. Without SR or e4m3 the segments change nothing and are not passed.
 """
+
 from __future__ import annotations
 
 import math
@@ -97,30 +98,33 @@ class _Layout(NamedTuple):
 _PLANS: dict = {}
 
 
-def _plan(dtype, device, grid, block, block_2d, scale, rounding, rht, keep_padding,
-          out_dtype) -> _Plan | str:
+def _plan(
+    dtype, device, grid, block, block_2d, scale, rounding, rht, keep_padding, out_dtype
+) -> _Plan | str:
     """The cached plan of a setting, or the reason the kernels do not cover it."""
     try:
-        key = (dtype, device, grid, block, block_2d, scale, rounding, rht, keep_padding,
-               out_dtype)
+        key = (dtype, device, grid, block, block_2d, scale, rounding, rht, keep_padding, out_dtype)
         hit = _PLANS.get(key)
     except TypeError:  # an unhashable codebook (a list): key it by its levels
         try:
             grid = codebook_levels(grid)
         except ValueError as e:
             return str(e)
-        return _plan(dtype, device, grid, block, block_2d, scale, rounding, rht,
-                     keep_padding, out_dtype)
+        return _plan(
+            dtype, device, grid, block, block_2d, scale, rounding, rht, keep_padding, out_dtype
+        )
     if hit is None:
         if len(_PLANS) > 1024:  # settings are few; never grow without bound
             _PLANS.clear()
-        hit = _PLANS[key] = _build_plan(dtype, device, grid, block, block_2d, scale, rounding,
-                                        rht, keep_padding, out_dtype)
+        hit = _PLANS[key] = _build_plan(
+            dtype, device, grid, block, block_2d, scale, rounding, rht, keep_padding, out_dtype
+        )
     return hit
 
 
-def _build_plan(dtype, device, grid, block, block_2d, scale, rounding, rht, keep_padding,
-                out_dtype) -> _Plan | str:
+def _build_plan(
+    dtype, device, grid, block, block_2d, scale, rounding, rht, keep_padding, out_dtype
+) -> _Plan | str:
     try:
         g = get_grid(grid)
     except ValueError as e:
@@ -138,8 +142,10 @@ def _build_plan(dtype, device, grid, block, block_2d, scale, rounding, rht, keep
     if rounding not in ("rtne", "sr"):
         return f"rounding={rounding!r}"
     if scale == "e4m3" and g.neg_extra is not None:
-        return ("e4m3 scales on the two's-complement grid (its tensor scale depends on every "
-                "block's sign)")
+        return (
+            "e4m3 scales on the two's-complement grid (its tensor scale depends on every "
+            "block's sign)"
+        )
     if rht is not None and not isinstance(rht, RHT):
         return f"rht={rht!r} (pass an RHT)"
     lv = g.levels_tensor()  # the reference's level table (numerics/quantize.py)
@@ -152,22 +158,44 @@ def _build_plan(dtype, device, grid, block, block_2d, scale, rounding, rht, keep
     sign = rht.signs.to(device) if rht is not None else lv
     log_h = int(math.log2(rht.size)) if rht is not None else 0
     # one set of constexprs of the pipeline (pipeline_triton.py), shared by both kernels
-    steps = dict(SCALE=SCALES[scale], SR=rounding == "sr", NLEV=len(lv) - 1,
-                 ASYM=g.neg_extra is not None, D=d, INV_D=1.0 / d if d else 0.0, FP_M=fp_m,
-                 EXACT_DIV=INTERPRETED or g.levels[1] < 2.0**-30)
+    steps = dict(
+        SCALE=SCALES[scale],
+        SR=rounding == "sr",
+        NLEV=len(lv) - 1,
+        ASYM=g.neg_extra is not None,
+        D=d,
+        INV_D=1.0 / d if d else 0.0,
+        FP_M=fp_m,
+        EXACT_DIV=INTERPRETED or g.levels[1] < 2.0**-30,
+    )
     consts = dict(steps, BLOCK=block, BLOCK_2D=block_2d, LOG_H=log_h)
     consts16 = prefixed = None
     if block == 16 and not block_2d and log_h in (0, 4):  # the 16-tensor kernels apply
         consts16 = dict(steps, RHT=log_h == 4)
         prefixed = {p: {p + k: v for k, v in consts16.items()} for p in ("A_", "B_")}
-    return _Plan(grid=g, block=block, block_2d=block_2d, rht=rht,
-                 unit=padded_length(1, block, rht), keep_padding=keep_padding,
-                 out_dtype=output_dtype(dtype, rht, out_dtype), lv=lv, mid=mid, sign=sign,
-                 g_top=(torch.tensor(g.g_max, dtype=torch.float32, device=device)
-                        if scale == "e4m3" else None),
-                 scalars=(rht.norm if rht is not None else 1.0, g.g_max,
-                          g.neg_extra if g.neg_extra is not None else g.g_max),
-                 consts=consts, consts16=consts16, prefixed=prefixed)
+    return _Plan(
+        grid=g,
+        block=block,
+        block_2d=block_2d,
+        rht=rht,
+        unit=padded_length(1, block, rht),
+        keep_padding=keep_padding,
+        out_dtype=output_dtype(dtype, rht, out_dtype),
+        lv=lv,
+        mid=mid,
+        sign=sign,
+        g_top=(
+            torch.tensor(g.g_max, dtype=torch.float32, device=device) if scale == "e4m3" else None
+        ),
+        scalars=(
+            rht.norm if rht is not None else 1.0,
+            g.g_max,
+            g.neg_extra if g.neg_extra is not None else g.g_max,
+        ),
+        consts=consts,
+        consts16=consts16,
+        prefixed=prefixed,
+    )
 
 
 def _is_int(v) -> bool:
@@ -202,31 +230,50 @@ def _call_reason(x, rounding, seed, origin, segments=None, scale="fp32", block=1
             return f"segments={segments!r} (pass numerics.segments.Segments)"
         keyed = "SR" if rounding == "sr" else "e4m3" if scale == "e4m3" else None
         if keyed and any(s % 16 for s in segments.starts):
-            return (f"{keyed} segments starting at {segments.starts} (the kernels' tables hold "
-                    "one entry per 16 positions: starts must be multiples of 16)")
+            return (
+                f"{keyed} segments starting at {segments.starts} (the kernels' tables hold "
+                "one entry per 16 positions: starts must be multiples of 16)"
+            )
         if scale == "e4m3" and tensor_amax is None:  # the reference refuses these too
-            return tensor_scale_segments_problem(segments, block=block, block_2d=block_2d,
-                                                 rht_size=rht.size if rht is not None else None)
+            return tensor_scale_segments_problem(
+                segments,
+                block=block,
+                block_2d=block_2d,
+                rht_size=rht.size if rht is not None else None,
+            )
     return None
 
 
-def unsupported(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool = False,
-                scale: str = "fp32", rounding: str = "rtne", rht: RHT | None = None,
-                seed: int = 0, origin: tuple[int, int] = (0, 0), tensor_amax=None,
-                keep_padding: bool = False, out_dtype: torch.dtype | None = None,
-                segments: Segments | None = None) -> str | None:
+def unsupported(
+    x: torch.Tensor,
+    grid,
+    *,
+    block: int = 16,
+    block_2d: bool = False,
+    scale: str = "fp32",
+    rounding: str = "rtne",
+    rht: RHT | None = None,
+    seed: int = 0,
+    origin: tuple[int, int] = (0, 0),
+    tensor_amax=None,
+    keep_padding: bool = False,
+    out_dtype: torch.dtype | None = None,
+    segments: Segments | None = None,
+) -> str | None:
     """None when the kernels reproduce the reference for these arguments, else what they do
     not implement (the caller then runs the reference, or, for backend="triton", says so).
     Not implemented: blocks other than 16/32, dtypes other than fp32/bf16/fp16, e4m3 scales
     on the two's-complement grid (its tensor scale depends on every block's sign), empty
     tensors, SR segments that do not start at multiples of 16, and arguments the reference
     itself rejects."""
-    plan = _plan(x.dtype, x.device, grid, block, block_2d, scale, rounding, rht, keep_padding,
-                 out_dtype)
+    plan = _plan(
+        x.dtype, x.device, grid, block, block_2d, scale, rounding, rht, keep_padding, out_dtype
+    )
     if isinstance(plan, str):
         return plan
-    return _call_reason(x, rounding, seed, origin, segments, scale, block, block_2d, rht,
-                        tensor_amax)
+    return _call_reason(
+        x, rounding, seed, origin, segments, scale, block, block_2d, rht, tensor_amax
+    )
 
 
 def supports(x: torch.Tensor, grid, **kw) -> bool:
@@ -236,25 +283,57 @@ def supports(x: torch.Tensor, grid, **kw) -> bool:
 
 def check_device(x: torch.Tensor) -> None:
     if not x.is_cuda and not INTERPRETED:
-        raise ValueError(f"backend='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 for the "
-                         f"CPU interpreter), got a tensor on {x.device}: move it to the GPU or "
-                         "use backend='auto'")
+        raise ValueError(
+            f"backend='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 for the "
+            f"CPU interpreter), got a tensor on {x.device}: move it to the GPU or "
+            "use backend='auto'"
+        )
 
 
-def _layout(view: torch.Tensor, grid, block=16, block_2d=False, scale="fp32", rounding="rtne",
-            rht=None, seed=0, origin=(0, 0), tensor_amax=None, keep_padding=False,
-            out_dtype=None, segments=None, strict=True) -> _Layout | None:
+def _layout(
+    view: torch.Tensor,
+    grid,
+    block=16,
+    block_2d=False,
+    scale="fp32",
+    rounding="rtne",
+    rht=None,
+    seed=0,
+    origin=(0, 0),
+    tensor_amax=None,
+    keep_padding=False,
+    out_dtype=None,
+    segments=None,
+    strict=True,
+) -> _Layout | None:
     """The call's layout; for arguments the kernels do not implement a ValueError naming
     them (strict) or None (the caller runs the reference)."""
-    plan = _plan(view.dtype, view.device, grid, block, block_2d, scale, rounding, rht,
-                 keep_padding, out_dtype)
-    reason = plan if isinstance(plan, str) else _call_reason(
-        view, rounding, seed, origin, segments, scale, block, block_2d, rht, tensor_amax)
+    plan = _plan(
+        view.dtype,
+        view.device,
+        grid,
+        block,
+        block_2d,
+        scale,
+        rounding,
+        rht,
+        keep_padding,
+        out_dtype,
+    )
+    reason = (
+        plan
+        if isinstance(plan, str)
+        else _call_reason(
+            view, rounding, seed, origin, segments, scale, block, block_2d, rht, tensor_amax
+        )
+    )
     if reason is not None:
         if not strict:
             return None
-        raise ValueError(f"the Triton kernels do not implement {reason}: use backend='auto' "
-                         "(it runs the reference for such arguments) or backend='torch'")
+        raise ValueError(
+            f"the Triton kernels do not implement {reason}: use backend='auto' "
+            "(it runs the reference for such arguments) or backend='torch'"
+        )
     check_device(view)
     R, C = view.shape
     length = -(-C // plan.unit) * plan.unit
@@ -262,8 +341,11 @@ def _layout(view: torch.Tensor, grid, block=16, block_2d=False, scale="fp32", ro
     # segments key SR, and e4m3's tensor scale (one per segment); otherwise they change nothing
     keyed = segments is not None and (rounding == "sr" or plan.g_top is not None)
     seg = 1 + segments.axis if keyed else 0
-    tables = (_segment_tables(segments, other if seg == 1 else length, view.device) if seg
-              else (plan.lv, 1, plan.lv, plan.lv))  # unused without segments
+    tables = (
+        _segment_tables(segments, other if seg == 1 else length, view.device)
+        if seg
+        else (plan.lv, 1, plan.lv, plan.lv)
+    )  # unused without segments
     st = plan.lv
     if plan.g_top is not None:  # the e4m3 tensor scale, its amax in one pass of a kernel
         if tensor_amax is None:
@@ -389,8 +471,14 @@ def _launch(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> torch
 _SEGMENT_POSITIONS: dict = {}
 
 
-def _tensor_amax(view: torch.Tensor, plan: _Plan, length: int, other: int,
-                 segments: Segments | None = None, tables=None) -> torch.Tensor:
+def _tensor_amax(
+    view: torch.Tensor,
+    plan: _Plan,
+    length: int,
+    other: int,
+    segments: Segments | None = None,
+    tables=None,
+) -> torch.Tensor:
     """e4m3's tensor amax of a view in one read (amax_triton.py), bit for bit the
     reference's: a fp32 device scalar (numerics.quantize.e4m3_tensor_amax), or with segments
     one per segment (numerics.segments.segment_tensor_amax; `tables` are the layout's
@@ -401,14 +489,34 @@ def _tensor_amax(view: torch.Tensor, plan: _Plan, length: int, other: int,
     ba, bb, warps, grid = _generic_grid(t.shape, plan, length, other, along_rows)
     keep = 0 if segments is None else 1 + segments.axis
     # the view's extent the programs cover: (programs, tile) along its rows and its columns
-    (n_r, tile_r), (n_c, tile_c) = (((grid[1], bb), (grid[0], ba)) if along_rows
-                                    else ((grid[0], ba), (grid[1], bb)))
-    n_pos, n_other = {0: (1, grid[0] * grid[1]), 1: (n_r * tile_r, n_c),
-                      2: (n_c * tile_c // plan.block, n_r)}[keep]
+    (n_r, tile_r), (n_c, tile_c) = (
+        ((grid[1], bb), (grid[0], ba)) if along_rows else ((grid[0], ba), (grid[1], bb))
+    )
+    n_pos, n_other = {
+        0: (1, grid[0] * grid[1]),
+        1: (n_r * tile_r, n_c),
+        2: (n_c * tile_c // plan.block, n_r),
+    }[keep]
     partial = torch.empty(n_other * n_pos, dtype=torch.float32, device=t.device)
-    launch(_tensor_amax_kernel, grid, t, t.stride(0), t.shape[0], t.shape[1], plan.sign,
-           plan.scalars[0], partial, BA=ba, BB=bb, COL=along_rows, BLOCK=plan.block,
-           BLOCK_2D=plan.block_2d, LOG_H=plan.consts["LOG_H"], KEEP=keep, num_warps=warps)
+    launch(
+        _tensor_amax_kernel,
+        grid,
+        t,
+        t.stride(0),
+        t.shape[0],
+        t.shape[1],
+        plan.sign,
+        plan.scalars[0],
+        partial,
+        BA=ba,
+        BB=bb,
+        COL=along_rows,
+        BLOCK=plan.block,
+        BLOCK_2D=plan.block_2d,
+        LOG_H=plan.consts["LOG_H"],
+        KEEP=keep,
+        num_warps=warps,
+    )
     if segments is None:
         return partial.amax()
     per_position = partial.view(n_other, n_pos).amax(0)
@@ -425,8 +533,9 @@ def _tensor_amax(view: torch.Tensor, plan: _Plan, length: int, other: int,
     return seg.scatter_reduce_(0, owner, per_position, "amax")
 
 
-def quantize_view(x: torch.Tensor, grid, *, tiles=None, strict: bool = True,
-                  **kw) -> torch.Tensor | None:
+def quantize_view(
+    x: torch.Tensor, grid, *, tiles=None, strict: bool = True, **kw
+) -> torch.Tensor | None:
     """Kernel twin of numerics.quantize.quantize_view: same arguments, same values.
 
     A transposed view of a row-major tensor (x.t() with stride (1, n)) runs the column
@@ -453,8 +562,9 @@ def _quantize_laid_out(x: torch.Tensor, lay: _Layout, tiles=None) -> torch.Tenso
     return _launch(t, lay, along_rows, tiles.get(generic))
 
 
-def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *, tiles=None,
-                  strict: bool = True):
+def quantize_pair(
+    a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *, tiles=None, strict: bool = True
+):
     """(quantize_view(a, **a_kw), quantize_view(b, **b_kw)), grid included in the kw dicts.
 
     When both take the 16-tensor kernels (UFP4's and E2M1's operands: 1x16 blocks, RHT16 or
@@ -470,10 +580,12 @@ def quantize_pair(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *, t
     forced = "row" in tiles or "col" in tiles
     if la.plan.consts16 is None or lb.plan.consts16 is None or forced:
         return _quantize_laid_out(a, la, tiles), _quantize_laid_out(b, lb, tiles)
-    _, va, na, wa, args_a, (a0, a1) = _job16(ta, la, a_rows,
-                                             tiles.get("col16" if a_rows else "row16"))
-    _, vb, nb, wb, args_b, (b0, b1) = _job16(tb, lb, b_rows,
-                                             tiles.get("col16" if b_rows else "row16"))
+    _, va, na, wa, args_a, (a0, a1) = _job16(
+        ta, la, a_rows, tiles.get("col16" if a_rows else "row16")
+    )
+    _, vb, nb, wb, args_b, (b0, b1) = _job16(
+        tb, lb, b_rows, tiles.get("col16" if b_rows else "row16")
+    )
     if wa != wb:  # one launch has one warp count
         return _quantize_laid_out(a, la, tiles), _quantize_laid_out(b, lb, tiles)
     programs_a = na[0] * na[1]

@@ -7,18 +7,19 @@ underflows, so a kernel that takes it checks `fast_div_unsafe_*` and redoes the 
 with `div_exact` when any element falls outside (docs/kernel-notes.md). The CPU interpreter
 emulates fma with two roundings: there the kernels always take `div_exact` (dispatch.py).
 """
+
 import triton
 import triton.language as tl
 
 # div_fast is proven where no intermediate underflows: block scales in [2^-60, 2^60] keep
 # 1 / s and the products of a block's quotients far from fp32's subnormal range; a tile
 # holding a scale outside takes div_exact.
-FAST_DIV_MIN_SCALE = tl.constexpr(2.0 ** -60)
-FAST_DIV_MAX_SCALE = tl.constexpr(2.0 ** 60)
+FAST_DIV_MIN_SCALE = tl.constexpr(2.0**-60)
+FAST_DIV_MAX_SCALE = tl.constexpr(2.0**60)
 # A quotient below 2^-100 may come out of div_fast off by an ulp. RTNE never looks at one
 # (far below the first midpoint of any grid whose first level is >= 2^-30; smaller grids take
 # div_exact throughout), but SR does: whether v > 0 decides a possible round-up.
-FAST_DIV_MIN_QUOTIENT = tl.constexpr(2.0 ** -100)
+FAST_DIV_MIN_QUOTIENT = tl.constexpr(2.0**-100)
 
 
 @triton.jit
@@ -30,8 +31,9 @@ def div_exact(a, s):
 @triton.jit
 def reciprocal(s):
     """RN(1 / s) where s > 0, else 0: div_fast then gives 0 for s == 0 and NaN for a NaN s."""
-    return tl.where(s > 0, tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32),
-                                          tl.where(s > 0, s, 1.0)), 0.0)
+    return tl.where(
+        s > 0, tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), tl.where(s > 0, s, 1.0)), 0.0
+    )
 
 
 @triton.jit

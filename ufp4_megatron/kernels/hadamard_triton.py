@@ -9,6 +9,7 @@ same butterfly: `rht_rows` on a [rows, cols] tile (groups of H along axis 1), `r
 block held as 16 same-shaped tensors (element j of every block in the j-th;
 quantize16_triton.py), where every stage is elementwise.
 """
+
 import triton
 import triton.language as tl
 

@@ -25,6 +25,7 @@ The launcher's argument list is Triton 3.6's (runtime/jit.py JITFunction.run). A
 other Triton versions, in Triton's CPU interpreter, without a CUDA driver, while a launch
 hook is set (a profiler's), and for a kernel called with a constexpr positionally.
 """
+
 from __future__ import annotations
 
 import functools
@@ -42,8 +43,10 @@ def _enabled_from_env() -> bool:
     # start (train/validate.py check_machine), before the kernels are imported
     value = os.environ.get("UFP4_CACHED_LAUNCH", "1")
     if value not in ("0", "1"):
-        raise ValueError(f"UFP4_CACHED_LAUNCH={value!r}: give 1 (cached kernel launches, the "
-                         "default) or 0 (Triton's own launch path for every call)")
+        raise ValueError(
+            f"UFP4_CACHED_LAUNCH={value!r}: give 1 (cached kernel launches, the "
+            "default) or 0 (Triton's own launch path for every call)"
+        )
     return value == "1"
 
 
@@ -64,7 +67,7 @@ def _spec(a):
         return a.dtype, a.data_ptr() % 16 == 0
     t = type(a)
     if t is int:
-        return a == 1, a % 16 == 0, -2 ** 31 <= a < 2 ** 31, a < 2 ** 63
+        return a == 1, a % 16 == 0, -(2**31) <= a < 2**31, a < 2**63
     if t is float or t is bool or a is None:
         return t
     return t, a
@@ -91,16 +94,24 @@ def _tail(kernel, n_positional: int, kwargs: dict):
 def _hooked() -> bool:
     """Whether a launch hook would run: Triton 3.6 keeps them in (normally empty) HookChains
     and calls them around every launch; a plain callable counts as set."""
-    return any(h is not None and getattr(h, "calls", True)
-               for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+    return any(
+        h is not None and getattr(h, "calls", True)
+        for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    )
 
 
 def _key(kernel, device, args: tuple, kwargs: dict) -> tuple:
     """What a compiled kernel is cached under (module docstring). id: a JITFunction hashes
     its source's sha256 under a lock; the entry keeps the kernel alive, so its id is not
     reused while the entry exists."""
-    return (id(kernel), device, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
-            tuple(kwargs.items()), tuple(map(_spec, args)))
+    return (
+        id(kernel),
+        device,
+        knobs.runtime.debug,
+        knobs.compilation.instrumentation_mode,
+        tuple(kwargs.items()),
+        tuple(map(_spec, args)),
+    )
 
 
 @functools.cache
@@ -114,8 +125,12 @@ def _cuda() -> bool:
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """kernel[grid](*args, **kwargs), with Triton's binding skipped after the first call of
     a specialization (module docstring)."""
-    if (not (ENABLED and SUPPORTED) or isinstance(kernel, InterpretedFunction) or _hooked()
-            or not _cuda()):
+    if (
+        not (ENABLED and SUPPORTED)
+        or isinstance(kernel, InterpretedFunction)
+        or _hooked()
+        or not _cuda()
+    ):
         kernel[grid](*args, **kwargs)
         return
     device = driver.active.get_current_device()

@@ -7,11 +7,12 @@ u = (bits >> 8) * 2^-24 (`uniform24`), exact in fp32, so kernels and reference a
 bit. Two layouts of the same uniforms: four tensors (the 16-tensor kernels hold a block's
 elements in separate tensors) or one [rows, cols] tile (the generic kernel).
 """
+
 import triton
 import triton.language as tl
 
 # 2^-24: one unit of the top 24 bits of a word, so u = (bits >> 8) * 2^-24 is in [0, 1)
-UNIFORM24_ULP = tl.constexpr(2.0 ** -24)
+UNIFORM24_ULP = tl.constexpr(2.0**-24)
 
 
 @triton.jit
@@ -32,6 +33,7 @@ def uniforms4(seed, c0, c1):
 def tile_uniforms(seed, r, c4, BR: tl.constexpr, BC: tl.constexpr):
     """The uniforms of a [BR, BC] tile. r: [BR, 1] global view rows; c4: [1, BC // 4] global
     view columns over 4 (one counter per 4 columns: its words fill columns 4 c4 .. 4 c4 + 3)."""
-    u0, u1, u2, u3 = uniforms4(seed, tl.broadcast_to(c4, (BR, BC // 4)),
-                               tl.broadcast_to(r, (BR, BC // 4)))
+    u0, u1, u2, u3 = uniforms4(
+        seed, tl.broadcast_to(c4, (BR, BC // 4)), tl.broadcast_to(r, (BR, BC // 4))
+    )
     return tl.reshape(tl.join(tl.join(u0, u2), tl.join(u1, u3)), (BR, BC))

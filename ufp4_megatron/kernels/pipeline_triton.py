@@ -13,6 +13,7 @@ The steps from the scale on are elementwise on same-shaped fp32 tensors: the til
 their elements; the 16-tensor kernels (quantize16_triton.py) apply each to the 16 tensors of
 a block. Only the RHT, the amax and where the uniforms come from depend on the layout.
 """
+
 import triton
 import triton.language as tl
 
@@ -34,9 +35,22 @@ def block_scales(amax, g, st_ptr, SCALE: tl.constexpr):
 
 
 @triton.jit
-def clip_round_dequantize(x, v, u, s, lv_ptr, mid_ptr, gmax, gneg, SR: tl.constexpr,
-                          NLEV: tl.constexpr, ASYM: tl.constexpr, D: tl.constexpr,
-                          INV_D: tl.constexpr, FP_M: tl.constexpr):
+def clip_round_dequantize(
+    x,
+    v,
+    u,
+    s,
+    lv_ptr,
+    mid_ptr,
+    gmax,
+    gneg,
+    SR: tl.constexpr,
+    NLEV: tl.constexpr,
+    ASYM: tl.constexpr,
+    D: tl.constexpr,
+    INV_D: tl.constexpr,
+    FP_M: tl.constexpr,
+):
     """x's dequantized value from v = |x| / s: clipped to its sign's top level (two's
     complement, ASYM: gneg for negatives), rounded (SR against u), scaled back by s, signed."""
     neg = x < 0

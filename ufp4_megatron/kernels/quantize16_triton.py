@@ -10,11 +10,18 @@ view is t.t(): view row = b, column = a). Row-wise (along B), each block is load
 two such jobs (row or column each) in one launch: the two operands of one GEMM. Host side:
 dispatch.py.
 """
+
 import triton
 import triton.language as tl
 
-from .fp32_triton import (cast_out, div_exact, div_fast, fast_div_unsafe_quotient,
-                          fast_div_unsafe_scale, reciprocal)
+from .fp32_triton import (
+    cast_out,
+    div_exact,
+    div_fast,
+    fast_div_unsafe_quotient,
+    fast_div_unsafe_scale,
+    reciprocal,
+)
 from .hadamard_triton import rht16
 from .philox_triton import uniforms4
 from .pipeline_triton import block_scales, clip_round_dequantize
@@ -23,10 +30,28 @@ from .segments_triton import segment_keys
 
 
 @triton.jit
-def _qdq16(xs, c4, r, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg,
-           SCALE: tl.constexpr, SR: tl.constexpr, RHT: tl.constexpr, NLEV: tl.constexpr,
-           ASYM: tl.constexpr, D: tl.constexpr, INV_D: tl.constexpr, FP_M: tl.constexpr,
-           EXACT_DIV: tl.constexpr):
+def _qdq16(
+    xs,
+    c4,
+    r,
+    seed,
+    lv_ptr,
+    mid_ptr,
+    st_ptr,
+    sign_ptr,
+    norm,
+    gmax,
+    gneg,
+    SCALE: tl.constexpr,
+    SR: tl.constexpr,
+    RHT: tl.constexpr,
+    NLEV: tl.constexpr,
+    ASYM: tl.constexpr,
+    D: tl.constexpr,
+    INV_D: tl.constexpr,
+    FP_M: tl.constexpr,
+    EXACT_DIV: tl.constexpr,
+):
     """QDQ of one block held as a 16-tuple of same-shaped fp32 tensors (element j of every
     block in xs[j]). c4: global view column of element 0, over 4 (Philox counter 0 of
     elements 0..3); r: global view row; st_ptr: the e4m3 tensor scale, a pointer per block
@@ -62,8 +87,11 @@ def _qdq16(xs, c4, r, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax, gneg,
             if j % 4 == 0:  # one Philox call serves 4 consecutive view columns
                 us = uniforms4(seed, c4 + j // 4, r)
             u = us[j % 4]
-        out = out + (clip_round_dequantize(xs[j], vs[j], u, s, lv_ptr, mid_ptr, gmax, gneg,
-                                           SR, NLEV, ASYM, D, INV_D, FP_M),)
+        out = out + (
+            clip_round_dequantize(
+                xs[j], vs[j], u, s, lv_ptr, mid_ptr, gmax, gneg, SR, NLEV, ASYM, D, INV_D, FP_M
+            ),
+        )
     return out
 
 
@@ -90,8 +118,11 @@ def _col16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
                 norm, gmax, gneg, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV)
     for j in tl.static_range(16):
         a = g * 16 + j
-        tl.store(out_ptr + a.to(tl.int64) * B + b, cast_out(ys[j], out_ptr, INTERP),
-                 mask=(a < out_len) & (b < B))
+        tl.store(
+            out_ptr + a.to(tl.int64) * B + b,
+            cast_out(ys[j], out_ptr, INTERP),
+            mask=(a < out_len) & (b < B),
+        )
 
 
 @triton.jit
@@ -159,10 +190,16 @@ def _row16_job(p0, p1, x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr,
     ys = _qdq16(xs, (vc + org1) >> 2, vr + org0, sd, lv_ptr, mid_ptr, st_ptr + i, sign_ptr,
                 norm, gmax, gneg, SCALE, SR, RHT, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV)
     out = out_ptr + r.to(tl.int64) * out_len
-    tl.store(out + c_lo, cast_out(_join8(ys, 0, BR, BG), out_ptr, INTERP),
-             mask=(r < A) & (c_lo < out_len))
-    tl.store(out + c_lo + 8, cast_out(_join8(ys, 8, BR, BG), out_ptr, INTERP),
-             mask=(r < A) & (c_lo + 8 < out_len))
+    tl.store(
+        out + c_lo,
+        cast_out(_join8(ys, 0, BR, BG), out_ptr, INTERP),
+        mask=(r < A) & (c_lo < out_len),
+    )
+    tl.store(
+        out + c_lo + 8,
+        cast_out(_join8(ys, 8, BR, BG), out_ptr, INTERP),
+        mask=(r < A) & (c_lo + 8 < out_len),
+    )
 
 
 @triton.jit

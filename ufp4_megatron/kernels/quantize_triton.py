@@ -11,11 +11,19 @@ In the layout's own view coordinates (r, c) every step is the reference's
 align with blocks, 2D tiles and RHT groups, so every reduction stays inside one program;
 padding is loaded as zeros. Host side: dispatch.py.
 """
+
 import triton
 import triton.language as tl
 
-from .fp32_triton import (cast_out, div_exact, div_fast, fast_div_unsafe_quotient,
-                          fast_div_unsafe_scale, load_tile, reciprocal)
+from .fp32_triton import (
+    cast_out,
+    div_exact,
+    div_fast,
+    fast_div_unsafe_quotient,
+    fast_div_unsafe_scale,
+    load_tile,
+    reciprocal,
+)
 from .hadamard_triton import rht_rows
 from .philox_triton import tile_uniforms
 from .pipeline_triton import block_scales, clip_round_dequantize
@@ -44,8 +52,9 @@ def _qdq_tile(x, r, c_start, r_org, c_org, seed, lv_ptr, mid_ptr, st_ptr, sign_p
         g = tl.where(block_negative_extreme(x, BR, BC, B, BLOCK_2D), gneg, gmax)
     st = st_ptr
     if SCALE == 1 and SEG > 0:  # e4m3: the tensor scale of each block's segment
-        st = st_ptr + segment_index(r, c_start + B * tl.arange(0, BC // B)[None, :], sg_idx,
-                                    sg_n16, SEG)
+        st = st_ptr + segment_index(
+            r, c_start + B * tl.arange(0, BC // B)[None, :], sg_idx, sg_n16, SEG
+        )
     sb = block_scales(amax, g, st, SCALE)
     s = expand(sb, BR, BC, B)
     a = tl.abs(x)
@@ -66,8 +75,9 @@ def _qdq_tile(x, r, c_start, r_org, c_org, seed, lv_ptr, mid_ptr, st_ptr, sign_p
         sd, vr, vc, _ = segment_keys(seed, r, c, sg_idx, sg_n16, sg_seed, sg_start, SEG,
                                      SEED_PTR)
         u = tile_uniforms(sd, vr + r_org, (vc + c_org) // 4, BR, BC)
-    return clip_round_dequantize(x, v, u, s, lv_ptr, mid_ptr, gmax, gneg, SR, NLEV, ASYM, D,
-                                 INV_D, FP_M)
+    return clip_round_dequantize(
+        x, v, u, s, lv_ptr, mid_ptr, gmax, gneg, SR, NLEV, ASYM, D, INV_D, FP_M
+    )
 
 
 @triton.jit

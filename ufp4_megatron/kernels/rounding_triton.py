@@ -13,6 +13,7 @@ reference's own code; the loops unroll over at most 17 levels. Returns the level
 the code: the midpoints (levels) passed form a prefix, so the last one passed names the code.
 `round_to_grid` picks the path from the constexprs of a plan (dispatch.py).
 """
+
 import triton
 import triton.language as tl
 
@@ -46,8 +47,18 @@ def round_sr(v, u, lv_ptr, NLEV: tl.constexpr):
 
 
 @triton.jit
-def round_to_grid(v, u, lv_ptr, mid_ptr, top, SR: tl.constexpr, NLEV: tl.constexpr,
-                  D: tl.constexpr, INV_D: tl.constexpr, FP_M: tl.constexpr):
+def round_to_grid(
+    v,
+    u,
+    lv_ptr,
+    mid_ptr,
+    top,
+    SR: tl.constexpr,
+    NLEV: tl.constexpr,
+    D: tl.constexpr,
+    INV_D: tl.constexpr,
+    FP_M: tl.constexpr,
+):
     """v (clipped to the sign's top level) -> its grid level: SR against u (unused for
     RTNE), else RTNE. top: the largest level (g_max, or the two's-complement extra); D > 0: a
     uniform grid of power-of-two step D (numerics.rounding.uniform_step); FP_M > 0: a

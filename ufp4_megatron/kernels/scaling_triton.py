@@ -5,6 +5,7 @@ tile. Scale arithmetic follows the reference op for op; divisions are `div_rn` (
 rounded), as torch's are. Per-block results have shape [BR, BC // B]. `block_amax16` is the
 same reduction for a block held as 16 same-shaped tensors (quantize16_triton.py).
 """
+
 import triton
 import triton.language as tl
 
@@ -19,8 +20,14 @@ def _max_nan(a, b):
 
 
 @triton.jit
-def _tile_reduce(t, BR: tl.constexpr, BC: tl.constexpr, B: tl.constexpr,
-                 BLOCK_2D: tl.constexpr, IS_MAX: tl.constexpr):
+def _tile_reduce(
+    t,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
+    B: tl.constexpr,
+    BLOCK_2D: tl.constexpr,
+    IS_MAX: tl.constexpr,
+):
     """max (IS_MAX, NaN-propagating) or min of each block, [BR, BC // B]. A 2D block spans
     all BR == B rows of its tile (dispatch.py sizes the tile so), so its value repeats over
     them: reduced along axis 0 and broadcast back. The earlier 4D reshape and reshape of a
@@ -48,8 +55,9 @@ def block_amax(x, BR: tl.constexpr, BC: tl.constexpr, B: tl.constexpr, BLOCK_2D:
 
 
 @triton.jit
-def block_negative_extreme(x, BR: tl.constexpr, BC: tl.constexpr, B: tl.constexpr,
-                           BLOCK_2D: tl.constexpr):
+def block_negative_extreme(
+    x, BR: tl.constexpr, BC: tl.constexpr, B: tl.constexpr, BLOCK_2D: tl.constexpr
+):
     """True where the block's largest-magnitude element is negative (ties: negative)."""
     mx = _tile_reduce(x, BR, BC, B, BLOCK_2D, True)
     mn = _tile_reduce(x, BR, BC, B, BLOCK_2D, False)
@@ -103,8 +111,9 @@ def block_scale(amax, g_max, s_t, SCALE: tl.constexpr):
     if SCALE == 0:
         return tl.math.div_rn(amax, g_max + tl.zeros_like(amax))
     elif SCALE == 1:
-        ratio = tl.math.div_rn(tl.math.div_rn(amax, g_max + tl.zeros_like(amax)),
-                               s_t + tl.zeros_like(amax))
+        ratio = tl.math.div_rn(
+            tl.math.div_rn(amax, g_max + tl.zeros_like(amax)), s_t + tl.zeros_like(amax)
+        )
         ratio = tl.where(s_t > 0, ratio, 0.0)
         # an Inf amax saturates at 448 in e4m3_rtne: keep its scale non-finite (NaN block)
         return tl.where(tl.abs(amax) < float("inf"), e4m3_rtne(ratio) * s_t, amax)
@@ -114,8 +123,11 @@ def block_scale(amax, g_max, s_t, SCALE: tl.constexpr):
         e = _floor_log2(safe) - _floor_log2(g_max + tl.zeros_like(amax))
         e = tl.minimum(tl.maximum(e, -127), 127)
         # 2^e: a normal exponent field, or 2^-127 (the only subnormal reachable)
-        s = tl.where(e >= -126, ((e + 127) << 23).to(tl.float32, bitcast=True),
-                     tl.full(e.shape, 0x00400000, tl.int32).to(tl.float32, bitcast=True))
+        s = tl.where(
+            e >= -126,
+            ((e + 127) << 23).to(tl.float32, bitcast=True),
+            tl.full(e.shape, 0x00400000, tl.int32).to(tl.float32, bitcast=True),
+        )
         s = tl.where(amax > 0, s, 0.0)
         return tl.where(finite, s, amax)
 

@@ -8,6 +8,7 @@ so a group of 16 never straddles two; positions past the table belong to its las
 and per segment its seed (`sg_seed`, int64) and first position (`sg_start`, int32). Under
 e4m3 scales the segment also picks its tensor scale (the kernels read `st_ptr + i`).
 """
+
 import triton
 import triton.language as tl
 

@@ -12,6 +12,7 @@ the glue uses (in transformer_layer.py only the quantization-context helper chan
 the `megatron.core` that is actually imported, not from pip's metadata: a Megatron-LM checkout
 on sys.path shadows the installed wheel.
 """
+
 from __future__ import annotations
 
 SUPPORTED_MEGATRON_CORE = ("0.19.1", "0.19.2")
@@ -26,7 +27,8 @@ def check_megatron_core() -> None:
             f"ufp4_megatron.megatron needs megatron-core {' or '.join(SUPPORTED_MEGATRON_CORE)} "
             f"({e}). Run `make install`, or `pip install --no-deps megatron-core=="
             f"{MEGATRON_CORE_VERSION}` (add --ignore-requires-python on Python 3.11), or put "
-            "a Megatron-LM core_r0.19.0 checkout on PYTHONPATH.") from None
+            "a Megatron-LM core_r0.19.0 checkout on PYTHONPATH."
+        ) from None
     check_version(package_info.__version__, where=package_info.__file__)
 
 
@@ -39,4 +41,5 @@ def check_version(found: str, where: str = "megatron.core") -> None:
             f" (it overrides private seams of ColumnParallelLinear/RowParallelLinear), but "
             f"megatron-core {found} is imported from {where}. Install megatron-core=="
             f"{MEGATRON_CORE_VERSION}, or run from a Megatron-LM checkout of branch "
-            "core_r0.19.0 (commit f8837c04ef).")
+            "core_r0.19.0 (commit f8837c04ef)."
+        )

@@ -30,6 +30,7 @@ sizes (use moe_token_dispatcher_type="allgather"), `initialize_megatron` of Mega
 per-thread: the shims hold on the thread that entered the scope (and autograd,
 which runs CPU backward on it); dist_checkpointing's writer threads only write bytes.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,24 +41,47 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 
+
 class _NullEvent:
-    def record(self, stream=None): pass
-    def wait(self, stream=None): pass
-    def synchronize(self): pass
-    def query(self): return True
+    def record(self, stream=None):
+        pass
+
+    def wait(self, stream=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
 
 
 class _NullStream:
     """Stands in for torch.cuda.Stream: CPU work is already ordered."""
 
-    def __init__(self, *args, **kwargs): pass
-    def wait_stream(self, other): pass
-    def wait_event(self, event): pass
-    def record_event(self, event=None): return event or _NullEvent()
-    def synchronize(self): pass
-    def query(self): return True
-    def __eq__(self, other): return isinstance(other, _NullStream)
-    def __hash__(self): return 0
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def record_event(self, event=None):
+        return event or _NullEvent()
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+    def __eq__(self, other):
+        return isinstance(other, _NullStream)
+
+    def __hash__(self):
+        return 0
 
 
 _CURRENT = _NullStream()
@@ -67,7 +91,8 @@ def _names_cuda(device) -> bool:
     if isinstance(device, torch.device):
         return device.type == "cuda"
     return (isinstance(device, str) and device.startswith("cuda")) or (
-        isinstance(device, int) and not isinstance(device, bool))
+        isinstance(device, int) and not isinstance(device, bool)
+    )
 
 
 class _CudaOnCpu(TorchFunctionMode):
@@ -182,5 +207,4 @@ def seed_model_parallel(seed: int, graphs: bool = False) -> None:
                                         force_reset_rng=graphs)
     else:
         with cpu_compat():
-            model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True,
-                                            force_reset_rng=True)
+            model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True, force_reset_rng=True)

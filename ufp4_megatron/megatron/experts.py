@@ -29,6 +29,7 @@ as the same global tensor SequentialMLP saves (key `...experts.linear_fc1.weight
 interchangeable, and its ShardedTensor's data is the parameter itself, which the distributed
 optimizer's model-space formats need.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,8 +58,7 @@ from .seeds import SRSeeds
 def _will_backward(input_requires_grad: bool, *params) -> bool:
     """Whether a forward will run backward (the linears' rule for drawing a seed: eval and
     frozen forwards leave the stream alone)."""
-    return torch.is_grad_enabled() and (input_requires_grad or
-                                        any(p.requires_grad for p in params))
+    return torch.is_grad_enabled() and (input_requires_grad or any(p.requires_grad for p in params))
 
 
 def _call_seed(binding: UFP4Binding, dp_rank: int, first_expert: int, experts: int, device):
@@ -105,8 +105,9 @@ class UFP4SequentialMLP(SequentialMLP):
     """SequentialMLP whose UFP4 linears take the grouped host's per-expert SR seeds."""
 
     def __init__(self, num_local_experts, config, submodules, pg_collection=None, name=None):
-        super().__init__(num_local_experts, config, submodules, pg_collection=pg_collection,
-                         name=name)
+        super().__init__(
+            num_local_experts, config, submodules, pg_collection=pg_collection, name=name
+        )
         first = get_pg_rank(self.ep_group) * num_local_experts
         self._dp_rank = parallel_state.get_expert_data_parallel_rank()
         self._roles = {}  # role name -> (its binding, its _RoleSeed, its linears)
@@ -120,7 +121,8 @@ class UFP4SequentialMLP(SequentialMLP):
             for i, linear in enumerate(linears):
                 linear.expert_index = first + i
                 linear.ufp4 = dataclasses.replace(
-                    linear.ufp4, seeds=_ExpertSeeds(role, first + i, linear.ufp4.seeds))
+                    linear.ufp4, seeds=_ExpertSeeds(role, first + i, linear.ufp4.seeds)
+                )
 
     def forward(self, permuted_local_hidden_states, tokens_per_expert, permuted_probs, **kw):
         # Both roles draw here, fc1 then fc2, in the order and under the conditions the
@@ -128,9 +130,12 @@ class UFP4SequentialMLP(SequentialMLP):
         # parameters or the routing probs do).
         x = permuted_local_hidden_states
         fc1_params = [p for e in self.local_experts for p in e.linear_fc1.parameters()]
-        inputs_grad = {"linear_fc1": x.requires_grad,
-                       "linear_fc2": x.requires_grad or permuted_probs.requires_grad or
-                       any(p.requires_grad for p in fc1_params)}
+        inputs_grad = {
+            "linear_fc1": x.requires_grad,
+            "linear_fc2": x.requires_grad
+            or permuted_probs.requires_grad
+            or any(p.requires_grad for p in fc1_params),
+        }
         for name, (binding, role, linears) in self._roles.items():
             backward = _will_backward(inputs_grad[name], *(linear.weight for linear in linears))
             role.seed = (_call_seed(binding, self._dp_rank, role.first, len(linears), x.device)
@@ -144,9 +149,22 @@ class _UFP4GroupedLinear(MegatronModule):
 
     partition_dim: int  # 0: column-parallel (N split), 1: row-parallel (K split), per expert
 
-    def __init__(self, num_local_experts, input_size, output_size, *, config, init_method, bias,
-                 skip_bias_add, is_expert, tp_comm_buffer_name=None, pg_collection=None,
-                 name=None, ufp4: UFP4Binding):
+    def __init__(
+        self,
+        num_local_experts,
+        input_size,
+        output_size,
+        *,
+        config,
+        init_method,
+        bias,
+        skip_bias_add,
+        is_expert,
+        tp_comm_buffer_name=None,
+        pg_collection=None,
+        name=None,
+        ufp4: UFP4Binding,
+    ):
         super().__init__(config=config)
         if not is_expert:
             raise ValueError("UFP4 grouped linears are expert layers (is_expert=True)")
@@ -164,8 +182,11 @@ class _UFP4GroupedLinear(MegatronModule):
         # A gated fc1 is sharded like MLP's (stride 2: [gate_r; up_r]) and saved as MLP saves it.
         self._stride = 2 if self.partition_dim == 0 and config.gated_linear_unit else 1
         _check_grouped(ufp4, dims, self.partition_dim, self._stride, tp, full)
-        self._shard = (Shard.column(rank, tp, local, self._stride) if self.partition_dim == 0
-                       else Shard.row(rank, local))
+        self._shard = (
+            Shard.column(rank, tp, local, self._stride)
+            if self.partition_dim == 0
+            else Shard.row(rank, local)
+        )
         self._dp_rank = parallel_state.get_expert_data_parallel_rank()
         self._first_expert = get_pg_rank(self.ep_group) * num_local_experts
         self._sr = ufp4.recipe.uses_sr
@@ -174,29 +195,43 @@ class _UFP4GroupedLinear(MegatronModule):
         self.weight_operands = WeightOperands() if ufp4.cache_weights else None
 
         # As Megatron's linears: expert weights reduce over the expert-DP group, not DP.
-        use_expert_pgs = (config.expert_model_parallel_size > 1 or
-                          config.expert_tensor_parallel_size != config.tensor_model_parallel_size)
+        use_expert_pgs = (
+            config.expert_model_parallel_size > 1
+            or config.expert_tensor_parallel_size != config.tensor_model_parallel_size
+        )
         device = _device(config)
-        self.weight = torch.nn.Parameter(torch.empty(num_local_experts, *dims,
-                                                     dtype=config.params_dtype, device=device))
+        self.weight = torch.nn.Parameter(
+            torch.empty(num_local_experts, *dims, dtype=config.params_dtype, device=device)
+        )
         if config.perform_initialization:
             for e in range(num_local_experts):  # one expert at a time: the RNG order of
-                w = self.weight.data[e]         # separate per-expert weights
+                w = self.weight.data[e]  # separate per-expert weights
                 if config.use_cpu_initialization:
                     _initialize_affine_weight_cpu(
-                        w, output_size, input_size, local, self.partition_dim, init_method,
-                        stride=self._stride, rank=rank, world_size=tp,
-                        skip_set_tensor_parallel_attributes=True)
+                        w,
+                        output_size,
+                        input_size,
+                        local,
+                        self.partition_dim,
+                        init_method,
+                        stride=self._stride,
+                        rank=rank,
+                        world_size=tp,
+                        skip_set_tensor_parallel_attributes=True,
+                    )
                 else:
-                    _initialize_affine_weight_gpu(w, init_method, self.partition_dim,
-                                                  stride=self._stride, is_expert=True)
-        set_tensor_model_parallel_attributes(self.weight, True, self.partition_dim + 1,
-                                             self._stride)
+                    _initialize_affine_weight_gpu(
+                        w, init_method, self.partition_dim, stride=self._stride, is_expert=True
+                    )
+        set_tensor_model_parallel_attributes(
+            self.weight, True, self.partition_dim + 1, self._stride
+        )
         self.weight.allreduce = not use_expert_pgs
         if bias:
             n = output_size if self.partition_dim else local
-            self.bias = torch.nn.Parameter(torch.zeros(num_local_experts, n,
-                                                       dtype=config.params_dtype, device=device))
+            self.bias = torch.nn.Parameter(
+                torch.zeros(num_local_experts, n, dtype=config.params_dtype, device=device)
+            )
             if self.partition_dim == 0:
                 set_tensor_model_parallel_attributes(self.bias, True, 1, self._stride)
             self.bias.allreduce = not use_expert_pgs
@@ -204,8 +239,9 @@ class _UFP4GroupedLinear(MegatronModule):
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor, tokens_per_expert):
-        counts = tuple(tokens_per_expert.tolist() if torch.is_tensor(tokens_per_expert)
-                       else tokens_per_expert)
+        counts = tuple(
+            tokens_per_expert.tolist() if torch.is_tensor(tokens_per_expert) else tokens_per_expert
+        )
         groups = grouped_ops.expert_groups(counts, self._align)
         seed = (_call_seed(self.ufp4, self._dp_rank, self._first_expert, self.num_gemms,
                            x.device)
@@ -233,9 +269,15 @@ class _UFP4GroupedLinear(MegatronModule):
                 continue
             tp_sharded = name == "weight" or self.partition_dim == 0
             out[f"{prefix}{name}"] = _stacked_sharded_tensor(
-                f"{prefix}{name}", t, sharded_offsets, ep, tp_axis if tp_sharded else None,
-                self.tp_group, self._stride if tp_sharded else 1,
-                replica if tp_sharded else (0, get_pg_rank(self.tp_group), self._dp_rank))
+                f"{prefix}{name}",
+                t,
+                sharded_offsets,
+                ep,
+                tp_axis if tp_sharded else None,
+                self.tp_group,
+                self._stride if tp_sharded else 1,
+                replica if tp_sharded else (0, get_pg_rank(self.tp_group), self._dp_rank),
+            )
         return out
 
     def extra_repr(self) -> str:
@@ -295,8 +337,12 @@ class _GroupedExpertsFn(torch.autograd.Function):
         dx = groups.unpad(dxs[0] if len(dxs) == 1 else torch.stack(dxs).sum(0))
         grad_weight = None
         if ctx.needs_input_grad[1]:
-            dws = [grouped_ops.wgrad(d, xp, groups, recipe, **keys, dy_origin=(0, n0),
-                                     x_origin=(0, shard.k)) for d, n0 in _chunks(shard, dyp, 1)]
+            dws = [
+                grouped_ops.wgrad(
+                    d, xp, groups, recipe, **keys, dy_origin=(0, n0), x_origin=(0, shard.k)
+                )
+                for d, n0 in _chunks(shard, dyp, 1)
+            ]
             dw = dws[0] if len(dws) == 1 else torch.cat(dws, dim=1)
             grad_weight = _accumulate(weight, dw, ctx.main_grad)
         grad_bias = grouped_ops.per_expert_sum(dy, groups) if ctx.use_bias else None
@@ -312,8 +358,9 @@ def _kept(cache, gemm: str, chunk: int, weight, w, recipe, origin, dtype):
         gemm, w, recipe, origin=origin, dtype=dtype))
 
 
-def _check_grouped(binding: UFP4Binding, dims, partition_dim: int, stride: int, tp: int,
-                   full: int) -> None:
+def _check_grouped(
+    binding: UFP4Binding, dims, partition_dim: int, stride: int, tp: int, full: int
+) -> None:
     """One launch quantizes all experts' weights: blocks must not straddle experts or
     shards."""
     recipe = binding.recipe
@@ -325,7 +372,8 @@ def _check_grouped(binding: UFP4Binding, dims, partition_dim: int, stride: int, 
             raise ValueError(
                 f"grouped experts {binding.path}: {what} is not a multiple of {unit} (block and "
                 f"RHT sizes of recipe {recipe.name!r}); choose expert sizes divisible by "
-                f"expert-TP*{stride * unit}, or moe_grouped_gemm=false.")
+                f"expert-TP*{stride * unit}, or moe_grouped_gemm=false."
+            )
 
 
 def _stacked_sharded_tensor(key, t, outer, ep, tp_axis, tp_group, stride, replica):
@@ -336,20 +384,29 @@ def _stacked_sharded_tensor(key, t, outer, ep, tp_axis, tp_group, stride, replic
     offsets = [*outer, (prepend, *ep)]
     tp, rank = get_pg_size(tp_group), get_pg_rank(tp_group)
     if tp_axis is None:
-        return ShardedTensor.from_rank_offsets(key, t, *offsets, replica_id=replica,
-                                               prepend_axis_num=prepend)
+        return ShardedTensor.from_rank_offsets(
+            key, t, *offsets, replica_id=replica, prepend_axis_num=prepend
+        )
     axis = prepend + 1 + tp_axis
     if stride == 1:
-        return ShardedTensor.from_rank_offsets(key, t, *offsets, (axis, rank, tp),
-                                               replica_id=replica, prepend_axis_num=prepend)
+        return ShardedTensor.from_rank_offsets(
+            key, t, *offsets, (axis, rank, tp), replica_id=replica, prepend_axis_num=prepend
+        )
 
     @torch.no_grad()
     def build(key, data, replica_id, flattened_range):
         chunks = torch.chunk(data, stride, dim=1 + tp_axis)
-        return [ShardedTensor.from_rank_offsets(key, c, *offsets,
-                                                (axis, rank + i * tp, stride * tp),
-                                                replica_id=replica_id, prepend_axis_num=prepend)
-                for i, c in enumerate(chunks)]
+        return [
+            ShardedTensor.from_rank_offsets(
+                key,
+                c,
+                *offsets,
+                (axis, rank + i * tp, stride * tp),
+                replica_id=replica_id,
+                prepend_axis_num=prepend,
+            )
+            for i, c in enumerate(chunks)
+        ]
 
     @torch.no_grad()
     def merge(parts):

@@ -12,6 +12,7 @@ shards made of whole blocks: the sharded dim per rank and chunk (N/TP/stride for
 column-parallel, K/TP for row-parallel) must be a multiple of `recipe.shard_unit`;
 construction fails otherwise.
 """
+
 from __future__ import annotations
 
 import copy
@@ -45,8 +46,10 @@ class _UFP4Mixin:
 
     def _setup_ufp4(self, ufp4: UFP4Binding, *, sharded: int, kind: str, dim_name: str):
         if not isinstance(ufp4, UFP4Binding):
-            raise TypeError(f"{type(self).__name__} needs ufp4=UFP4Binding (build it through "
-                            "UFP4Policy.bind or the spec functions in ufp4_megatron.megatron.spec)")
+            raise TypeError(
+                f"{type(self).__name__} needs ufp4=UFP4Binding (build it through "
+                "UFP4Policy.bind or the spec functions in ufp4_megatron.megatron.spec)"
+            )
         self.ufp4 = ufp4
         tp = get_pg_size(self.tp_group)
         unit = ufp4.recipe.shard_unit
@@ -55,21 +58,40 @@ class _UFP4Mixin:
                 f"{kind} {ufp4.path}: {dim_name}/TP = {sharded} is not a multiple of {unit} "
                 f"(block and RHT sizes of recipe {ufp4.recipe.name!r}), so quantization blocks "
                 f"would straddle tensor-parallel shards. Choose sizes with {dim_name} divisible "
-                f"by TP*{unit}, a smaller TP, or a recipe with smaller blocks for this layer.")
-        self._dp_rank = (parallel_state.get_expert_data_parallel_rank() if self.is_expert else
-                         parallel_state.get_data_parallel_rank(with_context_parallel=True))
+                f"by TP*{unit}, a smaller TP, or a recipe with smaller blocks for this layer."
+            )
+        self._dp_rank = (
+            parallel_state.get_expert_data_parallel_rank()
+            if self.is_expert
+            else parallel_state.get_data_parallel_rank(with_context_parallel=True)
+        )
         self._sr = ufp4.recipe.uses_sr
         # the weight's RTNE operands, kept until it changes (weight_cache.py)
         self.weight_operands = WeightOperands() if ufp4.cache_weights else None
 
-    def _forward_impl(self, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
-                      sequence_parallel, *args, **kwargs):
+    def _forward_impl(
+        self,
+        input,
+        weight,
+        bias,
+        gradient_accumulation_fusion,
+        allreduce_dgrad,
+        sequence_parallel,
+        *args,
+        **kwargs,
+    ):
         # The seam Megatron's own forward calls, for both linears; self._shard (set by the
         # subclass) says where this rank's slice sits in the full weight.
-        return self._ufp4_forward(input, weight, bias, shard=self._shard,
-                                  gradient_accumulation_fusion=gradient_accumulation_fusion,
-                                  allreduce_dgrad=allreduce_dgrad,
-                                  sequence_parallel=sequence_parallel, **_named(args, kwargs))
+        return self._ufp4_forward(
+            input,
+            weight,
+            bias,
+            shard=self._shard,
+            gradient_accumulation_fusion=gradient_accumulation_fusion,
+            allreduce_dgrad=allreduce_dgrad,
+            sequence_parallel=sequence_parallel,
+            **_named(args, kwargs),
+        )
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.ufp4.recipe.name}"
@@ -87,19 +109,37 @@ class _UFP4Mixin:
         if isinstance(state, dict) and "ufp4_sr_seeds" in state:
             self.ufp4.seeds.load_state_dict(state["ufp4_sr_seeds"])
 
-
-    def _ufp4_forward(self, input, weight, bias, *, shard: Shard, gradient_accumulation_fusion,
-                      allreduce_dgrad, sequence_parallel, tp_group, grad_output_buffer=None,
-                      wgrad_deferral_limit=None, gtp_remat_size=1):
+    def _ufp4_forward(
+        self,
+        input,
+        weight,
+        bias,
+        *,
+        shard: Shard,
+        gradient_accumulation_fusion,
+        allreduce_dgrad,
+        sequence_parallel,
+        tp_group,
+        grad_output_buffer=None,
+        wgrad_deferral_limit=None,
+        gtp_remat_size=1,
+    ):
         if gtp_remat_size > 1:
-            raise NotImplementedError(f"{self.ufp4.path}: GTP weight rematerialization is not "
-                                      "supported by UFP4 linears; set gtp_weight_remat_size=1")
+            raise NotImplementedError(
+                f"{self.ufp4.path}: GTP weight rematerialization is not "
+                "supported by UFP4 linears; set gtp_weight_remat_size=1"
+            )
         if grad_output_buffer is not None:
-            raise NotImplementedError(f"{self.ufp4.path}: deferred wgrad (grad_output_buffer) "
-                                      "is an LM-head feature; the LM head stays BF16")
-        comm = Comm(sequence_parallel=sequence_parallel, allreduce_dgrad=allreduce_dgrad,
-                    grad_accumulation_fusion=gradient_accumulation_fusion,
-                    tp_group=tp_group if tp_group is not None else self.tp_group)
+            raise NotImplementedError(
+                f"{self.ufp4.path}: deferred wgrad (grad_output_buffer) "
+                "is an LM-head feature; the LM head stays BF16"
+            )
+        comm = Comm(
+            sequence_parallel=sequence_parallel,
+            allreduce_dgrad=allreduce_dgrad,
+            grad_accumulation_fusion=gradient_accumulation_fusion,
+            tp_group=tp_group if tp_group is not None else self.tp_group,
+        )
         seed = draw_seed(self.ufp4, self._sr, input, weight, self.expert_index, self._dp_rank)
         # the cache only where `weight` is this module's own (the parameter its stamp reads)
         cache = self.weight_operands if weight is self.weight else None
@@ -122,17 +162,24 @@ class UFP4ColumnParallelLinear(_UFP4Mixin, ColumnParallelLinear):
     """ColumnParallelLinear (Y = X W^T, W split along N) whose GEMMs follow a UFP4 recipe."""
 
     def __init__(self, input_size, output_size, *, config, ufp4: UFP4Binding, **kwargs):
-        super().__init__(input_size, output_size, config=_config_without_apex_check(config),
-                         **kwargs)
+        super().__init__(
+            input_size, output_size, config=_config_without_apex_check(config), **kwargs
+        )
         self.config = config
         self.gradient_accumulation_fusion = config.gradient_accumulation_fusion
         stride = kwargs.get("stride", 1)
-        self._setup_ufp4(ufp4, sharded=self.output_size_per_partition // stride,
-                         kind="UFP4ColumnParallelLinear",
-                         dim_name=f"output_size {output_size}" + (f"/stride {stride}"
-                                                                  if stride > 1 else ""))
-        self._shard = Shard.column(get_pg_rank(self.tp_group), get_pg_size(self.tp_group),
-                                   self.output_size_per_partition, stride)
+        self._setup_ufp4(
+            ufp4,
+            sharded=self.output_size_per_partition // stride,
+            kind="UFP4ColumnParallelLinear",
+            dim_name=f"output_size {output_size}" + (f"/stride {stride}" if stride > 1 else ""),
+        )
+        self._shard = Shard.column(
+            get_pg_rank(self.tp_group),
+            get_pg_size(self.tp_group),
+            self.output_size_per_partition,
+            stride,
+        )
 
 
 class UFP4RowParallelLinear(_UFP4Mixin, RowParallelLinear):
@@ -140,8 +187,12 @@ class UFP4RowParallelLinear(_UFP4Mixin, RowParallelLinear):
 
     def __init__(self, input_size, output_size, *, config, ufp4: UFP4Binding, **kwargs):
         super().__init__(input_size, output_size, config=config, **kwargs)
-        self._setup_ufp4(ufp4, sharded=self.input_size_per_partition,
-                         kind="UFP4RowParallelLinear", dim_name=f"input_size {input_size}")
+        self._setup_ufp4(
+            ufp4,
+            sharded=self.input_size_per_partition,
+            kind="UFP4RowParallelLinear",
+            dim_name=f"input_size {input_size}",
+        )
         self._shard = Shard.row(get_pg_rank(self.tp_group), self.input_size_per_partition)
 
 

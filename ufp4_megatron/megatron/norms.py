@@ -7,6 +7,7 @@ gradients over TP (each rank saw only its slice of the sequence) - exactly what 
 FusedLayerNorm and TE's norms do. `SequenceParallelTorchNorm` builds the torch norm from a
 config copy with SP off and marks the parameters; the spec rewrite uses it only when SP is on.
 """
+
 from __future__ import annotations
 
 import copy

@@ -16,6 +16,7 @@ SwiGLU: local rows are [gate_r; up_r]) is s separate chunks of the full N axis; 
 its own call into ops at its own offset: fprop and wgrad outputs are concatenated, dgrad's
 partial products summed (like a TP reduction). With stride 1 there is one chunk, one call.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,21 +33,20 @@ from ..recipe import Recipe
 class Shard:
     """This rank's place in the full GEMM: K offset, and N chunks (local, full, width)."""
 
-    k: int = 0                                       # row-parallel: K offset of x and w columns
+    k: int = 0  # row-parallel: K offset of x and w columns
     n: tuple[tuple[int, int, int], ...] = ((0, 0, -1),)  # width -1: the whole local N
 
     @staticmethod
-    def column(rank: int, world: int, n_local: int, stride: int = 1) -> "Shard":
+    def column(rank: int, world: int, n_local: int, stride: int = 1) -> Shard:
         # Megatron's partition with stride s: the full N axis is cut into world*s chunks,
         # rank r holds chunks r, r+world, ... (megatron.core.tensor_parallel.layers).
         if stride == 1 or world == 1:  # one contiguous block of the full N axis: one call
             return Shard(n=((0, rank * n_local, -1),))
         width = n_local // stride
-        return Shard(n=tuple((c * width, (rank + c * world) * width, width)
-                             for c in range(stride)))
+        return Shard(n=tuple((c * width, (rank + c * world) * width, width) for c in range(stride)))
 
     @staticmethod
-    def row(rank: int, k_local: int) -> "Shard":
+    def row(rank: int, k_local: int) -> Shard:
         return Shard(k=rank * k_local)
 
 
@@ -100,8 +100,10 @@ def _dgrad(dy2d, weight, recipe, seed, shard: Shard, cache=None):
 
 
 def _wgrad(dy2d, x2d, recipe, seed, shard: Shard):
-    dws = [ops.wgrad(dy, x2d, recipe, seed=seed, dy_origin=(0, n0), x_origin=(0, shard.k))
-           for dy, n0 in _chunks(shard, dy2d, 1)]
+    dws = [
+        ops.wgrad(dy, x2d, recipe, seed=seed, dy_origin=(0, n0), x_origin=(0, shard.k))
+        for dy, n0 in _chunks(shard, dy2d, 1)
+    ]
     return dws[0] if len(dws) == 1 else torch.cat(dws, dim=0)
 
 
@@ -150,8 +152,9 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
         if comm.sequence_parallel:
             assert not comm.allreduce_dgrad
             sub_dx = torch.empty(x.shape, dtype=dx.dtype, device=dx.device)
-            handle = dist.reduce_scatter_tensor(sub_dx, dx.contiguous(), group=comm.tp_group,
-                                                async_op=True)
+            handle = dist.reduce_scatter_tensor(
+                sub_dx, dx.contiguous(), group=comm.tp_group, async_op=True
+            )
 
         grad_weight = None
         if wgrad_needed:

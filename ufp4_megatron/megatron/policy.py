@@ -13,11 +13,12 @@ Layers that Megatron's `first_last_layers_bf16` / `num_layers_at_start_in_bf16` 
 A linear whose recipe quantizes nothing keeps Megatron's own class, so `bf16` is exactly
 Megatron's local spec. Embeddings, LM head, norms, attention core and router are never touched.
 """
+
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from megatron.core.fp8_utils import is_first_last_bf16_layer
 
@@ -71,8 +72,9 @@ class UFP4Policy:
         when it stays in Megatron's BF16 module."""
         if config is not None and is_first_last_bf16_layer(config, layer_number - 1):
             return None
-        recipe = next((r for pattern, r in self.rules if fnmatch.fnmatchcase(path, pattern)),
-                      self.default)
+        recipe = next(
+            (r for pattern, r in self.rules if fnmatch.fnmatchcase(path, pattern)), self.default
+        )
         return recipe if recipe.quantized else None
 
     def bind(self, path: str, *, layer_number: int, config=None) -> UFP4Binding | None:
@@ -108,8 +110,10 @@ def _resolve(recipe: RecipeLike) -> Recipe:
         return recipe
     if isinstance(recipe, str):
         return get_recipe(recipe)
-    raise TypeError(f"a recipe is a preset name (see ufp4_megatron.list_recipes()) or a Recipe, "
-                    f"got {type(recipe).__name__}")
+    raise TypeError(
+        f"a recipe is a preset name (see ufp4_megatron.list_recipes()) or a Recipe, "
+        f"got {type(recipe).__name__}"
+    )
 
 
 def _stable_id(text: str) -> int:

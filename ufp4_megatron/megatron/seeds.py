@@ -30,6 +30,7 @@ were the base of each call seed) resume in that format, so such a run continues 
 seeds are host integers, which a CUDA graph would freeze, so a draw under capture refuses
 (SRCaptureError), as any host-integer draw does (the CPU path).
 """
+
 from __future__ import annotations
 
 import torch

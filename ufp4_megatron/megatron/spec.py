@@ -21,6 +21,7 @@ MTP layers (GPTModelBuilder builds them from Megatron's own spec) and MLA's down
 (MLA checks their class by identity; they stay BF16). With sequence parallelism, torch norms
 are built SP-aware (norms.py).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,9 +64,15 @@ _KEPT_BF16 = {"linear_q_down_proj", "linear_kv_down_proj", "linear_qkv_down_proj
 _SP_NORMS = {"input_layernorm", "pre_mlp_layernorm", "pre_cross_attn_layernorm"}
 
 
-def ufp4_block_spec(spec: ModuleSpec | TransformerBlockSubmodules, config, policy: UFP4Policy,
-                    *, vp_stage: int | None = None, pp_rank: int | None = None,
-                    te: TEModules | None = None) -> TransformerBlockSubmodules:
+def ufp4_block_spec(
+    spec: ModuleSpec | TransformerBlockSubmodules,
+    config,
+    policy: UFP4Policy,
+    *,
+    vp_stage: int | None = None,
+    pp_rank: int | None = None,
+    te: TEModules | None = None,
+) -> TransformerBlockSubmodules:
     """This pipeline stage's block spec with UFP4 linears where `policy` quantizes.
 
     spec: a layer spec (e.g. get_gpt_layer_local_spec(...)), repeated over this stage's
@@ -79,8 +86,9 @@ def ufp4_block_spec(spec: ModuleSpec | TransformerBlockSubmodules, config, polic
         layer_specs = [spec] * get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
         layer_norm = LayerNormImpl
     else:
-        raise TypeError(f"expected a layer ModuleSpec or TransformerBlockSubmodules, got "
-                        f"{type(spec).__name__}")
+        raise TypeError(
+            f"expected a layer ModuleSpec or TransformerBlockSubmodules, got {type(spec).__name__}"
+        )
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank)
     rewritten = []
     for i, layer_spec in enumerate(layer_specs):
@@ -95,15 +103,17 @@ def ufp4_block_spec(spec: ModuleSpec | TransformerBlockSubmodules, config, polic
                 f"layer {number}: no ColumnParallelLinear/RowParallelLinear/SequentialMLP in its "
                 "spec. ufp4_block_spec rewrites Megatron's local spec (get_gpt_layer_local_spec,"
                 " get_gpt_decoder_block_spec(..., use_transformer_engine=False)), or a "
-                "TransformerEngine spec given te=te_modules()." + (
-                    "" if te is None else " This spec has none of the TE classes either."))
+                "TransformerEngine spec given te=te_modules()."
+                + ("" if te is None else " This spec has none of the TE classes either.")
+            )
     if config.sequence_parallel and layer_norm is WrappedTorchNorm:
         layer_norm = sequence_parallel_torch_norm
     return TransformerBlockSubmodules(layer_specs=rewritten, layer_norm=layer_norm)
 
 
-def ufp4_gpt_spec(config, vp_stage: int | None = None, *rest,
-                  recipe: Recipe | None = None) -> TransformerBlockSubmodules:
+def ufp4_gpt_spec(
+    config, vp_stage: int | None = None, *rest, recipe: Recipe | None = None
+) -> TransformerBlockSubmodules:
     """Megatron-LM entry point: `--spec ufp4_megatron.megatron.spec ufp4_gpt_spec`.
 
     Megatron-LM's GPTModelBuilder (what pretrain_gpt.py uses) calls it with its GPTModelConfig:
@@ -127,18 +137,26 @@ def ufp4_gpt_spec(config, vp_stage: int | None = None, *rest,
         model_config, config = config, config.transformer
         impl = config.transformer_impl
         if impl not in ("local", "transformer_engine"):
-            raise ValueError(f"--transformer-impl {impl}: UFP4 rewrites Megatron's local or "
-                             "transformer_engine spec; pass --transformer-impl local")
+            raise ValueError(
+                f"--transformer-impl {impl}: UFP4 rewrites Megatron's local or "
+                "transformer_engine spec; pass --transformer-impl local"
+            )
         te = te_modules() if impl == "transformer_engine" else None
         base = _megatron_lm_default_spec(model_config, vp_stage)
     elif config.num_moe_experts:
-        base = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
-                                          normalization=config.normalization,
-                                          qk_l2_norm=config.qk_l2_norm, vp_stage=vp_stage)
+        base = get_gpt_decoder_block_spec(
+            config,
+            use_transformer_engine=False,
+            normalization=config.normalization,
+            qk_l2_norm=config.qk_l2_norm,
+            vp_stage=vp_stage,
+        )
     else:
-        base = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm,
-                                        multi_latent_attention=config.multi_latent_attention,
-                                        normalization=config.normalization)
+        base = get_gpt_layer_local_spec(
+            qk_layernorm=config.qk_layernorm,
+            multi_latent_attention=config.multi_latent_attention,
+            normalization=config.normalization,
+        )
     return ufp4_block_spec(base, config, policy, vp_stage=vp_stage, te=te)
 
 
@@ -185,23 +203,34 @@ class _Ctx:
 
     def bind(self, path: str):
         self.seen.append(path)
-        return self.policy.bind(f"{self.prefix}.{path}", layer_number=self.layer_number,
-                                config=self.config)
+        return self.policy.bind(
+            f"{self.prefix}.{path}", layer_number=self.layer_number, config=self.config
+        )
 
     def quantizes(self, path: str) -> bool:
-        return self.policy.recipe_for(f"{self.prefix}.{path}", layer_number=self.layer_number,
-                                      config=self.config) is not None
+        return (
+            self.policy.recipe_for(
+                f"{self.prefix}.{path}", layer_number=self.layer_number, config=self.config
+            )
+            is not None
+        )
 
     def is_experts(self, module, submodules) -> bool:
-        return module is SequentialMLP or (self.te is not None
-                                           and self.te.is_grouped_experts(module, submodules))
+        return module is SequentialMLP or (
+            self.te is not None and self.te.is_grouped_experts(module, submodules)
+        )
 
     def refuse_fused_mlp(self, func, path: str) -> None:
-        if self.te is not None and self.te.is_fused_mlp(func) and any(
-                self.quantizes(_join(path, f)) for f in ("linear_fc1", "linear_fc2")):
-            raise ValueError(f"{self.prefix}.{path}: TransformerEngine's fused MLP "
-                             "(--use-transformer-engine-op-fuser) runs its own GEMMs, so UFP4 "
-                             "cannot quantize it; drop that flag")
+        if (
+            self.te is not None
+            and self.te.is_fused_mlp(func)
+            and any(self.quantizes(_join(path, f)) for f in ("linear_fc1", "linear_fc2"))
+        ):
+            raise ValueError(
+                f"{self.prefix}.{path}: TransformerEngine's fused MLP "
+                "(--use-transformer-engine-op-fuser) runs its own GEMMs, so UFP4 "
+                "cannot quantize it; drop that flag"
+            )
 
 
 def _join(path: str, name: str) -> str:
@@ -218,12 +247,15 @@ def _rewrite(obj, ctx: _Ctx, path: str, field: str = ""):
         if ctx.is_experts(obj.func, obj.keywords.get("submodules")):
             return _experts(obj.keywords["submodules"], ctx, path) or obj
         ctx.refuse_fused_mlp(obj.func, path)
-        kw = {k: (_rewrite(v, ctx, path) if k == "submodules" else v)
-              for k, v in obj.keywords.items()}
+        kw = {
+            k: (_rewrite(v, ctx, path) if k == "submodules" else v) for k, v in obj.keywords.items()
+        }
         return functools.partial(obj.func, *obj.args, **kw)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        changes = {f.name: _rewrite(getattr(obj, f.name), ctx, _join(path, f.name), f.name)
-                   for f in dataclasses.fields(obj)}
+        changes = {
+            f.name: _rewrite(getattr(obj, f.name), ctx, _join(path, f.name), f.name)
+            for f in dataclasses.fields(obj)
+        }
         return dataclasses.replace(obj, **changes)
     if not isinstance(obj, type):
         return obj
@@ -250,11 +282,15 @@ def _experts(mlp_submodules, ctx: _Ctx, path: str):
         return None
     if ctx.config.moe_grouped_gemm:
         subs = GroupedMLPSubmodules(
-            linear_fc1=functools.partial(UFP4ColumnParallelGroupedLinear,
-                                         ufp4=fc1 or _bf16_binding(ctx, f"{path}.linear_fc1")),
-            linear_fc2=functools.partial(UFP4RowParallelGroupedLinear,
-                                         ufp4=fc2 or _bf16_binding(ctx, f"{path}.linear_fc2")),
-            activation_func=mlp_submodules.activation_func)
+            linear_fc1=functools.partial(
+                UFP4ColumnParallelGroupedLinear,
+                ufp4=fc1 or _bf16_binding(ctx, f"{path}.linear_fc1"),
+            ),
+            linear_fc2=functools.partial(
+                UFP4RowParallelGroupedLinear, ufp4=fc2 or _bf16_binding(ctx, f"{path}.linear_fc2")
+            ),
+            activation_func=mlp_submodules.activation_func,
+        )
         return functools.partial(TEGroupedMLP, submodules=subs)
     if fc1 is None and fc2 is None:
         return None
@@ -264,5 +300,10 @@ def _experts(mlp_submodules, ctx: _Ctx, path: str):
 
 def _bf16_binding(ctx: _Ctx, path: str) -> UFP4Binding:
     """The binding of a grouped linear the policy leaves in BF16 (no SR, so no role needed)."""
-    return UFP4Binding(recipe=get_recipe("bf16"), seeds=ctx.policy.seeds,
-                       layer_number=ctx.layer_number, path=f"{ctx.prefix}.{path}", role=0)
+    return UFP4Binding(
+        recipe=get_recipe("bf16"),
+        seeds=ctx.policy.seeds,
+        layer_number=ctx.layer_number,
+        path=f"{ctx.prefix}.{path}",
+        role=0,
+    )

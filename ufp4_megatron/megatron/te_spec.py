@@ -24,6 +24,7 @@ installed Megatron puts in its TE spec. TE is not installed on the machines this
 on: the rewrite is tested on a TE-shaped spec built from stand-in classes (tests/megatron_lm),
 never on TransformerEngine itself.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,14 +48,14 @@ _QK_SLOTS = {"self_attention.q_layernorm", "self_attention.kv_layernorm"}
 class TEModules:
     """The TransformerEngine classes of a spec, and the norms an unfused layer gets."""
 
-    fused: Any            # norm + column-parallel linear (TELayerNormColumnParallelLinear)
-    column: Any           # TEColumnParallelLinear
-    row: Any              # TERowParallelLinear
-    norm: Any             # for input_layernorm / pre_mlp_layernorm (TENorm)
-    qk_norm: Any          # for q_layernorm / kv_layernorm (MLA)
-    grouped_mlp: Any = None          # TEGroupedMLP, when its linears are TE's grouped ones
-    grouped_linears: tuple = ()      # (TEColumnParallelGroupedLinear, TERowParallelGroupedLinear)
-    fused_mlps: tuple = ()           # TEFusedMLP and friends: refused when quantized
+    fused: Any  # norm + column-parallel linear (TELayerNormColumnParallelLinear)
+    column: Any  # TEColumnParallelLinear
+    row: Any  # TERowParallelLinear
+    norm: Any  # for input_layernorm / pre_mlp_layernorm (TENorm)
+    qk_norm: Any  # for q_layernorm / kv_layernorm (MLA)
+    grouped_mlp: Any = None  # TEGroupedMLP, when its linears are TE's grouped ones
+    grouped_linears: tuple = ()  # (TEColumnParallelGroupedLinear, TERowParallelGroupedLinear)
+    fused_mlps: tuple = ()  # TEFusedMLP and friends: refused when quantized
 
     def linear_kind(self, cls) -> str | None:
         """'column' or 'row' for a TE linear the UFP4 linears can replace, else None."""
@@ -65,8 +66,11 @@ class TEModules:
         return None
 
     def is_grouped_experts(self, module, submodules) -> bool:
-        return (self.grouped_mlp is not None and module is self.grouped_mlp
-                and getattr(submodules, "linear_fc1", None) in self.grouped_linears)
+        return (
+            self.grouped_mlp is not None
+            and module is self.grouped_mlp
+            and getattr(submodules, "linear_fc1", None) in self.grouped_linears
+        )
 
     def is_fused_mlp(self, func) -> bool:
         owner = getattr(func, "__self__", func)  # MLP specs are partial(cls.as_mlp_submodule)
@@ -78,21 +82,35 @@ def te_modules() -> TEModules:
     from megatron.core.extensions import transformer_engine as te_ext
 
     if not te_ext.HAVE_TE:
-        raise ValueError("--transformer-impl transformer_engine needs TransformerEngine, which "
-                         "is not installed: pass --transformer-impl local (UFP4 runs without TE)")
+        raise ValueError(
+            "--transformer-impl transformer_engine needs TransformerEngine, which "
+            "is not installed: pass --transformer-impl local (UFP4 runs without TE)"
+        )
     from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
     from megatron.core.transformer.moe.experts import TEGroupedMLP
 
     te = TESpecProvider()
     return TEModules(
-        fused=te.column_parallel_layer_norm_linear(), column=te.column_parallel_linear(),
-        row=te.row_parallel_linear(), norm=te.layer_norm(), qk_norm=te.layer_norm(for_qk=True),
+        fused=te.column_parallel_layer_norm_linear(),
+        column=te.column_parallel_linear(),
+        row=te.row_parallel_linear(),
+        norm=te.layer_norm(),
+        qk_norm=te.layer_norm(for_qk=True),
         grouped_mlp=TEGroupedMLP,
-        grouped_linears=tuple(c for c in (te_ext.TEColumnParallelGroupedLinear,
-                                          te_ext.TERowParallelGroupedLinear) if c is not None),
-        fused_mlps=tuple(c for c in (getattr(te_ext, "TEFusedMLP", None),
-                                     getattr(te_ext, "TEFusedMLPWithGroupedLinear", None))
-                         if c is not None))
+        grouped_linears=tuple(
+            c
+            for c in (te_ext.TEColumnParallelGroupedLinear, te_ext.TERowParallelGroupedLinear)
+            if c is not None
+        ),
+        fused_mlps=tuple(
+            c
+            for c in (
+                getattr(te_ext, "TEFusedMLP", None),
+                getattr(te_ext, "TEFusedMLPWithGroupedLinear", None),
+            )
+            if c is not None
+        ),
+    )
 
 
 def place_norms(layer_spec: ModuleSpec, unfused: list[str], te: TEModules) -> ModuleSpec:
@@ -103,9 +121,11 @@ def place_norms(layer_spec: ModuleSpec, unfused: list[str], te: TEModules) -> Mo
     for path in unfused:
         slot = NORM_SLOT.get(path)
         if slot is None:
-            raise TypeError(f"{path}: a fused TE norm+linear module where UFP4 has no norm slot "
-                            f"for it (known: {', '.join(NORM_SLOT)}); keep it in BF16 with a "
-                            "policy rule, or use --transformer-impl local")
+            raise TypeError(
+                f"{path}: a fused TE norm+linear module where UFP4 has no norm slot "
+                f"for it (known: {', '.join(NORM_SLOT)}); keep it in BF16 with a "
+                "policy rule, or use --transformer-impl local"
+            )
         norm = te.qk_norm if slot in _QK_SLOTS else te.norm
         subs = _replace_at(subs, slot.split("."), norm, path)
         keys_map[f"{slot}."] = f"{path}.layer_norm_"
@@ -115,17 +135,22 @@ def place_norms(layer_spec: ModuleSpec, unfused: list[str], te: TEModules) -> Mo
 
 def _replace_at(obj, fields: list[str], value, fused_path: str):
     if isinstance(obj, ModuleSpec):
-        return dataclasses.replace(obj, submodules=_replace_at(obj.submodules, fields, value,
-                                                               fused_path))
+        return dataclasses.replace(
+            obj, submodules=_replace_at(obj.submodules, fields, value, fused_path)
+        )
     if isinstance(obj, functools.partial):
-        kw = dict(obj.keywords, submodules=_replace_at(obj.keywords["submodules"], fields,
-                                                       value, fused_path))
+        kw = dict(
+            obj.keywords,
+            submodules=_replace_at(obj.keywords["submodules"], fields, value, fused_path),
+        )
         return functools.partial(obj.func, *obj.args, **kw)
     head, rest = fields[0], fields[1:]
     current = getattr(obj, head)
     if rest:
         return dataclasses.replace(obj, **{head: _replace_at(current, rest, value, fused_path)})
     if current is not IdentityOp:
-        raise TypeError(f"{fused_path} fuses a norm, but the layer's {head} is {current!r}, not "
-                        "empty: an unexpected TE spec; use --transformer-impl local")
+        raise TypeError(
+            f"{fused_path} fuses a norm, but the layer's {head} is {current!r}, not "
+            "empty: an unexpected TE spec; use --transformer-impl local"
+        )
     return dataclasses.replace(obj, **{head: value})

@@ -4,6 +4,7 @@ Booleans must be bool and integers int (numpy/torch integer scalars are accepted
 converted), never a bool where an int is meant: `True` would otherwise pass as 1, "yes" as
 a truthy flag, 1.5 would reach a kernel's int64 argument.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -20,8 +21,10 @@ def check_float_tensor(t, name: str, what: str) -> None:
     """t is a tensor of a dtype in FLOAT_DTYPES (TypeError otherwise)."""
     if not isinstance(t, torch.Tensor) or t.dtype not in FLOAT_DTYPES:
         got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-        raise TypeError(f"{what} takes float32/bfloat16/float16/float64 tensors; {name} is "
-                        f"{got}: convert it, e.g. {name}.float()")
+        raise TypeError(
+            f"{what} takes float32/bfloat16/float16/float64 tensors; {name} is "
+            f"{got}: convert it, e.g. {name}.float()"
+        )
 
 
 def check_bool(value, name: str) -> bool:
@@ -32,8 +35,9 @@ def check_bool(value, name: str) -> bool:
 
 def check_int(value, name: str, lo: int | None = None, hi: int | None = None) -> int:
     """value as an int in [lo, hi) (either bound optional)."""
-    if type(value) is not int and (isinstance(value, bool) or
-                                   not isinstance(value, numbers.Integral)):
+    if type(value) is not int and (
+        isinstance(value, bool) or not isinstance(value, numbers.Integral)
+    ):
         raise ValueError(f"{name} must be an int{_range(lo, hi)}, got {value!r}")
     value = int(value)
     if (lo is not None and value < lo) or (hi is not None and value >= hi):
@@ -50,11 +54,14 @@ def check_dim(dim, ndim: int) -> int:
     if type(dim) is not int and (isinstance(dim, bool) or not isinstance(dim, numbers.Integral)):
         raise ValueError(f"dim must be an int, got {dim!r}")
     if ndim == 0:
-        raise ValueError("the tensor has no dimensions: quantize/RHT need at least one dim "
-                         "to block along (reshape it, e.g. x.reshape(1, -1))")
+        raise ValueError(
+            "the tensor has no dimensions: quantize/RHT need at least one dim "
+            "to block along (reshape it, e.g. x.reshape(1, -1))"
+        )
     if not -ndim <= dim < ndim:
-        raise IndexError(f"dim {dim} is out of range for a {ndim}-D tensor: pass a dim in "
-                         f"[{-ndim}, {ndim - 1}]")
+        raise IndexError(
+            f"dim {dim} is out of range for a {ndim}-D tensor: pass a dim in [{-ndim}, {ndim - 1}]"
+        )
     return int(dim) % ndim
 
 

@@ -6,6 +6,7 @@ and 4, so the bins there are asymmetric and round-to-nearest shrinks values on a
 same grid up to scale. `int4_asym` is two's-complement INT4 (-8..7): its magnitudes are
 0..7 for positives and 0..8 for negatives, so it is represented by `neg_max`.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,10 @@ def get_grid(grid: str | Grid | tuple | list) -> Grid:
         return grid
     if isinstance(grid, str):
         if grid not in GRIDS:
-            raise ValueError(f"unknown grid {grid!r}; valid: {', '.join(GRIDS)}, or a "
-                             "codebook tuple of non-negative sorted levels such as (0, 1, 2, 4)")
+            raise ValueError(
+                f"unknown grid {grid!r}; valid: {', '.join(GRIDS)}, or a "
+                "codebook tuple of non-negative sorted levels such as (0, 1, 2, 4)"
+            )
         return GRIDS[grid]
     return _codebook(codebook_levels(grid))
 
@@ -67,8 +70,10 @@ def codebook_levels(grid) -> tuple[float, ...]:
     try:
         values = tuple(grid)
     except TypeError:
-        raise ValueError(f"grid must be a grid name ({', '.join(GRIDS)}) or a codebook tuple "
-                         f"of levels such as (0, 1, 2, 4), got {grid!r}") from None
+        raise ValueError(
+            f"grid must be a grid name ({', '.join(GRIDS)}) or a codebook tuple "
+            f"of levels such as (0, 1, 2, 4), got {grid!r}"
+        ) from None
     if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
         raise ValueError(f"codebook levels must be numbers, got {grid!r}")
     return tuple(float(v) for v in values)
@@ -77,13 +82,17 @@ def codebook_levels(grid) -> tuple[float, ...]:
 @lru_cache(maxsize=64)
 def _codebook(levels: tuple[float, ...]) -> Grid:
     if not all(math.isfinite(v) for v in levels):
-        raise ValueError(f"codebook levels must be finite numbers, got {levels}: an inf or nan "
-                         "level would turn every block into zeros or NaN")
+        raise ValueError(
+            f"codebook levels must be finite numbers, got {levels}: an inf or nan "
+            "level would turn every block into zeros or NaN"
+        )
     if len(levels) < 2 or len(levels) > 16:
         raise ValueError(f"a codebook needs 2 to 16 magnitudes, got {len(levels)}")
     if levels[0] != 0.0:
-        raise ValueError(f"a codebook must start at 0 (got {levels[0]}): the grid is "
-                         "sign-symmetric and zero must be exact")
+        raise ValueError(
+            f"a codebook must start at 0 (got {levels[0]}): the grid is "
+            "sign-symmetric and zero must be exact"
+        )
     if any(b <= a for a, b in zip(levels, levels[1:])):
         raise ValueError(f"codebook levels must be strictly increasing, got {levels}")
     for v in levels:

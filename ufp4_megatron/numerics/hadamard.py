@@ -17,6 +17,7 @@ inf - inf = NaN). Only blocks holding values below 2^-126 * n (2^-122, about 1.9
 RHT16) may round differently: x / n is subnormal there. A rotated value beyond fp32's range
 (a block near fp32's max) is inf, and its block quantizes to NaN as an input inf would.
 """
+
 from __future__ import annotations
 
 import functools
@@ -92,8 +93,10 @@ class RHT:
         dim = check_dim(dim, x.dim())
         n = x.shape[dim]
         if n % self.size:
-            raise ValueError(f"RHT{self.size} needs the size along dim {dim} to be a multiple "
-                             f"of {self.size}, got {n}: pad the tensor or choose rht=None")
+            raise ValueError(
+                f"RHT{self.size} needs the size along dim {dim} to be a multiple "
+                f"of {self.size}, got {n}: pad the tensor or choose rht=None"
+            )
         moved = x.movedim(dim, -1)
         if inverse:
             y = moved.to(torch.float32).unflatten(-1, (-1, self.size)) * self.prescale

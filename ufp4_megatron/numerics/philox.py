@@ -5,6 +5,7 @@ tensor is tiled or split across ranks, so a Triton kernel (`tl.philox`, same rou
 constants) and this reference produce the same bits. uint32 arithmetic is emulated in int64:
 a 32x32-bit product fits in 64 bits modulo 2^64, so its bit pattern is exact.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,8 +36,9 @@ def philox_rounds(c0, c1, c2, c3, k0: int, k1: int, rounds: int = 10):
     # python ints join the tensors' device: CPU 0-dim counters broadcast against CUDA ones
     # would otherwise leave CPU tensors in the rounds (a device mismatch on GPU).
     dev = next((c.device for c in (c0, c1, c2, c3) if isinstance(c, torch.Tensor)), None)
-    c0, c1, c2, c3 = (torch.as_tensor(c, device=dev).to(torch.int64) & _MASK32
-                      for c in (c0, c1, c2, c3))
+    c0, c1, c2, c3 = (
+        torch.as_tensor(c, device=dev).to(torch.int64) & _MASK32 for c in (c0, c1, c2, c3)
+    )
     c0, c1, c2, c3 = torch.broadcast_tensors(c0, c1, c2, c3)
     for _ in range(rounds):
         hi0, lo0 = _mulhilo(_M0, c0)
@@ -46,8 +48,9 @@ def philox_rounds(c0, c1, c2, c3, k0: int, k1: int, rounds: int = 10):
     return c0, c1, c2, c3
 
 
-def position_bits(rows: int, cols: int, seed: int, origin: tuple[int, int] = (0, 0),
-                  device=None) -> torch.Tensor:
+def position_bits(
+    rows: int, cols: int, seed: int, origin: tuple[int, int] = (0, 0), device=None
+) -> torch.Tensor:
     """uint32 bits (int64 tensor [rows, cols]) for the elements of a 2D view.
 
     Element (r, c) at global position (R, C) = (r + origin[0], c + origin[1]) uses counter
@@ -65,7 +68,7 @@ def position_bits(rows: int, cols: int, seed: int, origin: tuple[int, int] = (0,
 
 def uniform24(bits: torch.Tensor) -> torch.Tensor:
     """Uniform float32 in [0, 1) from the top 24 bits: exact, so kernels agree bit for bit."""
-    return (bits >> 8).to(torch.float32) * (2.0 ** -24)
+    return (bits >> 8).to(torch.float32) * (2.0**-24)
 
 
 def mix_seed(seed: int, *salt: int) -> int:

@@ -3,6 +3,7 @@
 `quantize_view` is the reference every kernel is tested against. Steps (docs/numerics.md):
 pad -> optional RHT -> block amax -> scale -> |x| / s -> round onto the grid -> dequantize.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,8 +15,7 @@ from .hadamard import RHT, rotated_dtype
 from .philox import position_bits, uniform24
 from .rounding import round_rtne, round_stochastic
 from .scaling import block_amax, block_scale, finite_tensor_amax, lcm_length
-from .segments import (Segments, segment_bits, segment_tensor_amax,
-                       tensor_scale_segments_problem)
+from .segments import Segments, segment_bits, segment_tensor_amax, tensor_scale_segments_problem
 
 
 @dataclass
@@ -55,37 +55,68 @@ def source(x: torch.Tensor, *, block: int, block_2d: bool, rht: RHT | None) -> t
     return xf
 
 
-def e4m3_tensor_amax(x: torch.Tensor, *, block: int, block_2d: bool,
-                     rht: RHT | None) -> torch.Tensor:
+def e4m3_tensor_amax(
+    x: torch.Tensor, *, block: int, block_2d: bool, rht: RHT | None
+) -> torch.Tensor:
     """The per-tensor amax the e4m3 scale mode uses: the largest finite block amax of the
     padded, rotated source (kernels/amax_triton.py is its one-pass twin, tested bit for bit)."""
-    return finite_tensor_amax(block_amax(source(x, block=block, block_2d=block_2d, rht=rht),
-                                         block, block_2d))
+    return finite_tensor_amax(
+        block_amax(source(x, block=block, block_2d=block_2d, rht=rht), block, block_2d)
+    )
 
 
-def quantize_view(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool = False,
-                  scale: str = "fp32", rounding: str = "rtne", rht: RHT | None = None,
-                  seed: int = 0, origin: tuple[int, int] = (0, 0),
-                  tensor_amax: torch.Tensor | None = None, keep_padding: bool = False,
-                  out_dtype: torch.dtype | None = None,
-                  segments: Segments | None = None) -> torch.Tensor:
+def quantize_view(
+    x: torch.Tensor,
+    grid,
+    *,
+    block: int = 16,
+    block_2d: bool = False,
+    scale: str = "fp32",
+    rounding: str = "rtne",
+    rht: RHT | None = None,
+    seed: int = 0,
+    origin: tuple[int, int] = (0, 0),
+    tensor_amax: torch.Tensor | None = None,
+    keep_padding: bool = False,
+    out_dtype: torch.dtype | None = None,
+    segments: Segments | None = None,
+) -> torch.Tensor:
     """Dequantized [R, C] (or [R, Cp] with keep_padding), in `output_dtype(x.dtype, rht,
     out_dtype)`: out_dtype, else x.dtype (float32 for rotated float16). segments: row or
     column ranges quantized as tensors of their own (segments.py): SR keys per range instead
     of one seed for the whole view, and under e4m3 scales a tensor amax per range (unless
     tensor_amax is given)."""
-    q = quantize_view_full(x, grid, block=block, block_2d=block_2d, scale=scale,
-                           rounding=rounding, rht=rht, seed=seed, origin=origin,
-                           tensor_amax=tensor_amax, segments=segments)
+    q = quantize_view_full(
+        x,
+        grid,
+        block=block,
+        block_2d=block_2d,
+        scale=scale,
+        rounding=rounding,
+        rht=rht,
+        seed=seed,
+        origin=origin,
+        tensor_amax=tensor_amax,
+        segments=segments,
+    )
     out = q.values if keep_padding else q.values[:, : x.shape[1]]
     return out.to(output_dtype(x.dtype, rht, out_dtype))
 
 
-def quantize_view_full(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool = False,
-                       scale: str = "fp32", rounding: str = "rtne", rht: RHT | None = None,
-                       seed: int = 0, origin: tuple[int, int] = (0, 0),
-                       tensor_amax: torch.Tensor | None = None,
-                       segments: Segments | None = None) -> QuantizedView:
+def quantize_view_full(
+    x: torch.Tensor,
+    grid,
+    *,
+    block: int = 16,
+    block_2d: bool = False,
+    scale: str = "fp32",
+    rounding: str = "rtne",
+    rht: RHT | None = None,
+    seed: int = 0,
+    origin: tuple[int, int] = (0, 0),
+    tensor_amax: torch.Tensor | None = None,
+    segments: Segments | None = None,
+) -> QuantizedView:
     if x.dim() != 2:
         raise ValueError(f"quantize_view takes a 2D [rows, cols] view, got shape {tuple(x.shape)}")
     g = get_grid(grid)
@@ -95,8 +126,9 @@ def quantize_view_full(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool
 
     amax = block_amax(xf, block, block_2d)  # [Rp, Cp // B]
     if scale == "e4m3" and segments is not None and tensor_amax is None:
-        problem = tensor_scale_segments_problem(segments, block=block, block_2d=block_2d,
-                                                rht_size=rht.size if rht is not None else None)
+        problem = tensor_scale_segments_problem(
+            segments, block=block, block_2d=block_2d, rht_size=rht.size if rht is not None else None
+        )
         if problem is not None:
             raise ValueError(f"cannot quantize {problem}")
         tensor_amax = segment_tensor_amax(amax, segments, block)
@@ -111,8 +143,9 @@ def quantize_view_full(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool
 
     s_el = s.repeat_interleave(block, dim=1)
     safe = s_el > 0
-    v = torch.where(safe, xf.abs() / torch.where(safe, s_el, torch.ones_like(s_el)),
-                    torch.zeros_like(xf))
+    v = torch.where(
+        safe, xf.abs() / torch.where(safe, s_el, torch.ones_like(s_el)), torch.zeros_like(xf)
+    )
     neg = xf < 0
     v_max = torch.full_like(v, g.g_max)
     if g.neg_extra is not None:
@@ -122,8 +155,11 @@ def quantize_view_full(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool
     if rounding == "rtne":
         code = round_rtne(v, levels)
     elif rounding == "sr":
-        bits = (position_bits(Rp, Cp, seed, origin, device=x.device) if segments is None else
-                segment_bits(Rp, Cp, segments, origin, device=x.device))
+        bits = (
+            position_bits(Rp, Cp, seed, origin, device=x.device)
+            if segments is None
+            else segment_bits(Rp, Cp, segments, origin, device=x.device)
+        )
         code = round_stochastic(v, levels, uniform24(bits))
     else:
         raise ValueError(f"unknown rounding {rounding!r}; valid: rtne, sr")
@@ -135,8 +171,12 @@ def quantize_view_full(x: torch.Tensor, grid, *, block: int = 16, block_2d: bool
     codes = torch.where(neg, -code, code)
     q = QuantizedView(values=values, codes=codes, scales=s, source=xf, grid=g)
     if Rp != R:
-        q.values, q.codes, q.scales, q.source = (q.values[:R], q.codes[:R], q.scales[:R],
-                                                 q.source[:R])
+        q.values, q.codes, q.scales, q.source = (
+            q.values[:R],
+            q.codes[:R],
+            q.scales[:R],
+            q.source[:R],
+        )
     return q
 
 
@@ -144,8 +184,11 @@ def _block_signed_extreme(x: torch.Tensor, block: int, block_2d: bool) -> torch.
     """The signed value of each block's largest-magnitude element (ties: the negative one)."""
     R, C = x.shape
     if block_2d:
-        t = x.view(R // block, block, C // block, block).permute(0, 2, 1, 3).reshape(
-            R // block, C // block, block * block)
+        t = (
+            x.view(R // block, block, C // block, block)
+            .permute(0, 2, 1, 3)
+            .reshape(R // block, C // block, block * block)
+        )
         mx, mn = t.amax(-1), t.amin(-1)
         ext = torch.where(-mn >= mx, mn, mx)
         return ext.repeat_interleave(block, dim=0)

@@ -6,6 +6,7 @@ sr:   stochastic, unbiased: between lo <= v < hi it rounds up with probability (
       or correctly rounded fp32 operation, so a kernel reproduces it bit for bit.
 Both return the integer code (index into the levels), from which levels are gathered.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,8 +26,9 @@ def uniform_step(levels: torch.Tensor) -> float | None:
     same table (kernels/dispatch.py), so both sides always agree on which path runs.
     """
     step = float(levels[1])
-    uniform = torch.equal(levels, torch.arange(len(levels), dtype=levels.dtype,
-                                               device=levels.device) * step)
+    uniform = torch.equal(
+        levels, torch.arange(len(levels), dtype=levels.dtype, device=levels.device) * step
+    )
     mantissa = torch.frexp(torch.tensor(step))[0].item()
     return step if uniform and mantissa == 0.5 else None
 
@@ -51,7 +53,7 @@ def minifloat_mantissa(levels: torch.Tensor) -> int | None:
         while len(grid) < len(values):
             grid += [2.0**e * (1 + k * 2.0**-m) for k in range(2**m)]
             e += 1
-        if grid[:len(values)] == values:
+        if grid[: len(values)] == values:
             return m
     return None
 
@@ -79,7 +81,7 @@ def round_rtne(v: torch.Tensor, levels: torch.Tensor, *, generic: bool = False) 
         d = binade_step(v, m)
         return _codes(torch.round(v / d) * d, levels)
     mids = midpoints(levels)
-    up_on_tie = (torch.arange(1, len(levels), device=v.device) % 2 == 0)
+    up_on_tie = torch.arange(1, len(levels), device=v.device) % 2 == 0
     code = torch.zeros(v.shape, dtype=torch.int64, device=v.device)
     for i in range(len(mids)):  # n-1 <= 15 comparisons; a kernel unrolls the same loop
         m = mids[i]
@@ -88,8 +90,9 @@ def round_rtne(v: torch.Tensor, levels: torch.Tensor, *, generic: bool = False) 
     return code
 
 
-def round_stochastic(v: torch.Tensor, levels: torch.Tensor, u: torch.Tensor, *,
-                     generic: bool = False) -> torch.Tensor:
+def round_stochastic(
+    v: torch.Tensor, levels: torch.Tensor, u: torch.Tensor, *, generic: bool = False
+) -> torch.Tensor:
     """Code after unbiased stochastic rounding; u uniform in [0, 1), same shape as v."""
     step = None if generic else uniform_step(levels)
     m = None if generic or step is not None else minifloat_mantissa(levels)

@@ -11,6 +11,7 @@ A block whose amax is not finite (NaN or Inf in it) gets a non-finite scale in e
 dequantizes to NaN. amax_tensor is the largest *finite* block amax (`finite_tensor_amax`), so such a
 block stays in itself: one NaN does not make every block of an e4m3 tensor NaN (or zero).
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,12 @@ def finite_tensor_amax(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(amax), amax, torch.zeros_like(amax)).amax()
 
 
-def block_scale(amax: torch.Tensor, g_max: torch.Tensor | float, mode: str,
-                tensor_amax: torch.Tensor | None = None) -> torch.Tensor:
+def block_scale(
+    amax: torch.Tensor,
+    g_max: torch.Tensor | float,
+    mode: str,
+    tensor_amax: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Per-block dequantization scale s (fp32). g_max may vary per block (int4_asym)."""
     g_max = torch.as_tensor(g_max, dtype=torch.float32, device=amax.device)
     if mode == "fp32":

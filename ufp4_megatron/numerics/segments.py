@@ -22,6 +22,7 @@ E4M3 scales (NVFP4) carry a tensor-level amax; with segments each segment takes 
 would, whatever the rounding. That needs blocks (and 2D tiles, and RHT groups) that never
 straddle two segments: `tensor_scale_segments_problem` says when they would.
 """
+
 from __future__ import annotations
 
 import math
@@ -73,13 +74,17 @@ class Segments:
             if not isinstance(seeds, torch.Tensor):
                 seeds = tuple(check_seed(s, "a segment seed") for s in seeds)
         if not starts or len(starts) != len(seeds):
-            raise ValueError(f"Segments need one seed per start and at least one segment, got "
-                             f"{len(starts)} starts and {len(seeds)} seeds")
+            raise ValueError(
+                f"Segments need one seed per start and at least one segment, got "
+                f"{len(starts)} starts and {len(seeds)} seeds"
+            )
         if starts[0] != 0 or any(b < a for a, b in zip(starts, starts[1:])):
             raise ValueError(f"segment starts must begin at 0 and never decrease, got {starts}")
         if self.axis == 1 and any(s % 4 for s in starts):
-            raise ValueError(f"column segments must start at multiples of 4 (one Philox call "
-                             f"serves 4 neighbouring columns), got {starts}")
+            raise ValueError(
+                f"column segments must start at multiples of 4 (one Philox call "
+                f"serves 4 neighbouring columns), got {starts}"
+            )
         object.__setattr__(self, "starts", starts)
         object.__setattr__(self, "seeds", seeds)
 
@@ -89,8 +94,9 @@ class Segments:
         return torch.searchsorted(starts, positions, right=True) - 1
 
 
-def segment_bits(rows: int, cols: int, segments: Segments, origin: tuple[int, int] = (0, 0),
-                 device=None) -> torch.Tensor:
+def segment_bits(
+    rows: int, cols: int, segments: Segments, origin: tuple[int, int] = (0, 0), device=None
+) -> torch.Tensor:
     """uint32 bits (int64 tensor [rows, cols]) keyed per segment; philox.position_bits with
     each segment's seed and its position counted from the segment's start."""
     r0, c0 = origin
@@ -111,8 +117,9 @@ def segment_bits(rows: int, cols: int, segments: Segments, origin: tuple[int, in
     return torch.stack(torch.broadcast_tensors(*words), dim=-1).reshape(rows, groups * 4)[:, :cols]
 
 
-def tensor_scale_segments_problem(segments: Segments, *, block: int, block_2d: bool,
-                                  rht_size: int | None) -> str | None:
+def tensor_scale_segments_problem(
+    segments: Segments, *, block: int, block_2d: bool, rht_size: int | None
+) -> str | None:
     """Why per-segment e4m3 tensor scales cannot equal quantizing each segment on its own
     (a block, 2D tile or RHT group would hold two segments' values), or None. Row segments
     need starts at multiples of the block with 2D tiles; column segments (along the quantized
@@ -123,9 +130,11 @@ def tensor_scale_segments_problem(segments: Segments, *, block: int, block_2d: b
         unit = math.lcm(block, rht_size or 1)
     if any(s % unit for s in segments.starts):
         kind = "row" if segments.axis == 0 else "column"
-        return (f"{kind} segments starting at {segments.starts} with e4m3 tensor scales (a "
-                f"{'2D tile' if segments.axis == 0 else 'block or RHT group'} would span two "
-                f"segments: starts must be multiples of {unit})")
+        return (
+            f"{kind} segments starting at {segments.starts} with e4m3 tensor scales (a "
+            f"{'2D tile' if segments.axis == 0 else 'block or RHT group'} would span two "
+            f"segments: starts must be multiples of {unit})"
+        )
     return None
 
 

@@ -11,6 +11,7 @@ logs/<name>.log (the runner's log: one header line per trainer process it starte
 archives must have the same losses (a round repacked with runs of an earlier one); anything
 else is a BadInput naming both.
 """
+
 from __future__ import annotations
 
 import json
@@ -137,17 +138,26 @@ def read_archive(path: Path) -> dict[str, ArchivedRun]:
             continue
         config = yaml.load(f["config.yaml"], Loader=loader)  # the trainer's plain YAML dump
         loss, val, gnorm, logged = _metrics(f["metrics.jsonl"], f"{path}: {name}")
-        out[name] = ArchivedRun(name=name, archive=str(path), config=config, loss=loss,
-                                val_loss=val, grad_norm=gnorm, logged=logged,
-                                starts=_starts(logs.get(name), f.get("launch.json")),
-                                corpus_sha256=corpus)
+        out[name] = ArchivedRun(
+            name=name,
+            archive=str(path),
+            config=config,
+            loss=loss,
+            val_loss=val,
+            grad_norm=gnorm,
+            logged=logged,
+            starts=_starts(logs.get(name), f.get("launch.json")),
+            corpus_sha256=corpus,
+        )
     return out
 
 
 def archives(folder: Path) -> list[Path]:
     """round*.tar.gz of a folder in round order (round2 before round10)."""
+
     def key(p: Path):
         return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.name)]
+
     return sorted(Path(folder).glob("round*.tar.gz"), key=key)
 
 
@@ -158,7 +168,9 @@ def load_study(folder: Path) -> dict[str, ArchivedRun]:
         for name, run in read_archive(a).items():
             old = runs.get(name)
             if old is not None and not np.array_equal(old.loss, run.loss, equal_nan=True):
-                raise BadInput(f"run {name} differs between {old.archive} and {run.archive}: "
-                               f"one study folder must hold each run once")
+                raise BadInput(
+                    f"run {name} differs between {old.archive} and {run.archive}: "
+                    f"one study folder must hold each run once"
+                )
             runs.setdefault(name, run)
     return runs

@@ -7,6 +7,7 @@ over which a null optim.decay_steps decays). All runs of one
 model are compared over the same steps: those every run logged (a longer run is cut to the
 common steps, and the output says so), and the mean is over the latest `last` of those steps.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,10 @@ class Window:
         if not self.beyond:
             return None
         cut = ", ".join(f"{src} (to step {last})" for src, last in self.beyond)
-        return (f"{self.model}: compared over the common steps 1-{self.last_common} only; "
-                f"logged further: {cut}")
+        return (
+            f"{self.model}: compared over the common steps 1-{self.last_common} only; "
+            f"logged further: {cut}"
+        )
 
 
 @dataclass
@@ -73,7 +76,7 @@ def window_drift(series: dict[int, float], steps: list[int]) -> float | None:
     h = len(steps) // 2
     if h == 0:
         return None
-    late, early = steps[len(steps) - h:], steps[:h]
+    late, early = steps[len(steps) - h :], steps[:h]
     return sum(series[s] for s in late) / h - sum(series[s] for s in early) / h
 
 
@@ -94,8 +97,10 @@ def assign_labels(runs: list[Run]) -> list[str]:
     for same in by_id.values():
         if len(same) > 1:
             r = same[0]
-            raise BadInput(f"the same run was given twice: {' and '.join(x.source for x in same)} "
-                           f"(run id {r.run_id}: {r.model} {r.recipe} seed {r.seed}); pass it once")
+            raise BadInput(
+                f"the same run was given twice: {' and '.join(x.source for x in same)} "
+                f"(run id {r.run_id}: {r.model} {r.recipe} seed {r.seed}); pass it once"
+            )
     notes = []
     by_name: dict[tuple[str, str], dict[str, list[Run]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
@@ -107,12 +112,16 @@ def assign_labels(runs: list[Run]) -> list[str]:
         for group in groups:
             for r in group:
                 r.label = f"{recipe}#{r.setting}"
-        differ = sorted({k for g in groups[1:] for k in
-                         identity.differences(groups[0][0].config, g[0].config)} - {"train.seed"})
+        differ = sorted(
+            {k for g in groups[1:] for k in identity.differences(groups[0][0].config, g[0].config)}
+            - {"train.seed"}
+        )
         shown = "; ".join(f"{g[0].label}: {', '.join(r.source for r in g)}" for g in groups)
-        notes.append(f"{model}: {len(groups)} different settings are labelled {recipe!r} "
-                     f"(they differ in {', '.join(differ)}); shown as {shown}. Give each its "
-                     f"own precision.name to name them")
+        notes.append(
+            f"{model}: {len(groups)} different settings are labelled {recipe!r} "
+            f"(they differ in {', '.join(differ)}); shown as {shown}. Give each its "
+            f"own precision.name to name them"
+        )
     return notes
 
 
@@ -124,17 +133,27 @@ def select(runs: list[Run], name: str) -> list[Run]:
 def _window(model: str, runs: list[Run], last: int | None, last_fraction: float | None) -> Window:
     common = set.intersection(*(set(r.loss) for r in runs))
     if not common:
-        raise BadInput(f"the runs of model {model} share no logged step: "
-                       f"{', '.join(r.source for r in runs)}")
+        raise BadInput(
+            f"the runs of model {model} share no logged step: {', '.join(r.source for r in runs)}"
+        )
     end = max(common)
     n = last if last is not None else max(1, math.ceil(last_fraction * end))
     first = max(end - n + 1, 1)
     val_common = set.intersection(*(set(r.val_loss) for r in runs))
-    val = sorted(s for s in val_common if first <= s <= end) or sorted(
-        s for s in val_common if s <= end)[-1:]
+    val = (
+        sorted(s for s in val_common if first <= s <= end)
+        or sorted(s for s in val_common if s <= end)[-1:]
+    )
     beyond = [(r.source, max(r.loss)) for r in runs if max(r.loss) > end]
-    return Window(model=model, common=sorted(common), last_common=end, first=first,
-                  steps=sorted(s for s in common if s >= first), val_steps=val, beyond=beyond)
+    return Window(
+        model=model,
+        common=sorted(common),
+        last_common=end,
+        first=first,
+        steps=sorted(s for s in common if s >= first),
+        val_steps=val,
+        beyond=beyond,
+    )
 
 
 def check_window(last: int | None, last_fraction: float | None) -> None:
@@ -154,8 +173,18 @@ def planned_schedule(run: Run) -> dict:
     steps = (run.config.get("train") or {}).get("steps")
     if optim.get("decay_steps") is None and steps is not None:
         optim["decay_steps"] = max(steps, (optim.get("warmup_steps") or 0) + 1)
-    return {k: optim.get(k) for k in ("lr", "min_lr", "warmup_steps", "decay_style",
-                                      "decay_steps", "wsd_decay_steps", "wsd_decay_style")}
+    return {
+        k: optim.get(k)
+        for k in (
+            "lr",
+            "min_lr",
+            "warmup_steps",
+            "decay_style",
+            "decay_steps",
+            "wsd_decay_steps",
+            "wsd_decay_style",
+        )
+    }
 
 
 def check_same_schedule(run: Run, ref: Run, steps: list[int]) -> None:
@@ -169,32 +198,43 @@ def check_same_schedule(run: Run, ref: Run, steps: list[int]) -> None:
     plan, plan_ref = planned_schedule(run), planned_schedule(ref)
     differ = ", ".join(f"{k} {plan[k]} vs {plan_ref[k]}" for k in plan if plan[k] != plan_ref[k])
     if first is not None:
-        why = (f"trained with different learning rates from step {first} on "
-               f"({run.lr[first]:g} vs {ref.lr[first]:g}; their schedules differ in "
-               f"{differ or 'the logged LRs'})")
+        why = (
+            f"trained with different learning rates from step {first} on "
+            f"({run.lr[first]:g} vs {ref.lr[first]:g}; their schedules differ in "
+            f"{differ or 'the logged LRs'})"
+        )
     elif not both and differ:
         why = f"plan different LR schedules ({differ})"
     else:
         return
-    raise BadInput(f"{run.source} and its {ref.label!r} reference {ref.source} {why}: their "
-                   "loss gap is not the recipe's. Compare runs of one schedule (the same "
-                   "train.steps, or an explicit optim.decay_steps)")
+    raise BadInput(
+        f"{run.source} and its {ref.label!r} reference {ref.source} {why}: their "
+        "loss gap is not the recipe's. Compare runs of one schedule (the same "
+        "train.steps, or an explicit optim.decay_steps)"
+    )
 
 
-def compare(runs: list[Run], reference: str = "bf16", last: int | None = 1000,
-            last_fraction: float | None = None) -> Comparison:
+def compare(
+    runs: list[Run],
+    reference: str = "bf16",
+    last: int | None = 1000,
+    last_fraction: float | None = None,
+) -> Comparison:
     """Every non-reference run against its sibling reference run, over common steps."""
     check_window(last, last_fraction)
     notes = assign_labels(runs)
     refs = select(runs, reference)
     if not refs:
-        raise BadInput(f"no {reference!r} run among the {len(runs)} given: the gap is relative "
-                       f"to it (pass its run dir, or --reference NAME)")
+        raise BadInput(
+            f"no {reference!r} run among the {len(runs)} given: the gap is relative "
+            f"to it (pass its run dir, or --reference NAME)"
+        )
     by_model: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
         by_model[r.model].append(r)
-    windows = {m: _window(m, by_model[m], last, last_fraction)
-               for m in sorted(by_model, key=model_order)}
+    windows = {
+        m: _window(m, by_model[m], last, last_fraction) for m in sorted(by_model, key=model_order)
+    }
     notes += [w.note() for w in windows.values() if w.note()]
     gaps = []
     for r in runs:
@@ -202,19 +242,33 @@ def compare(runs: list[Run], reference: str = "bf16", last: int | None = 1000,
             continue
         mine = [x for x in refs if x.sibling == r.sibling]
         if not mine:
-            raise BadInput(f"{r.source} ({r.model} {r.label} seed {r.seed}) has no {reference!r} "
-                           f"run of the same model, data, seed and batch to compare against "
-                           f"(sibling key {r.sibling}): pass it, or leave this run out")
+            raise BadInput(
+                f"{r.source} ({r.model} {r.label} seed {r.seed}) has no {reference!r} "
+                f"run of the same model, data, seed and batch to compare against "
+                f"(sibling key {r.sibling}): pass it, or leave this run out"
+            )
         if len(mine) > 1:
-            raise BadInput(f"{r.source} has {len(mine)} {reference!r} runs of the same model, "
-                           f"data and seed: {', '.join(x.source for x in mine)}; pass one")
+            raise BadInput(
+                f"{r.source} has {len(mine)} {reference!r} runs of the same model, "
+                f"data and seed: {', '.join(x.source for x in mine)}; pass one"
+            )
         ref, w = mine[0], windows[r.model]
         check_same_schedule(r, ref, w.common)
         series = {s: (r.loss[s] - ref.loss[s]) / ref.loss[s] for s in w.common}
         val = gap_series(r.val_loss, ref.val_loss)
-        gaps.append(SeedGap(
-            model=r.model, recipe=r.label, seed=r.seed, run=r, reference=ref,
-            train_gap=sum(series[s] for s in w.steps) / len(w.steps),
-            val_gap=(sum(val[s] for s in w.val_steps) / len(w.val_steps)) if w.val_steps else None,
-            series=series, drift=window_drift(series, w.steps)))
+        gaps.append(
+            SeedGap(
+                model=r.model,
+                recipe=r.label,
+                seed=r.seed,
+                run=r,
+                reference=ref,
+                train_gap=sum(series[s] for s in w.steps) / len(w.steps),
+                val_gap=(sum(val[s] for s in w.val_steps) / len(w.val_steps))
+                if w.val_steps
+                else None,
+                series=series,
+                drift=window_drift(series, w.steps),
+            )
+        )
     return Comparison(windows=windows, gaps=gaps, notes=notes)

@@ -11,6 +11,7 @@ experiment's one (report/wandb_log.py), in the training runs' W&B mode and proje
 the report cannot use (no BF16 run, no BF16 run of a seed) is said in one line; the sweep's
 own result stands.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,19 +27,31 @@ from .errors import BadInput
 
 
 class CompareAfterSweep(Callback):
-    def __init__(self, reference: str = "bf16", baseline: str = "e2m1", last: int | None = 1000,
-                 last_fraction: float | None = None, smooth: int = 1):
+    def __init__(
+        self,
+        reference: str = "bf16",
+        baseline: str = "e2m1",
+        last: int | None = 1000,
+        last_fraction: float | None = None,
+        smooth: int = 1,
+    ):
         window = ["--last-fraction", str(last_fraction)] if last_fraction else ["--last", str(last)]
         self.record: str | None = None  # this sweep's list of run dirs (on_multirun_start)
-        self.options = ["--reference", reference, "--baseline", baseline, "--smooth", str(smooth),
-                        *window]
+        self.options = [
+            "--reference",
+            reference,
+            "--baseline",
+            baseline,
+            "--smooth",
+            str(smooth),
+            *window,
+        ]
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         sweep = Path(config.hydra.sweep.dir)
         sweep.mkdir(parents=True, exist_ok=True)
         # absolute: a job may run in another working directory (a Slurm job's)
-        fd, self.record = tempfile.mkstemp(prefix=".sweep-", suffix=".runs",
-                                           dir=sweep.resolve())
+        fd, self.record = tempfile.mkstemp(prefix=".sweep-", suffix=".runs", dir=sweep.resolve())
         os.close(fd)
 
     def on_job_end(self, config: DictConfig, job_return, **kwargs) -> None:
@@ -59,8 +72,10 @@ class CompareAfterSweep(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep = Path(config.hydra.sweep.dir)
         if self.record is None:  # Hydra calls on_multirun_start first; a caller that did not
-            print("compare after the sweep: no record of this sweep's runs (on_multirun_start "
-                  "was not called); compare them with ufp4-compare RUN...")
+            print(
+                "compare after the sweep: no record of this sweep's runs (on_multirun_start "
+                "was not called); compare them with ufp4-compare RUN..."
+            )
             return
         try:
             runs = self.sweep_runs()
@@ -70,12 +85,21 @@ class CompareAfterSweep(Callback):
             print(f"compare after the sweep: no completed runs in this sweep under {sweep}")
             return
         wandb = config.logging.wandb
-        argv = [*runs, "--out", str(sweep / "compare"), "--group", config.experiment,
-                "--wandb-mode", wandb.mode, "--project", wandb.project, *self.options]
+        argv = [
+            *runs,
+            "--out",
+            str(sweep / "compare"),
+            "--group",
+            config.experiment,
+            "--wandb-mode",
+            wandb.mode,
+            "--project",
+            wandb.project,
+            *self.options,
+        ]
         if wandb.entity:
             argv += ["--entity", wandb.entity]
-        print(f"compare after the sweep: {len(runs)} runs of this sweep under {sweep}",
-              flush=True)
+        print(f"compare after the sweep: {len(runs)} runs of this sweep under {sweep}", flush=True)
         try:
             run(argv)
         except BadInput as e:

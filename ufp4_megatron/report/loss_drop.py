@@ -10,6 +10,7 @@ mid-run and relaxes afterwards, so differences in that timing carry into the end
                       None if it never is
     r_squared(x, y)   the share of the variance of y a straight line in x explains
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,8 +20,9 @@ WIDTH = 25  # steps in the moving average (a single step's loss is noisy)
 AFTER = 100  # the warm-up's steep early descent is not the drop
 
 
-def drop_step(loss: np.ndarray, level: float = LEVEL, width: int = WIDTH,
-              after: int = AFTER) -> int | None:
+def drop_step(
+    loss: np.ndarray, level: float = LEVEL, width: int = WIDTH, after: int = AFTER
+) -> int | None:
     """loss[i] is step i + 1's. The returned step is the centre of the first window below."""
     x = np.asarray(loss, dtype=float)
     if len(x) < width + after:

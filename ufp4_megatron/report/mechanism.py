@@ -18,6 +18,7 @@ attenuation, since residual connections route signal around each linear.
 Writes <out>/mechanism.md (summary and the full per-layer table), mechanism.json and
 mechanism.png; prints the summary. One process per run dir (Megatron's state is global).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,10 @@ def capture(run_dir: Path, batch: int | None = None) -> tuple[dict, dict]:
     except checkpoint.CheckpointError as e:
         raise SystemExit(f"mechanism: {e}") from None
     if step is None or not (ckpt_dir / f"step_{step:08d}").is_dir():
-        raise SystemExit(f"mechanism: no checkpoint under {ckpt_dir}; train the run with "
-                         f"checkpoint.save_at_end=true (the default) and keep its checkpoints")
+        raise SystemExit(
+            f"mechanism: no checkpoint under {ckpt_dir}; train the run with "
+            f"checkpoint.save_at_end=true (the default) and keep its checkpoints"
+        )
     cfg.parallel.tp = cfg.parallel.pp = cfg.parallel.ep = 1  # one process reads the checkpoint
     cfg.parallel.sp = False
     rt = decide(cfg)
@@ -70,7 +73,8 @@ def capture(run_dir: Path, batch: int | None = None) -> tuple[dict, dict]:
 
 def _capture(cfg, rt, ckpt_dir: Path, step: int, run_dir: Path, batch: int | None):
     from ..data import datasets as data
-    from ..train import checkpoint, distributed, model as model_lib, optim, schedule
+    from ..train import checkpoint, distributed, optim, schedule
+    from ..train import model as model_lib
     from ..train.precision import recipe_from_config
     from ..train.probes import LayerProbes
 
@@ -80,9 +84,16 @@ def _capture(cfg, rt, ckpt_dir: Path, step: int, run_dir: Path, batch: int | Non
     model, policy = model_lib.build_model(cfg, recipe, rt.dtype, device)
     opt = optim.build_optimizer(model, cfg, rt)
     try:
-        checkpoint.load(ckpt_dir, model, opt, {"policy": policy, "lr_schedule": opt.scheduler},
-                        runtime=rt, run=checkpoint.owner(cfg, run_dir), run_dir=Path(run_dir),
-                        verify=cfg.checkpoint.checksums)
+        checkpoint.load(
+            ckpt_dir,
+            model,
+            opt,
+            {"policy": policy, "lr_schedule": opt.scheduler},
+            runtime=rt,
+            run=checkpoint.owner(cfg, run_dir),
+            run_dir=Path(run_dir),
+            verify=cfg.checkpoint.checksums,
+        )
     except checkpoint.CheckpointError as e:
         distributed.shutdown()
         raise SystemExit(f"mechanism: {e}") from None
@@ -90,19 +101,37 @@ def _capture(cfg, rt, ckpt_dir: Path, step: int, run_dir: Path, batch: int | Non
 
     t = cfg.train
     mb = batch or t.micro_batch
-    _, valid = data.build_datasets(cfg.data, seed=t.seed, seq_len=t.seq_len,
-                                   vocab_size=cfg.model.vocab_size, n_train=t.global_batch,
-                                   n_valid=mb)
+    _, valid = data.build_datasets(
+        cfg.data,
+        seed=t.seed,
+        seq_len=t.seq_len,
+        vocab_size=cfg.model.vocab_size,
+        n_train=t.global_batch,
+        n_valid=mb,
+    )
     probes = LayerProbes(model, list(range(cfg.model.num_layers)), recipe)
     probes.active = True
     opt.zero_grad()
     schedule.forward_backward(
-        fwd_model, data.micro_batches(valid, 0, global_batch=mb, micro_batch=mb, dp=1, dp_rank=0,
-                                      device=device),
-        n_micro=1, seq_len=t.seq_len, micro_batch=mb, forward_only=False)
-    info = {"run_dir": str(run_dir), "model": cfg.model.name, "recipe": cfg.precision.name,
-            "seed": t.seed, "step": step, "tokens": mb * t.seq_len, "device": device.type,
-            "layers": cfg.model.num_layers}
+        fwd_model,
+        data.micro_batches(
+            valid, 0, global_batch=mb, micro_batch=mb, dp=1, dp_rank=0, device=device
+        ),
+        n_micro=1,
+        seq_len=t.seq_len,
+        micro_batch=mb,
+        forward_only=False,
+    )
+    info = {
+        "run_dir": str(run_dir),
+        "model": cfg.model.name,
+        "recipe": cfg.precision.name,
+        "seed": t.seed,
+        "step": step,
+        "tokens": mb * t.seq_len,
+        "device": device.type,
+        "layers": cfg.model.num_layers,
+    }
     captured = dict(probes.captured)
     distributed.shutdown()
     return captured, info
@@ -121,8 +150,13 @@ def operand_stats(captured: dict, grids=GRIDS) -> list[dict]:
                     continue
                 t = t.float()
                 for grid in grids:
-                    row = {"layer": int(layer.removeprefix("layer")), "linear": linear,
-                           "gemm": gemm, "operand": op, "grid": grid}
+                    row = {
+                        "layer": int(layer.removeprefix("layer")),
+                        "linear": linear,
+                        "gemm": gemm,
+                        "operand": op,
+                        "grid": grid,
+                    }
                     for rht in RHTS:
                         s = dg.quant_stats(t, grid, rht=rht, dim=dim, block=16, scale="fp32")
                         tag = "rht" if rht else "none"
@@ -162,8 +196,10 @@ def eta_products(rows: list[dict]) -> dict:
 
 def summary_table(rows: list[dict], products: dict) -> str:
     """Per operand and grid, the mean over layers; then the products over the network."""
-    lines = ["| GEMM.operand | grid | alpha | alpha RHT16 | SQNR (dB) | SQNR RHT16 | dSQNR |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| GEMM.operand | grid | alpha | alpha RHT16 | SQNR (dB) | SQNR RHT16 | dSQNR |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     grids = list(dict.fromkeys(r["grid"] for r in rows))
     for gemm in GEMMS:
         for op in OPERANDS[gemm]:
@@ -171,25 +207,34 @@ def summary_table(rows: list[dict], products: dict) -> str:
                 sel = [r for r in rows if (r["gemm"], r["operand"], r["grid"]) == (gemm, op, grid)]
                 if not sel:
                     continue
-                m = {k: sum(r[k] for r in sel) / len(sel)
-                     for k in ("alpha_none", "alpha_rht", "sqnr_none", "sqnr_rht", "dsqnr")}
-                lines.append(f"| {gemm}.{op} | {grid} | {m['alpha_none']:.4f} | "
-                             f"{m['alpha_rht']:.4f} | {m['sqnr_none']:.2f} | {m['sqnr_rht']:.2f} "
-                             f"| {m['dsqnr']:+.2f} |")
-    lines += ["", "| grid | RHT16 | prod eta fprop | prod eta dgrad | prod eta wgrad "
-              "| GEMMs each |",
-              "| --- | --- | --- | --- | --- | --- |"]
+                m = {
+                    k: sum(r[k] for r in sel) / len(sel)
+                    for k in ("alpha_none", "alpha_rht", "sqnr_none", "sqnr_rht", "dsqnr")
+                }
+                lines.append(
+                    f"| {gemm}.{op} | {grid} | {m['alpha_none']:.4f} | "
+                    f"{m['alpha_rht']:.4f} | {m['sqnr_none']:.2f} | {m['sqnr_rht']:.2f} "
+                    f"| {m['dsqnr']:+.2f} |"
+                )
+    lines += [
+        "",
+        "| grid | RHT16 | prod eta fprop | prod eta dgrad | prod eta wgrad | GEMMs each |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for grid in grids:
         for tag in ("none", "rht"):
             p = {g: products[grid, tag, g] for g in GEMMS}
-            lines.append(f"| {grid} | {'yes' if tag == 'rht' else 'no'} | "
-                         + " | ".join(f"{p[g][-1]:.4f}" if p[g] else "-" for g in GEMMS)
-                         + f" | {len(p['fprop'])} |")
+            lines.append(
+                f"| {grid} | {'yes' if tag == 'rht' else 'no'} | "
+                + " | ".join(f"{p[g][-1]:.4f}" if p[g] else "-" for g in GEMMS)
+                + f" | {len(p['fprop'])} |"
+            )
     return "\n".join(lines)
 
 
-def findings(rows: list[dict], products: dict, grid: str = "e2m1",
-             uniform: str = "e1m2") -> list[str]:
+def findings(
+    rows: list[dict], products: dict, grid: str = "e2m1", uniform: str = "e1m2"
+) -> list[str]:
     """What this model's numbers say, counted, not asserted: how often E2M1 keeps less signal
     than the uniform grid, the products over the forward GEMMs, and where RHT16 helps."""
     by = {(r["layer"], r["linear"], r["gemm"], r["operand"], r["grid"]): r for r in rows}
@@ -199,10 +244,16 @@ def findings(rows: list[dict], products: dict, grid: str = "e2m1",
     n = len(keys)
     lower = sum(by[(*k, grid)]["alpha_none"] < by[(*k, uniform)]["alpha_none"] for k in keys)
     shrinks = sum(by[(*k, grid)]["alpha_none"] < 1 for k in keys)
+
     def moved(g: str, sign: int) -> int:  # |dSQNR| under 0.1 dB is no change (paper: < 0.01)
         return sum(sign * by[(*k, g)]["dsqnr"] > 0.1 for k in keys)
-    fp = {(g, t): products[g, t, "fprop"][-1] for g in (grid, uniform) for t in ("none", "rht")
-          if products.get((g, t, "fprop"))}
+
+    fp = {
+        (g, t): products[g, t, "fprop"][-1]
+        for g in (grid, uniform)
+        for t in ("none", "rht")
+        if products.get((g, t, "fprop"))
+    }
     k = len(products.get((grid, "none", "fprop"), []))
     return [
         f"- alpha: {grid} keeps less signal than {uniform} on {lower} of {n} operand "
@@ -219,13 +270,18 @@ def findings(rows: list[dict], products: dict, grid: str = "e2m1",
 
 
 def full_table(rows: list[dict]) -> str:
-    lines = ["| layer | linear | GEMM.operand | grid | alpha | alpha RHT16 | SQNR | SQNR RHT16 "
-             "| dSQNR | B_eff | B_eff RHT16 |", "| --- " * 11 + "|"]
+    lines = [
+        "| layer | linear | GEMM.operand | grid | alpha | alpha RHT16 | SQNR | SQNR RHT16 "
+        "| dSQNR | B_eff | B_eff RHT16 |",
+        "| --- " * 11 + "|",
+    ]
     for r in rows:
-        lines.append(f"| {r['layer']} | {r['linear']} | {r['gemm']}.{r['operand']} | {r['grid']} "
-                     f"| {r['alpha_none']:.4f} | {r['alpha_rht']:.4f} | {r['sqnr_none']:.2f} | "
-                     f"{r['sqnr_rht']:.2f} | {r['dsqnr']:+.2f} | {r['beff_none']:.3f} | "
-                     f"{r['beff_rht']:.3f} |")
+        lines.append(
+            f"| {r['layer']} | {r['linear']} | {r['gemm']}.{r['operand']} | {r['grid']} "
+            f"| {r['alpha_none']:.4f} | {r['alpha_rht']:.4f} | {r['sqnr_none']:.2f} | "
+            f"{r['sqnr_rht']:.2f} | {r['dsqnr']:+.2f} | {r['beff_none']:.3f} | "
+            f"{r['beff_rht']:.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -244,22 +300,40 @@ def plot(rows: list[dict], products: dict, info: dict, path: Path) -> Path:
     for grid in grids:
         sel = [r for r in rows if (r["grid"], r["gemm"], r["operand"]) == (grid, "fprop", "x")]
         for tag, style in (("none", "-"), ("rht", "--")):
-            ax.plot(range(len(sel)), [r[f"alpha_{tag}"] for r in sel], style, marker=".",
-                    lw=widths[grid], color=colors[grid],
-                    label=f"{grid}{' + RHT16' if tag == 'rht' else ''}")
+            ax.plot(
+                range(len(sel)),
+                [r[f"alpha_{tag}"] for r in sel],
+                style,
+                marker=".",
+                lw=widths[grid],
+                color=colors[grid],
+                label=f"{grid}{' + RHT16' if tag == 'rht' else ''}",
+            )
     ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set(xlabel="linear (layer-major: qkv, proj, fc1, fc2)", ylabel="alpha of fprop x",
-           title="attenuation alpha = <Q(x), x> / ||x||^2")
+    ax.set(
+        xlabel="linear (layer-major: qkv, proj, fc1, fc2)",
+        ylabel="alpha of fprop x",
+        title="attenuation alpha = <Q(x), x> / ||x||^2",
+    )
     ax.legend(fontsize=8)
     ax = axes[1]  # cumulative product of eta through the forward GEMMs
     for grid in grids:
         for tag, style in (("none", "-"), ("rht", "--")):
             cum = products[grid, tag, "fprop"]
-            ax.plot(range(1, len(cum) + 1), cum, style, color=colors[grid], lw=widths[grid],
-                    label=f"{grid}{' + RHT16' if tag == 'rht' else ''}")
+            ax.plot(
+                range(1, len(cum) + 1),
+                cum,
+                style,
+                color=colors[grid],
+                lw=widths[grid],
+                label=f"{grid}{' + RHT16' if tag == 'rht' else ''}",
+            )
     ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set(xlabel="fprop GEMMs so far", ylabel="prod of alpha_x * alpha_w",
-           title="signal kept through the forward GEMMs")
+    ax.set(
+        xlabel="fprop GEMMs so far",
+        ylabel="prod of alpha_x * alpha_w",
+        title="signal kept through the forward GEMMs",
+    )
     ax.legend(fontsize=8)
     ax = axes[2]  # dSQNR per operand and grid, mean over layers
     ops = [(g, o) for g in GEMMS for o in OPERANDS[g]]
@@ -269,26 +343,34 @@ def plot(rows: list[dict], products: dict, info: dict, path: Path) -> Path:
         for g, o in ops:
             sel = [r["dsqnr"] for r in rows if (r["grid"], r["gemm"], r["operand"]) == (grid, g, o)]
             vals.append(sum(sel) / len(sel) if sel else math.nan)
-        ax.bar([j + i * width for j in range(len(ops))], vals, width, color=colors[grid],
-               label=grid)
+        ax.bar(
+            [j + i * width for j in range(len(ops))], vals, width, color=colors[grid], label=grid
+        )
     ax.axhline(0.0, color="gray", lw=0.8)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ops))])
     ax.set_xticklabels([f"{g}.{o}" for g, o in ops], rotation=30, fontsize=8)
     ax.set(ylabel="dSQNR (dB), mean over layers", title="SQNR(RHT16) - SQNR(none)")
     ax.legend(fontsize=8)
-    fig.suptitle(f"{info['model']} trained with {info['recipe']} (seed {info['seed']}, step "
-                 f"{info['step']}): one batch of {info['tokens']} held-out tokens")
+    fig.suptitle(
+        f"{info['model']} trained with {info['recipe']} (seed {info['seed']}, step "
+        f"{info['step']}): one batch of {info['tokens']} held-out tokens"
+    )
     return save_figure(fig, path, dpi=110)
 
 
 def run(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m ufp4_megatron.report.mechanism",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m ufp4_megatron.report.mechanism", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("run_dir", type=Path, help="a training run dir (config.yaml, checkpoints/)")
     ap.add_argument("--out", type=Path, default=None, help="default: <run_dir>/mechanism")
     ap.add_argument("--grids", default=",".join(GRIDS), help="grids to measure (%(default)s)")
-    ap.add_argument("--batch", type=int, default=None,
-                    help="sequences in the batch (default: the run's train.micro_batch)")
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="sequences in the batch (default: the run's train.micro_batch)",
+    )
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine|apex|absl).*")
     grids = tuple(g for g in args.grids.split(",") if g)
@@ -304,16 +386,26 @@ def run(argv: list[str] | None = None) -> dict:
     products = eta_products(rows)
     out = args.out or args.run_dir / "mechanism"
     out.mkdir(parents=True, exist_ok=True)
-    head = (f"{info['model']} trained with {info['recipe']} (seed {info['seed']}) at step "
-            f"{info['step']}, one held-out batch of {info['tokens']} tokens on {info['device']}; "
-            f"1x16 blocks, FP32 scales, RTNE; means over {info['layers']} layers")
+    head = (
+        f"{info['model']} trained with {info['recipe']} (seed {info['seed']}) at step "
+        f"{info['step']}, one held-out batch of {info['tokens']} tokens on {info['device']}; "
+        f"1x16 blocks, FP32 scales, RTNE; means over {info['layers']} layers"
+    )
     summary = summary_table(rows, products)
     found = "\n".join(findings(rows, products))
-    (out / "mechanism.md").write_text(f"{head}\n\n{summary}\n\n{found}\n\n## Per layer\n\n"
-                                      f"{full_table(rows)}\n")
-    (out / "mechanism.json").write_text(json.dumps(
-        {"info": info, "rows": rows,
-         "products": {f"{g}/{t}/{k}": v for (g, t, k), v in products.items()}}, indent=1))
+    (out / "mechanism.md").write_text(
+        f"{head}\n\n{summary}\n\n{found}\n\n## Per layer\n\n{full_table(rows)}\n"
+    )
+    (out / "mechanism.json").write_text(
+        json.dumps(
+            {
+                "info": info,
+                "rows": rows,
+                "products": {f"{g}/{t}/{k}": v for (g, t, k), v in products.items()},
+            },
+            indent=1,
+        )
+    )
     png = plot(rows, products, info, out / "mechanism.png")
     print(head)
     print(summary)

@@ -1,5 +1,6 @@
 """loss_gap.png: the gap against tokens, one panel per model and one line per recipe: the mean
 over seeds with its pointwise confidence band, and the latest-N window of the table shaded."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -49,8 +50,13 @@ def save_figure(fig, path: Path, dpi: int) -> Path:
     return path
 
 
-def plot_gaps(cmp: Comparison, summaries: list[RecipeSummary], path: Path, smooth: int = 1,
-              confidence: float = 0.95) -> Path:
+def plot_gaps(
+    cmp: Comparison,
+    summaries: list[RecipeSummary],
+    path: Path,
+    smooth: int = 1,
+    confidence: float = 0.95,
+) -> Path:
     plt = pyplot()
 
     models = list(cmp.windows)
@@ -63,17 +69,21 @@ def plot_gaps(cmp: Comparison, summaries: list[RecipeSummary], path: Path, smoot
             mean, lo, hi = t_band(rows, confidence)
             x_of = dict(zip(w.common, x))
             n = len(s.seeds)
-            line, = ax.plot(x, 100 * mean, label=f"{s.recipe} ({n} seed{'s' * (n > 1)})")
+            (line,) = ax.plot(x, 100 * mean, label=f"{s.recipe} ({n} seed{'s' * (n > 1)})")
             if n > 1:
                 ax.fill_between(x, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.2, lw=0)
         if x_of:
-            ax.axvspan(x_of[w.steps[0]], x_of[w.steps[-1]], color="gray", alpha=0.12,
-                       label=f"mean window: steps {w.first}-{w.last_common}")
+            ax.axvspan(
+                x_of[w.steps[0]],
+                x_of[w.steps[-1]],
+                color="gray",
+                alpha=0.12,
+                label=f"mean window: steps {w.first}-{w.last_common}",
+            )
         ax.axhline(0.0, color="gray", lw=0.8)
         ax.set_xlabel("tokens")
         smoothed = f", {smooth}-step mean" if smooth > 1 else ""
         ax.set_ylabel(f"gap vs BF16 [%]{smoothed}")
-        ax.set_title(f"{model}: (L - L_bf16) / L_bf16, mean over seeds, "
-                     f"{confidence:.0%} band")
+        ax.set_title(f"{model}: (L - L_bf16) / L_bf16, mean over seeds, {confidence:.0%} band")
         ax.legend(fontsize=8)
     return save_figure(fig, path, dpi=120)

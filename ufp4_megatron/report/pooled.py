@@ -17,6 +17,7 @@ family-wise error rate at alpha for any dependence between the tests.
 
 numpy for the fit, scipy.stats for t; missing cells (a run that failed) are allowed.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,8 +54,10 @@ class PooledFit:
 
         if a not in self.arms or b not in self.arms:
             missing = [x for x in (a, b) if x not in self.arms]
-            raise ValueError(f"contrast {a} - {b}: no arm {', '.join(missing)} in the fit "
-                             f"(arms: {', '.join(self.arms)})")
+            raise ValueError(
+                f"contrast {a} - {b}: no arm {', '.join(missing)} in the fit "
+                f"(arms: {', '.join(self.arms)})"
+            )
         c = np.zeros(len(self.coef))
         c[self.arms.index(a)], c[self.arms.index(b)] = 1.0, -1.0
         est = float(c @ self.coef)
@@ -86,11 +89,20 @@ def fit_two_way(values: dict[tuple[str, int], float]) -> PooledFit:
     coef, _, rank, _ = np.linalg.lstsq(x, y, rcond=None)
     df = len(y) - int(rank)
     if df < 1:
-        raise ValueError(f"{len(arms)} arms x {len(seeds)} seeds ({len(y)} values) leave no "
-                         f"residual degree of freedom: the pooled model needs more seeds")
+        raise ValueError(
+            f"{len(arms)} arms x {len(seeds)} seeds ({len(y)} values) leave no "
+            f"residual degree of freedom: the pooled model needs more seeds"
+        )
     rss = float(((y - x @ coef) ** 2).sum())
-    return PooledFit(arms=arms, seeds=seeds, coef=coef, cov_unscaled=np.linalg.pinv(x.T @ x),
-                     sigma=math.sqrt(rss / df), df=df, n=len(y))
+    return PooledFit(
+        arms=arms,
+        seeds=seeds,
+        coef=coef,
+        cov_unscaled=np.linalg.pinv(x.T @ x),
+        sigma=math.sqrt(rss / df),
+        df=df,
+        n=len(y),
+    )
 
 
 def holm(pvalues: list[float]) -> list[float]:
@@ -106,8 +118,9 @@ def holm(pvalues: list[float]) -> list[float]:
     return out
 
 
-def family(fit: PooledFit, pairs: list[tuple[str, str]], confidence: float = 0.95
-           ) -> list[Contrast]:
+def family(
+    fit: PooledFit, pairs: list[tuple[str, str]], confidence: float = 0.95
+) -> list[Contrast]:
     """The contrasts a - b of a pre-stated family from one fit, with Holm-adjusted p."""
     cs = [fit.contrast(a, b, confidence) for a, b in pairs]
     adj = holm([c.p for c in cs])

@@ -9,6 +9,7 @@ differences of standard deviation sd, se = sd / sqrt(n) and df = n - 1.
     detectable(se, df, alpha, power)      the true difference rejected with that probability
     paired_power(diff, sd, n, alpha)      power(diff, sd / sqrt(n), n - 1, alpha)
 """
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,9 @@ def power(diff: float, se: float, df: float, alpha: float = 0.05) -> float:
     from scipy.stats import nct, t
 
     if not (se > 0 and df > 0 and 0 < alpha < 1):
-        raise ValueError(f"power: se={se}, df={df}, alpha={alpha}; need se > 0, df > 0, "
-                         f"0 < alpha < 1")
+        raise ValueError(
+            f"power: se={se}, df={df}, alpha={alpha}; need se > 0, df > 0, 0 < alpha < 1"
+        )
     crit = t.ppf(1 - alpha / 2, df)
     ncp = abs(diff) / se
     return float(nct.sf(crit, df, ncp) + nct.cdf(-crit, df, ncp))

@@ -22,6 +22,7 @@ it logged a finite loss at every step 1..1000; and one trainer process trained a
 (launch.json, or the runner's log, says its last process started at step 0). A run whose loss
 is not finite is a divergence: reported, never silently dropped.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,15 @@ from .loss_drop import drop_step, r_squared
 from .pooled import Contrast, PooledFit, family, fit_two_way
 from .stats import fieller_ratio
 
-ABLATION_ARMS = ("ufp4_rht_none", "ufp4_rht_wgrad", "ufp4_rht_dgrad_wgrad",
-                 "ufp4_rht_fprop_wgrad", "ufp4_no_sr", "e2m1_rht_all", "e2m1_uniform")
+ABLATION_ARMS = (
+    "ufp4_rht_none",
+    "ufp4_rht_wgrad",
+    "ufp4_rht_dgrad_wgrad",
+    "ufp4_rht_fprop_wgrad",
+    "ufp4_no_sr",
+    "e2m1_rht_all",
+    "e2m1_uniform",
+)
 RECIPE_ARMS = ("ufp4_int4", "nvfp4", "mxfp4")
 
 
@@ -69,17 +77,34 @@ class Design:
     corpus_sha256: str = "69fa418b0fd13e9d84bb7c56536e67a95b15a0f5e9205cb36563c0dd55147b30"
     # dotted config keys every counted run has at these values (configs/study/prereg.yaml)
     config: tuple[tuple[str, object], ...] = (
-        ("model.name", "study11m"), ("model.num_layers", 6), ("model.hidden_size", 384),
-        ("train.steps", 1000), ("train.seq_len", 256), ("train.global_batch", 128),
-        ("train.eval_interval", 50), ("train.eval_iters", 4), ("data.valid_seed", 99),
-        ("data.split", "98,2,0"), ("data.tokenizer.type", "byte-level"),
-        ("optim.lr", 0.002), ("optim.min_lr", 0.0002), ("optim.warmup_steps", 100),
-        ("optim.decay_style", "cosine"), ("optim.weight_decay", 0.1), ("optim.clip_grad", 1.0))
+        ("model.name", "study11m"),
+        ("model.num_layers", 6),
+        ("model.hidden_size", 384),
+        ("train.steps", 1000),
+        ("train.seq_len", 256),
+        ("train.global_batch", 128),
+        ("train.eval_interval", 50),
+        ("train.eval_iters", 4),
+        ("data.valid_seed", 99),
+        ("data.split", "98,2,0"),
+        ("data.tokenizer.type", "byte-level"),
+        ("optim.lr", 0.002),
+        ("optim.min_lr", 0.0002),
+        ("optim.warmup_steps", 100),
+        ("optim.decay_style", "cosine"),
+        ("optim.weight_decay", 0.1),
+        ("optim.clip_grad", 1.0),
+    )
 
     @property
     def arms(self) -> tuple[str, ...]:
-        return (self.reference, self.baseline, self.candidate, *self.ablation_arms,
-                *self.recipe_arms)
+        return (
+            self.reference,
+            self.baseline,
+            self.candidate,
+            *self.ablation_arms,
+            *self.recipe_arms,
+        )
 
     def seeds_of(self, arm: str) -> tuple[int, ...]:
         return self.primary_seeds if arm in (self.baseline, self.candidate) else self.seeds
@@ -101,8 +126,9 @@ def why_not_counted(run: ArchivedRun, design: Design = DESIGN) -> str | None:
     """None when the run counts; otherwise the reason, in a few words."""
     for key, want in design.config:
         have = _get(run.config, key)
-        if have != want and not (isinstance(want, float) and isinstance(have, (int, float))
-                                 and math.isclose(have, want)):
+        if have != want and not (
+            isinstance(want, float) and isinstance(have, (int, float)) and math.isclose(have, want)
+        ):
             return f"{key}={have!r}, the design has {want!r}"
     prefixes = _get(run.config, "data.prefixes") or []
     if len(prefixes) != 1 or not str(prefixes[0]).rstrip("/").endswith("pysrc"):
@@ -110,10 +136,13 @@ def why_not_counted(run: ArchivedRun, design: Design = DESIGN) -> str | None:
     if run.corpus_sha256 != design.corpus_sha256:
         return f"corpus sha256 {run.corpus_sha256}: not the design's pysrc corpus"
     if len(run.logged) != design.steps or not run.logged.all():
-        return f"{int(run.logged[:design.steps].sum())} of {design.steps} steps logged"
+        return f"{int(run.logged[: design.steps].sum())} of {design.steps} steps logged"
     if run.one_process is not True:
-        return ("resumed from a checkpoint (steps from " + ", ".join(map(str, run.starts)) + ")"
-                if run.starts else "no record of how it was trained (launch.json)")
+        return (
+            "resumed from a checkpoint (steps from " + ", ".join(map(str, run.starts)) + ")"
+            if run.starts
+            else "no record of how it was trained (launch.json)"
+        )
     return None
 
 
@@ -177,9 +206,16 @@ def paired(values: dict[int, float], confidence: float = 0.95) -> Paired:
     t = stats.ttest_1samp(v, 0.0)
     ci = t.confidence_interval(confidence)
     w = stats.wilcoxon(v).pvalue if np.any(v != 0) else None
-    return Paired(values=dict(sorted(values.items())), mean=float(v.mean()), lo=float(ci.low),
-                  hi=float(ci.high), p=float(t.pvalue), sd=float(v.std(ddof=1)),
-                  below=int((v < 0).sum()), wilcoxon_p=None if w is None else float(w))
+    return Paired(
+        values=dict(sorted(values.items())),
+        mean=float(v.mean()),
+        lo=float(ci.low),
+        hi=float(ci.high),
+        p=float(t.pvalue),
+        sd=float(v.std(ddof=1)),
+        below=int((v < 0).sum()),
+        wilcoxon_p=None if w is None else float(w),
+    )
 
 
 def bf16_curve(counted: Counted, design: Design = DESIGN) -> np.ndarray:
@@ -194,23 +230,35 @@ def _w(design: Design) -> slice:
     return slice(design.steps - design.window, design.steps)
 
 
-def relative_difference(a: ArchivedRun, b: ArchivedRun, curve: np.ndarray,
-                        design: Design = DESIGN) -> float:
+def relative_difference(
+    a: ArchivedRun, b: ArchivedRun, curve: np.ndarray, design: Design = DESIGN
+) -> float:
     """mean over W of (L_a - L_b) / B, in points."""
     w = _w(design)
     return float(np.mean((a.loss[w] - b.loss[w]) / curve[w]) * 100)
 
 
-def val_difference(a: ArchivedRun, b: ArchivedRun, refs: list[ArchivedRun],
-                   design: Design = DESIGN) -> float | None:
+def val_difference(
+    a: ArchivedRun, b: ArchivedRun, refs: list[ArchivedRun], design: Design = DESIGN
+) -> float | None:
     """The same on the validation losses at the evaluations in W, relative to BF16's mean."""
     first = design.steps - design.window + 1
-    steps = sorted(s for s in a.val_loss if s >= first and s in b.val_loss
-                   and all(s in r.val_loss for r in refs))
+    steps = sorted(
+        s
+        for s in a.val_loss
+        if s >= first and s in b.val_loss and all(s in r.val_loss for r in refs)
+    )
     if not steps:
         return None
-    return float(np.mean([(a.val_loss[s] - b.val_loss[s])
-                          / np.mean([r.val_loss[s] for r in refs]) for s in steps]) * 100)
+    return float(
+        np.mean(
+            [
+                (a.val_loss[s] - b.val_loss[s]) / np.mean([r.val_loss[s] for r in refs])
+                for s in steps
+            ]
+        )
+        * 100
+    )
 
 
 @dataclass
@@ -257,36 +305,55 @@ def analyse(runs: dict[str, ArchivedRun], design: Design = DESIGN) -> Analysis:
     diverged = set(c.diverged)
     primary = _missing(c, (ref, base, cand), design.seeds_of)
     # the ablation is at the design's seeds for every arm (E2M1's and UFP4's 1-12 among them)
-    abl = _missing(c, (ref, base, cand, *design.ablation_arms, *design.recipe_arms),
-                   lambda arm: design.seeds)
-    out.missing = {"primary": [n for n in primary if n not in diverged],
-                   "ablation": [n for n in abl if n not in diverged]}
+    abl = _missing(
+        c, (ref, base, cand, *design.ablation_arms, *design.recipe_arms), lambda arm: design.seeds
+    )
+    out.missing = {
+        "primary": [n for n in primary if n not in diverged],
+        "ablation": [n for n in abl if n not in diverged],
+    }
     if out.missing["primary"]:
         return out
     curve = bf16_curve(c, design)
     refs = list(c.runs[ref].values())
     both = sorted(c.seeds(base) & c.seeds(cand))
     d = {s: relative_difference(c.runs[cand][s], c.runs[base][s], curve, design) for s in both}
-    vals = {s: v for s in both if (v := val_difference(c.runs[cand][s], c.runs[base][s], refs,
-                                                       design)) is not None}
+    vals = {
+        s: v
+        for s in both
+        if (v := val_difference(c.runs[cand][s], c.runs[base][s], refs, design)) is not None
+    }
     drops = {s: (drop_step(c.runs[cand][s].loss), drop_step(c.runs[base][s].loss)) for s in both}
     keep = [s for s in both if None not in drops[s]]
-    r2 = (r_squared([drops[s][0] - drops[s][1] for s in keep], [d[s] for s in keep])
-          if len(keep) > 2 else None)
+    r2 = (
+        r_squared([drops[s][0] - drops[s][1] for s in keep], [d[s] for s in keep])
+        if len(keep) > 2
+        else None
+    )
     out.primary = Primary(d=paired(d), val=paired(vals) if len(vals) > 1 else None, drop_r2=r2)
 
     gaps = {}
     for arm in (base, cand, *design.ablation_arms, *design.recipe_arms):
         seeds = sorted(c.seeds(arm) & c.seeds(ref) & set(design.seeds))
         if len(seeds) > 1:
-            gaps[arm] = paired({s: relative_difference(c.runs[arm][s], c.runs[ref][s], curve,
-                                                       design) for s in seeds})
+            gaps[arm] = paired(
+                {
+                    s: relative_difference(c.runs[arm][s], c.runs[ref][s], curve, design)
+                    for s in seeds
+                }
+            )
     common = sorted(set(gaps[base].values) & set(gaps[cand].values))
-    ratio = fieller_ratio([gaps[cand].values[s] for s in common],
-                          [gaps[base].values[s] for s in common])
-    out.gaps = Gaps(gaps=gaps, reduction=(
-        None if ratio.ratio is None else 1 - ratio.ratio,
-        None if ratio.hi is None else 1 - ratio.hi, None if ratio.lo is None else 1 - ratio.lo))
+    ratio = fieller_ratio(
+        [gaps[cand].values[s] for s in common], [gaps[base].values[s] for s in common]
+    )
+    out.gaps = Gaps(
+        gaps=gaps,
+        reduction=(
+            None if ratio.ratio is None else 1 - ratio.ratio,
+            None if ratio.hi is None else 1 - ratio.hi,
+            None if ratio.lo is None else 1 - ratio.lo,
+        ),
+    )
 
     if not out.missing["ablation"]:
         out.ablation = ablation(c, curve, design)
@@ -297,8 +364,12 @@ def ablation(c: Counted, curve: np.ndarray, design: Design = DESIGN) -> Ablation
     """The pooled two-way model over every quantized arm at the design's seeds."""
     w = _w(design)
     arms = (design.baseline, design.candidate, *design.ablation_arms, *design.recipe_arms)
-    y = {(a, s): float(np.mean(c.runs[a][s].loss[w] / curve[w]) * 100)
-         for a in arms for s in design.seeds if s in c.seeds(a)}
+    y = {
+        (a, s): float(np.mean(c.runs[a][s].loss[w] / curve[w]) * 100)
+        for a in arms
+        for s in design.seeds
+        if s in c.seeds(a)
+    }
     fit = fit_two_way(y)
     contrasts = family(fit, list(design.family), 1 - design.alpha)
     control = fit.contrast(*design.negative_control, confidence=1 - design.alpha)
@@ -308,8 +379,10 @@ def ablation(c: Counted, curve: np.ndarray, design: Design = DESIGN) -> Ablation
         own[(a, b)] = paired({s: y[a, s] - y[b, s] for s in seeds})
     resid = {}
     coef = dict(zip(fit.arms, fit.coef))
-    beta = {s: (fit.coef[len(fit.arms) + fit.seeds.index(s) - 1] if fit.seeds.index(s) else 0.0)
-            for s in fit.seeds}
+    beta = {
+        s: (fit.coef[len(fit.arms) + fit.seeds.index(s) - 1] if fit.seeds.index(s) else 0.0)
+        for s in fit.seeds
+    }
     for a in fit.arms:
         r = [y[a, s] - coef[a] - beta[s] for s in fit.seeds if (a, s) in y]
         resid[a] = float(np.sqrt(np.sum(np.square(r)) / max(1, len(r) - 1)))

@@ -7,6 +7,7 @@ Which one a RUN argument is: an existing path is local (a run dir, an offline W&
 part is not a local directory either (so a mistyped `runs/default/tiny-bf16-s1` is reported as
 "no such run dir", not sent to W&B as a run id).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -43,8 +44,11 @@ class Run:
 
     def __post_init__(self):
         if not self.config:
-            self.config = {"model": {"name": self.model}, "precision": {"name": self.recipe},
-                           "train": {"seed": self.seed}}
+            self.config = {
+                "model": {"name": self.model},
+                "precision": {"name": self.recipe},
+                "train": {"seed": self.seed},
+            }
         self.label = self.label or self.recipe
 
     @property
@@ -82,7 +86,8 @@ def config_value(config: dict, *keys, default=None):
 def _from_rows(source: str, config: dict, rows: list[dict], step_key: str) -> Run:
     rows = [r for r in rows if step_key in r]
     run = Run(
-        source=source, model=config_value(config, "model", "name", default="?"),
+        source=source,
+        model=config_value(config, "model", "name", default="?"),
         recipe=config_value(config, "precision", "name", default="?"),
         seed=config_value(config, "train", "seed", default=0),
         loss={int(r[step_key]): float(r["loss"]) for r in rows if "loss" in r},
@@ -96,9 +101,11 @@ def _from_rows(source: str, config: dict, rows: list[dict], step_key: str) -> Ru
     for key, series in (("loss", run.loss), ("val_loss", run.val_loss)):
         bad = [s for s in sorted(series) if not math.isfinite(series[s])]
         if bad:  # a diverged run: every mean and interval over it would be NaN
-            raise BadInput(f"{source}: {key} is {series[bad[0]]} at step {bad[0]} ({len(bad)} "
-                           f"non-finite step(s)): the run diverged and has no gap to measure; "
-                           "leave it out")
+            raise BadInput(
+                f"{source}: {key} is {series[bad[0]]} at step {bad[0]} ({len(bad)} "
+                f"non-finite step(s)): the run diverged and has no gap to measure; "
+                "leave it out"
+            )
     return run
 
 
@@ -124,9 +131,10 @@ def _from_run_dir(path: Path) -> Run:
             register_ablation_resolver()  # precision.name of the package's YAMLs
             try:
                 config = OmegaConf.to_container(config, resolve=True)
-            except Exception as e:  # noqa: BLE001 - e.g. an interpolation of another tool
-                raise BadInput(f"{path / name}: cannot resolve it ({e}); "
-                               "give the run dir its config.yaml") from None
+            except Exception as e:
+                raise BadInput(
+                    f"{path / name}: cannot resolve it ({e}); give the run dir its config.yaml"
+                ) from None
             break
     else:
         raise BadInput(f"{path} has metrics.jsonl but no config.yaml or .hydra/config.yaml")
@@ -149,13 +157,17 @@ def _from_wandb_api(run_path: str) -> Run:
         rows = list(run.scan_history())
     except wandb.errors.UsageError as e:  # no API key: say so, offline mode included
         mode = os.environ.get("WANDB_MODE")
-        raise BadInput(f"{run_path}: no such local run dir, and reading it as the W&B run "
-                       f"entity/project/run_id needs an API key ({str(e).strip()}"
-                       f"{'; WANDB_MODE=' + mode if mode else ''}): pass the run's local dir "
-                       f"or its offline-run-*/run-*.wandb, or `wandb login`") from None
+        raise BadInput(
+            f"{run_path}: no such local run dir, and reading it as the W&B run "
+            f"entity/project/run_id needs an API key ({str(e).strip()}"
+            f"{'; WANDB_MODE=' + mode if mode else ''}): pass the run's local dir "
+            f"or its offline-run-*/run-*.wandb, or `wandb login`"
+        ) from None
     except Exception as e:  # network, permissions, unknown run: one line, not wandb's trace
-        raise BadInput(f"{run_path}: W&B API: {type(e).__name__}: "
-                       f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
+        raise BadInput(
+            f"{run_path}: W&B API: {type(e).__name__}: "
+            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        ) from None
     return _from_rows(run_path, dict(run.config), rows, "_step")
 
 
@@ -188,8 +200,10 @@ def load_run(source: str) -> Run:
         try:
             return _from_wandb_file(wandb_offline.find_run_file(path))
         except FileNotFoundError:
-            raise BadInput(f"{source}: a directory without metrics.jsonl or an offline W&B run "
-                           f"(run-*.wandb): not a training run dir") from None
+            raise BadInput(
+                f"{source}: a directory without metrics.jsonl or an offline W&B run "
+                f"(run-*.wandb): not a training run dir"
+            ) from None
     first = Path(path.parts[0]) if path.parts else path
     if _WANDB_PATH.fullmatch(source) and not first.exists():
         return _from_wandb_api(source)

@@ -33,6 +33,7 @@ adds is the cases scipy answers with NaN, each with its exact answer: one value 
 values that are all equal (the interval is the mean itself, p 0 or 1). Fieller's interval,
 which scipy lacks, is written out below.
 """
+
 from __future__ import annotations
 
 import math
@@ -135,15 +136,16 @@ def fieller_ratio(x, y, confidence: float = 0.95) -> Ratio:
     syy = sum((v - ybar) ** 2 for v in ys) / (n - 1)
     sxy = sum((u - xbar) * (v - ybar) for u, v in zip(xs, ys)) / (n - 1)
     q = t_quantile(confidence, n - 1) ** 2 / n
-    a, b, c = ybar ** 2 - q * syy, xbar * ybar - q * sxy, xbar ** 2 - q * sxx
+    a, b, c = ybar**2 - q * syy, xbar * ybar - q * sxy, xbar**2 - q * sxx
     if a <= 0:
         return Ratio(ratio, None, None, n)
     root = math.sqrt(max(b * b - a * c, 0.0))  # >= 0 when a > 0 (rho = xbar/ybar is inside)
     return Ratio(ratio, (b - root) / a, (b + root) / a, n)
 
 
-def paired_difference(x, y, confidence: float = 0.95
-                      ) -> tuple[Interval, float | None, float | None]:
+def paired_difference(
+    x, y, confidence: float = 0.95
+) -> tuple[Interval, float | None, float | None]:
     """mean(x_i - y_i) over n pairs with the paired t-interval (t_interval of the
     differences), the two-sided p-value of the paired t-test of a zero mean difference (None
     for one pair; 0 or 1 when every difference is the same, nonzero or zero), and the
@@ -169,14 +171,15 @@ def paired_difference(x, y, confidence: float = 0.95
 MOST_SEEDS = 10_000  # seeds_for_power looks no further
 
 
-def seeds_for_power(diff: float, sd: float, power: float = 0.8, confidence: float = 0.95,
-                    most: int = MOST_SEEDS) -> int | None:
+def seeds_for_power(
+    diff: float, sd: float, power: float = 0.8, confidence: float = 0.95, most: int = MOST_SEEDS
+) -> int | None:
     """The fewest pairs n at which a paired t-test at `confidence` (two-sided) detects a true
     mean difference `diff` with probability `power`, when the differences have standard
     deviation `sd`: the noncentral t with n - 1 dof and noncentrality diff / (sd / sqrt n).
     None when diff or sd is 0, or when more than `most` pairs would be needed. A planning
     number for the next study, not a result of this one."""
-    from scipy.stats import norm, nct, t
+    from scipy.stats import nct, norm, t
 
     if not 0 < power < 1:
         raise ValueError(f"power={power}; must be between 0 and 1")

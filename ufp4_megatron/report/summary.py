@@ -5,26 +5,40 @@ and the paired difference of the two gaps (points, paired t).
 `to_json` is the machine-readable result (`loss_gap.json`); its keys are documented in
 docs/comparing.md ("Outputs") and versioned by SCHEMA_VERSION.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
 
 from .gap import Comparison, SeedGap, model_order
-from .stats import (Interval, Ratio, fieller_ratio, paired_difference, seeds_for_power,
-                    t_interval, welch_difference)
+from .stats import (
+    Interval,
+    Ratio,
+    fieller_ratio,
+    paired_difference,
+    seeds_for_power,
+    t_interval,
+    welch_difference,
+)
 
 SCHEMA_VERSION = 1
 GAP_METHOD = "Student t over seeds: mean +- t(n-1) * sd / sqrt(n)"
-RATIO_METHOD = ("Fieller, paired by seed: the ratios rho whose paired t-test of "
-                "gap_recipe - rho * gap_baseline = 0 does not reject; unbounded when the "
-                "baseline's own gap is not resolved")
-DIFFERENCE_METHOD = ("Welch, not paired: mean gap_recipe - mean gap_baseline over every seed "
-                     "of each, Welch-Satterthwaite degrees of freedom")
-PAIRED_METHOD = ("paired t over the seeds both have: mean of gap_recipe - gap_baseline per "
-                 "seed, t(n-1) interval, two-sided p of a zero mean difference; "
-                 "seeds_for_power: the pairs a paired t-test would need to detect the observed "
-                 "mean difference at the observed spread (noncentral t), a planning number")
+RATIO_METHOD = (
+    "Fieller, paired by seed: the ratios rho whose paired t-test of "
+    "gap_recipe - rho * gap_baseline = 0 does not reject; unbounded when the "
+    "baseline's own gap is not resolved"
+)
+DIFFERENCE_METHOD = (
+    "Welch, not paired: mean gap_recipe - mean gap_baseline over every seed "
+    "of each, Welch-Satterthwaite degrees of freedom"
+)
+PAIRED_METHOD = (
+    "paired t over the seeds both have: mean of gap_recipe - gap_baseline per "
+    "seed, t(n-1) interval, two-sided p of a zero mean difference; "
+    "seeds_for_power: the pairs a paired t-test would need to detect the observed "
+    "mean difference at the observed spread (noncentral t), a planning number"
+)
 POWER = 0.8  # the power the planning number is for
 
 
@@ -79,13 +93,16 @@ def _baseline_label(model: str, labels: set[str], baseline: str) -> tuple[str | 
         return baseline, []
     named = sorted(r for r in labels if r.split("#")[0] == baseline)
     if len(named) > 1:
-        return None, [f"{model}: baseline {baseline!r} names {len(named)} settings "
-                      f"({', '.join(named)}): no ratio; pass --baseline with one of them"]
+        return None, [
+            f"{model}: baseline {baseline!r} names {len(named)} settings "
+            f"({', '.join(named)}): no ratio; pass --baseline with one of them"
+        ]
     return (named[0] if named else None), []
 
 
-def summarize(cmp: Comparison, baseline: str = "e2m1",
-              confidence: float = 0.95) -> tuple[list[RecipeSummary], list[str]]:
+def summarize(
+    cmp: Comparison, baseline: str = "e2m1", confidence: float = 0.95
+) -> tuple[list[RecipeSummary], list[str]]:
     """One summary per (model, recipe label); notes for a baseline that cannot be chosen."""
     groups: dict[tuple[str, str], list[SeedGap]] = defaultdict(list)
     for g in cmp.gaps:
@@ -99,12 +116,16 @@ def summarize(cmp: Comparison, baseline: str = "e2m1",
             if m != model:
                 continue
             seeds.sort(key=lambda g: g.seed)
-            pairs = [(g, base[g.run.sibling]) for g in seeds
-                     if g.run.sibling in base and recipe != base_label]
+            pairs = [
+                (g, base[g.run.sibling])
+                for g in seeds
+                if g.run.sibling in base and recipe != base_label
+            ]
             ratio = paired = None
             if pairs:
-                ratio = fieller_ratio([g.train_gap for g, _ in pairs],
-                                      [b.train_gap for _, b in pairs], confidence)
+                ratio = fieller_ratio(
+                    [g.train_gap for g, _ in pairs], [b.train_gap for _, b in pairs], confidence
+                )
                 paired = _paired(pairs, confidence)
             vals = [g.val_gap for g in seeds]
             drifts = [g.drift for g in seeds]
@@ -112,26 +133,34 @@ def summarize(cmp: Comparison, baseline: str = "e2m1",
             unpaired = None
             if base_all and recipe != base_label:
                 unpaired = welch_difference([g.train_gap for g in seeds], base_all, confidence)
-            out.append(RecipeSummary(
-                model=model, recipe=recipe, seeds=seeds,
-                train=t_interval([g.train_gap for g in seeds], confidence),
-                val=t_interval(vals, confidence) if None not in vals else None,
-                vs_baseline=ratio, baseline=base_label or baseline,
-                baseline_gaps={g.seed: b.train_gap for g, b in pairs},
-                vs_baseline_unpaired=unpaired,
-                drift=t_interval(drifts, confidence) if None not in drifts else None,
-                vs_baseline_paired=paired))
+            out.append(
+                RecipeSummary(
+                    model=model,
+                    recipe=recipe,
+                    seeds=seeds,
+                    train=t_interval([g.train_gap for g in seeds], confidence),
+                    val=t_interval(vals, confidence) if None not in vals else None,
+                    vs_baseline=ratio,
+                    baseline=base_label or baseline,
+                    baseline_gaps={g.seed: b.train_gap for g, b in pairs},
+                    vs_baseline_unpaired=unpaired,
+                    drift=t_interval(drifts, confidence) if None not in drifts else None,
+                    vs_baseline_paired=paired,
+                )
+            )
     out.sort(key=lambda s: (model_order(s.model), s.recipe != s.baseline, s.recipe))
     return out, notes
 
 
 def _paired(pairs, confidence: float) -> PairedDifference:
-    train, train_p, sd = paired_difference([g.train_gap for g, _ in pairs],
-                                           [b.train_gap for _, b in pairs], confidence)
+    train, train_p, sd = paired_difference(
+        [g.train_gap for g, _ in pairs], [b.train_gap for _, b in pairs], confidence
+    )
     val = val_p = None
     if all(g.val_gap is not None and b.val_gap is not None for g, b in pairs):
-        val, val_p, _ = paired_difference([g.val_gap for g, _ in pairs],
-                                          [b.val_gap for _, b in pairs], confidence)
+        val, val_p, _ = paired_difference(
+            [g.val_gap for g, _ in pairs], [b.val_gap for _, b in pairs], confidence
+        )
     seeds = None if sd is None else seeds_for_power(train.mean, sd, POWER, confidence)
     return PairedDifference(train, train_p, val, val_p, sd, seeds)
 
@@ -146,59 +175,116 @@ def _ratio(s: RecipeSummary) -> dict | None:
     r = s.vs_baseline
     if r is None:
         return None
-    flip = (lambda v: None if v is None else 1 - v)
-    return {"baseline": s.baseline, "n_pairs": r.n, "ratio": r.ratio, "ratio_lo": r.lo,
-            "ratio_hi": r.hi, "bounded": r.bounded, "reduction": flip(r.ratio),
-            "reduction_lo": flip(r.hi), "reduction_hi": flip(r.lo),
-            "resolved": s.reduction_resolved}
+    flip = lambda v: None if v is None else 1 - v
+    return {
+        "baseline": s.baseline,
+        "n_pairs": r.n,
+        "ratio": r.ratio,
+        "ratio_lo": r.lo,
+        "ratio_hi": r.hi,
+        "bounded": r.bounded,
+        "reduction": flip(r.ratio),
+        "reduction_lo": flip(r.hi),
+        "reduction_hi": flip(r.lo),
+        "resolved": s.reduction_resolved,
+    }
 
 
 def _difference(s: RecipeSummary) -> dict | None:
     d = s.vs_baseline_unpaired
     if d is None:
         return None
-    return {"baseline": s.baseline, "difference": d.mean, "lo": d.lo, "hi": d.hi,
-            "n_seeds": len(s.seeds), "n_baseline_seeds": s.n_baseline_seeds,
-            "resolved": d.resolved}
+    return {
+        "baseline": s.baseline,
+        "difference": d.mean,
+        "lo": d.lo,
+        "hi": d.hi,
+        "n_seeds": len(s.seeds),
+        "n_baseline_seeds": s.n_baseline_seeds,
+        "resolved": d.resolved,
+    }
 
 
 def _paired_json(s: RecipeSummary) -> dict | None:
     p = s.vs_baseline_paired
     if p is None:
         return None
-    return {"baseline": s.baseline, "n_pairs": p.train.n, "train": _interval(p.train),
-            "train_p": p.train_p, "val": _interval(p.val), "val_p": p.val_p,
-            "train_sd": p.train_sd, "power": POWER, "seeds_for_power": p.seeds_for_power}
+    return {
+        "baseline": s.baseline,
+        "n_pairs": p.train.n,
+        "train": _interval(p.train),
+        "train_p": p.train_p,
+        "val": _interval(p.val),
+        "val_p": p.val_p,
+        "train_sd": p.train_sd,
+        "power": POWER,
+        "seeds_for_power": p.seeds_for_power,
+    }
 
 
-def to_json(cmp: Comparison, summaries: list[RecipeSummary], *, reference: str, baseline: str,
-            confidence: float, last: int | None, last_fraction: float | None,
-            notes: list[str]) -> dict:
+def to_json(
+    cmp: Comparison,
+    summaries: list[RecipeSummary],
+    *,
+    reference: str,
+    baseline: str,
+    confidence: float,
+    last: int | None,
+    last_fraction: float | None,
+    notes: list[str],
+) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
-        "reference": reference, "baseline": baseline, "confidence": confidence,
+        "reference": reference,
+        "baseline": baseline,
+        "confidence": confidence,
         "window": {"last": last, "last_fraction": last_fraction},
-        "methods": {"gap": GAP_METHOD, "ratio": RATIO_METHOD, "difference": DIFFERENCE_METHOD,
-                    "paired_difference": PAIRED_METHOD},
+        "methods": {
+            "gap": GAP_METHOD,
+            "ratio": RATIO_METHOD,
+            "difference": DIFFERENCE_METHOD,
+            "paired_difference": PAIRED_METHOD,
+        },
         "notes": notes,
-        "models": [{"model": w.model, "last_common_step": w.last_common,
-                    "window_first_step": w.first, "window_logged_steps": len(w.steps),
-                    "val_steps": w.val_steps,
-                    "cut_runs": [{"source": s, "last_step": n} for s, n in w.beyond]}
-                   for w in cmp.windows.values()],
-        "recipes": [{
-            "model": s.model, "recipe": s.recipe, "precision_name": s.seeds[0].run.recipe,
-            "setting": s.seeds[0].run.setting, "n_seeds": len(s.seeds),
-            "seeds": [g.seed for g in s.seeds],
-            "train_gap": _interval(s.train), "val_gap": _interval(s.val),
-            "vs_baseline": _ratio(s),
-            "vs_baseline_unpaired": _difference(s),
-            "vs_baseline_paired": _paired_json(s),
-            "drift": _interval(s.drift),
-            "per_seed": [{"seed": g.seed, "train_gap": g.train_gap, "val_gap": g.val_gap,
-                          "drift": g.drift,
-                          "baseline_train_gap": s.baseline_gaps.get(g.seed),
-                          "source": g.run.source, "run_id": g.run.run_id,
-                          "reference_source": g.reference.source} for g in s.seeds],
-        } for s in summaries],
+        "models": [
+            {
+                "model": w.model,
+                "last_common_step": w.last_common,
+                "window_first_step": w.first,
+                "window_logged_steps": len(w.steps),
+                "val_steps": w.val_steps,
+                "cut_runs": [{"source": s, "last_step": n} for s, n in w.beyond],
+            }
+            for w in cmp.windows.values()
+        ],
+        "recipes": [
+            {
+                "model": s.model,
+                "recipe": s.recipe,
+                "precision_name": s.seeds[0].run.recipe,
+                "setting": s.seeds[0].run.setting,
+                "n_seeds": len(s.seeds),
+                "seeds": [g.seed for g in s.seeds],
+                "train_gap": _interval(s.train),
+                "val_gap": _interval(s.val),
+                "vs_baseline": _ratio(s),
+                "vs_baseline_unpaired": _difference(s),
+                "vs_baseline_paired": _paired_json(s),
+                "drift": _interval(s.drift),
+                "per_seed": [
+                    {
+                        "seed": g.seed,
+                        "train_gap": g.train_gap,
+                        "val_gap": g.val_gap,
+                        "drift": g.drift,
+                        "baseline_train_gap": s.baseline_gaps.get(g.seed),
+                        "source": g.run.source,
+                        "run_id": g.run.run_id,
+                        "reference_source": g.reference.source,
+                    }
+                    for g in s.seeds
+                ],
+            }
+            for s in summaries
+        ],
     }

@@ -1,11 +1,12 @@
 """Reads an offline W&B run (`wandb/offline-run-*/run-*.wandb`) without network or wandb's
 sync service: the file is a LevelDB-style log (32 KiB blocks of CRC-framed chunks) of
 `wandb_internal_pb2.Record` protobufs after a 7-byte ':W&B' header."""
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 _BLOCK = 32 * 1024
 _HEADER = 7  # b":W&B", magic 0xBEE1, version
@@ -24,9 +25,9 @@ def records(path: str | Path) -> Iterator:
         if left < 7:  # block trailer padding
             pos += left
             continue
-        length = int.from_bytes(data[pos + 4:pos + 6], "little")
+        length = int.from_bytes(data[pos + 4 : pos + 6], "little")
         kind = data[pos + 6]
-        chunk = data[pos + 7:pos + 7 + length]
+        chunk = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind == _FULL:
             parts = chunk
@@ -48,8 +49,9 @@ def records(path: str | Path) -> Iterator:
 def find_run_file(run_dir: str | Path) -> Path:
     """The .wandb file of an offline run dir, or of the single one under a training run dir."""
     run_dir = Path(run_dir)
-    found = (sorted(run_dir.glob("run-*.wandb"))
-             or sorted(run_dir.glob("**/offline-run-*/run-*.wandb")))
+    found = sorted(run_dir.glob("run-*.wandb")) or sorted(
+        run_dir.glob("**/offline-run-*/run-*.wandb")
+    )
     if not found:
         raise FileNotFoundError(f"no offline W&B run file (run-*.wandb) under {run_dir}")
     return found[-1]
@@ -58,8 +60,15 @@ def find_run_file(run_dir: str | Path) -> Path:
 def read_run(path: str | Path) -> dict:
     """{'name', 'group', 'job_type', 'config', 'history': [ {key: value, ...} per logged step ],
     'summary': {key: value}, 'metrics': {name or glob: step metric} (from define_metric)}."""
-    out = {"name": None, "group": None, "job_type": None, "config": {}, "history": [],
-           "summary": {}, "metrics": {}}
+    out = {
+        "name": None,
+        "group": None,
+        "job_type": None,
+        "config": {},
+        "history": [],
+        "summary": {},
+        "metrics": {},
+    }
     for rec in records(path):
         kind = rec.WhichOneof("record_type")
         if kind == "run":

@@ -4,6 +4,7 @@
 `slurm.sbatch` (one torchrun.sh per node under Slurm). A checkout's `launch/torchrun.sh` and
 `launch/slurm.sbatch` are links to these files, so the README's commands keep working there.
 """
+
 from pathlib import Path
 
 SCRIPTS_DIR = Path(__file__).resolve().parent

@@ -1,4 +1,5 @@
 """`python -m ufp4_megatron.study ...`: the same as `ufp4-launch study ...`."""
+
 import sys
 
 from .cli import main

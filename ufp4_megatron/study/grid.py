@@ -9,6 +9,7 @@ same order, whatever the arm: the pairing the loss-gap confidence intervals rely
 Runs are listed seed by seed (every arm of seed 1, then of seed 2, ...), so a study stopped
 early, or cut by a time limit, has whole seeds to compare rather than many half seeds.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -30,8 +31,14 @@ E2M1_ABLATIONS: dict[str, tuple[str, ...]] = {
 }
 
 # Overrides the runner sets itself: a grid or the command line may not.
-RUNNER_KEYS = ("hydra.run.dir", "checkpoint.dir", "data.cache_dir", "train.seed", "precision",
-               "experiment")
+RUNNER_KEYS = (
+    "hydra.run.dir",
+    "checkpoint.dir",
+    "data.cache_dir",
+    "train.seed",
+    "precision",
+    "experiment",
+)
 
 
 @dataclass(kw_only=True)
@@ -76,8 +83,10 @@ def load_grid(name_or_path: str) -> StudyGrid:
     if not path.is_file():
         path = GRID_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
-        raise SystemExit(f"ufp4-launch study: no grid {name_or_path!r}; give a YAML path or one "
-                         f"of: {', '.join(grid_names())}")
+        raise SystemExit(
+            f"ufp4-launch study: no grid {name_or_path!r}; give a YAML path or one "
+            f"of: {', '.join(grid_names())}"
+        )
     try:
         node = OmegaConf.merge(OmegaConf.structured(StudyGrid), OmegaConf.load(path))
         grid = OmegaConf.to_object(node)
@@ -93,8 +102,10 @@ def parse_seeds(spec: str) -> list[int]:
     for part in spec.split(","):
         m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
         if not m or (m[2] is not None and int(m[2]) < int(m[1])):
-            raise SystemExit(f"ufp4-launch study: --seeds {spec!r}: write seeds as 1-8, 1,3,5 "
-                             f"or 1-4,9 (non-negative integers, ranges low-high)")
+            raise SystemExit(
+                f"ufp4-launch study: --seeds {spec!r}: write seeds as 1-8, 1,3,5 "
+                f"or 1-4,9 (non-negative integers, ranges low-high)"
+            )
         for s in range(int(m[1]), int(m[2] or m[1]) + 1):
             if s not in seeds:
                 seeds.append(s)
@@ -107,18 +118,22 @@ def select_axis_values(grid: StudyGrid, spec: str) -> None:
     name, sep, values = spec.partition("=")
     wanted = [v.strip() for v in values.split(",") if v.strip()]
     if not sep or not name.strip() or not wanted:
-        raise SystemExit(f"ufp4-launch study: --axis {spec!r}: write NAME=VALUE[,VALUE...], "
-                         f"e.g. depth=L3,L12")
+        raise SystemExit(
+            f"ufp4-launch study: --axis {spec!r}: write NAME=VALUE[,VALUE...], e.g. depth=L3,L12"
+        )
     name = name.strip()
     if name not in grid.axes:
         have = ", ".join(grid.axes) or "none"
-        raise SystemExit(f"ufp4-launch study: --axis {spec!r}: the grid has no axis {name!r} "
-                         f"(its axes: {have})")
+        raise SystemExit(
+            f"ufp4-launch study: --axis {spec!r}: the grid has no axis {name!r} (its axes: {have})"
+        )
     unknown = [v for v in wanted if v not in grid.axes[name]]
     if unknown:
-        raise SystemExit(f"ufp4-launch study: --axis {spec!r}: {name} has no value "
-                         f"{', '.join(map(repr, unknown))} (its values: "
-                         f"{', '.join(grid.axes[name])})")
+        raise SystemExit(
+            f"ufp4-launch study: --axis {spec!r}: {name} has no value "
+            f"{', '.join(map(repr, unknown))} (its values: "
+            f"{', '.join(grid.axes[name])})"
+        )
     grid.axes[name] = {k: v for k, v in grid.axes[name].items() if k in wanted}
 
 
@@ -138,8 +153,10 @@ def arm_overrides(arm: str, grid: StudyGrid) -> tuple[str, ...]:
         return ("precision=e2m1", f"precision.name={arm}", *E2M1_ABLATIONS[arm])
     if (Path(CONFIG_DIR) / "precision" / f"{arm}.yaml").is_file():
         return (f"precision={arm}",)
-    raise SystemExit(f"ufp4-launch study: unknown arm {arm!r}; valid: "
-                     f"{', '.join(known_arms(grid))} (or define it under custom_arms)")
+    raise SystemExit(
+        f"ufp4-launch study: unknown arm {arm!r}; valid: "
+        f"{', '.join(known_arms(grid))} (or define it under custom_arms)"
+    )
 
 
 def check_grid(grid: StudyGrid) -> None:
@@ -153,16 +170,20 @@ def check_grid(grid: StudyGrid) -> None:
     if not grid.seeds:
         fail("no seeds; list them under `seeds` or pass --seeds")
     if grid.reference not in grid.arms:
-        fail(f"reference {grid.reference!r} is not among the arms {grid.arms}; every gap is "
-             f"measured against it: add it (e.g. --arms {','.join([grid.reference, *grid.arms])}; "
-             f"its runs complete on disk are not trained again)")
+        fail(
+            f"reference {grid.reference!r} is not among the arms {grid.arms}; every gap is "
+            f"measured against it: add it (e.g. --arms {','.join([grid.reference, *grid.arms])}; "
+            f"its runs complete on disk are not trained again)"
+        )
     if not 0 < grid.last_frac <= 1:
         fail(f"last_frac={grid.last_frac} must be in (0, 1]")
     for o in grid.overrides:
         key = o.lstrip("+~").split("=", 1)[0]
         if key in RUNNER_KEYS:
-            fail(f"override {o!r} sets {key}, which the runner sets for each run (arms set "
-                 f"precision, seeds set train.seed); remove it")
+            fail(
+                f"override {o!r} sets {key}, which the runner sets for each run (arms set "
+                f"precision, seeds set train.seed); remove it"
+            )
     for axis, values in grid.axes.items():
         if not values:
             fail(f"axis {axis!r} has no values")
@@ -194,8 +215,18 @@ def expand(grid: StudyGrid) -> list[RunSpec]:
                 labels = {axis: label for (axis, _), (label, _) in zip(axes, combo)}
                 axis_overrides = [o for _, overrides in combo for o in overrides]
                 name = "-".join([arm, *labels.values(), f"s{seed}"])
-                runs.append(RunSpec(
-                    name=name, arm=arm, seed=seed, axis=labels,
-                    overrides=(*grid.overrides, *axis_overrides, *arm_overrides(arm, grid),
-                               f"train.seed={seed}")))
+                runs.append(
+                    RunSpec(
+                        name=name,
+                        arm=arm,
+                        seed=seed,
+                        axis=labels,
+                        overrides=(
+                            *grid.overrides,
+                            *axis_overrides,
+                            *arm_overrides(arm, grid),
+                            f"train.seed={seed}",
+                        ),
+                    )
+                )
     return runs

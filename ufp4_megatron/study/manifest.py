@@ -15,6 +15,7 @@ Running a grid into a study dir that has a manifest adds its new runs (more seed
 and keeps the old ones with their status; a run of the same name with other overrides is an
 error, never a silent replacement.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,10 @@ def load(study: Path) -> dict | None:
         return None
     manifest = json.loads(path.read_text())
     if manifest.get("version") != VERSION:
-        raise SystemExit(f"ufp4-launch study: {path} has version {manifest.get('version')}, "
-                         f"this runner reads version {VERSION}")
+        raise SystemExit(
+            f"ufp4-launch study: {path} has version {manifest.get('version')}, "
+            f"this runner reads version {VERSION}"
+        )
     return manifest
 
 
@@ -52,18 +55,27 @@ def save(study: Path, manifest: dict) -> None:
     os.replace(tmp, path)
 
 
-def merge(manifest: dict | None, grid: StudyGrid, runs: list[RunSpec],
-          infos: dict[str, RunInfo]) -> dict:
+def merge(
+    manifest: dict | None, grid: StudyGrid, runs: list[RunSpec], infos: dict[str, RunInfo]
+) -> dict:
     """The manifest with this grid's runs added (existing runs keep their status)."""
     grid_record = asdict(grid)
     if manifest is None:
-        manifest = {"version": VERSION, "name": grid.name, "reference": grid.reference,
-                    "baseline": grid.baseline, "last_frac": grid.last_frac, "grids": [],
-                    "runs": []}
+        manifest = {
+            "version": VERSION,
+            "name": grid.name,
+            "reference": grid.reference,
+            "baseline": grid.baseline,
+            "last_frac": grid.last_frac,
+            "grids": [],
+            "runs": [],
+        }
     elif (manifest["reference"], manifest["baseline"]) != (grid.reference, grid.baseline):
-        raise SystemExit(f"ufp4-launch study: this study compares against reference "
-                         f"{manifest['reference']!r} and baseline {manifest['baseline']!r}; the "
-                         f"grid says {grid.reference!r} and {grid.baseline!r}: use another --out")
+        raise SystemExit(
+            f"ufp4-launch study: this study compares against reference "
+            f"{manifest['reference']!r} and baseline {manifest['baseline']!r}; the "
+            f"grid says {grid.reference!r} and {grid.baseline!r}: use another --out"
+        )
     if grid_record not in manifest["grids"]:
         manifest["grids"].append(grid_record)
     by_name = {r["name"]: r for r in manifest["runs"]}
@@ -72,15 +84,29 @@ def merge(manifest: dict | None, grid: StudyGrid, runs: list[RunSpec],
         if old is not None:
             if old["overrides"] != list(spec.overrides):
                 changed = sorted(set(spec.overrides) ^ set(old["overrides"]))
-                raise SystemExit(f"ufp4-launch study: run {spec.name} is already in this study "
-                                 f"with other overrides (differing: {changed}); use another "
-                                 f"--out, or the overrides it was planned with")
+                raise SystemExit(
+                    f"ufp4-launch study: run {spec.name} is already in this study "
+                    f"with other overrides (differing: {changed}); use another "
+                    f"--out, or the overrides it was planned with"
+                )
             continue
         info = infos[spec.name]
-        record = {"name": spec.name, "arm": spec.arm, "seed": spec.seed, "axis": spec.axis,
-                  "overrides": list(spec.overrides), "model": info.model, "recipe": info.recipe,
-                  "steps": info.steps, "status": "pending", "attempts": 0, "returncode": None,
-                  "slot": None, "started": None, "ended": None}
+        record = {
+            "name": spec.name,
+            "arm": spec.arm,
+            "seed": spec.seed,
+            "axis": spec.axis,
+            "overrides": list(spec.overrides),
+            "model": info.model,
+            "recipe": info.recipe,
+            "steps": info.steps,
+            "status": "pending",
+            "attempts": 0,
+            "returncode": None,
+            "slot": None,
+            "started": None,
+            "ended": None,
+        }
         manifest["runs"].append(record)
         by_name[spec.name] = record
     return manifest
@@ -88,8 +114,16 @@ def merge(manifest: dict | None, grid: StudyGrid, runs: list[RunSpec],
 
 def specs(manifest: dict) -> list[RunSpec]:
     """The manifest's runs as RunSpecs (what --resume plans from)."""
-    return [RunSpec(name=r["name"], arm=r["arm"], seed=r["seed"], axis=r["axis"],
-                    overrides=tuple(r["overrides"])) for r in manifest["runs"]]
+    return [
+        RunSpec(
+            name=r["name"],
+            arm=r["arm"],
+            seed=r["seed"],
+            axis=r["axis"],
+            overrides=tuple(r["overrides"]),
+        )
+        for r in manifest["runs"]
+    ]
 
 
 def last_step(path: Path) -> int:

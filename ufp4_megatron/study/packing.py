@@ -12,6 +12,7 @@ A trainer dies with its runner: PR_SET_PDEATHSIG delivers SIGTERM, on which the 
 a checkpoint and exits, so a runner killed with SIGKILL leaves no orphan training into a run
 dir that the next runner is about to resume.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -24,8 +25,16 @@ from dataclasses import dataclass
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 # torchrun's variables would make a trainer think it is one rank of a larger job
-_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+_TORCHRUN_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 @dataclass(frozen=True)
@@ -70,12 +79,13 @@ def make_slots(per_device: int, gpus: list[str], cpus: list[int]) -> list[Slot]:
         shares, start = [], 0
         for i in range(n):
             size = base + (i < extra)
-            shares.append(tuple(cpus[start:start + size]))
+            shares.append(tuple(cpus[start : start + size]))
             start += size
     else:
         shares = [(cpus[i % len(cpus)],) for i in range(n)]
-    return [Slot(index=i, gpu=gpus[i % len(gpus)] if gpus else None, cpus=shares[i])
-            for i in range(n)]
+    return [
+        Slot(index=i, gpu=gpus[i % len(gpus)] if gpus else None, cpus=shares[i]) for i in range(n)
+    ]
 
 
 def child_env(base: dict, slot: Slot, threads: int, hide_gpus: bool) -> dict:
@@ -101,6 +111,13 @@ def spawn(argv: list[str], slot: Slot, env: dict, log, keep_fds: tuple[int, ...]
             if os.getppid() != parent:  # the runner died before prctl took effect
                 os._exit(1)
 
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            env=env, preexec_fn=in_child, pass_fds=keep_fds,
-                            start_new_session=True)
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        preexec_fn=in_child,
+        pass_fds=keep_fds,
+        start_new_session=True,
+    )

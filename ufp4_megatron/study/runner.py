@@ -26,6 +26,7 @@ run found incomplete starts over from step 0 (its partial files are moved to
 <study>/discarded/), so every complete run was trained by one process; each launch writes
 <run>/launch.json, which says from which step the process that completed the run started.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -94,12 +95,17 @@ class StudyLock:
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     os.close(self.fd)
-                    raise SystemExit(f"ufp4-launch study: {study} is in use by another runner or "
-                                     f"by trainers it started (lock {self.path}); wait for them "
-                                     f"to stop, or stop them") from None
+                    raise SystemExit(
+                        f"ufp4-launch study: {study} is in use by another runner or "
+                        f"by trainers it started (lock {self.path}); wait for them "
+                        f"to stop, or stop them"
+                    ) from None
                 if not told:
-                    print(f"study {study} is locked (a runner or its trainers still run); "
-                          f"waiting up to {wait:.0f} s", flush=True)
+                    print(
+                        f"study {study} is locked (a runner or its trainers still run); "
+                        f"waiting up to {wait:.0f} s",
+                        flush=True,
+                    )
                     told = True
                 time.sleep(1.0)
         os.set_inheritable(self.fd, True)
@@ -137,8 +143,15 @@ def prepare_data(study: Path, records: list[dict], infos: dict[str, RunInfo]) ->
 
 
 class Runner:
-    def __init__(self, study: Path, manifest: dict, infos: dict[str, RunInfo],
-                 slots: list[Slot], options: Options, names: set[str] | None = None):
+    def __init__(
+        self,
+        study: Path,
+        manifest: dict,
+        infos: dict[str, RunInfo],
+        slots: list[Slot],
+        options: Options,
+        names: set[str] | None = None,
+    ):
         """names: the runs this invocation trains (its grid's; None: every run of the
         manifest, as --resume); the manifest's other runs keep their status."""
         self.study, self.manifest, self.infos = Path(study), manifest, infos
@@ -180,12 +193,22 @@ class Runner:
     # -- starting runs -------------------------------------------------------------------
     def _argv(self, r: dict) -> list[str]:
         d = mf.run_dir(self.study, r["name"])
-        own = [f"hydra.run.dir={d}", f"data.cache_dir={d / 'data'}", "logging.progress=plain",
-               f"experiment={self.manifest['name']}"]
+        own = [
+            f"hydra.run.dir={d}",
+            f"data.cache_dir={d / 'data'}",
+            "logging.progress=plain",
+            f"experiment={self.manifest['name']}",
+        ]
         if self.opt.wandb_mode:
             own.append(f"logging.wandb.mode={self.opt.wandb_mode}")
-        return [sys.executable, "-m", TRAIN_MODULE, *r["overrides"], *own,
-                *self.opt.extra_train_args]
+        return [
+            sys.executable,
+            "-m",
+            TRAIN_MODULE,
+            *r["overrides"],
+            *own,
+            *self.opt.extra_train_args,
+        ]
 
     # -- the time limit ------------------------------------------------------------------
     # Model: the machine trains `aggregate` steps/s in total, shared by the running trainers
@@ -224,8 +247,9 @@ class Runner:
             if now - start < self.SETTLE:
                 return None
             since = max(start, now - self.WINDOW)
-            t, step = next(((t, s) for t, s in a.history if t >= since),
-                           a.history[-1])  # none recent: it stalled, rate 0
+            t, step = next(
+                ((t, s) for t, s in a.history if t >= since), a.history[-1]
+            )  # none recent: it stalled, rate 0
             total += (a.step - step) / max(now - t, 1e-9)
         if running and total > 0:
             self._last_rate = total
@@ -255,8 +279,12 @@ class Runner:
             return self._time_left() > startup + self.PAUSE_MIN_TRAIN
         rate = self._aggregate_rate()
         running = [a for a in self.active.values() if not a.stop_sent]
-        if rate is None and running and self._shed_at is not None \
-                and time.monotonic() - self._shed_at < self.SETTLE:
+        if (
+            rate is None
+            and running
+            and self._shed_at is not None
+            and time.monotonic() - self._shed_at < self.SETTLE
+        ):
             return False  # re-measuring after a shed: nothing new starts meanwhile
         if rate is None:
             rate = self._last_rate
@@ -268,22 +296,31 @@ class Runner:
         """Stops the runs that would not end within the limit, the highest seed first (the
         most steps left within a seed), so the others can and the complete runs are whole
         seeds: a round on a machine that is given back keeps only complete runs."""
-        if (self.opt.time_limit is None or self.opt.pause_at_limit or self.stop_reason
-                or len(self.active) < 2):
+        if (
+            self.opt.time_limit is None
+            or self.opt.pause_at_limit
+            or self.stop_reason
+            or len(self.active) < 2
+        ):
             return
         rate = self._aggregate_rate()
         if rate is None:
             return
-        running = sorted((a for a in self.active.values() if not a.stop_sent),
-                         key=lambda a: (a.record.get("seed", 0), a.record["steps"] - a.step))
-        while (len(running) > 1
-               and self._needed(running, None, rate) * self.MARGIN > self._time_left()):
+        running = sorted(
+            (a for a in self.active.values() if not a.stop_sent),
+            key=lambda a: (a.record.get("seed", 0), a.record["steps"] - a.step),
+        )
+        while (
+            len(running) > 1 and self._needed(running, None, rate) * self.MARGIN > self._time_left()
+        ):
             a = running.pop()  # the highest seed; within it, the most steps left
             a.proc.send_signal(signal.SIGTERM)
             a.stop_sent = True
             self._shed_at = time.monotonic()  # measure afresh before shedding again
-            self._say(f"stop {a.record['name']} at step {a.step}: it would not end within the "
-                      f"time limit ({rate:.1f} steps/s in all)")
+            self._say(
+                f"stop {a.record['name']} at step {a.step}: it would not end within the "
+                f"time limit ({rate:.1f} steps/s in all)"
+            )
 
     def _discard_partial(self, queue: list[dict]) -> None:
         """restart_incomplete: moves each queued run's partial files (metrics, checkpoints)
@@ -299,8 +336,10 @@ class Runner:
                 dest, n = dest.with_name(f"{r['name']}-attempt{r['attempts']}.{n}"), n + 1
             dest.parent.mkdir(exist_ok=True)
             os.replace(d, dest)
-            self._say(f"{r['name']}: incomplete ({mf.last_step(dest / 'metrics.jsonl')} steps);"
-                      f" it starts over from step 0 (the partial run: {dest})")
+            self._say(
+                f"{r['name']}: incomplete ({mf.last_step(dest / 'metrics.jsonl')} steps);"
+                f" it starts over from step 0 (the partial run: {dest})"
+            )
 
     def _launch(self, r: dict, slot: Slot, lock_fd: int) -> None:
         d = mf.run_dir(self.study, r["name"])
@@ -311,24 +350,44 @@ class Runner:
         argv = self._argv(r)
         start_step = mf.checkpoint_step(d) or 0
         mf.write_launch(d, attempt=r["attempts"] + 1, from_step=start_step)
-        header = (f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} attempt {r['attempts'] + 1} "
-                  f"slot {slot.index} gpu {slot.gpu} cpus {list(slot.cpus)} from step "
-                  f"{start_step}: {' '.join(argv)}\n")
+        header = (
+            f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} attempt {r['attempts'] + 1} "
+            f"slot {slot.index} gpu {slot.gpu} cpus {list(slot.cpus)} from step "
+            f"{start_step}: {' '.join(argv)}\n"
+        )
         log.write(header.encode())
         log.flush()
         threads = self.opt.threads
-        proc = spawn(argv, slot, child_env(os.environ, slot, threads, self.opt.hide_gpus), log,
-                     keep_fds=(lock_fd,))
-        r.update(status="running", attempts=r["attempts"] + 1, returncode=None,
-                 slot={"gpu": slot.gpu, "cpus": list(slot.cpus), "threads": threads},
-                 started=time.time(), ended=None)
-        self.active[slot.index] = Active(record=r, proc=proc, slot=slot, log=log,
-                                         launched=time.monotonic(), start_step=start_step,
-                                         step=start_step)
+        proc = spawn(
+            argv,
+            slot,
+            child_env(os.environ, slot, threads, self.opt.hide_gpus),
+            log,
+            keep_fds=(lock_fd,),
+        )
+        r.update(
+            status="running",
+            attempts=r["attempts"] + 1,
+            returncode=None,
+            slot={"gpu": slot.gpu, "cpus": list(slot.cpus), "threads": threads},
+            started=time.time(),
+            ended=None,
+        )
+        self.active[slot.index] = Active(
+            record=r,
+            proc=proc,
+            slot=slot,
+            log=log,
+            launched=time.monotonic(),
+            start_step=start_step,
+            step=start_step,
+        )
         self._save()
         resume = f", resuming at step {start_step}" if start_step else ""
-        self._say(f"start {r['name']} on slot {slot.index} (gpu {slot.gpu}, cpus "
-                  f"{list(slot.cpus)}){resume}")
+        self._say(
+            f"start {r['name']} on slot {slot.index} (gpu {slot.gpu}, cpus "
+            f"{list(slot.cpus)}){resume}"
+        )
 
     # -- watching runs -------------------------------------------------------------------
     def _poll(self) -> None:
@@ -388,8 +447,10 @@ class Runner:
     def _progress(self) -> None:
         records = self._records()
         done_steps = sum(min(r["steps"], self._steps_of(r)) for r in records)
-        counts = {s: sum(r["status"] == s for r in records)
-                  for s in ("done", "running", "pending", "stopped", "failed")}
+        counts = {
+            s: sum(r["status"] == s for r in records)
+            for s in ("done", "running", "pending", "stopped", "failed")
+        }
         text = " ".join(f"{k} {v}" for k, v in counts.items() if v)
         if self.bar is not None:
             self.bar.n = done_steps
@@ -398,8 +459,11 @@ class Runner:
         elif time.monotonic() - self._last_print > self.opt.print_every:
             self._last_print = time.monotonic()
             total = sum(r["steps"] for r in records)
-            print(f"[study {time.monotonic() - self.t0:.0f} s] steps {done_steps}/{total} "
-                  f"runs: {text}", flush=True)
+            print(
+                f"[study {time.monotonic() - self.t0:.0f} s] steps {done_steps}/{total} "
+                f"runs: {text}",
+                flush=True,
+            )
 
     def _steps_of(self, r: dict) -> int:
         for a in self.active.values():
@@ -428,8 +492,12 @@ class Runner:
             if self.opt.progress == "bar" or (self.opt.progress == "auto" and sys.stderr.isatty()):
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=sum(r["steps"] for r in self._records()), unit="step",
-                                dynamic_ncols=True, desc=self.manifest["name"])
+                self.bar = tqdm(
+                    total=sum(r["steps"] for r in self._records()),
+                    unit="step",
+                    dynamic_ncols=True,
+                    desc=self.manifest["name"],
+                )
             self._loop(queue, lock.fd)
         finally:
             for s, h in old.items():
@@ -470,6 +538,9 @@ class Runner:
         if waiting:
             why = ""
             if self.stop_reason is None:
-                why = (" (too little time left to start them)" if self.opt.pause_at_limit
-                       else " (they would not finish within the time limit)")
+                why = (
+                    " (too little time left to start them)"
+                    if self.opt.pause_at_limit
+                    else " (they would not finish within the time limit)"
+                )
             self._say(f"{len(waiting)} runs not started{why}; run the study again to continue")

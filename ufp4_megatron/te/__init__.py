@@ -21,6 +21,7 @@ package's modules, raise AttributeError.
 TransformerEngine is imported only when a factory is called: this package imports without it,
 and nothing else in ufp4_megatron imports it.
 """
+
 import importlib.util
 
 from .checks import TE_MIN_VERSION

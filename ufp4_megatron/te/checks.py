@@ -3,6 +3,7 @@
 The factories check the recipe when they are resolved (check_recipe); the quantizers check the
 TE version and the parallel layout when TE first asks for one (quantizers._check_environment).
 """
+
 from __future__ import annotations
 
 from ..recipe import OPERANDS, Recipe
@@ -18,7 +19,8 @@ def check_recipe(recipe: Recipe) -> None:
             raise ValueError(
                 f"recipe {recipe.name!r} rounds the weight stochastically ({gemm}.w): TE "
                 "quantizes a weight once per step and reuses it for every micro-batch, where "
-                "the local route draws per micro-batch; use the --spec route for it")
+                "the local route draws per micro-batch; use the --spec route for it"
+            )
 
 
 def check_te_version(version: str) -> None:
@@ -34,7 +36,8 @@ def check_te_version(version: str) -> None:
             f"ufp4_megatron.te needs TransformerEngine >= {'.'.join(map(str, TE_MIN_VERSION))} "
             f"(found {version}): earlier custom recipes drop the weight gradient under "
             "gradient-accumulation fusion; upgrade TE (gpu/te_setup.sh installs 2.20.2) or "
-            "use the --spec route")
+            "use the --spec route"
+        )
 
 
 def check_parallel(recipe: Recipe, tp: int) -> None:
@@ -42,11 +45,18 @@ def check_parallel(recipe: Recipe, tp: int) -> None:
     shard sits in the full tensor, so SR bits could not be keyed by global position (the local
     route's TP invariance) and shards of one tensor would share bits."""
     if tp > 1 and recipe.uses_sr:
-        sr = sorted({f"{g}.{o}" for g in OPERANDS if getattr(recipe, g) is not None
-                     for o in OPERANDS[g] if (op := recipe.operand(g, o)) is not None
-                     and op.rounding == "sr"})
+        sr = sorted(
+            {
+                f"{g}.{o}"
+                for g in OPERANDS
+                if getattr(recipe, g) is not None
+                for o in OPERANDS[g]
+                if (op := recipe.operand(g, o)) is not None and op.rounding == "sr"
+            }
+        )
         raise ValueError(
             f"ufp4_megatron.te: tensor parallelism (TP={tp}) with recipe {recipe.name!r}, which "
             f"rounds {', '.join(sr)} stochastically: TE's quantizers do not know a shard's "
             "offset, so SR would not match TP=1; use TP=1 (data, pipeline and expert "
-            "parallelism are fine) or the --spec route for TP > 1")
+            "parallelism are fine) or the --spec route for TP > 1"
+        )

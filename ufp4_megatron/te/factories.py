@@ -19,6 +19,7 @@ pickles by name (TE pickles the recipe into every module's checkpoint extra stat
 TransformerEngine is imported when a factory is called, not here (quantizers.py); the checks
 that need no TE (version, recipe, parallel layout) are plain functions (checks.py).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,7 +31,7 @@ from .checks import check_recipe
 
 ENV = "UFP4_RECIPE"
 _REGISTERED: dict[str, Recipe] = {}
-_FACTORIES: dict[str, "UFP4QuantizerFactory"] = {}
+_FACTORIES: dict[str, UFP4QuantizerFactory] = {}
 
 
 class UFP4QuantizerFactory:
@@ -71,7 +72,8 @@ def resolve(name: str) -> UFP4QuantizerFactory:
     else:
         raise ValueError(
             f"ufp4_megatron.te has no quantizer factory {name!r}; valid: "
-            f"{', '.join([*PRESETS, *ABLATIONS, 'factory'])} (factory: the recipe in ${ENV})")
+            f"{', '.join([*PRESETS, *ABLATIONS, 'factory'])} (factory: the recipe in ${ENV})"
+        )
     if recipe is not None:
         check_recipe(recipe)
     return _FACTORIES.setdefault(name, UFP4QuantizerFactory(name, recipe))
@@ -93,8 +95,13 @@ def factory_path(recipe: Recipe) -> str:
 def recipe_from_env() -> Recipe:
     value = os.environ.get(ENV, "ufp4")
     if not value.endswith(".json"):
-        return _checked(PRESETS[value] if value in PRESETS else
-                        ablation(value) if value in ABLATIONS else _unknown(value))
+        return _checked(
+            PRESETS[value]
+            if value in PRESETS
+            else ablation(value)
+            if value in ABLATIONS
+            else _unknown(value)
+        )
     try:
         with open(value) as f:
             cfg = json.load(f)
@@ -103,16 +110,19 @@ def recipe_from_env() -> Recipe:
     if not isinstance(cfg, dict) or set(cfg) - {"recipe", "overrides"}:
         extra = sorted(set(cfg) - {"recipe", "overrides"}) if isinstance(cfg, dict) else cfg
         raise ValueError(
-            f"{ENV}={value}: the TransformerEngine factory takes {{\"recipe\": name, "
-            f"\"overrides\": {{...}}}}, got {extra!r} (per-module rules and sr_seed belong to "
+            f'{ENV}={value}: the TransformerEngine factory takes {{"recipe": name, '
+            f'"overrides": {{...}}}}, got {extra!r} (per-module rules and sr_seed belong to '
             "the --spec route: TE's quantizer roles name no module, and SR seeds come from "
-            "--seed)")
+            "--seed)"
+        )
     return _checked(get_recipe(cfg.get("recipe", "ufp4"), **cfg.get("overrides", {})))
 
 
 def _unknown(value: str):
-    raise ValueError(f"{ENV}={value!r} is not a recipe; valid: "
-                     f"{', '.join([*PRESETS, *ABLATIONS])}, or a .json file")
+    raise ValueError(
+        f"{ENV}={value!r} is not a recipe; valid: "
+        f"{', '.join([*PRESETS, *ABLATIONS])}, or a .json file"
+    )
 
 
 def _checked(recipe: Recipe) -> Recipe:

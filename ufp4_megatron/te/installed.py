@@ -1,5 +1,6 @@
 """Whether TransformerEngine >= 2.19 is installed and loads here (the trainer asks before it
 builds a TE model; Megatron-LM finds out at its first FP4 layer)."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -32,6 +33,7 @@ def check_installed() -> str:
         import transformer_engine.pytorch  # noqa: F401
     except Exception as e:  # a load failure of TE's libraries, whatever its type
         first = (str(e).strip().splitlines() or [""])[0]
-        raise ValueError(f"TransformerEngine {version} does not load here "
-                         f"({type(e).__name__}: {first})") from None
+        raise ValueError(
+            f"TransformerEngine {version} does not load here ({type(e).__name__}: {first})"
+        ) from None
     return version

@@ -29,6 +29,7 @@ rotation groups of zeros, which rotate to zeros) contributes nothing to the prod
 
 Plain PyTorch and the package's numerics: no TransformerEngine here (tests/te run it on CPU).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,11 +44,13 @@ from ..recipe import GEMMS, OPERANDS, OperandSpec, Recipe, reduction_dim
 
 ROWWISE, COLUMNWISE = "rowwise", "columnwise"
 # TE tensor role (QuantizerRole.tensor_type of a linear) -> layout -> (GEMM, operand)
-LAYOUTS = MappingProxyType({
-    "input": MappingProxyType({ROWWISE: ("fprop", "x"), COLUMNWISE: ("wgrad", "x")}),
-    "weight": MappingProxyType({ROWWISE: ("fprop", "w"), COLUMNWISE: ("dgrad", "w")}),
-    "grad_output": MappingProxyType({ROWWISE: ("dgrad", "dy"), COLUMNWISE: ("wgrad", "dy")}),
-})
+LAYOUTS = MappingProxyType(
+    {
+        "input": MappingProxyType({ROWWISE: ("fprop", "x"), COLUMNWISE: ("wgrad", "x")}),
+        "weight": MappingProxyType({ROWWISE: ("fprop", "w"), COLUMNWISE: ("dgrad", "w")}),
+        "grad_output": MappingProxyType({ROWWISE: ("dgrad", "dy"), COLUMNWISE: ("wgrad", "dy")}),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -94,14 +97,17 @@ def layout_plan(recipe: Recipe, tensor_type: str, layout: str) -> LayoutPlan:
     try:
         gemm, operand = LAYOUTS[tensor_type][layout]
     except KeyError:
-        raise ValueError(f"no GEMM operand for tensor {tensor_type!r} in layout {layout!r}; "
-                         f"tensors: {', '.join(LAYOUTS)}; layouts: {ROWWISE}, "
-                         f"{COLUMNWISE}") from None
+        raise ValueError(
+            f"no GEMM operand for tensor {tensor_type!r} in layout {layout!r}; "
+            f"tensors: {', '.join(LAYOUTS)}; layouts: {ROWWISE}, "
+            f"{COLUMNWISE}"
+        ) from None
     return LayoutPlan(recipe, tensor_type, layout, gemm, operand)
 
 
-def quantize_layout(t: torch.Tensor, plan: LayoutPlan, *, seed: int = 0,
-                    backend: str = "auto") -> torch.Tensor:
+def quantize_layout(
+    t: torch.Tensor, plan: LayoutPlan, *, seed: int = 0, backend: str = "auto"
+) -> torch.Tensor:
     """`t` ([..., C], TE's layout of the tensor) as `plan`'s GEMM multiplies it: the same shape,
     fake-quantized (and rotated) along the GEMM's reduction dim, contiguous. seed: this call's
     SR seed (ops' per-call seed; the GEMM and operand are mixed in here as ops does)."""
@@ -125,16 +131,17 @@ def quantize_layout(t: torch.Tensor, plan: LayoutPlan, *, seed: int = 0,
             f"{plan.recipe.name!r}); TransformerEngine multiplies tensors of their own shape, "
             f"so the rotated padding would be lost. Use sizes that are multiples of "
             f"{rht.size} (tokens: micro-batch x sequence length), or the --spec route, which "
-            "pads")
+            "pads"
+        )
     if op is None:  # a high-precision operand of a quantized GEMM: rotated all the same
         q = view.to(torch.float32)
         q = (rht.rotate_fp32_lastdim(q) if rht is not None else q).to(dtype)
     else:
         key_seed = mix_seed(seed, *plan.salt) if op.rounding == "sr" else 0
-        q = quantize_operand(view, op, rht=rht, seed=key_seed, origin=(0, 0), out_dtype=dtype,
-                             backend=backend)
+        q = quantize_operand(
+            view, op, rht=rht, seed=key_seed, origin=(0, 0), out_dtype=dtype, backend=backend
+        )
         if q.shape[1] != length:  # padding in whole rotation groups stays 0: contributes 0
             q = q[:, :length]
     q = q.t() if plan.along_rows else q
     return q.contiguous().reshape(t.shape)
-

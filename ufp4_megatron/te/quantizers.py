@@ -18,6 +18,7 @@ operands to backward GEMMs), FP4 parameters (--fp4-param-gather: the weight woul
 only as fake-quantized values), TransformerEngine before 2.19, and tensor parallelism with SR
 (factories.check_parallel).
 """
+
 from __future__ import annotations
 
 from transformer_engine.pytorch.quantization import FP8GlobalStateManager
@@ -43,8 +44,14 @@ class LayoutStats:
 class UFP4LayoutQuantizer(IdentityQuantizer):
     """One layout of one tensor role: holds `layouts.quantize_layout` of what it is given."""
 
-    def __init__(self, plan: LayoutPlan, stats: LayoutStats | None = None, *,
-                 rowwise: bool = True, columnwise: bool = True):
+    def __init__(
+        self,
+        plan: LayoutPlan,
+        stats: LayoutStats | None = None,
+        *,
+        rowwise: bool = True,
+        columnwise: bool = True,
+    ):
         super().__init__(dtype=None, rowwise=rowwise, columnwise=columnwise)
         self.plan = plan
         self.stats = stats if stats is not None else LayoutStats()
@@ -53,12 +60,15 @@ class UFP4LayoutQuantizer(IdentityQuantizer):
         self.with_amax_reduction = False
         self.amax_reduction_group = None
 
-    def copy(self) -> "UFP4LayoutQuantizer":
-        q = type(self)(self.plan, self.stats, rowwise=self.rowwise_usage,
-                       columnwise=self.columnwise_usage)
+    def copy(self) -> UFP4LayoutQuantizer:
+        q = type(self)(
+            self.plan, self.stats, rowwise=self.rowwise_usage, columnwise=self.columnwise_usage
+        )
         q.internal, q.optimize_for_gemm = self.internal, self.optimize_for_gemm
-        q.with_amax_reduction, q.amax_reduction_group = (self.with_amax_reduction,
-                                                         self.amax_reduction_group)
+        q.with_amax_reduction, q.amax_reduction_group = (
+            self.with_amax_reduction,
+            self.amax_reduction_group,
+        )
         return q
 
     def quantize_impl(self, tensor):
@@ -76,15 +86,18 @@ class UFP4LayoutQuantizer(IdentityQuantizer):
                 "ufp4_megatron.te: sequence parallelism: TE all-gathers the dequantized input "
                 "and quantizes it again, so the GEMM would not get the recipe's operand; run "
                 "without --sequence-parallel (and so without --tp-comm-overlap), or use the "
-                "--spec route")
+                "--spec route"
+            )
         seed = seeds.draw(tensor.device) if self.plan.uses_sr and tensor.numel() else 0
         self.stats.calls += 1
         return quantize_layout(tensor, self.plan, seed=seed)
 
     def __repr__(self) -> str:
         p = self.plan
-        return (f"UFP4LayoutQuantizer({p.recipe.name}: {p.tensor_type} {p.layout} = "
-                f"{p.gemm}.{p.operand})")
+        return (
+            f"UFP4LayoutQuantizer({p.recipe.name}: {p.tensor_type} {p.layout} = "
+            f"{p.gemm}.{p.operand})"
+        )
 
 
 def quantizer_for(recipe: Recipe, role):
@@ -96,8 +109,10 @@ def quantizer_for(recipe: Recipe, role):
     plans = {lay: layout_plan(recipe, tensor_type, lay) for lay in (ROWWISE, COLUMNWISE)}
     if not any(p.gemm_quantized for p in plans.values()):
         return IdentityQuantizer()
-    return HybridQuantizer(rowwise_quantizer=UFP4LayoutQuantizer(plans[ROWWISE]),
-                           columnwise_quantizer=UFP4LayoutQuantizer(plans[COLUMNWISE]))
+    return HybridQuantizer(
+        rowwise_quantizer=UFP4LayoutQuantizer(plans[ROWWISE]),
+        columnwise_quantizer=UFP4LayoutQuantizer(plans[COLUMNWISE]),
+    )
 
 
 def _check_environment(recipe: Recipe) -> None:
@@ -106,14 +121,17 @@ def _check_environment(recipe: Recipe) -> None:
         raise ValueError(
             "ufp4_megatron.te: FP4 parameters (--fp4-param-gather / fp4_param): the weights "
             "would be stored only as fake-quantized values; UFP4 keeps them in high precision, "
-            "drop the flag")
-    active = FP8GlobalStateManager.get_fp8_recipe() if FP8GlobalStateManager.is_fp8_enabled() \
-        else None
+            "drop the flag"
+        )
+    active = (
+        FP8GlobalStateManager.get_fp8_recipe() if FP8GlobalStateManager.is_fp8_enabled() else None
+    )
     override = getattr(active, "backward_override", None)
     if override is not None:
         raise ValueError(
             f"ufp4_megatron.te: CustomRecipe backward_override={override!r} (NVTE_BACKWARD_"
-            "OVERRIDE) replaces the recipe's backward operands; unset it")
+            "OVERRIDE) replaces the recipe's backward operands; unset it"
+        )
     check_parallel(recipe, _tensor_parallel_size())
 
 
@@ -125,5 +143,6 @@ def _tensor_parallel_size() -> int:
         return 1
     if not ps.model_parallel_is_initialized():
         return 1
-    return max(ps.get_tensor_model_parallel_world_size(),
-               ps.get_expert_tensor_parallel_world_size() or 1)
+    return max(
+        ps.get_tensor_model_parallel_world_size(), ps.get_expert_tensor_parallel_world_size() or 1
+    )

@@ -19,6 +19,7 @@ Within one call the GEMM and operand are mixed in by the layout (layouts.py), as
 `fixed(seed)` makes every draw return one value: the module-parity checks use it to give the TE
 route the call seed the local route gets (gpu/te_check.sh).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,15 +48,19 @@ def draw(device: torch.device) -> int:
     if _FIXED:
         return _FIXED[-1]
     if device.type != "cuda":
-        raise ValueError(f"ufp4_megatron.te: stochastic rounding of a tensor on {device}: the "
-                         "TransformerEngine route draws its SR seeds from the CUDA generator")
+        raise ValueError(
+            f"ufp4_megatron.te: stochastic rounding of a tensor on {device}: the "
+            "TransformerEngine route draws its SR seeds from the CUDA generator"
+        )
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError(
             "ufp4_megatron.te: stochastic rounding inside a CUDA graph: its seed is a host "
             "value the graph would replay every step; run without CUDA graphs or with a recipe "
-            "without SR")
-    gen = torch.cuda.default_generators[device.index if device.index is not None
-                                        else torch.cuda.current_device()]
+            "without SR"
+        )
+    gen = torch.cuda.default_generators[
+        device.index if device.index is not None else torch.cuda.current_device()
+    ]
     offset = gen.get_offset()
     gen.set_offset(offset + 4)
     return mix_seed(gen.initial_seed(), offset, _rank())

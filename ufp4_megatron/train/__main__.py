@@ -15,6 +15,7 @@ it started (a NaN or Inf loss, a save the filesystem refuses) prints `error: ...
 Ctrl-C saves and stops like SIGTERM, with exit status 130 (before the first step it stops at
 once, nothing to save); a second Ctrl-C stops at once.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,9 +56,11 @@ def _hydra_files(dcfg: DictConfig) -> dict[str, str]:
     """What Hydra itself writes to .hydra/ (turned off in configs/hydra/default.yaml so that
     nothing is written before the resume check)."""
     hc = HydraConfig.get()
-    return {"config.yaml": OmegaConf.to_yaml(dcfg),
-            "hydra.yaml": OmegaConf.to_yaml(OmegaConf.create({"hydra": hc})),
-            "overrides.yaml": OmegaConf.to_yaml(hc.overrides.task)}
+    return {
+        "config.yaml": OmegaConf.to_yaml(dcfg),
+        "hydra.yaml": OmegaConf.to_yaml(OmegaConf.create({"hydra": hc})),
+        "overrides.yaml": OmegaConf.to_yaml(hc.overrides.task),
+    }
 
 
 def start(dcfg: DictConfig, run_dir: Path) -> None:

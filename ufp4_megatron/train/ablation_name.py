@@ -13,6 +13,7 @@ The name is one path component: characters other than letters, digits and `._=,+
 `_`, and a long suffix is cut and ends with 8 hex digits of the whole (a name stays under the
 run dir's 100-character limit, and two long ablations still differ).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -61,7 +62,7 @@ def ablation_name(base: str, precision: dict) -> str:
         return base
     if len(suffix) > _MAX_SUFFIX:
         digest = hashlib.sha256(suffix.encode()).hexdigest()[:8]
-        suffix = f"{suffix[:_MAX_SUFFIX - 9]}~{digest}"
+        suffix = f"{suffix[: _MAX_SUFFIX - 9]}~{digest}"
     return f"{base}-{suffix}"
 
 
@@ -71,11 +72,14 @@ def register_resolver() -> None:
 
     def resolve(base: str, *, _parent_: DictConfig) -> str:
         node = {}
-        for key in _parent_.keys():
+        for key in _parent_:
             if key != "name":  # itself
                 value = _parent_[key]  # resolves the preset switches' own interpolations
-                node[key] = (OmegaConf.to_container(value, resolve=True)
-                             if isinstance(value, Container) else value)
+                node[key] = (
+                    OmegaConf.to_container(value, resolve=True)
+                    if isinstance(value, Container)
+                    else value
+                )
         return ablation_name(base, node)
 
     OmegaConf.register_new_resolver(RESOLVER, resolve, replace=True)

@@ -24,6 +24,7 @@ checkpoint (check_owner) and layout changes that Megatron's formats cannot resha
 one that names anything else is refused. Retention deletes by integer step, only steps older
 than the one just saved.
 """
+
 from __future__ import annotations
 
 import errno
@@ -75,8 +76,11 @@ def steps_on_disk(ckpt_dir: Path) -> list[int]:
     d = Path(ckpt_dir)
     if not d.is_dir():
         return []
-    return sorted(int(m.group(1)) for p in d.iterdir()
-                  if (p.is_dir() or p.is_symlink()) and (m := STEP_DIR.fullmatch(p.name)))
+    return sorted(
+        int(m.group(1))
+        for p in d.iterdir()
+        if (p.is_dir() or p.is_symlink()) and (m := STEP_DIR.fullmatch(p.name))
+    )
 
 
 def read_latest(ckpt_dir: Path) -> tuple[int | None, str | None]:
@@ -106,7 +110,8 @@ def _tampered(path: Path, name: str) -> Tampered:
         f"{path} holds a pickle that names {name}, which no checkpoint holds (a planted or "
         "foreign file; unpickling it could run code): refused before anything of it ran. "
         "Inspect that step dir and remove it; the trainer resumes from the step before once it "
-        "is gone")
+        "is gone"
+    )
 
 
 def inspect(path: Path) -> tuple[str | None, dict | None]:
@@ -152,7 +157,7 @@ def _inspect(path: Path) -> tuple[str | None, dict | None]:
         return problem, None
     try:
         meta = FileSystemReader(str(path)).read_metadata()
-    except Exception as e:  # noqa: BLE001 - unreadable metadata means damaged (a refused
+    except Exception as e:
         # global too, which inspect() then turns into Tampered)
         return f".metadata unreadable ({_one_line(e)})", None
     need: dict[str, int] = {}
@@ -189,8 +194,10 @@ def find(ckpt_dir: Path) -> Found:
     skipped = [note] if note else []
     steps = steps_on_disk(ckpt_dir)
     if named is not None and named not in steps:
-        skipped.append(f"{ckpt_dir / 'latest'} names step {named}, whose dir "
-                       f"{step_dir(ckpt_dir, named)} is missing")
+        skipped.append(
+            f"{ckpt_dir / 'latest'} names step {named}, whose dir "
+            f"{step_dir(ckpt_dir, named)} is missing"
+        )
     for step in reversed(steps):
         why, common = inspect(step_dir(ckpt_dir, step))
         if why is None:
@@ -221,7 +228,8 @@ def check_start(ckpt_dir: Path, resume: bool) -> Found:
             f"{ckpt_dir / 'latest'} names step {named} but {ckpt_dir} holds no step dir: its "
             "checkpoints were removed, so this run cannot resume. Restore them to resume; to "
             f"start the run over from step 0, remove {ckpt_dir / 'latest'} (its metrics.jsonl "
-            "records are then kept aside in metrics.jsonl.superseded)")
+            "records are then kept aside in metrics.jsonl.superseded)"
+        )
     if not steps:
         return Found(None, [], None)
     listed = ", ".join(map(str, steps))
@@ -230,23 +238,30 @@ def check_start(ckpt_dir: Path, resume: bool) -> Found:
             f"checkpoint.resume=false but {ckpt_dir} holds checkpoints of an earlier run (steps "
             f"{listed}); starting over there would overwrite them and cut its metrics.jsonl. "
             "Start a fresh run in a new run dir (hydra.run.dir=... or another experiment=/seed), "
-            "or delete that checkpoint dir; drop checkpoint.resume=false to continue the run")
+            "or delete that checkpoint dir; drop checkpoint.resume=false to continue the run"
+        )
     found = find(ckpt_dir)
     if found.step is None:
-        raise CheckpointError(f"no intact checkpoint in {ckpt_dir} to resume: "
-                              + "; ".join(found.skipped)
-                              + ". Move the damaged step dirs aside to start over there")
+        raise CheckpointError(
+            f"no intact checkpoint in {ckpt_dir} to resume: "
+            + "; ".join(found.skipped)
+            + ". Move the damaged step dirs aside to start over there"
+        )
     return found
 
 
 # -- whose checkpoint ------------------------------------------------------------------------
 
+
 def owner(cfg, run_dir: Path) -> dict:
     """What every checkpoint records about the run that wrote it (train/identity.py)."""
     from . import identity
 
-    return {"run_id": identity.run_id(cfg), "run_dir": str(Path(run_dir).resolve()),
-            "identity": identity.identity(cfg)}
+    return {
+        "run_id": identity.run_id(cfg),
+        "run_dir": str(Path(run_dir).resolve()),
+        "identity": identity.identity(cfg),
+    }
 
 
 def check_owner(common: dict | None, run: dict, ckpt_dir: Path, run_dir: Path) -> None:
@@ -259,37 +274,49 @@ def check_owner(common: dict | None, run: dict, ckpt_dir: Path, run_dir: Path) -
     if not isinstance(saved, dict):
         return
     ckpt_dir, run_dir = Path(ckpt_dir), Path(run_dir)
-    fix = ("Give this run its own checkpoint.dir, or drop checkpoint.dir (the default is "
-           "<run dir>/checkpoints)")
+    fix = (
+        "Give this run its own checkpoint.dir, or drop checkpoint.dir (the default is "
+        "<run dir>/checkpoints)"
+    )
     if saved.get("run_id") != run["run_id"]:
         differ = identity.differences(saved.get("identity") or {}, run["identity"])
         raise CheckpointError(
             f"{ckpt_dir} holds the checkpoints of another run: run {saved.get('run_id')} "
             f"(trained in {saved.get('run_dir')}), while this is run {run['run_id']} "
             f"({run_dir}); they differ in {', '.join(differ) or 'their identity'}. "
-            "Resuming would train this run on that run's weights and prune its steps. " + fix)
+            "Resuming would train this run on that run's weights and prune its steps. " + fix
+        )
     theirs = Path(str(saved.get("run_dir", "")))
     inside = ckpt_dir.resolve().is_relative_to(run_dir.resolve())
-    if (not inside and theirs != run_dir.resolve() and theirs.is_absolute()
-            and (theirs / "config.yaml").is_file()):
+    if (
+        not inside
+        and theirs != run_dir.resolve()
+        and theirs.is_absolute()
+        and (theirs / "config.yaml").is_file()
+    ):
         raise CheckpointError(
             f"{ckpt_dir} holds the checkpoints of the run in {theirs}, not of this run dir "
             f"{run_dir} (the same config, trained there). Resume that run in its own dir "
-            f"(hydra.run.dir={theirs}), or " + fix[0].lower() + fix[1:])
+            f"(hydra.run.dir={theirs}), or " + fix[0].lower() + fix[1:]
+        )
 
 
 # -- layout ----------------------------------------------------------------------------------
+
 
 def layout(runtime: Runtime) -> dict:
     """This run's parallel layout and optimizer-state format, as stored in a checkpoint."""
     from megatron.core import parallel_state as ps
 
-    return {"tp": ps.get_tensor_model_parallel_world_size(),
-            "pp": ps.get_pipeline_model_parallel_world_size(),
-            "ep": ps.get_expert_model_parallel_world_size(),
-            "dp": ps.get_data_parallel_world_size(), "world_size": dist.get_world_size(),
-            "distributed_optimizer": runtime.distributed_optimizer,
-            "optim_sharding": runtime.optim_sharding}
+    return {
+        "tp": ps.get_tensor_model_parallel_world_size(),
+        "pp": ps.get_pipeline_model_parallel_world_size(),
+        "ep": ps.get_expert_model_parallel_world_size(),
+        "dp": ps.get_data_parallel_world_size(),
+        "world_size": dist.get_world_size(),
+        "distributed_optimizer": runtime.distributed_optimizer,
+        "optim_sharding": runtime.optim_sharding,
+    }
 
 
 def check_layout(saved: dict, now: dict, path: Path) -> None:
@@ -302,36 +329,59 @@ def check_layout(saved: dict, now: dict, path: Path) -> None:
     SR-seed streams are per pipeline stage, so a new PP layout cannot continue them. EP never
     changes: Megatron's (chained) optimizer state for expert parameters has another structure
     at another EP size (seen: EP=2 -> 1 fails in _filter_and_reorder_param_groups)."""
-    def refuse(what: str, fix: str) -> None:
-        raise CheckpointError(f"{path} was saved with {_describe(saved)}; this run has "
-                              f"{_describe(now)}: {what}. {fix}")
 
-    back = (f"Resume with parallel.tp={saved['tp']} parallel.pp={saved['pp']} "
-            f"parallel.ep={saved['ep']} parallel.distributed_optimizer="
-            f"{str(saved['distributed_optimizer']).lower()}")
+    def refuse(what: str, fix: str) -> None:
+        raise CheckpointError(
+            f"{path} was saved with {_describe(saved)}; this run has "
+            f"{_describe(now)}: {what}. {fix}"
+        )
+
+    back = (
+        f"Resume with parallel.tp={saved['tp']} parallel.pp={saved['pp']} "
+        f"parallel.ep={saved['ep']} parallel.distributed_optimizer="
+        f"{str(saved['distributed_optimizer']).lower()}"
+    )
     if saved["pp"] != now["pp"]:
-        refuse("changing parallel.pp on resume is not supported (the SR-seed streams are per "
-               "pipeline stage)", back)
+        refuse(
+            "changing parallel.pp on resume is not supported (the SR-seed streams are per "
+            "pipeline stage)",
+            back,
+        )
     if saved["ep"] != now["ep"]:
-        refuse("changing parallel.ep on resume is not supported (Megatron's optimizer state "
-               "for the expert parameters is structured per EP size)", back)
+        refuse(
+            "changing parallel.ep on resume is not supported (Megatron's optimizer state "
+            "for the expert parameters is structured per EP size)",
+            back,
+        )
     if saved["distributed_optimizer"] != now["distributed_optimizer"]:
-        refuse("switching the distributed optimizer on or off on resume is not supported (its "
-               "state dict differs from Megatron's plain optimizer's)", back)
+        refuse(
+            "switching the distributed optimizer on or off on resume is not supported (its "
+            "state dict differs from Megatron's plain optimizer's)",
+            back,
+        )
     if saved["optim_sharding"] == "dp_reshardable" and saved["tp"] != now["tp"]:
-        refuse("the distributed optimizer's dp_reshardable state can change only the "
-               "data-parallel size", back + ", or save the run with "
-               "checkpoint.optim_fully_reshardable=true to change TP later")
+        refuse(
+            "the distributed optimizer's dp_reshardable state can change only the "
+            "data-parallel size",
+            back + ", or save the run with "
+            "checkpoint.optim_fully_reshardable=true to change TP later",
+        )
 
 
 def _describe(lay: dict) -> str:
-    opt = (f"distributed optimizer ({lay['optim_sharding']})" if lay["distributed_optimizer"]
-           else "Megatron's non-distributed optimizer")
-    return (f"tp={lay['tp']} pp={lay['pp']} ep={lay['ep']} dp={lay['dp']} "
-            f"({lay['world_size']} rank{'s' * (lay['world_size'] != 1)}), {opt}")
+    opt = (
+        f"distributed optimizer ({lay['optim_sharding']})"
+        if lay["distributed_optimizer"]
+        else "Megatron's non-distributed optimizer"
+    )
+    return (
+        f"tp={lay['tp']} pp={lay['pp']} ep={lay['ep']} dp={lay['dp']} "
+        f"({lay['world_size']} rank{'s' * (lay['world_size'] != 1)}), {opt}"
+    )
 
 
 # -- state -----------------------------------------------------------------------------------
+
 
 def _sharded_metadata(runtime: Runtime) -> dict:
     """What Megatron-LM's _build_sharded_state_dict_metadata passes to sharded_state_dict."""
@@ -349,8 +399,12 @@ def _sharded_metadata(runtime: Runtime) -> dict:
 def _rng_state(runtime: Runtime) -> dict:
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-             "random": random.getstate(), "tracker": get_cuda_rng_tracker().get_states()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "random": random.getstate(),
+        "tracker": get_cuda_rng_tracker().get_states(),
+    }
     if runtime.saves_cuda_rng:
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -367,8 +421,9 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _sharded_state(model, optimizer, extra: dict, md: dict, runtime: Runtime, *,
-                   loading: bool, rng: bool) -> dict:
+def _sharded_state(
+    model, optimizer, extra: dict, md: dict, runtime: Runtime, *, loading: bool, rng: bool
+) -> dict:
     """The state dict handed to dist_checkpointing (a template when loading).
 
     `extra` objects (SR seeds, LR scheduler) are equal on every rank of a pipeline stage: one
@@ -380,25 +435,45 @@ def _sharded_state(model, optimizer, extra: dict, md: dict, runtime: Runtime, *,
     pp, pp_rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
     tp_rank, dp_rank = ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank()
     model_sd = model.sharded_state_dict(metadata=md)
-    state = {"model": model_sd,
-             "optimizer": optimizer.opt.sharded_state_dict(model_sd, is_loading=loading,
-                                                           metadata=md)}
+    state = {
+        "model": model_sd,
+        "optimizer": optimizer.opt.sharded_state_dict(model_sd, is_loading=loading, metadata=md),
+    }
     for name, obj in extra.items():
         state[f"{PREFIX}.{name}"] = ShardedObject(
-            f"{PREFIX}.{name}", None if loading else obj.state_dict(), (pp,), (pp_rank,),
-            replica_id=(tp_rank, dp_rank))
+            f"{PREFIX}.{name}",
+            None if loading else obj.state_dict(),
+            (pp,),
+            (pp_rank,),
+            replica_id=(tp_rank, dp_rank),
+        )
     if rng:
         tp, dp = ps.get_tensor_model_parallel_world_size(), ps.get_data_parallel_world_size()
         state[f"{PREFIX}.rng"] = ShardedObject(
-            f"{PREFIX}.rng", None if loading else _rng_state(runtime), (pp, tp, dp),
-            (pp_rank, tp_rank, dp_rank), replica_id=0)
+            f"{PREFIX}.rng",
+            None if loading else _rng_state(runtime),
+            (pp, tp, dp),
+            (pp_rank, tp_rank, dp_rank),
+            replica_id=0,
+        )
     return state
 
 
 # -- save ------------------------------------------------------------------------------------
 
-def save(ckpt_dir: Path, step: int, model, optimizer, extra: dict, keep: int, *,
-         runtime: Runtime, run: dict | None = None, checksummed: bool = True) -> Path:
+
+def save(
+    ckpt_dir: Path,
+    step: int,
+    model,
+    optimizer,
+    extra: dict,
+    keep: int,
+    *,
+    runtime: Runtime,
+    run: dict | None = None,
+    checksummed: bool = True,
+) -> Path:
     """Collective: every rank writes its shards into step_N.saving; rank 0 then renames it,
     points `latest` at it and prunes older steps beyond `keep` (keep <= 0: keep all).
     `run`: owner() of the run, stored in the common state. A save the filesystem refuses
@@ -414,8 +489,20 @@ def save(ckpt_dir: Path, step: int, model, optimizer, extra: dict, keep: int, *,
             _remove(tmp)  # a save that was killed (or a planted link: removed, not followed)
             tmp.mkdir()
         dist.barrier()
-        _write_step(tmp, final, ckpt_dir, step, model, optimizer, extra, keep, runtime, run,
-                    checksummed, rank0)
+        _write_step(
+            tmp,
+            final,
+            ckpt_dir,
+            step,
+            model,
+            optimizer,
+            extra,
+            keep,
+            runtime,
+            run,
+            checksummed,
+            rank0,
+        )
     except (Exception, _dcp_exception()) as e:
         reason = os_reason(e) or _filesystem_problem(tmp if tmp.exists() else ckpt_dir)
         if reason is None:
@@ -423,16 +510,22 @@ def save(ckpt_dir: Path, step: int, model, optimizer, extra: dict, keep: int, *,
         if rank0:
             _remove(tmp, quiet=True)  # free what it took
         steps = steps_on_disk(ckpt_dir)
-        kept = (f"the newest complete checkpoint, {step_dir(ckpt_dir, steps[-1])}, is kept as "
-                "it was" if steps else "no earlier checkpoint exists")
-        raise RunFailed(f"saving step {step} to {ckpt_dir} failed: {reason}; {kept}. Fix that "
-                        "(free space, a writable checkpoint.dir) and rerun to resume") from None
+        kept = (
+            f"the newest complete checkpoint, {step_dir(ckpt_dir, steps[-1])}, is kept as it was"
+            if steps
+            else "no earlier checkpoint exists"
+        )
+        raise RunFailed(
+            f"saving step {step} to {ckpt_dir} failed: {reason}; {kept}. Fix that "
+            "(free space, a writable checkpoint.dir) and rerun to resume"
+        ) from None
     dist.barrier()
     return final
 
 
-def _write_step(tmp, final, ckpt_dir, step, model, optimizer, extra, keep, runtime, run,
-                checksummed, rank0) -> None:
+def _write_step(
+    tmp, final, ckpt_dir, step, model, optimizer, extra, keep, runtime, run, checksummed, rank0
+) -> None:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
 
@@ -444,8 +537,11 @@ def _write_step(tmp, final, ckpt_dir, step, model, optimizer, extra, keep, runti
     if run is not None:
         state[f"{PREFIX}.run"] = run
     dist_checkpointing.save(  # ends in a barrier
-        state, str(tmp), get_default_save_sharded_strategy(runtime.checkpoint_format),
-        content_metadata=_plain(md))
+        state,
+        str(tmp),
+        get_default_save_sharded_strategy(runtime.checkpoint_format),
+        content_metadata=_plain(md),
+    )
     if checksummed:
         _write_manifest(tmp)
     _test_hook("shards_written", step)
@@ -454,7 +550,7 @@ def _write_step(tmp, final, ckpt_dir, step, model, optimizer, extra, keep, runti
             _fsync(f)
         _fsync(tmp)
         if final.exists() or final.is_symlink():  # a damaged dir of this step, or one left
-            _discard(final)                       # by a fallback resume
+            _discard(final)  # by a fallback resume
         os.replace(tmp, final)
         _fsync(ckpt_dir)
         _test_hook("renamed", step)
@@ -484,8 +580,15 @@ def _dcp_exception():
     return CheckpointException
 
 
-_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO,
-                errno.EFBIG}
+_DISK_ERRNOS = {
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EROFS,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EIO,
+    errno.EFBIG,
+}
 
 
 def os_reason(e: BaseException) -> str | None:
@@ -600,7 +703,6 @@ def write_atomic(path: Path, text: str, sync_dir: bool = True) -> None:
         _fsync(path.parent)
 
 
-
 def _umask() -> int:
     """The process's umask, read without changing it (os.umask would, for every thread)."""
     try:
@@ -621,6 +723,7 @@ def _test_hook(phase: str, step: int) -> None:
 
 # -- load ------------------------------------------------------------------------------------
 
+
 def _choose(ckpt_dir: Path, verify: bool) -> Found:
     """Collective find(): every rank inspects the same step dirs, newest first; the ranks
     must agree on what they see (a filesystem that shows nodes different files would
@@ -633,8 +736,10 @@ def _choose(ckpt_dir: Path, verify: bool) -> Found:
     steps = steps_on_disk(ckpt_dir)
     agree("the step dirs of " + str(ckpt_dir), steps)
     if named is not None and named not in steps:
-        skipped.append(f"{ckpt_dir / 'latest'} names step {named}, whose dir "
-                       f"{step_dir(ckpt_dir, named)} is missing")
+        skipped.append(
+            f"{ckpt_dir / 'latest'} names step {named}, whose dir "
+            f"{step_dir(ckpt_dir, named)} is missing"
+        )
     for step in reversed(steps):
         path = step_dir(ckpt_dir, step)
         tampered = None
@@ -674,13 +779,24 @@ def disagreement(what: str, views: list) -> str | None:
     odd = [r for r, v in enumerate(views) if v != views[0]]
     if not odd:
         return None
-    return (f"the ranks disagree on {what}: rank 0 sees {views[0]!r}, rank {odd[0]} sees "
-            f"{views[odd[0]]!r}; every rank must see the same files (a shared filesystem "
-            "that is not coherent across nodes, or ranks started with different paths)")
+    return (
+        f"the ranks disagree on {what}: rank 0 sees {views[0]!r}, rank {odd[0]} sees "
+        f"{views[odd[0]]!r}; every rank must see the same files (a shared filesystem "
+        "that is not coherent across nodes, or ranks started with different paths)"
+    )
 
 
-def load(ckpt_dir: Path, model, optimizer, extra: dict, *, runtime: Runtime,
-         run: dict | None = None, run_dir: Path | None = None, verify: bool = True) -> int:
+def load(
+    ckpt_dir: Path,
+    model,
+    optimizer,
+    extra: dict,
+    *,
+    runtime: Runtime,
+    run: dict | None = None,
+    run_dir: Path | None = None,
+    verify: bool = True,
+) -> int:
     """Restores the newest intact checkpoint in ckpt_dir (collective); returns its step.
     `run`/`run_dir`: owner() of the loading run and its dir, checked against the
     checkpoint's (check_owner). Every pickle is read restricted (train/unpickling.py)."""
@@ -695,8 +811,11 @@ def load(ckpt_dir: Path, model, optimizer, extra: dict, *, runtime: Runtime,
     if run is not None:
         check_owner(found.common, run, ckpt_dir, run_dir or Path(run["run_dir"]))
     if found.skipped and dist.get_rank() == 0:
-        print(f"WARNING: {'; '.join(found.skipped)}. Resuming from {path} instead",
-              file=sys.stderr, flush=True)
+        print(
+            f"WARNING: {'; '.join(found.skipped)}. Resuming from {path} instead",
+            file=sys.stderr,
+            flush=True,
+        )
     common = found.common
     saved, now = common[f"{PREFIX}.layout"], layout(runtime)
     check_layout(saved, now, path)
@@ -704,8 +823,7 @@ def load(ckpt_dir: Path, model, optimizer, extra: dict, *, runtime: Runtime,
     md |= {k: v for k, v in _sharded_metadata(runtime).items() if k == "dp_cp_group"}
     same_ranks = all(saved[k] == now[k] for k in ("tp", "pp", "ep", "dp"))
     optimizer.prepare_load()
-    template = _sharded_state(model, optimizer, extra, md, runtime, loading=True,
-                              rng=same_ranks)
+    template = _sharded_state(model, optimizer, extra, md, runtime, loading=True, rng=same_ranks)
     check_shapes(template, path)
     with unpickling.restricted() as scope:
         try:
@@ -716,15 +834,19 @@ def load(ckpt_dir: Path, model, optimizer, extra: dict, *, runtime: Runtime,
             for name, obj in extra.items():
                 obj.load_state_dict(state[f"{PREFIX}.{name}"])
         except (Exception, CheckpointException) as e:  # passed the metadata checks but
-            if scope.refused:                          # cannot be read
+            if scope.refused:  # cannot be read
                 raise _tampered(path, scope.refused) from None
-            raise CheckpointError(f"cannot load {path}: {_one_line(e)}. Move it aside to "
-                                  "resume from the step before") from None
+            raise CheckpointError(
+                f"cannot load {path}: {_one_line(e)}. Move it aside to resume from the step before"
+            ) from None
     if same_ranks:
         _set_rng_state(state[f"{PREFIX}.rng"])
     elif dist.get_rank() == 0:
-        print(f"resharding {path}: {_describe(saved)} -> {_describe(now)}; RNG states not "
-              "restored (per rank)", flush=True)
+        print(
+            f"resharding {path}: {_describe(saved)} -> {_describe(now)}; RNG states not "
+            "restored (per rank)",
+            flush=True,
+        )
     return int(state[f"{PREFIX}.step"])
 
 
@@ -747,7 +869,8 @@ def check_shapes(template: dict, path: Path) -> None:
             raise CheckpointError(
                 f"{path} holds another model: its {sh.key} is {list(have)}, this run's "
                 f"{list(want)}. Resume it with the model it was trained with "
-                "(the model.* settings of its run), or start this model in a new checkpoint.dir")
+                "(the model.* settings of its run), or start this model in a new checkpoint.dir"
+            )
 
 
 # SIGINT too: Ctrl-C saves and stops like a pre-emption warning (exit status 130)
@@ -767,11 +890,11 @@ def start_checkpoint_writer_queue() -> None:
     blocked instead (the Manager ignores SIGINT itself): a Ctrl-C during a slow start-up stays
     pending and stops the trainer when the start-up ends, where an ignored one was dropped.
     """
+    import multiprocessing
+
     from megatron.core.dist_checkpointing.strategies.filesystem_async import (
         get_write_results_queue,
     )
-
-    import multiprocessing
 
     from .lifetime import reap_with_me
 
@@ -810,17 +933,22 @@ class StopSignal:
 
     def _handle(self, signum, frame) -> None:
         say = os.environ.get("LOCAL_RANK", "0") == "0"  # once per node
-        if signum == signal.SIGINT and self.arrival is not None and \
-                self.arrival[0] == "SIGINT":
+        if signum == signal.SIGINT and self.arrival is not None and self.arrival[0] == "SIGINT":
             if say:
-                os.write(2, b"second Ctrl-C: stopped at once, without saving; a rerun "
-                            b"resumes from the last complete checkpoint\n")
+                os.write(
+                    2,
+                    b"second Ctrl-C: stopped at once, without saving; a rerun "
+                    b"resumes from the last complete checkpoint\n",
+                )
             os._exit(130)
         if self.arrival is None:
             self.arrival = (signal.Signals(signum).name, self.steps_done)
             if signum == signal.SIGINT and say:
-                os.write(2, b"Ctrl-C: saving a checkpoint after this step, then stopping "
-                            b"(Ctrl-C again stops at once, without saving)\n")
+                os.write(
+                    2,
+                    b"Ctrl-C: saving a checkpoint after this step, then stopping "
+                    b"(Ctrl-C again stops at once, without saving)\n",
+                )
         self._flag = True
 
     @property

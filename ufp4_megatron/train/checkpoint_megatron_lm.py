@@ -21,6 +21,7 @@ its key, translates the state around them, and writes the destination in one pro
 creates the destination dir itself and removes it again if the conversion fails, so an
 existing path is never written into.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,10 +39,20 @@ TRACKER = "latest_checkpointed_iteration.txt"
 ITER_DIR = re.compile(r"iter_(\d{7,})")  # iter_%07d
 COMMON = "common_state"  # dist_checkpointing's own object holding the common state
 CHECKPOINT_VERSION = 3.0  # what Megatron-LM's generate_state_dict writes
-_RNG_KEYS = {"random": "random_rng_state", "numpy": "np_rng_state", "torch": "torch_rng_state",
-             "cuda": "cuda_rng_state", "tracker": "rng_tracker_states"}
-_SCHEDULE_COUNTS = ("num_steps", "lr_warmup_steps", "lr_decay_steps", "wd_incr_steps",
-                    "wsd_decay_steps")  # counted in steps here, in samples by Megatron-LM
+_RNG_KEYS = {
+    "random": "random_rng_state",
+    "numpy": "np_rng_state",
+    "torch": "torch_rng_state",
+    "cuda": "cuda_rng_state",
+    "tracker": "rng_tracker_states",
+}
+_SCHEDULE_COUNTS = (
+    "num_steps",
+    "lr_warmup_steps",
+    "lr_decay_steps",
+    "wd_incr_steps",
+    "wsd_decay_steps",
+)  # counted in steps here, in samples by Megatron-LM
 
 
 class ConversionError(checkpoint.CheckpointError):
@@ -54,27 +65,36 @@ def iter_dir(root: Path, iteration: int) -> Path:
 
 # -- finding the source ----------------------------------------------------------------------
 
+
 def read_tracker(root: Path) -> int:
     """The iteration Megatron-LM's tracker file names (read as read_metadata reads it)."""
     tracker = Path(root) / TRACKER
     if checkpoint.steps_on_disk(root) or checkpoint.STEP_DIR.fullmatch(Path(root).name):
-        raise ConversionError(f"{root} is a checkpoint of the trainer's layout (step_N dirs): "
-                              "convert it with --to megatron-lm")
+        raise ConversionError(
+            f"{root} is a checkpoint of the trainer's layout (step_N dirs): "
+            "convert it with --to megatron-lm"
+        )
     if tracker.is_symlink() or not tracker.is_file():
-        raise ConversionError(f"{tracker} is missing or not a regular file: {root} is not a "
-                              "Megatron-LM checkpoint dir (give the dir that holds it, or an "
-                              "iter_NNNNNNN dir)")
+        raise ConversionError(
+            f"{tracker} is missing or not a regular file: {root} is not a "
+            "Megatron-LM checkpoint dir (give the dir that holds it, or an "
+            "iter_NNNNNNN dir)"
+        )
     with open(tracker, "rb") as f:
         raw = f.read(65)
     text = raw.decode("ascii", "replace").strip()
     if text == "release":
-        raise ConversionError(f"{tracker} says 'release' (a weights-only release checkpoint "
-                              "with no iteration, optimizer or schedule): not a training run "
-                              "to continue")
+        raise ConversionError(
+            f"{tracker} says 'release' (a weights-only release checkpoint "
+            "with no iteration, optimizer or schedule): not a training run "
+            "to continue"
+        )
     if not text.isdigit() or len(raw) > 64:
-        raise ConversionError(f"{tracker} holds {text[:24]!r}, not an iteration number: "
-                              "write the iteration of an iter_NNNNNNN dir there, or give "
-                              "that dir itself")
+        raise ConversionError(
+            f"{tracker} holds {text[:24]!r}, not an iteration number: "
+            "write the iteration of an iter_NNNNNNN dir there, or give "
+            "that dir itself"
+        )
     return int(text)
 
 
@@ -88,12 +108,16 @@ def megatron_lm_source(src: Path) -> tuple[Path, int]:
         iteration = read_tracker(src)
         path = iter_dir(src, iteration)
     if path.is_symlink():
-        raise ConversionError(f"{path} is a symbolic link (to {os.readlink(path)}): copy the "
-                              "checkpoint it names and convert the copy")
+        raise ConversionError(
+            f"{path} is a symbolic link (to {os.readlink(path)}): copy the "
+            "checkpoint it names and convert the copy"
+        )
     if not path.is_dir():
-        raise ConversionError(f"{path} does not exist, though {src / TRACKER} names "
-                              f"iteration {iteration}: restore it, or point the tracker at "
-                              "an iter dir that exists")
+        raise ConversionError(
+            f"{path} does not exist, though {src / TRACKER} names "
+            f"iteration {iteration}: restore it, or point the tracker at "
+            "an iter dir that exists"
+        )
     why = _torch_dist_problem(path)
     if why:
         raise ConversionError(f"{path} is not a complete torch_dist checkpoint: {why}")
@@ -111,12 +135,15 @@ def ufp4_source(src: Path) -> Path:
         path = src
     else:
         if (src / TRACKER).exists() or ITER_DIR.fullmatch(src.name):
-            raise ConversionError(f"{src} is a checkpoint of Megatron-LM's layout: convert it "
-                                  "with --to ufp4")
+            raise ConversionError(
+                f"{src} is a checkpoint of Megatron-LM's layout: convert it with --to ufp4"
+            )
         if not checkpoint.steps_on_disk(src):
-            raise ConversionError(f"{src} holds no step_NNNNNNNN dir: give a trainer's "
-                                  "checkpoint dir (<run dir>/checkpoints) or one of its step "
-                                  "dirs")
+            raise ConversionError(
+                f"{src} holds no step_NNNNNNNN dir: give a trainer's "
+                "checkpoint dir (<run dir>/checkpoints) or one of its step "
+                "dirs"
+            )
         found = checkpoint.find(src)
         if found.step is None:
             raise ConversionError(f"no intact checkpoint in {src}: " + "; ".join(found.skipped))
@@ -136,8 +163,10 @@ def _torch_dist_problem(path: Path) -> str | None:
 
     config = path / "metadata.json"
     if not config.is_file():
-        return "no metadata.json (Megatron-LM's legacy torch format or an empty dir; only " \
-               "--ckpt-format torch_dist checkpoints convert)"
+        return (
+            "no metadata.json (Megatron-LM's legacy torch format or an empty dir; only "
+            "--ckpt-format torch_dist checkpoints convert)"
+        )
     try:
         backend = json.loads(config.read_bytes()[:4096]).get("sharded_backend")
     except (ValueError, AttributeError, UnicodeDecodeError):
@@ -151,10 +180,12 @@ def _torch_dist_problem(path: Path) -> str | None:
 
 # -- reading and writing whole checkpoints in one process ------------------------------------
 
+
 @dataclass
 class Entries:
     """Every entry of a checkpoint: sharded (tensors and objects, by their on-disk key, with
     their global shape and offset) and common (plain values)."""
+
     tensors: dict  # key -> torch.Tensor (the whole global tensor)
     objects: dict  # key -> {global_offset: (global_shape, value)}
     common: dict
@@ -169,8 +200,7 @@ def single_process_group() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
 
 def read_entries(path: Path) -> Entries:
@@ -191,12 +221,16 @@ def read_entries(path: Path) -> Entries:
     for key, sh in meta.items():
         if isinstance(sh, ShardedTensor):
             if getattr(sh, "flattened_range", None) is not None:
-                raise ConversionError(f"{path}: {key} is stored flattened (the deprecated "
-                                      "fully_sharded_model_space optimizer format)")
+                raise ConversionError(
+                    f"{path}: {key} is stored flattened (the deprecated "
+                    "fully_sharded_model_space optimizer format)"
+                )
             tensors[sh.key] = loaded.pop(key)
         elif isinstance(sh, ShardedObject) and sh.key != COMMON:
             objects.setdefault(sh.key, {})[tuple(sh.global_offset)] = (
-                tuple(sh.global_shape), loaded.pop(key))
+                tuple(sh.global_shape),
+                loaded.pop(key),
+            )
     loaded.pop(key_of_common(), None)
     return Entries(tensors, objects, loaded)
 
@@ -220,34 +254,45 @@ def write_entries(entries: Entries, path: Path, content_metadata: dict | None) -
         for offset, (shape, value) in shards.items():
             state[f"o/{key}/{offset}"] = ShardedObject(key, value, shape, offset, replica_id=0)
     path.mkdir()
-    dist_checkpointing.save(state, str(path), get_default_save_sharded_strategy("torch_dist"),
-                            content_metadata=content_metadata)
+    dist_checkpointing.save(
+        state,
+        str(path),
+        get_default_save_sharded_strategy("torch_dist"),
+        content_metadata=content_metadata,
+    )
 
 
 # -- the translations ------------------------------------------------------------------------
+
 
 def _one(entries: Entries, key: str, what: str):
     shards = entries.objects.get(key)
     if not shards:
         raise ConversionError(f"no {key} in the source ({what})")
     if len(shards) != 1:
-        raise ConversionError(f"{key} has {len(shards)} shards (one per pipeline stage): only "
-                              "pipeline-parallel size 1 converts")
+        raise ConversionError(
+            f"{key} has {len(shards)} shards (one per pipeline stage): only "
+            "pipeline-parallel size 1 converts"
+        )
     return next(iter(shards.values()))[1]
 
 
 def _identity(common: dict) -> dict:
     run = common.get(f"{checkpoint.PREFIX}.run")
     if not isinstance(run, dict) or not isinstance(run.get("identity"), dict):
-        raise ConversionError("the checkpoint does not record its run (saved by an older "
-                              "ufp4-megatron): resume it once with this version to save a "
-                              "new step, then convert that")
+        raise ConversionError(
+            "the checkpoint does not record its run (saved by an older "
+            "ufp4-megatron): resume it once with this version to save a "
+            "new step, then convert that"
+        )
     return run["identity"]
 
 
 def schedule_in_samples(sched: dict, batch: int) -> dict:
-    return {k: (v * batch if k in _SCHEDULE_COUNTS and isinstance(v, int) else v)
-            for k, v in sched.items()}
+    return {
+        k: (v * batch if k in _SCHEDULE_COUNTS and isinstance(v, int) else v)
+        for k, v in sched.items()
+    }
 
 
 def schedule_in_steps(sched: dict, batch: int) -> dict:
@@ -258,29 +303,45 @@ def schedule_in_steps(sched: dict, batch: int) -> dict:
                 raise ConversionError(
                     f"opt_param_scheduler.{k}={v} samples is not a whole number of steps of "
                     f"{batch} sequences (--global-batch-size): a run with batch ramp-up or a "
-                    "changed batch size does not convert")
+                    "changed batch size does not convert"
+                )
             v //= batch
         out[k] = v
     return out
 
 
-def megatron_lm_args(identity: dict, layout: dict, step: int, batch: int, *,
-                     has_rng: bool, has_optim: bool) -> argparse.Namespace:
+def megatron_lm_args(
+    identity: dict, layout: dict, step: int, batch: int, *, has_rng: bool, has_optim: bool
+) -> argparse.Namespace:
     """The `args` Megatron-LM's load_checkpoint reads from a checkpoint: what
     check_checkpoint_args compares, the parallel sizes (whether the RNG state is loaded), the
     consumed samples (the data position) and the no_save_* flags (what is absent)."""
     m = identity["model"]
     return argparse.Namespace(
-        num_layers=m["num_layers"], hidden_size=m["hidden_size"],
-        ffn_hidden_size=m["ffn_hidden_size"], num_attention_heads=m["num_attention_heads"],
+        num_layers=m["num_layers"],
+        hidden_size=m["hidden_size"],
+        ffn_hidden_size=m["ffn_hidden_size"],
+        num_attention_heads=m["num_attention_heads"],
         num_query_groups=m["num_query_groups"],
-        max_position_embeddings=m["max_seq_len"], padded_vocab_size=m["vocab_size"],
-        tensor_model_parallel_size=layout["tp"], pipeline_model_parallel_size=layout["pp"],
-        expert_model_parallel_size=layout["ep"], data_parallel_size=layout["dp"],
-        world_size=layout["world_size"], use_distributed_optimizer=layout["distributed_optimizer"],
-        global_batch_size=batch, consumed_train_samples=step * batch, skipped_train_samples=0,
-        consumed_valid_samples=0, iteration=step, ckpt_format="torch_dist", use_dist_ckpt=True,
-        no_save_rng=not has_rng, no_save_optim=not has_optim, data_parallel_random_init=False)
+        max_position_embeddings=m["max_seq_len"],
+        padded_vocab_size=m["vocab_size"],
+        tensor_model_parallel_size=layout["tp"],
+        pipeline_model_parallel_size=layout["pp"],
+        expert_model_parallel_size=layout["ep"],
+        data_parallel_size=layout["dp"],
+        world_size=layout["world_size"],
+        use_distributed_optimizer=layout["distributed_optimizer"],
+        global_batch_size=batch,
+        consumed_train_samples=step * batch,
+        skipped_train_samples=0,
+        consumed_valid_samples=0,
+        iteration=step,
+        ckpt_format="torch_dist",
+        use_dist_ckpt=True,
+        no_save_rng=not has_rng,
+        no_save_optim=not has_optim,
+        data_parallel_random_init=False,
+    )
 
 
 def to_megatron_lm(src: Path, dst: Path, *, model_only: bool = False) -> dict:
@@ -305,8 +366,11 @@ def to_megatron_lm(src: Path, dst: Path, *, model_only: bool = False) -> dict:
     # Megatron-LM keeps one RNG state per (pp, tp) rank, the data-parallel rank 0's. A state
     # saved on CPU has no CUDA generator, which Megatron-LM's load requires: it is kept for a
     # way back, and args.no_save_rng tells Megatron-LM not to load it.
-    mlm_rng = {offset[:2]: (shape[:2], [{_RNG_KEYS[k]: v for k, v in state.items()}])
-               for offset, (shape, state) in rng.items() if offset[2] == 0}
+    mlm_rng = {
+        offset[:2]: (shape[:2], [{_RNG_KEYS[k]: v for k, v in state.items()}])
+        for offset, (shape, state) in rng.items()
+        if offset[2] == 0
+    }
     if mlm_rng:
         e.objects["rng_state"] = mlm_rng
     has_rng = bool(mlm_rng) and all("cuda" in s for _, (_, s) in rng.items())
@@ -315,23 +379,39 @@ def to_megatron_lm(src: Path, dst: Path, *, model_only: bool = False) -> dict:
         e.tensors = {k: v for k, v in e.tensors.items() if not k.startswith("optimizer.")}
         e.objects = {k: v for k, v in e.objects.items() if not k.startswith("optimizer.")}
         e.common.pop("optimizer", None)
-        content = {k: v for k, v in (content or {}).items()
-                   if not k.startswith("distrib_optim")}
+        content = {k: v for k, v in (content or {}).items() if not k.startswith("distrib_optim")}
     else:
         e.common["opt_param_scheduler"] = schedule_in_samples(sched, batch)
     if identity is None:
         args = argparse.Namespace(**vars(theirs))
-        args.__dict__.update(iteration=step, consumed_train_samples=step * batch,
-                             no_save_rng=not has_rng, no_save_optim=model_only)
+        args.__dict__.update(
+            iteration=step,
+            consumed_train_samples=step * batch,
+            no_save_rng=not has_rng,
+            no_save_optim=model_only,
+        )
     else:
-        args = megatron_lm_args(identity, layout, step, batch, has_rng=has_rng,
-                                has_optim=not model_only)
-    e.common |= {"args": args,
-                 "checkpoint_version": CHECKPOINT_VERSION, "iteration": step,
-                 "num_floating_point_operations_so_far": 0}
-    return _finish(dst, lambda tmp: write_entries(e, tmp, content), iter_dir(dst, step),
-                   dst / TRACKER, str(step), step, has_rng=has_rng, model_only=model_only,
-                   source=path, checksummed=False)
+        args = megatron_lm_args(
+            identity, layout, step, batch, has_rng=has_rng, has_optim=not model_only
+        )
+    e.common |= {
+        "args": args,
+        "checkpoint_version": CHECKPOINT_VERSION,
+        "iteration": step,
+        "num_floating_point_operations_so_far": 0,
+    }
+    return _finish(
+        dst,
+        lambda tmp: write_entries(e, tmp, content),
+        iter_dir(dst, step),
+        dst / TRACKER,
+        str(step),
+        step,
+        has_rng=has_rng,
+        model_only=model_only,
+        source=path,
+        checksummed=False,
+    )
 
 
 def to_ufp4(src: Path, dst: Path) -> dict:
@@ -346,32 +426,48 @@ def to_ufp4(src: Path, dst: Path) -> dict:
     batch = int(args.global_batch_size)
     pp, tp = int(args.pipeline_model_parallel_size), int(args.tensor_model_parallel_size)
     if pp != 1:
-        raise ConversionError(f"{path} was saved with pipeline-parallel size {pp}: only size 1 "
-                              "converts (the SR-seed stream is kept per pipeline stage)")
+        raise ConversionError(
+            f"{path} was saved with pipeline-parallel size {pp}: only size 1 "
+            "converts (the SR-seed stream is kept per pipeline stage)"
+        )
     if "optimizer" not in e.common or "opt_param_scheduler" not in e.common:
-        raise ConversionError(f"{path} holds no optimizer state (saved with --no-save-optim): "
-                              "the trainer resumes only complete checkpoints")
-    streams = {repr(v["ufp4_sr_seeds"]): v["ufp4_sr_seeds"] for k, shards in e.objects.items()
-               if k.endswith("._extra_state") for _, (_, v) in shards.items()
-               if isinstance(v, dict) and "ufp4_sr_seeds" in v}
+        raise ConversionError(
+            f"{path} holds no optimizer state (saved with --no-save-optim): "
+            "the trainer resumes only complete checkpoints"
+        )
+    streams = {
+        repr(v["ufp4_sr_seeds"]): v["ufp4_sr_seeds"]
+        for k, shards in e.objects.items()
+        if k.endswith("._extra_state")
+        for _, (_, v) in shards.items()
+        if isinstance(v, dict) and "ufp4_sr_seeds" in v
+    }
     if len(streams) != 1:
         raise ConversionError(
             f"{path} holds {'no' if not streams else len(streams)} SR-seed stream"
             f"{'s' if streams else ''} in its linears' extra state (one is written by a UFP4 "
             "model of the --spec or flags route; a BF16 or TransformerEngine-route checkpoint "
-            "has none): the trainer cannot continue its stochastic rounding")
+            "has none): the trainer cannot continue its stochastic rounding"
+        )
     sched = schedule_in_steps(e.common.pop("opt_param_scheduler"), batch)
     content = e.common.pop("content_metadata", None) or {}
     sharding = content.get("distrib_optim_sharding_type")
     dp = int(getattr(args, "data_parallel_size", 1))
-    layout = {"tp": tp, "pp": pp, "ep": int(getattr(args, "expert_model_parallel_size", 1)),
-              "dp": dp, "world_size": int(args.world_size),
-              "distributed_optimizer": bool(args.use_distributed_optimizer),
-              "optim_sharding": sharding if args.use_distributed_optimizer else None}
+    layout = {
+        "tp": tp,
+        "pp": pp,
+        "ep": int(getattr(args, "expert_model_parallel_size", 1)),
+        "dp": dp,
+        "world_size": int(args.world_size),
+        "distributed_optimizer": bool(args.use_distributed_optimizer),
+        "optim_sharding": sharding if args.use_distributed_optimizer else None,
+    }
     rng = e.objects.pop("rng_state", {})
     if not rng:
-        raise ConversionError(f"{path} holds no RNG state (saved with --no-save-rng): the "
-                              "trainer resumes only complete checkpoints")
+        raise ConversionError(
+            f"{path} holds no RNG state (saved with --no-save-rng): the "
+            "trainer resumes only complete checkpoints"
+        )
     ours = {}
     for offset, (_, states) in rng.items():
         state = {k: states[0][v] for k, v in _RNG_KEYS.items() if v in states[0]}
@@ -379,10 +475,10 @@ def to_ufp4(src: Path, dst: Path) -> dict:
             ours[(*offset, d)] = ((pp, tp, dp), state)
     e.objects[f"{checkpoint.PREFIX}.rng"] = ours
     e.objects[f"{checkpoint.PREFIX}.lr_schedule"] = {(0,): ((1,), sched)}
-    e.objects[f"{checkpoint.PREFIX}.policy"] = {(0,): ((1,), {"sr_seeds": next(iter(
-        streams.values()))})}
-    for k in ("checkpoint_version", "num_floating_point_operations_so_far",
-              "rerun_state_machine"):
+    e.objects[f"{checkpoint.PREFIX}.policy"] = {
+        (0,): ((1,), {"sr_seeds": next(iter(streams.values()))})
+    }
+    for k in ("checkpoint_version", "num_floating_point_operations_so_far", "rerun_state_machine"):
         e.common.pop(k, None)
     e.common[f"{checkpoint.PREFIX}.step"] = step
     # no trainer config comes with it: the run dir that resumes it records its own
@@ -391,22 +487,43 @@ def to_ufp4(src: Path, dst: Path) -> dict:
     # for the way back (to_megatron_lm) while no trainer run has saved over it
     e.common[f"{checkpoint.PREFIX}.megatron_lm_args"] = args
     e.common[f"{checkpoint.PREFIX}.layout"] = layout
-    return _finish(dst, lambda tmp: write_entries(e, tmp, content or None),
-                   checkpoint.step_dir(dst, step), dst / "latest", str(step), step,
-                   has_rng=all("cuda_rng_state" in s[0] for _, (_, s) in rng.items()),
-                   model_only=False, source=path, checksummed=True)
+    return _finish(
+        dst,
+        lambda tmp: write_entries(e, tmp, content or None),
+        checkpoint.step_dir(dst, step),
+        dst / "latest",
+        str(step),
+        step,
+        has_rng=all("cuda_rng_state" in s[0] for _, (_, s) in rng.items()),
+        model_only=False,
+        source=path,
+        checksummed=True,
+    )
 
 
 def _fresh(dst: Path) -> None:
     if dst.exists() or dst.is_symlink():
-        raise ConversionError(f"{dst} already exists: give a new path (a conversion never "
-                              "writes into or over an existing one)")
+        raise ConversionError(
+            f"{dst} already exists: give a new path (a conversion never "
+            "writes into or over an existing one)"
+        )
     if not dst.parent.is_dir():
         raise ConversionError(f"{dst.parent} does not exist: create it first")
 
 
-def _finish(dst: Path, write, final: Path, marker: Path, text: str, step: int, *,
-            has_rng: bool, model_only: bool, source: Path, checksummed: bool) -> dict:
+def _finish(
+    dst: Path,
+    write,
+    final: Path,
+    marker: Path,
+    text: str,
+    step: int,
+    *,
+    has_rng: bool,
+    model_only: bool,
+    source: Path,
+    checksummed: bool,
+) -> dict:
     """Creates `dst` (refusing one that appeared meanwhile), writes the checkpoint dir beside
     its final name, renames it, then writes the tracker; removes `dst` again on failure."""
     try:
@@ -425,22 +542,43 @@ def _finish(dst: Path, write, final: Path, marker: Path, text: str, step: int, *
     except BaseException:
         shutil.rmtree(dst, ignore_errors=True)
         raise
-    return {"source": str(source), "written": str(final), "step": step, "rng": has_rng,
-            "optimizer": not model_only}
+    return {
+        "source": str(source),
+        "written": str(final),
+        "step": step,
+        "rng": has_rng,
+        "optimizer": not model_only,
+    }
 
 
 def model_flags(identity: dict) -> list[str]:
     """pretrain_gpt.py flags that build the trainer's model (the local route)."""
     m = identity["model"]
-    flags = ["--num-layers", m["num_layers"], "--hidden-size", m["hidden_size"],
-             "--ffn-hidden-size", m["ffn_hidden_size"], "--num-attention-heads",
-             m["num_attention_heads"], "--group-query-attention", "--num-query-groups",
-             m["num_query_groups"], "--swiglu", "--normalization", "RMSNorm",
-             "--disable-bias-linear", "--position-embedding-type", "rope", "--rotary-base",
-             m["rotary_base"], "--max-position-embeddings", m["max_seq_len"]]
+    flags = [
+        "--num-layers",
+        m["num_layers"],
+        "--hidden-size",
+        m["hidden_size"],
+        "--ffn-hidden-size",
+        m["ffn_hidden_size"],
+        "--num-attention-heads",
+        m["num_attention_heads"],
+        "--group-query-attention",
+        "--num-query-groups",
+        m["num_query_groups"],
+        "--swiglu",
+        "--normalization",
+        "RMSNorm",
+        "--disable-bias-linear",
+        "--position-embedding-type",
+        "rope",
+        "--rotary-base",
+        m["rotary_base"],
+        "--max-position-embeddings",
+        m["max_seq_len"],
+    ]
     if m.get("kv_channels"):
         flags += ["--kv-channels", m["kv_channels"]]
     if m.get("untie_embeddings", True):
         flags += ["--untie-embeddings-and-output-weights"]
     return [str(f) for f in flags]
-

@@ -16,6 +16,7 @@ either has a complete manifest or (saved without one) none. It is not a signatur
 can write the checkpoint can rewrite it; the restricted unpickling (train/unpickling.py) is
 what keeps a planted file from running code.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -52,8 +53,11 @@ def share(names: list[str], rank: int, world: int) -> list[str]:
 
 def checkpoint_files(step_dir: Path) -> list[str]:
     """The regular files of a step dir, the manifest excluded."""
-    return sorted(p.name for p in Path(step_dir).iterdir()
-                  if p.is_file() and not p.is_symlink() and p.name != MANIFEST)
+    return sorted(
+        p.name
+        for p in Path(step_dir).iterdir()
+        if p.is_file() and not p.is_symlink() and p.name != MANIFEST
+    )
 
 
 def hash_share(step_dir: Path, rank: int, world: int) -> dict[str, str]:
@@ -62,8 +66,10 @@ def hash_share(step_dir: Path, rank: int, world: int) -> dict[str, str]:
 
 
 def manifest_text(digests: dict[str, str]) -> str:
-    return json.dumps({"algorithm": ALGORITHM, "files": dict(sorted(digests.items()))},
-                      indent=2) + "\n"
+    return (
+        json.dumps({"algorithm": ALGORITHM, "files": dict(sorted(digests.items()))}, indent=2)
+        + "\n"
+    )
 
 
 def read(step_dir: Path) -> dict[str, str] | None:
@@ -81,9 +87,11 @@ def read(step_dir: Path) -> dict[str, str] | None:
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"{MANIFEST} is not JSON ({e})") from None
     files = data.get("files") if isinstance(data, dict) else None
-    if (data.get("algorithm", ALGORITHM) if isinstance(data, dict) else None) != ALGORITHM \
-            or not isinstance(files, dict) \
-            or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+    if (
+        (data.get("algorithm", ALGORITHM) if isinstance(data, dict) else None) != ALGORITHM
+        or not isinstance(files, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
+    ):
         raise ValueError(f"{MANIFEST} is not a {ALGORITHM} manifest")
     return files
 
@@ -110,6 +118,8 @@ def verify_share(step_dir: Path, manifest: dict[str, str], rank: int, world: int
         except OSError as e:
             return f"{name} is unreadable ({e.strerror or e})"
         if got != manifest[name]:
-            return (f"{name} does not match its sha256 in {MANIFEST} (the file changed after "
-                    f"it was saved: {got[:12]}... != {manifest[name][:12]}...)")
+            return (
+                f"{name} does not match its sha256 in {MANIFEST} (the file changed after "
+                f"it was saved: {got[:12]}... != {manifest[name][:12]}...)"
+            )
     return None

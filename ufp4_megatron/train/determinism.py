@@ -31,20 +31,26 @@ position and step. Refused: Megatron's fused cross entropy (torch.compile; Megat
 refuses it under --deterministic-mode too) and an SDPA kernel list holding only cuDNN (PyTorch
 has no deterministic cuDNN attention backward).
 """
+
 from __future__ import annotations
 
 import contextlib
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from .schema import Config
 
 # Megatron-LM's megatron/training/determinism.py (DETERMINISM_ENV_VAR_DEFAULTS and the values
 # it accepts); that module is not importable here (megatron/training needs Python 3.12)
-ENV_DEFAULTS = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "NCCL_ALGO": "Ring",
-                "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
-ACCEPTED = {"CUBLAS_WORKSPACE_CONFIG": (":4096:8", ":16:8"),
-            "NVTE_ALLOW_NONDETERMINISTIC_ALGO": ("0",)}
+ENV_DEFAULTS = {
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    "NCCL_ALGO": "Ring",
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",
+}
+ACCEPTED = {
+    "CUBLAS_WORKSPACE_CONFIG": (":4096:8", ":16:8"),
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO": ("0",),
+}
 NCCL_ALGOS = ("Ring", "CollnetDirect", "CollnetChain", "^NVLS")
 
 
@@ -53,14 +59,18 @@ def config_problem(cfg: Config) -> str | None:
         return None
     m = cfg.model
     if m.cross_entropy_fusion:
-        return ("train.deterministic=true with model.cross_entropy_fusion=true: the fused loss "
-                "is a torch.compile kernel with no deterministic guarantee (Megatron-LM refuses "
-                "it under --deterministic-mode too); set model.cross_entropy_fusion=false")
+        return (
+            "train.deterministic=true with model.cross_entropy_fusion=true: the fused loss "
+            "is a torch.compile kernel with no deterministic guarantee (Megatron-LM refuses "
+            "it under --deterministic-mode too); set model.cross_entropy_fusion=false"
+        )
     if m.attention_backend == "sdpa" and m.sdpa_kernels and set(m.sdpa_kernels) == {"cudnn"}:
-        return (f"train.deterministic=true with model.sdpa_kernels={list(m.sdpa_kernels)}: "
-                "cuDNN attention has no deterministic backward (PyTorch leaves it out under "
-                "deterministic algorithms); add flash or efficient, or set "
-                "model.sdpa_kernels=null")
+        return (
+            f"train.deterministic=true with model.sdpa_kernels={list(m.sdpa_kernels)}: "
+            "cuDNN attention has no deterministic backward (PyTorch leaves it out under "
+            "deterministic algorithms); add flash or efficient, or set "
+            "model.sdpa_kernels=null"
+        )
     return None
 
 
@@ -68,23 +78,26 @@ def environment_problem(env: Mapping[str, str]) -> str | None:
     for name, accepted in ACCEPTED.items():
         value = env.get(name)
         if value is not None and value not in accepted:
-            return (f"train.deterministic=true but {name}={value!r} in the environment is not "
-                    f"a deterministic setting; unset it or use {' or '.join(accepted)}")
+            return (
+                f"train.deterministic=true but {name}={value!r} in the environment is not "
+                f"a deterministic setting; unset it or use {' or '.join(accepted)}"
+            )
     algo = env.get("NCCL_ALGO")
     if algo is not None:
         tokens = [t.strip() for t in algo.split(",") if t.strip()]
         if not tokens or any(t not in NCCL_ALGOS for t in tokens):
-            return (f"train.deterministic=true but NCCL_ALGO={algo!r} in the environment may "
-                    f"reduce in a varying order (Tree's order is not fixed); unset it or use "
-                    f"{', '.join(NCCL_ALGOS)}")
+            return (
+                f"train.deterministic=true but NCCL_ALGO={algo!r} in the environment may "
+                f"reduce in a varying order (Tree's order is not fixed); unset it or use "
+                f"{', '.join(NCCL_ALGOS)}"
+            )
     return None
 
 
 def describe() -> str:
     """One line for the run's log, naming what is in force."""
     env = " ".join(f"{k}={os.environ.get(k)}" for k in ENV_DEFAULTS)
-    return ("deterministic: Megatron deterministic_mode, torch.use_deterministic_algorithms, "
-            f"{env}")
+    return f"deterministic: Megatron deterministic_mode, torch.use_deterministic_algorithms, {env}"
 
 
 @contextlib.contextmanager
@@ -99,9 +112,12 @@ def scope(cfg: Config):
     added = [k for k in ENV_DEFAULTS if k not in os.environ]
     for k in added:
         os.environ[k] = ENV_DEFAULTS[k]
-    before = (torch.are_deterministic_algorithms_enabled(),
-              torch.is_deterministic_algorithms_warn_only_enabled(),
-              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     try:

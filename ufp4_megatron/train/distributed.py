@@ -11,6 +11,7 @@ down, a TCP store on 127.0.0.1 retried its connection for torch's 30-minute defa
 A process group that cannot be made (gloo finds no network interface, NCCL fails to set
 up) is a ConfigError, one line saying what the machine lacks.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -41,8 +42,11 @@ SINGLE_PROCESS_TIMEOUT = datetime.timedelta(minutes=5)  # a collective of one wa
 
 def single_process_group(backend: str) -> None:
     """torch.distributed's default group for this process alone, over an in-process store."""
-    _make_group(lambda: dist.init_process_group(
-        backend, store=dist.HashStore(), rank=0, world_size=1, timeout=SINGLE_PROCESS_TIMEOUT))
+    _make_group(
+        lambda: dist.init_process_group(
+            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=SINGLE_PROCESS_TIMEOUT
+        )
+    )
 
 
 def _make_group(make) -> None:
@@ -52,11 +56,15 @@ def _make_group(make) -> None:
         what = " ".join(str(e).split())[:300]
         hint = ""
         if "interface" in what.lower() or "network" in what.lower():
-            hint = ("; gloo needs a network interface for its address, even alone: bring the "
-                    "loopback interface up (`ip link set lo up`) or name one with "
-                    "GLOO_SOCKET_IFNAME")
-        raise ConfigError(f"torch.distributed could not set up its process group on this "
-                          f"machine ({type(e).__name__}: {what}){hint}") from None
+            hint = (
+                "; gloo needs a network interface for its address, even alone: bring the "
+                "loopback interface up (`ip link set lo up`) or name one with "
+                "GLOO_SOCKET_IFNAME"
+            )
+        raise ConfigError(
+            f"torch.distributed could not set up its process group on this "
+            f"machine ({type(e).__name__}: {what}){hint}"
+        ) from None
 
 
 def init(cfg: ParallelConfig, runtime: Runtime, seed: int) -> Dist:
@@ -64,8 +72,10 @@ def init(cfg: ParallelConfig, runtime: Runtime, seed: int) -> Dist:
     from megatron.core import parallel_state as ps
 
     if not runtime.on_gpu and not cpu_compat_active():
-        raise RuntimeError("distributed.init on CPU outside the runtime's scope: run Megatron "
-                           "inside `with runtime.scope():` (train/runtime.py)")
+        raise RuntimeError(
+            "distributed.init on CPU outside the runtime's scope: run Megatron "
+            "inside `with runtime.scope():` (train/runtime.py)"
+        )
     if not dist.is_initialized():
         if "WORLD_SIZE" in os.environ:
             if runtime.on_gpu:
@@ -76,12 +86,16 @@ def init(cfg: ParallelConfig, runtime: Runtime, seed: int) -> Dist:
     world = dist.get_world_size()
     model_ranks = cfg.tp * cfg.pp
     if world % model_ranks:
-        raise ValueError(f"world size {world} is not divisible by parallel.tp * parallel.pp = "
-                         f"{model_ranks}; change the parallel sizes or the number of processes")
+        raise ValueError(
+            f"world size {world} is not divisible by parallel.tp * parallel.pp = "
+            f"{model_ranks}; change the parallel sizes or the number of processes"
+        )
     dp = world // model_ranks
     if cfg.dp is not None and cfg.dp != dp:
-        raise ValueError(f"parallel.dp={cfg.dp} but world size {world} / (tp*pp) gives {dp}; "
-                         f"set parallel.dp=null or launch {cfg.dp * model_ranks} processes")
+        raise ValueError(
+            f"parallel.dp={cfg.dp} but world size {world} / (tp*pp) gives {dp}; "
+            f"set parallel.dp=null or launch {cfg.dp * model_ranks} processes"
+        )
     if cfg.sp and cfg.tp == 1:
         raise ValueError("parallel.sp=true needs parallel.tp > 1")
     if not ps.model_parallel_is_initialized():

@@ -4,6 +4,7 @@ config exactly as the trainer does. `ufp4-describe` (cli/describe.py) prints the
 benchmark (bench/step.py) takes its FLOPs from them. Counts follow Megatron-Core's GPT with
 the local spec (RMSNorm, SwiGLU, GQA, no biases); tests check them against a built model.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -41,8 +42,13 @@ def count_params(m: ModelConfig) -> ParamCounts:
         expert = n_moe * m.num_experts * routed
         total += dense_part + expert
         active += dense_part + n_moe * m.moe_router_topk * routed
-    return ParamCounts(total=total, active=active, embedding=embedding,
-                       dense_per_rank_share=total - expert, expert=expert)
+    return ParamCounts(
+        total=total,
+        active=active,
+        embedding=embedding,
+        dense_per_rank_share=total - expert,
+        expert=expert,
+    )
 
 
 def memory_estimate(cfg: Config) -> dict[str, float]:
@@ -64,8 +70,12 @@ def memory_estimate(cfg: Config) -> dict[str, float]:
     per_layer = s * b * h * (34 + 5 * a * s / h) / (p.tp if p.sp or p.tp == 1 else 1)
     layers_per_stage = m.num_layers / p.pp
     act = per_layer * layers_per_stage * p.pp  # first stage keeps pp micro-batches in flight
-    out = {"weights_gib": params * 2 / gib, "grads_gib": params * 4 / gib,
-           "optimizer_gib": params * opt_bytes / gib, "activations_gib": act / gib}
+    out = {
+        "weights_gib": params * 2 / gib,
+        "grads_gib": params * 4 / gib,
+        "optimizer_gib": params * opt_bytes / gib,
+        "activations_gib": act / gib,
+    }
     out["total_gib"] = sum(out.values())
     return out
 
@@ -118,11 +128,15 @@ def describe(cfg: Config) -> str:
     c = count_params(cfg.model)
     mem = memory_estimate(cfg)
     p = cfg.parallel
-    lines = [f"model: {cfg.model.name}", f"total_params: {c.total}", f"active_params: {c.active}",
-             f"embedding_params: {c.embedding}",
-             f"layout: tp={p.tp} pp={p.pp} ep={p.ep} dp={p.dp} sp={p.sp} "
-             f"distributed_optimizer={p.distributed_optimizer} seq_len={cfg.train.seq_len} "
-             f"micro_batch={cfg.train.micro_batch}"]
+    lines = [
+        f"model: {cfg.model.name}",
+        f"total_params: {c.total}",
+        f"active_params: {c.active}",
+        f"embedding_params: {c.embedding}",
+        f"layout: tp={p.tp} pp={p.pp} ep={p.ep} dp={p.dp} sp={p.sp} "
+        f"distributed_optimizer={p.distributed_optimizer} seq_len={cfg.train.seq_len} "
+        f"micro_batch={cfg.train.micro_batch}",
+    ]
     lines += [f"per_gpu_{k}: {v:.2f}" for k, v in mem.items()]
     # the weight cache is beside the estimate above: what each train.weight_cache setting
     # adds (auto picks the largest that fits the device, train/graphs.py)

@@ -17,12 +17,14 @@ device) are not part of it: a run may resume with them changed.
 a dataclass Config, or a DictConfig (resolved key by key). All three give the same run_id.
 Imports nothing of Megatron; usable on saved config.yaml files.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 # Whole groups that define the run.
 IDENTITY_GROUPS = ("model", "precision", "data", "optim")
@@ -69,8 +71,12 @@ def _resolved_identity_nodes(cfg: Any) -> dict:
         node = cfg.get(group)
         if node is None:
             continue
-        keep = [k for k in node.keys() if (group, k) not in NON_IDENTITY_KEYS
-                and (group != "train" or k in IDENTITY_TRAIN_KEYS)]
+        keep = [
+            k
+            for k in node
+            if (group, k) not in NON_IDENTITY_KEYS
+            and (group != "train" or k in IDENTITY_TRAIN_KEYS)
+        ]
         out[group] = {k: value(node, k) for k in keep}
     return out
 
@@ -116,8 +122,7 @@ def register_resolver() -> None:
     command, computes the same dir. Register before hydra.main / compose."""
     from omegaconf import OmegaConf
 
-    OmegaConf.register_new_resolver("ufp4.run_id", lambda *, _root_: run_id(_root_),
-                                    replace=True)
+    OmegaConf.register_new_resolver("ufp4.run_id", lambda *, _root_: run_id(_root_), replace=True)
 
 
 def differences(old: Any, new: Any) -> list[str]:

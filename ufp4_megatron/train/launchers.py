@@ -5,6 +5,7 @@ hydra-submitit-launcher, which the `[slurm]` extra installs (`pip install
 'ufp4-megatron[slurm]'`; `make install` includes it). Without it Hydra says only that it cannot
 find 'hydra/launcher/submitit_local'; the trainer says what to install instead.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -27,8 +28,10 @@ def launcher_problem(overrides: list[str], installed=plugin_installed) -> str | 
         key, sep, value = override.partition("=")
         chosen = sep and key.lstrip("+") == "hydra/launcher" and value in SUBMITIT_LAUNCHERS
         if chosen and not installed():
-            return (f"hydra/launcher={value} runs the sweep's jobs through "
-                    "hydra-submitit-launcher, which is not installed here: pip install "
-                    "'ufp4-megatron[slurm]' (or hydra-submitit-launcher), or leave "
-                    "hydra/launcher out to run the jobs one after another")
+            return (
+                f"hydra/launcher={value} runs the sweep's jobs through "
+                "hydra-submitit-launcher, which is not installed here: pip install "
+                "'ufp4-megatron[slurm]' (or hydra-submitit-launcher), or leave "
+                "hydra/launcher out to run the jobs one after another"
+            )
     return None

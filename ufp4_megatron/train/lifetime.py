@@ -16,6 +16,7 @@ empty and the watchdog SIGKILLs the processes it was given, through pidfds opene
 It runs in its own process session, so a terminal's Ctrl-C or a job step's SIGTERM to the trainer's
 process group does not end it first.
 """
+
 from __future__ import annotations
 
 import os
@@ -55,9 +56,13 @@ def reap_with_me(pids: list[int]) -> subprocess.Popen | None:
     r, w = os.pipe()  # both close-on-exec: no other child inherits the write end
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-S", "-c", _WATCHDOG, str(r), *map(str, pids)], pass_fds=(r,),
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)
+            [sys.executable, "-S", "-c", _WATCHDOG, str(r), *map(str, pids)],
+            pass_fds=(r,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     finally:
         os.close(r)
     _held.append(w)

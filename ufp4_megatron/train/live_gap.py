@@ -21,6 +21,7 @@ for (`gap_vs_bf16_at_tokens`; W&B charts it against that):
 - The reference's metrics.jsonl is read incrementally; a partial last line (being written) waits
   for the next read, and a file that shrank (the reference resumed) is read again from the top.
 """
+
 from __future__ import annotations
 
 import json
@@ -98,12 +99,18 @@ class LiveGap:
         self._scanned, self._wait = float("-inf"), rescan_s
         if wanted:
             self._scan(announce=False)
-            print("live gap: " + "; ".join(
-                f"gap_vs_{r} from {c.path.parent}" if c else
-                f"no {r} run of the same model, data and seed yet under "
-                f"{', '.join(map(str, self.roots))} (looked for again in {rescan_s:.0f} s, then "
-                f"at doubling intervals)"
-                for r, c in self.refs.items()), flush=True)
+            print(
+                "live gap: "
+                + "; ".join(
+                    f"gap_vs_{r} from {c.path.parent}"
+                    if c
+                    else f"no {r} run of the same model, data and seed yet under "
+                    f"{', '.join(map(str, self.roots))} (looked for again in {rescan_s:.0f} s, then "
+                    f"at doubling intervals)"
+                    for r, c in self.refs.items()
+                ),
+                flush=True,
+            )
 
     def _scan(self, announce: bool = True) -> None:
         """Looks for the missing references, nearest first: the dirs next to this run, then
@@ -128,8 +135,10 @@ class LiveGap:
                     if announce:  # mid-run: above the progress bar, not over it
                         say(f"live gap: gap_vs_{name} from {self.refs[name].path.parent}")
                 elif runs:
-                    say(f"live gap: {len(runs)} {name} runs match ({', '.join(map(str, runs))})"
-                        f"; gap_vs_{name} not logged")
+                    say(
+                        f"live gap: {len(runs)} {name} runs match ({', '.join(map(str, runs))})"
+                        f"; gap_vs_{name} not logged"
+                    )
                     self.refs.pop(name)
 
     def log(self, record: dict) -> None:

@@ -17,6 +17,7 @@ the GPU's dense BF16 peak (a small table by device name, `logging.peak_tflops` o
 the 4-bit recipes are measured against the same BF16 peak, so their MFU compares with BF16's.
 On CPU, or on a GPU the table lacks with no override, MFU is left out rather than guessed.
 """
+
 from __future__ import annotations
 
 import sys
@@ -29,9 +30,19 @@ from .schema import ModelConfig
 # Matched against torch.cuda.get_device_name() by substring, first match wins (so the PCIe
 # and NVL parts of a family come before it).
 PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0),
-    ("H800", 989.0), ("GH200", 989.0), ("A100", 312.0), ("A800", 312.0), ("B200", 2250.0),
-    ("B100", 1750.0), ("GB200", 2500.0), ("L40S", 362.0), ("MI300X", 1307.0),
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H100", 989.0),
+    ("H200", 989.0),
+    ("H800", 989.0),
+    ("GH200", 989.0),
+    ("A100", 312.0),
+    ("A800", 312.0),
+    ("B200", 2250.0),
+    ("B100", 1750.0),
+    ("GB200", 2500.0),
+    ("L40S", 362.0),
+    ("MI300X", 1307.0),
 )
 
 
@@ -58,8 +69,9 @@ def flops_per_token(m: ModelConfig, seq_len: int) -> float:
     return 6 * n_matmul + 12 * m.num_layers * m.num_attention_heads * d * seq_len
 
 
-def throughput(*, tokens: int, seconds: float, flops_token: float, world_size: int,
-               peak: float | None) -> dict:
+def throughput(
+    *, tokens: int, seconds: float, flops_token: float, world_size: int, peak: float | None
+) -> dict:
     """tflops_per_gpu (and mfu where a peak is known) of one step."""
     tflops = flops_token * tokens / seconds / world_size / 1e12
     out = {"tflops_per_gpu": tflops}
@@ -77,18 +89,25 @@ def _si(x: float) -> str:
 
 def clock(seconds: float) -> str:
     """H:MM:SS, as tqdm and Megatron print durations."""
-    s = int(round(max(0.0, seconds)))
+    s = round(max(0.0, seconds))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def step_line(record: dict, total: int) -> str:
     """The logged step as one line (module docstring); keys a record lacks are left out."""
-    parts = [f"step {record['step']} of {total}", f"tokens {_si(record['tokens'])}",
-             f"loss {record['loss']:.4f}"]
+    parts = [
+        f"step {record['step']} of {total}",
+        f"tokens {_si(record['tokens'])}",
+        f"loss {record['loss']:.4f}",
+    ]
     if "val_loss" in record:
         parts.append(f"val_loss {record['val_loss']:.4f}")
-    parts += [f"lr {record['lr']:.2e}", f"grad_norm {record['grad_norm']:.3f}",
-              f"{record['step_time'] * 1e3:.1f} ms/it", f"{_si(record['tokens_per_s'])} tok/s"]
+    parts += [
+        f"lr {record['lr']:.2e}",
+        f"grad_norm {record['grad_norm']:.3f}",
+        f"{record['step_time'] * 1e3:.1f} ms/it",
+        f"{_si(record['tokens_per_s'])} tok/s",
+    ]
     if "tflops_per_gpu" in record:
         parts.append(f"{record['tflops_per_gpu']:.3g} TFLOP/s/GPU")
     if "mfu" in record:
@@ -104,12 +123,15 @@ def params_line(m: ModelConfig, local: int, world_size: int) -> str:
     """The parameter count printed at start: the model's (config) and what this rank holds."""
     c = count_params(m)
     active = f", {c.active:,} active per token" if c.active != c.total else ""
-    return (f"model {m.name}: {c.total:,} parameters ({c.embedding:,} embedding{active}); "
-            f"rank 0 holds {local:,}" + (f" of {world_size} ranks" if world_size > 1 else ""))
+    return (
+        f"model {m.name}: {c.total:,} parameters ({c.embedding:,} embedding{active}); "
+        f"rank 0 holds {local:,}" + (f" of {world_size} ranks" if world_size > 1 else "")
+    )
 
 
-def summary_line(records: list[dict], *, start: int, total: int, wall_s: float, run_dir,
-                 stopped: bool) -> str:
+def summary_line(
+    records: list[dict], *, start: int, total: int, wall_s: float, run_dir, stopped: bool
+) -> str:
     """The run's last line: how far it got, its last losses, wall time, where it is."""
     if not records:
         return f"done: no step trained in this start ({wall_s:.1f} s); run dir {run_dir}"
@@ -117,8 +139,10 @@ def summary_line(records: list[dict], *, start: int, total: int, wall_s: float, 
     val = next((r for r in reversed(records) if "val_loss" in r), None)
     what = "stopped" if stopped else "done"
     val_text = f", val loss {val['val_loss']:.4f} (step {val['step']})" if val else ""
-    return (f"{what}: steps {start + 1}-{last['step']} of {total} in {clock(wall_s)} (wall), "
-            f"loss {last['loss']:.4f}{val_text}; run dir {run_dir}")
+    return (
+        f"{what}: steps {start + 1}-{last['step']} of {total} in {clock(wall_s)} (wall), "
+        f"loss {last['loss']:.4f}{val_text}; run dir {run_dir}"
+    )
 
 
 def say(line: str) -> None:
@@ -145,6 +169,7 @@ class Progress:
         self.bar = None
         if mode == "bar" or (mode == "auto" and tty):
             from tqdm import tqdm
+
             self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
         elif mode not in ("auto", "plain", "bar"):
             raise ValueError(f"logging.progress={mode!r}; valid: auto, bar, plain")
@@ -165,15 +190,17 @@ class Progress:
         """Called every step."""
         step, val = record["step"], record.get("val_loss")
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{record['loss']:.4f}",
-                                 tok_s=f"{record['tokens_per_s']:.0f}")
+            self.bar.set_postfix(
+                loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}"
+            )
             self.bar.update(1)
             if val is not None or step % self.print_interval == 0:
                 self.write(step_line(record, self.total))
         elif step % self.print_interval == 0 or step == self.total or val is not None:
             elapsed, eta = self.eta(step)
-            self.write(f"{step_line(record, self.total)} | elapsed {clock(elapsed)} | "
-                       f"ETA {clock(eta)}")
+            self.write(
+                f"{step_line(record, self.total)} | elapsed {clock(elapsed)} | ETA {clock(eta)}"
+            )
 
     def close(self) -> None:
         if self.bar is not None:

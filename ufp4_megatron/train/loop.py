@@ -1,9 +1,10 @@
 """The training loop: straight-line, one global batch per step.
 
-    decide the runtime (train/runtime.py) -> inside its scope: set up ranks -> recipe ->
-    model -> optimizer -> data -> resume? -> for step: fwd/bwd (Megatron's
-    get_forward_backward_func), optimizer step, log, maybe checkpoint / stop.
+decide the runtime (train/runtime.py) -> inside its scope: set up ranks -> recipe ->
+model -> optimizer -> data -> resume? -> for step: fwd/bwd (Megatron's
+get_forward_backward_func), optimizer step, log, maybe checkpoint / stop.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,9 +17,17 @@ import torch.distributed as dist
 
 from .. import weight_cache
 from ..data import datasets as data
-from . import checkpoint, distributed, log_line, model as model_lib, optim, resume_check, schedule
-from . import wandb_run
-from . import determinism
+from . import (
+    checkpoint,
+    determinism,
+    distributed,
+    log_line,
+    optim,
+    resume_check,
+    schedule,
+    wandb_run,
+)
+from . import model as model_lib
 from . import runtime as runtime_lib
 from .live_gap import LiveGap
 from .metrics import MetricsFile
@@ -61,8 +70,10 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
     run = checkpoint.owner(cfg, run_dir)
     # every rank must write the same run: one that resolved another dir (a relative path
     # under another working directory) would resume or save elsewhere
-    checkpoint.agree("the run dir and checkpoint dir",
-                     (run["run_dir"], str(Path(ckpt_dir).resolve()), run["run_id"]))
+    checkpoint.agree(
+        "the run dir and checkpoint dir",
+        (run["run_dir"], str(Path(ckpt_dir).resolve()), run["run_id"]),
+    )
     recipe = recipe_from_config(cfg.precision)
     check_bf16_layers(cfg.precision, cfg.model.num_layers)
     model, policy = model_lib.build_model(cfg, recipe, rt.dtype, device,
@@ -74,10 +85,15 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
     n_evals = t.steps // t.eval_interval + 1 if t.eval_interval else 0
     n_valid = max(1, n_evals * t.eval_iters * t.global_batch)
     masks = model_lib.needs_attention_mask(cfg)  # only the unfused attention reads one
-    train_ds, valid_ds = data.build_datasets(cfg.data, seed=t.seed, seq_len=t.seq_len,
-                                             vocab_size=cfg.model.vocab_size,
-                                             n_train=t.steps * t.global_batch, n_valid=n_valid,
-                                             create_attention_mask=masks)
+    train_ds, valid_ds = data.build_datasets(
+        cfg.data,
+        seed=t.seed,
+        seq_len=t.seq_len,
+        vocab_size=cfg.model.vocab_size,
+        n_train=t.steps * t.global_batch,
+        n_valid=n_valid,
+        create_attention_mask=masks,
+    )
     extra = {"policy": policy, "lr_schedule": opt.scheduler}  # SR-seed stream, LR state
 
     start = 0
@@ -90,23 +106,31 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
         print(rt.describe(), flush=True)
         if cfg.train.deterministic:
             print(determinism.describe(), flush=True)
-        print(log_line.params_line(cfg.model, sum(p.numel() for p in model.parameters()),
-                                   env.world_size), flush=True)
+        print(
+            log_line.params_line(
+                cfg.model, sum(p.numel() for p in model.parameters()), env.world_size
+            ),
+            flush=True,
+        )
     if is_main and start and (note := optim.resumed_schedule_note(opt.scheduler, cfg)):
         print(note, flush=True)
     metrics = MetricsFile(run_dir / "metrics.jsonl", start) if is_main else None
     wb = wandb_run.start(cfg, run_dir) if is_main else None
     live = LiveGap(cfg, run_dir, wb) if wb is not None else None  # gap_vs_bf16, ...
-    progress = (log_line.Progress(cfg.logging.progress, t.steps, start,
-                                  cfg.logging.print_interval) if is_main else None)
+    progress = (
+        log_line.Progress(cfg.logging.progress, t.steps, start, cfg.logging.print_interval)
+        if is_main
+        else None
+    )
     tboard = None
     if is_main and cfg.logging.tensorboard:
         from .tensorboard_log import TensorBoard
 
         tboard = TensorBoard(run_dir)
     flops_token = log_line.flops_per_token(cfg.model, t.seq_len)
-    peak = log_line.peak_tflops(torch.cuda.get_device_name() if rt.on_gpu else None,
-                                cfg.logging.peak_tflops)
+    peak = log_line.peak_tflops(
+        torch.cuda.get_device_name() if rt.on_gpu else None, cfg.logging.peak_tflops
+    )
     probes = None
     if is_main and cfg.logging.wandb.diagnostics_interval and recipe.quantized:
         probes = LayerProbes(model, list(cfg.logging.wandb.diagnostics_layers), recipe)
@@ -134,12 +158,22 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
         step += 1
         _stop_if_not_finite(step, {"loss": loss, "grad_norm": grad_norm}, ckpt_dir)
         stop.steps_done = step
-        record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                  "tokens": step * tokens_per_step, "step_time": time.perf_counter() - t0}
+        record = {
+            "step": step,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": step * tokens_per_step,
+            "step_time": time.perf_counter() - t0,
+        }
         record["tokens_per_s"] = tokens_per_step / record["step_time"]
-        record |= log_line.throughput(tokens=tokens_per_step, seconds=record["step_time"],
-                                      flops_token=flops_token, world_size=env.world_size,
-                                      peak=peak)
+        record |= log_line.throughput(
+            tokens=tokens_per_step,
+            seconds=record["step_time"],
+            flops_token=flops_token,
+            world_size=env.world_size,
+            peak=peak,
+        )
         if t.eval_interval and (step % t.eval_interval == 0 or step == t.steps):
             record["val_loss"] = _validate(cfg, train_model, valid_ds, env, rt, n_micro)
             _stop_if_not_finite(step, {"val_loss": record["val_loss"]}, ckpt_dir)
@@ -163,19 +197,34 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
                 tboard.log(record)
             progress.update(record)
         stopping = stop.requested()
-        if stopping or (cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or (
-                step == t.steps and cfg.checkpoint.save_at_end):
+        if (
+            stopping
+            or (cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0)
+            or (step == t.steps and cfg.checkpoint.save_at_end)
+        ):
             t_save = time.perf_counter()
             _stop_if_params_not_finite(step, model, rt, ckpt_dir)
-            checkpoint.save(ckpt_dir, step, model, opt, extra, cfg.checkpoint.keep, runtime=rt,
-                            run=run, checksummed=cfg.checkpoint.checksums)
+            checkpoint.save(
+                ckpt_dir,
+                step,
+                model,
+                opt,
+                extra,
+                cfg.checkpoint.keep,
+                runtime=rt,
+                run=run,
+                checksummed=cfg.checkpoint.checksums,
+            )
             if is_main:  # a save's cost is a user's question at scale (and the step table's)
-                progress.write(f"checkpoint: saved step {step} in "
-                               f"{time.perf_counter() - t_save:.1f} s")
+                progress.write(
+                    f"checkpoint: saved step {step} in {time.perf_counter() - t_save:.1f} s"
+                )
         if stopping:
             if is_main:
-                progress.write(f"stop signal ({stop.describe()}): saved step {step} to "
-                               f"{ckpt_dir}; rerun to resume")
+                progress.write(
+                    f"stop signal ({stop.describe()}): saved step {step} to "
+                    f"{ckpt_dir}; rerun to resume"
+                )
             break
 
     if is_main:
@@ -185,9 +234,17 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
             tboard.close()
         if wb is not None:
             wb.finish()
-        print(log_line.summary_line(records, start=start, total=t.steps, run_dir=run_dir,
-                                    wall_s=time.perf_counter() - t_start, stopped=stopping),
-              flush=True)
+        print(
+            log_line.summary_line(
+                records,
+                start=start,
+                total=t.steps,
+                run_dir=run_dir,
+                wall_s=time.perf_counter() - t_start,
+                stopped=stopping,
+            ),
+            flush=True,
+        )
     distributed.shutdown()
     if stopping and stop.exit_status:  # Ctrl-C: saved, and says so with the shell's 130
         raise SystemExit(stop.exit_status)
@@ -203,11 +260,11 @@ def _stop_if_not_finite(step: int, values: dict, ckpt_dir: Path) -> None:
         raise checkpoint.RunFailed(
             f"step {step}: {', '.join(f'{k} is {v}' for k, v in bad.items())}; stopped without "
             f"saving or logging this step. {_last_checkpoint(ckpt_dir)}. Look for the cause "
-            "(a learning rate or init too large, a data problem) before resuming")
+            "(a learning rate or init too large, a data problem) before resuming"
+        )
 
 
-def _stop_if_params_not_finite(step: int, model, rt: runtime_lib.Runtime,
-                               ckpt_dir: Path) -> None:
+def _stop_if_params_not_finite(step: int, model, rt: runtime_lib.Runtime, ckpt_dir: Path) -> None:
     """The weights about to be saved are finite on every rank (an update can make them Inf
     with a finite loss and gradient norm: optim.lr=inf)."""
     flags = [torch.isfinite(p).all() for p in model.parameters()]  # one sync, not one each
@@ -219,7 +276,8 @@ def _stop_if_params_not_finite(step: int, model, rt: runtime_lib.Runtime,
         raise checkpoint.RunFailed(
             f"step {step}: the model's weights hold NaN or Inf after the update; not saved. "
             f"{_last_checkpoint(ckpt_dir)}. Look for the cause (a learning rate too large?) "
-            "before resuming")
+            "before resuming"
+        )
 
 
 def _last_checkpoint(ckpt_dir: Path) -> str:
@@ -236,17 +294,26 @@ def _validate(cfg, model, valid_ds, env, rt, n_micro) -> float:
     losses = []
     for i in range(cfg.train.eval_iters):
         reports = schedule.forward_backward(
-            model, _batches(valid_ds, i, cfg, env, rt.device),
-            n_micro=n_micro, seq_len=cfg.train.seq_len, micro_batch=cfg.train.micro_batch,
-            forward_only=True)
+            model,
+            _batches(valid_ds, i, cfg, env, rt.device),
+            n_micro=n_micro,
+            seq_len=cfg.train.seq_len,
+            micro_batch=cfg.train.micro_batch,
+            forward_only=True,
+        )
         losses.append(_mean_loss(reports, rt))
     model.train()
     return sum(losses) / len(losses)
 
 
-
 def _batches(dataset, step: int, cfg: Config, env, device):
     t = cfg.train
-    return data.micro_batches(dataset, step, global_batch=t.global_batch,
-                              micro_batch=t.micro_batch, dp=env.dp, dp_rank=env.dp_rank,
-                              device=device)
+    return data.micro_batches(
+        dataset,
+        step,
+        global_batch=t.global_batch,
+        micro_batch=t.micro_batch,
+        dp=env.dp,
+        dp_rank=env.dp_rank,
+        device=device,
+    )

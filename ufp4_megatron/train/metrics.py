@@ -1,11 +1,11 @@
 """<run dir>/metrics.jsonl: one JSON object per logged step (the console view: log_line.py)."""
+
 from __future__ import annotations
 
 import json
 import os
 import sys
 from pathlib import Path
-
 
 BAD = ".bad"  # metrics.jsonl.bad: unreadable lines, as they were
 SUPERSEDED = ".superseded"  # metrics.jsonl.superseded: records of steps trained again
@@ -26,20 +26,33 @@ class MetricsFile:
             lines = self.path.read_text(errors="replace").splitlines()
             if bad:
                 _aside(self.path, BAD, [lines[n - 1] for n in bad])
-                why = ("cut short (a run killed mid-write)" if bad == [last]
-                       else "not JSON step records (damaged or edited)")
-                print(f"WARNING: {self.path}: line(s) {', '.join(map(str, bad))} {why}: "
-                      f"moved to {self.path}{BAD}; kept {len(rows)}", file=sys.stderr,
-                      flush=True)
+                why = (
+                    "cut short (a run killed mid-write)"
+                    if bad == [last]
+                    else "not JSON step records (damaged or edited)"
+                )
+                print(
+                    f"WARNING: {self.path}: line(s) {', '.join(map(str, bad))} {why}: "
+                    f"moved to {self.path}{BAD}; kept {len(rows)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             past = [(line, row) for line, row in rows if row["step"] > resumed_step]
             if past:
                 _aside(self.path, SUPERSEDED, [line for line, _ in past])
                 steps = [row["step"] for _, row in past]
-                where = f"the checkpoint's step {resumed_step}" if resumed_step else \
-                    "step 0 (no checkpoint to resume)"
-                print(f"note: {self.path}: {len(past)} record(s) of steps {min(steps)}-"
-                      f"{max(steps)} are past {where}; those steps train again: moved to "
-                      f"{self.path}{SUPERSEDED}", file=sys.stderr, flush=True)
+                where = (
+                    f"the checkpoint's step {resumed_step}"
+                    if resumed_step
+                    else "step 0 (no checkpoint to resume)"
+                )
+                print(
+                    f"note: {self.path}: {len(past)} record(s) of steps {min(steps)}-"
+                    f"{max(steps)} are past {where}; those steps train again: moved to "
+                    f"{self.path}{SUPERSEDED}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if bad or past:
                 from .checkpoint import write_atomic
 
@@ -57,8 +70,7 @@ class MetricsFile:
 
 
 def _aside(path: Path, suffix: str, lines: list[str]) -> None:
-    fd = os.open(f"{path}{suffix}", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
-                 0o644)
+    fd = os.open(f"{path}{suffix}", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "a") as f:
         f.write("".join(line + "\n" for line in lines))
         f.flush()
@@ -98,7 +110,9 @@ def read_metrics(path: Path, note=None) -> list[dict]:
         if note is not None:
             note(f"{path}: skipped a partial last line (a run killed mid-write)")
     elif bad:
-        raise ValueError(f"{path}:{bad[0]}: not a JSON step record ({len(bad)} unreadable "
-                         "line(s)); repair or remove it (a resume of its run moves them to "
-                         f"{Path(path).name}{BAD})")
+        raise ValueError(
+            f"{path}:{bad[0]}: not a JSON step record ({len(bad)} unreadable "
+            "line(s)); repair or remove it (a resume of its run moves them to "
+            f"{Path(path).name}{BAD})"
+        )
     return [row for _, row in rows]

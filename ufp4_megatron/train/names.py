@@ -7,6 +7,7 @@ component: not empty, no `/` or `\\`, not `.` or `..`, no control characters, sh
 a file name. `hydra.run.dir` is a path by design, but an empty one would train into the
 current directory: refused too.
 """
+
 from __future__ import annotations
 
 NAMED = ("experiment", "model.name", "precision.name")
@@ -29,15 +30,19 @@ def name_problem(key: str, value) -> str | None:
         what = f"is {len(v)} characters long (at most {_MAX})"
     if what is None:
         return None
-    return (f"{key}={v!r} {what}; it names a directory of the run dir (runs/<experiment>/"
-            "<model.name>-<precision.name>-...), so it must be one plain name, e.g. "
-            f"{key}=my_{key.split('.')[0]}")
+    return (
+        f"{key}={v!r} {what}; it names a directory of the run dir (runs/<experiment>/"
+        "<model.name>-<precision.name>-...), so it must be one plain name, e.g. "
+        f"{key}=my_{key.split('.')[0]}"
+    )
 
 
 def run_dir_problem(value) -> str | None:
     if value is None or not str(value).strip():
-        return ("hydra.run.dir is empty, which would train into the current directory; give "
-                "a directory (hydra.run.dir=runs/my_run), or drop it for the default under runs/")
+        return (
+            "hydra.run.dir is empty, which would train into the current directory; give "
+            "a directory (hydra.run.dir=runs/my_run), or drop it for the default under runs/"
+        )
     return None
 
 

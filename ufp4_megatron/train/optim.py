@@ -12,6 +12,7 @@ increments. Warmup is then lr * (s + 1) / warmup_steps, as before this module us
 scheduler, and the last update of a run runs at min_lr. (Megatron-LM evaluates after s
 increments, so its first update runs at lr_warmup_init, 0 by default.)
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,22 +28,40 @@ class MegatronOptimizer:
     """Megatron-Core DDP + optimizer + LR scheduler; `model` is the DDP-wrapped module."""
 
     def __init__(self, model: torch.nn.Module, cfg: Config, runtime: Runtime):
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         o, distributed = cfg.optim, runtime.distributed_optimizer
-        ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                use_distributed_optimizer=distributed)
-        self.model = DistributedDataParallel(config=model.config, ddp_config=ddp_cfg, module=model,
-                                             full_param_layout=_param_layout(model, ddp_cfg))
+        ddp_cfg = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=distributed,
+        )
+        self.model = DistributedDataParallel(
+            config=model.config,
+            ddp_config=ddp_cfg,
+            module=model,
+            full_param_layout=_param_layout(model, ddp_cfg),
+        )
         model.config.finalize_model_grads_func = finalize_model_grads
         model.config.no_sync_func = self.model.no_sync
         opt_cfg = OptimizerConfig(
-            optimizer="adam", lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay,
-            adam_beta1=o.beta1, adam_beta2=o.beta2, adam_eps=o.eps, clip_grad=o.clip_grad,
-            bf16=model.config.bf16, params_dtype=model.config.params_dtype,
-            use_distributed_optimizer=distributed)
+            optimizer="adam",
+            lr=o.lr,
+            min_lr=o.min_lr,
+            weight_decay=o.weight_decay,
+            adam_beta1=o.beta1,
+            adam_beta2=o.beta2,
+            adam_eps=o.eps,
+            clip_grad=o.clip_grad,
+            bf16=model.config.bf16,
+            params_dtype=model.config.params_dtype,
+            use_distributed_optimizer=distributed,
+        )
         self.opt = get_megatron_optimizer(opt_cfg, [self.model])
         select_adam_kernel(self.opt, runtime.adam)
         self.scheduler = build_scheduler(self.opt, cfg)
@@ -79,8 +98,11 @@ class MegatronOptimizer:
         parts = [state] if len(chained) == 1 else [v for _, v in sorted(state.items())]
         later = []
         for sub, part in zip(chained, parts):
-            if (_torch_adam(sub) is not None and isinstance(part, dict)
-                    and part.get("param_state_sharding_type") == "fully_reshardable"):
+            if (
+                _torch_adam(sub) is not None
+                and isinstance(part, dict)
+                and part.get("param_state_sharding_type") == "fully_reshardable"
+            ):
                 later.append((sub, part.pop("param_state")))
                 part.pop("param_state_sharding_type")
         with torch.no_grad():  # copies into parameters (fp32 main params are views of them)
@@ -127,8 +149,9 @@ def _step_tensor(value: float, group: dict, param: torch.Tensor) -> torch.Tensor
     """A torch Adam 'step' as torch itself creates it: float32 on the parameter's device for the
     fused (or capturable) kernel, which reads it there; on the CPU otherwise."""
     on_param = group.get("fused") or group.get("capturable")
-    return torch.tensor(value, dtype=torch.float32,
-                        device=param.device if on_param else torch.device("cpu"))
+    return torch.tensor(
+        value, dtype=torch.float32, device=param.device if on_param else torch.device("cpu")
+    )
 
 
 def _torch_adam(sub) -> torch.optim.Optimizer | None:
@@ -150,9 +173,12 @@ def _param_layout(model: torch.nn.Module, ddp_cfg):
     if not ddp_cfg.use_distributed_optimizer:
         return None
     return DistributedOptimizer.compute_full_param_layout(
-        [q for q in model.parameters() if q.requires_grad], None,
-        ps.get_data_parallel_world_size(with_context_parallel=True), ddp_cfg,
-        expert_data_parallel_world_size=ps.get_expert_data_parallel_world_size())
+        [q for q in model.parameters() if q.requires_grad],
+        None,
+        ps.get_data_parallel_world_size(with_context_parallel=True),
+        ddp_cfg,
+        expert_data_parallel_world_size=ps.get_expert_data_parallel_world_size(),
+    )
 
 
 def check_schedule(cfg: Config) -> None:
@@ -165,18 +191,25 @@ def check_schedule(cfg: Config) -> None:
     if not 0 <= o.min_lr <= o.lr:
         raise ValueError(f"optim.min_lr={o.min_lr} must be in [0, optim.lr={o.lr}]")
     if o.decay_steps is not None and o.decay_steps <= o.warmup_steps:
-        raise ValueError(f"optim.decay_steps={o.decay_steps} must exceed optim.warmup_steps="
-                         f"{o.warmup_steps}; or set optim.decay_steps=null (= train.steps)")
+        raise ValueError(
+            f"optim.decay_steps={o.decay_steps} must exceed optim.warmup_steps="
+            f"{o.warmup_steps}; or set optim.decay_steps=null (= train.steps)"
+        )
     if o.decay_style == "WSD":
         if o.wsd_decay_steps is None or o.wsd_decay_steps < 1:
-            raise ValueError("optim.decay_style=WSD needs optim.wsd_decay_steps >= 1 (the length "
-                             "of the final decay)")
+            raise ValueError(
+                "optim.decay_style=WSD needs optim.wsd_decay_steps >= 1 (the length "
+                "of the final decay)"
+            )
         if o.wsd_decay_style not in WSD_DECAY_STYLES:
-            raise ValueError(f"optim.wsd_decay_style={o.wsd_decay_style!r}; valid: "
-                             f"{', '.join(WSD_DECAY_STYLES)}")
+            raise ValueError(
+                f"optim.wsd_decay_style={o.wsd_decay_style!r}; valid: {', '.join(WSD_DECAY_STYLES)}"
+            )
         if o.wsd_decay_steps > decay_steps(cfg) - o.warmup_steps:
-            raise ValueError(f"optim.wsd_decay_steps={o.wsd_decay_steps} is longer than the "
-                             f"decay phase ({decay_steps(cfg)} - {o.warmup_steps} warmup steps)")
+            raise ValueError(
+                f"optim.wsd_decay_steps={o.wsd_decay_steps} is longer than the "
+                f"decay phase ({decay_steps(cfg)} - {o.warmup_steps} warmup steps)"
+            )
 
 
 def decay_steps(cfg: Config) -> int:
@@ -195,12 +228,22 @@ def build_scheduler(optimizer, cfg: Config):
     check_schedule(cfg)
     o = cfg.optim
     return OptimizerParamScheduler(
-        optimizer, init_lr=0.0, max_lr=o.lr, min_lr=o.min_lr, lr_warmup_steps=o.warmup_steps,
-        lr_decay_steps=decay_steps(cfg), lr_decay_style=o.decay_style,
-        start_wd=o.weight_decay, end_wd=o.weight_decay, wd_incr_steps=decay_steps(cfg),
-        wd_incr_style="constant", use_checkpoint_opt_param_scheduler=True,
-        override_opt_param_scheduler=False, wsd_decay_steps=o.wsd_decay_steps,
-        lr_wsd_decay_style=o.wsd_decay_style)
+        optimizer,
+        init_lr=0.0,
+        max_lr=o.lr,
+        min_lr=o.min_lr,
+        lr_warmup_steps=o.warmup_steps,
+        lr_decay_steps=decay_steps(cfg),
+        lr_decay_style=o.decay_style,
+        start_wd=o.weight_decay,
+        end_wd=o.weight_decay,
+        wd_incr_steps=decay_steps(cfg),
+        wd_incr_style="constant",
+        use_checkpoint_opt_param_scheduler=True,
+        override_opt_param_scheduler=False,
+        wsd_decay_steps=o.wsd_decay_steps,
+        lr_wsd_decay_style=o.wsd_decay_style,
+    )
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Config, runtime: Runtime) -> MegatronOptimizer:
@@ -213,6 +256,8 @@ def resumed_schedule_note(scheduler, cfg: Config) -> str | None:
     asked = decay_steps(cfg)
     if scheduler.lr_decay_steps == asked:
         return None
-    return (f"LR schedule continues the checkpoint's: {scheduler.lr_decay_style} decay over "
-            f"{scheduler.lr_decay_steps} steps (this config alone would decay over {asked}); "
-            f"steps past {scheduler.lr_decay_steps} run at min_lr={scheduler.min_lr:g}")
+    return (
+        f"LR schedule continues the checkpoint's: {scheduler.lr_decay_style} decay over "
+        f"{scheduler.lr_decay_steps} steps (this config alone would decay over {asked}); "
+        f"steps past {scheduler.lr_decay_steps} run at min_lr={scheduler.min_lr:g}"
+    )

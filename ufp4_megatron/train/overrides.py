@@ -16,13 +16,18 @@ mistyped key ("To append to your config use +train.stepz=3") leads to a config t
 and trains with the key ignored: a key the schema (train/schema.py) does not declare is
 refused too, except inside its free-form dicts (precision.overrides).
 """
+
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
 
-_DETAIL = ("full_key:", "object_type=", "reference_type=", "Set the environment variable "
-           "HYDRA_FULL_ERROR")
+_DETAIL = (
+    "full_key:",
+    "object_type=",
+    "reference_type=",
+    "Set the environment variable HYDRA_FULL_ERROR",
+)
 
 
 def one_line(message: str) -> str:
@@ -104,8 +109,9 @@ def _configs():
     many configs in one context)."""
     from hydra.core.global_hydra import GlobalHydra
 
-    return contextlib.nullcontext() if GlobalHydra.instance().is_initialized() else \
-        training_configs()
+    return (
+        contextlib.nullcontext() if GlobalHydra.instance().is_initialized() else training_configs()
+    )
 
 
 def missing_problem(cfg) -> str | None:
@@ -123,8 +129,10 @@ def missing_problem(cfg) -> str | None:
     groups = [k for k in missing if "." not in k]
     if groups:
         options = sorted(p.stem for p in (Path(CONFIG_DIR) / groups[0]).glob("*.yaml"))
-        hint = (f"; the trainer has no default for it (`~{groups[0]}` removes the group): "
-                f"choose one of {', '.join(options)}, e.g. {groups[0]}={options[0]}")
+        hint = (
+            f"; the trainer has no default for it (`~{groups[0]}` removes the group): "
+            f"choose one of {', '.join(options)}, e.g. {groups[0]}={options[0]}"
+        )
     else:
         hint = "; set it on the command line or in the YAML that leaves it out"
     return f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set{hint}"
@@ -146,9 +154,11 @@ def schema_problem(cfg) -> str | None:
     """None, or one line for the first key of a composed config that the schema does not
     declare (what a `+` override adds: composes, then nothing reads it)."""
     for key, fields in _keys_outside_schema(cfg):
-        return (f"{key} is not a key of the training config, so nothing would read it (a '+' "
-                f"adds it, as Hydra's hint says, but the trainer ignores it); check the "
-                f"spelling: {key.rpartition('.')[0] or 'the top level'} has {', '.join(fields)}")
+        return (
+            f"{key} is not a key of the training config, so nothing would read it (a '+' "
+            f"adds it, as Hydra's hint says, but the trainer ignores it); check the "
+            f"spelling: {key.rpartition('.')[0] or 'the top level'} has {', '.join(fields)}"
+        )
     return None
 
 
@@ -164,7 +174,7 @@ def _keys_outside_schema(node, prefix: str = ""):
     names = None
     if dataclasses.is_dataclass(schema):
         names = [f.name for f in dataclasses.fields(schema)]
-    for key in node.keys():
+    for key in node:
         if names is not None and key not in names:
             yield f"{prefix}{key}", names
         if OmegaConf.is_missing(node, key) or OmegaConf.is_interpolation(node, key):

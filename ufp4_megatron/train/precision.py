@@ -9,13 +9,23 @@ switch it leaves unset resolves to the preset's (`${ufp4.preset:...}`, the schem
 defaults; train/preset_switches.py), so the run's config.yaml records every switch and a YAML
 that omits `rht` runs its preset's RHT.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
-from ..recipe import (ABLATION_PRESET, ABLATIONS, GEMMS, OPERAND_NAMES, PRESETS, Recipe,
-                      get_recipe, list_recipes)
+from ..recipe import (
+    ABLATION_PRESET,
+    ABLATIONS,
+    GEMMS,
+    OPERAND_NAMES,
+    PRESETS,
+    Recipe,
+    get_recipe,
+    list_recipes,
+)
 from .preset_switches import preset_switches
 
 if TYPE_CHECKING:
@@ -30,8 +40,9 @@ def recipe_from_config(cfg: PrecisionConfig) -> Recipe:
     field by its get_recipe path: +precision.overrides.fprop.x.grid=e2m1.
     """
     if cfg.recipe not in list_recipes():
-        raise ValueError(f"precision.recipe={cfg.recipe!r} is not a recipe; valid: "
-                         f"{', '.join(list_recipes())}")
+        raise ValueError(
+            f"precision.recipe={cfg.recipe!r} is not a recipe; valid: {', '.join(list_recipes())}"
+        )
     preset = preset_switches(PRESETS[cfg.recipe])
     rht = _or_preset(cfg.rht, preset["rht"])
     sr = _or_preset(cfg.sr, preset["sr"])
@@ -72,25 +83,35 @@ def switch_overrides(preset: str, overrides: Mapping[str, Any]) -> tuple[str, ..
     out = []
     for key, value in overrides.items():
         if key not in ("rht", "sr") or isinstance(value, (str, bool)):
-            raise ValueError(f"override {key}={value!r} has no precision switch; give rht or "
-                             "sr as a tuple of names, or use +precision.overrides.<path>")
+            raise ValueError(
+                f"override {key}={value!r} has no precision switch; give rht or "
+                "sr as a tuple of names, or use +precision.overrides.<path>"
+            )
         names = GEMMS if key == "rht" else OPERAND_NAMES
         on = set(value)
         if on - set(names):
-            raise ValueError(f"override {key}={value!r}: unknown names {sorted(on - set(names))}; "
-                             f"valid: {', '.join(names)}")
-        out += [f"precision.{key}.{n}={str(n in on).lower()}" for n in names
-                if (n in on) != stated[key][n]]
+            raise ValueError(
+                f"override {key}={value!r}: unknown names {sorted(on - set(names))}; "
+                f"valid: {', '.join(names)}"
+            )
+        out += [
+            f"precision.{key}.{n}={str(n in on).lower()}"
+            for n in names
+            if (n in on) != stated[key][n]
+        ]
     return tuple(out)
 
 
 # recipe.ABLATIONS as the launcher passes them after `precision=ufp4 precision.name=<name>`
 ABLATION_OVERRIDES: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {name: switch_overrides(ABLATION_PRESET, o) for name, o in ABLATIONS.items()})
+    {name: switch_overrides(ABLATION_PRESET, o) for name, o in ABLATIONS.items()}
+)
 
 
 def check_bf16_layers(cfg: PrecisionConfig, num_layers: int) -> None:
     start, end = cfg.bf16_layers.start, cfg.bf16_layers.end
     if start < 0 or end < 0 or start + end > num_layers:
-        raise ValueError(f"precision.bf16_layers start={start} end={end} must be >= 0 and sum "
-                         f"to at most model.num_layers={num_layers}")
+        raise ValueError(
+            f"precision.bf16_layers start={start} end={end} must be >= 0 and sum "
+            f"to at most model.num_layers={num_layers}"
+        )

@@ -7,6 +7,7 @@ Recipe conversion (train/precision.py), which read it.
     preset_switch(name, key)      one switch of preset `name` (the resolver)
     register_preset_resolver()    registers it with OmegaConf (train/schema.register_configs)
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -24,18 +25,27 @@ def preset_switches(recipe: Recipe) -> dict[str, dict[str, Any]]:
     stochastically in one GEMM and not in another) is refused: state it by dotted overrides."""
     sizes = {spec.rht for g in GEMMS if (spec := getattr(recipe, g)) is not None and spec.rht}
     if len(sizes) > 1:
-        raise ValueError(f"recipe {recipe.name!r} uses RHT sizes {sorted(sizes)}: one "
-                         "precision.rht.size cannot state it")
-    rht: dict[str, Any] = {g: getattr(recipe, g) is not None and getattr(recipe, g).rht is not None
-                           for g in GEMMS}
+        raise ValueError(
+            f"recipe {recipe.name!r} uses RHT sizes {sorted(sizes)}: one "
+            "precision.rht.size cannot state it"
+        )
+    rht: dict[str, Any] = {
+        g: getattr(recipe, g) is not None and getattr(recipe, g).rht is not None for g in GEMMS
+    }
     rht |= {"size": sizes.pop() if sizes else RHT_SIZE, "seed": recipe.rht_seed}
     sr = {}
     for name in OPERAND_NAMES:
-        rounding = {op.rounding for g in GEMMS for n, op in recipe.operands(g)
-                    if n == name and op is not None}
+        rounding = {
+            op.rounding
+            for g in GEMMS
+            for n, op in recipe.operands(g)
+            if n == name and op is not None
+        }
         if len(rounding) > 1:
-            raise ValueError(f"recipe {recipe.name!r} rounds {name} stochastically in some "
-                             f"GEMMs only: one precision.sr.{name} cannot state it")
+            raise ValueError(
+                f"recipe {recipe.name!r} rounds {name} stochastically in some "
+                f"GEMMs only: one precision.sr.{name} cannot state it"
+            )
         sr[name] = rounding == {"sr"}
     return {"rht": rht, "sr": sr}
 

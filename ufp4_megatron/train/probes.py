@@ -6,12 +6,14 @@ paper's statistics are computed along that GEMM's reduction dim: attenuation alp
 delta-SQNR of RHT16 and the effective bucket ratio. RTNE is used for all operands so the
 numbers measure the grid, not one draw of stochastic rounding.
 """
+
 from __future__ import annotations
 
 import torch
 
 from .. import diagnostics as dg
 from ..recipe import GEMMS, Recipe, reduction_dim
+
 _LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 

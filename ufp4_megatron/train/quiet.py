@@ -13,6 +13,7 @@ Megatron's INFO chatter (dataset index loading, FSDP detection) is turned
 off in any case. Any other value of UFP4_SHOW_WARNINGS than 0, 1 or empty is refused (the
 trainer: `error: ...`, exit 2).
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,10 @@ _NOISE = r"not installed|falling back|deprecated|is experimental|not a leaf Tens
 _MEGATRON_MODULES = r"(megatron|ufp4_megatron\.megatron)\."
 # torch's notice that collectives Megatron (and the plugin's TP linears) call were renamed
 _TORCH_RENAMES = r"`torch\.distributed\.\w+` is deprecated"
-NOTE = (f"note: Megatron's warnings about missing Apex/TransformerEngine/absl and its "
-        f"deprecation notices are hidden; {SHOW_ENV}=1 shows them")
+NOTE = (
+    f"note: Megatron's warnings about missing Apex/TransformerEngine/absl and its "
+    f"deprecation notices are hidden; {SHOW_ENV}=1 shows them"
+)
 
 _NOISE_RE = re.compile(_NOISE, re.IGNORECASE)
 _TORCH_RENAMES_RE = re.compile(_TORCH_RENAMES)
@@ -57,8 +60,10 @@ def _show_all() -> bool:
     if value not in ("", "0", "1"):  # a typo would otherwise pick one silently
         from .validate import ConfigError
 
-        raise ConfigError(f"{SHOW_ENV}={value!r}: give 1 (show Megatron's start-up warnings) or "
-                          "0 (hide them behind one note, the default)")
+        raise ConfigError(
+            f"{SHOW_ENV}={value!r}: give 1 (show Megatron's start-up warnings) or "
+            "0 (hide them behind one note, the default)"
+        )
     return value == "1"
 
 
@@ -86,8 +91,9 @@ def hide_megatron_noise(say: bool = True) -> None:
         _log_filter = _MegatronLogNoise()
         # a filter's message regex matches from the start of the message, case-insensitively
         warnings.filterwarnings("ignore", message=f".*({_NOISE})", module=_MEGATRON_MODULES)
-        warnings.filterwarnings("ignore", message=f".*{_TORCH_RENAMES}",
-                                module=r"torch\.distributed\.c10d_logger")
+        warnings.filterwarnings(
+            "ignore", message=f".*{_TORCH_RENAMES}", module=r"torch\.distributed\.c10d_logger"
+        )
     if say:
         say_hidden()
     # Megatron's module loggers propagate to the root's handlers: filter there.

@@ -14,6 +14,7 @@ between options (min_lr <= lr, seq_len <= max_seq_len, the parallel layout) are
 train/validate.py's. tests/train/test_ranges.py enumerates numeric_fields(): a new numeric
 field without an entry here fails it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,8 +60,10 @@ class Range:
         return f"{'<=' if self.hi_closed else '<'} {_num(hi)}" if hi is not None else ""
 
     def _both(self, hi) -> str:
-        return (f"in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(hi)}"
-                f"{']' if self.hi_closed else ')'}")
+        return (
+            f"in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(hi)}"
+            f"{']' if self.hi_closed else ')'}"
+        )
 
 
 def _num(x) -> str:
@@ -144,8 +147,10 @@ RANGES: dict[str, Range] = {
     # logging
     "logging.log_interval": at_least(1),
     "logging.print_interval": at_least(1),
-    "logging.peak_tflops": positive("(the GPU's dense BF16 peak in TFLOP/s, e.g. 989 for an "
-                                    "H100 SXM; null: looked up by GPU name)"),
+    "logging.peak_tflops": positive(
+        "(the GPU's dense BF16 peak in TFLOP/s, e.g. 989 for an "
+        "H100 SXM; null: looked up by GPU name)"
+    ),
     "logging.wandb.diagnostics_interval": at_least(0, "(0: never)"),
     "logging.wandb.diagnostics_layers": at_least(0),  # each element
     # checkpoint

@@ -15,15 +15,17 @@ is checked against it:
   layout) resumes, and the changed keys are appended to resumes.jsonl with the step;
 - a run whose checkpoint already reached train.steps does nothing and says so.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from . import identity
 from .validate import ConfigError
@@ -51,8 +53,9 @@ class StartPlan:
         if self.step == 0:
             return f"starting {self.run_dir} (train.steps={self.total})"
         changed = "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in self.changes.items())
-        return (f"resuming from step {self.step} of {self.total} in {self.run_dir}"
-                + (f" (changed: {changed})" if changed else ""))
+        return f"resuming from step {self.step} of {self.total} in {self.run_dir}" + (
+            f" (changed: {changed})" if changed else ""
+        )
 
 
 def checkpoint_dir(cfg, run_dir: Path) -> Path:
@@ -73,9 +76,11 @@ def check_run_dir_files(run_dir: Path) -> None:
     for name in WRITTEN:
         p = Path(run_dir) / name
         if p.is_symlink():
-            raise ConfigError(f"{p} is a symbolic link (to {os.readlink(p)}); the trainer "
-                              "writes its run dir's files itself and never through a link: "
-                              "remove it")
+            raise ConfigError(
+                f"{p} is a symbolic link (to {os.readlink(p)}); the trainer "
+                "writes its run dir's files itself and never through a link: "
+                "remove it"
+            )
         if name != ".hydra" and p.exists() and not p.is_file():
             raise ConfigError(f"{p} is not a regular file; remove it")
 
@@ -91,27 +96,32 @@ def plan_start(cfg, run_dir: Path) -> StartPlan:
     if stored is not None:  # the checkpoints of this run dir are where it trained them
         theirs = _stored_checkpoint_dir(stored, run_dir)
         if theirs.resolve() != ckpt_dir.resolve() and (
-                steps_on_disk(theirs) or (theirs / "latest").exists()):
+            steps_on_disk(theirs) or (theirs / "latest").exists()
+        ):
             raise ConfigError(
                 f"{run_dir} keeps its checkpoints in {theirs} (its {CONFIG}), but this start "
                 f"uses {ckpt_dir}: it would start or resume this run from another dir's "
                 f"steps and cut its {METRICS}. Drop the checkpoint.dir override (or set "
                 f"checkpoint.dir={theirs}); to move the checkpoints, move the step dirs and "
-                f"`latest` from {theirs} to {ckpt_dir} first")
+                f"`latest` from {theirs} to {ckpt_dir} first"
+            )
     # a checkpoint converted from Megatron-LM's layout (train/checkpoint_megatron_lm.py) that
     # this run dir has not trained from yet pins no config: a start refused before step 1
     # (say, for a model its tensors do not fit) must not keep the right one out
-    fresh_conversion = not _has_lines(run_dir / METRICS) and bool(steps_on_disk(ckpt_dir)) \
-        and _converted(ckpt_dir)
-    trained = (bool(steps_on_disk(ckpt_dir)) and not fresh_conversion) \
-        or _has_lines(run_dir / METRICS)
+    fresh_conversion = (
+        not _has_lines(run_dir / METRICS) and bool(steps_on_disk(ckpt_dir)) and _converted(ckpt_dir)
+    )
+    trained = (bool(steps_on_disk(ckpt_dir)) and not fresh_conversion) or _has_lines(
+        run_dir / METRICS
+    )
     if stored is not None and trained:  # (a start that failed before step 1 pins nothing)
         differ = identity.differences(stored, cfg)
         if differ:
             raise ConfigError(
                 f"{run_dir} holds another run: its {CONFIG} differs in {', '.join(differ)}. "
                 "To start a fresh run, drop hydra.run.dir (the default dir follows the "
-                "config) or give a new one; to continue that run, use its config")
+                "config) or give a new one; to continue that run, use its config"
+            )
     try:  # resume=false over saved steps, no intact step left, another run's checkpoints:
         found = check_start(ckpt_dir, cfg.checkpoint.resume)  # refused before any write
         check_owner(found.common, owner(cfg, run_dir), ckpt_dir, run_dir)
@@ -123,7 +133,8 @@ def plan_start(cfg, run_dir: Path) -> StartPlan:
             f"checkpoint.resume=false but {run_dir} holds the {METRICS} of an earlier run; "
             f"starting over there would cut it. Start a fresh run in a new run dir "
             "(hydra.run.dir=... or another experiment=/seed), or delete that run dir; drop "
-            "checkpoint.resume=false to continue the run")
+            "checkpoint.resume=false to continue the run"
+        )
     if not cfg.checkpoint.resume:
         step = None
     if step is None:
@@ -135,7 +146,8 @@ def plan_start(cfg, run_dir: Path) -> StartPlan:
             f"{ckpt_dir} holds a checkpoint (step {step}) but {run_dir / CONFIG}, the config "
             "it was trained with, is missing, so the resume cannot be checked; resume in the "
             "run dir that wrote it, or set a new checkpoint.dir (or checkpoint.resume=false) "
-            "to start fresh")
+            "to start fresh"
+        )
     changes = _changed(stored, _as_dict(cfg))
     return StartPlan(run_dir, ckpt_dir, step, cfg.train.steps, changes)
 
@@ -159,10 +171,16 @@ def record(plan: StartPlan, config_yaml: str, hydra_files: Mapping[str, str]) ->
         (plan.run_dir / ".hydra").mkdir(exist_ok=True)
         _write(plan.run_dir / ".hydra" / name, text)
     if plan.step > 0:
-        entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "step": plan.step,
-                 "steps": plan.total, "changes": plan.changes, "argv": sys.argv[1:]}
-        fd = os.open(plan.run_dir / HISTORY,
-                     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        entry = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "step": plan.step,
+            "steps": plan.total,
+            "changes": plan.changes,
+            "argv": sys.argv[1:],
+        }
+        fd = os.open(
+            plan.run_dir / HISTORY, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644
+        )
         with os.fdopen(fd, "a") as f:
             f.write(json.dumps(entry, default=str) + "\n")
 
@@ -177,8 +195,10 @@ def _load(path: Path) -> dict | None:
     except Exception as e:  # a truncated or hand-edited file: say which, on one line (the
         # YAML parser's own message spans several, with a caret under the column)
         why = " ".join(str(e).split())
-        raise ConfigError(f"cannot read {path} ({type(e).__name__}: {why}); repair or remove "
-                          "it (it records the config this run dir was started with)") from None
+        raise ConfigError(
+            f"cannot read {path} ({type(e).__name__}: {why}); repair or remove "
+            "it (it records the config this run dir was started with)"
+        ) from None
 
 
 def _has_lines(path: Path) -> bool:

@@ -16,6 +16,7 @@ gives up its lease (NFSv4: ~90 s). Lustre makes flock cluster-wide only when mou
 the trainer then warns and runs without the lock. A lock file is deleted by its holder at
 the end (after checking, like the next taker, that the path still names the locked file).
 """
+
 from __future__ import annotations
 
 import errno
@@ -76,8 +77,10 @@ def _holder(fd: int) -> dict:
 def _describe(info: dict) -> str:
     if not info:
         return "a process that did not record itself"
-    return (f"pid {info.get('pid', '?')} on host {info.get('host', '?')}, started "
-            f"{info.get('started', '?')}")
+    return (
+        f"pid {info.get('pid', '?')} on host {info.get('host', '?')}, started "
+        f"{info.get('started', '?')}"
+    )
 
 
 def _alive(pid) -> bool:
@@ -101,8 +104,9 @@ def take(directory: Path, what: str) -> Held:
             directory.mkdir(parents=True)
             created = directory
         except OSError as e:
-            raise CheckpointError(f"cannot create the {what} {directory}: {e.strerror or e}; "
-                                  "give a writable one") from None
+            raise CheckpointError(
+                f"cannot create the {what} {directory}: {e.strerror or e}; give a writable one"
+            ) from None
     if not directory.is_dir():
         raise CheckpointError(f"the {what} {directory} is not a directory")
     for _ in range(10):  # a holder may remove the file between our open and our lock
@@ -118,26 +122,37 @@ def take(directory: Path, what: str) -> Held:
                 os.close(fd)
                 raise CheckpointError(_busy(path, what, info)) from None
             os.close(fd)  # flock unsupported here (Lustre noflock, some FUSE mounts)
-            print(f"warning: cannot lock {path} ({e.strerror or e}): this filesystem does not "
-                  f"support flock, so a second trainer on this {what} would not be refused",
-                  file=sys.stderr, flush=True)
+            print(
+                f"warning: cannot lock {path} ({e.strerror or e}): this filesystem does not "
+                f"support flock, so a second trainer on this {what} would not be refused",
+                file=sys.stderr,
+                flush=True,
+            )
             return Held(path, None, created)
         if not _same_file(fd, path):  # removed or replaced under us: take the new one
             os.close(fd)
             continue
         stale = _holder(fd)
         if stale.get("pid") is not None:
-            print(f"note: {path} was left by {_describe(stale)}, which no longer holds it "
-                  "(it ended without removing it, e.g. killed): taken over", flush=True)
+            print(
+                f"note: {path} was left by {_describe(stale)}, which no longer holds it "
+                "(it ended without removing it, e.g. killed): taken over",
+                flush=True,
+            )
         _record(fd)
         return Held(path, fd, created)
-    raise CheckpointError(f"cannot take {path}: it keeps being replaced (another trainer "
-                          f"starting on this {what}?)")
+    raise CheckpointError(
+        f"cannot take {path}: it keeps being replaced (another trainer starting on this {what}?)"
+    )
 
 
 def _record(fd: int) -> None:
-    info = {"pid": os.getpid(), "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv[1:]}
+    info = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "argv": sys.argv[1:],
+    }
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
     os.write(fd, (json.dumps(info) + "\n").encode()[:_MAX_INFO])
@@ -146,25 +161,34 @@ def _record(fd: int) -> None:
 def _busy(path: Path, what: str, info: dict) -> str:
     here = info.get("host") == socket.gethostname()
     if here and info.get("pid") is not None and not _alive(info["pid"]):
-        return (f"the {what} {path.parent} is locked ({path}), and the pid it names, "
-                f"{info['pid']}, is not running: a process it started still holds the lock "
-                f"(find it with `fuser {path}`); stop that process, then rerun")
+        return (
+            f"the {what} {path.parent} is locked ({path}), and the pid it names, "
+            f"{info['pid']}, is not running: a process it started still holds the lock "
+            f"(find it with `fuser {path}`); stop that process, then rerun"
+        )
     if not here and info:
-        return (f"the {what} {path.parent} is in use by another trainer ({_describe(info)}); "
-                f"two trainers on one {what} would cut each other's metrics and checkpoints. "
-                f"Wait for it to end or stop it; if host {info.get('host')} is down, its lock "
-                f"is released when the file server drops that host's lease (NFSv4: about 90 "
-                f"s); if it stays, check that nothing runs there and remove {path}")
-    return (f"the {what} {path.parent} is in use by another trainer ({_describe(info)}); two "
-            f"trainers on one {what} would cut each other's metrics and checkpoints. Wait for "
-            "it to end or stop it, or train in another run dir (hydra.run.dir=...)")
+        return (
+            f"the {what} {path.parent} is in use by another trainer ({_describe(info)}); "
+            f"two trainers on one {what} would cut each other's metrics and checkpoints. "
+            f"Wait for it to end or stop it; if host {info.get('host')} is down, its lock "
+            f"is released when the file server drops that host's lease (NFSv4: about 90 "
+            f"s); if it stays, check that nothing runs there and remove {path}"
+        )
+    return (
+        f"the {what} {path.parent} is in use by another trainer ({_describe(info)}); two "
+        f"trainers on one {what} would cut each other's metrics and checkpoints. Wait for "
+        "it to end or stop it, or train in another run dir (hydra.run.dir=...)"
+    )
 
 
 def _open_problem(path: Path, what: str, e: OSError) -> str:
     if e.errno == errno.ELOOP:
-        return (f"{path} is a symbolic link; a lock file is a regular file the trainer makes "
-                "itself: remove the link")
+        return (
+            f"{path} is a symbolic link; a lock file is a regular file the trainer makes "
+            "itself: remove the link"
+        )
     if e.errno == errno.EISDIR:
         return f"{path} is a directory, not a lock file: remove it"
-    return (f"cannot write to the {what} {path.parent} ({e.strerror or e}: {path}); give a "
-            "writable one")
+    return (
+        f"cannot write to the {what} {path.parent} ({e.strerror or e}: {path}); give a writable one"
+    )

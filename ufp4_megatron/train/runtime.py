@@ -38,6 +38,7 @@ train.device=cpu where CUDA is visible is refused: the CPU shims act only where 
 and token counters on `torch.cuda.current_device()` beside CPU parameters. A CPU run on a GPU
 machine hides the GPUs instead, as `ufp4-launch study --gpus none` does.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -105,8 +106,9 @@ class Runtime:
         return cpu_compat()
 
 
-def resolve_device(requested: str, *, cuda: bool | None = None,
-                   key: str = "train.device") -> torch.device:
+def resolve_device(
+    requested: str, *, cuda: bool | None = None, key: str = "train.device"
+) -> torch.device:
     """auto | cpu | cuda -> the device, given whether CUDA is visible (None: ask torch)."""
     if requested not in DEVICES:
         raise ValueError(f"{key}={requested!r}; valid: {', '.join(DEVICES)}")
@@ -114,8 +116,10 @@ def resolve_device(requested: str, *, cuda: bool | None = None,
     if requested == "auto":
         return torch.device("cuda" if cuda else "cpu")
     if requested == "cuda" and not cuda:
-        raise ValueError(f"{key}=cuda but no CUDA device is visible here "
-                         f"(torch.cuda.is_available() is False); use {key}=auto or cpu")
+        raise ValueError(
+            f"{key}=cuda but no CUDA device is visible here "
+            f"(torch.cuda.is_available() is False); use {key}=auto or cpu"
+        )
     return torch.device(requested)
 
 
@@ -133,9 +137,11 @@ def resolve_adam(requested: str, library: str | None) -> str:
         raise ValueError(f"optim.adam_kernel={requested!r}; valid: {', '.join(ADAM_KERNELS)}")
     if library is not None:
         if requested == "foreach":
-            raise ValueError(f"optim.adam_kernel=foreach asks for torch's AdamW, but "
-                             f"Megatron-Core uses {library}'s FusedAdam here; use "
-                             "optim.adam_kernel=auto")
+            raise ValueError(
+                f"optim.adam_kernel=foreach asks for torch's AdamW, but "
+                f"Megatron-Core uses {library}'s FusedAdam here; use "
+                "optim.adam_kernel=auto"
+            )
         return f"{library}_fused"
     return "torch_foreach" if requested == "foreach" else "torch_fused"
 
@@ -154,10 +160,12 @@ def decide(cfg: Config, *, cuda: bool | None = None,
     cuda = torch.cuda.is_available() if cuda is None else cuda
     device = resolve_device(cfg.train.device, cuda=cuda)
     if device.type == "cpu" and cuda:
-        raise ValueError("train.device=cpu but a CUDA device is visible here: Megatron-Core "
-                         "would put its gradient buffers on the GPU (the CPU shims act only "
-                         "without CUDA); use train.device=auto, or hide the GPUs "
-                         "(CUDA_VISIBLE_DEVICES=)")
+        raise ValueError(
+            "train.device=cpu but a CUDA device is visible here: Megatron-Core "
+            "would put its gradient buffers on the GPU (the CPU shims act only "
+            "without CUDA); use train.device=auto, or hide the GPUs "
+            "(CUDA_VISIBLE_DEVICES=)"
+        )
     d = cfg.train.dtype
     if d == "auto":
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -167,19 +175,23 @@ def decide(cfg: Config, *, cuda: bool | None = None,
         raise ValueError(f"train.dtype={d!r}; valid: {', '.join(DTYPES)}")
     p = cfg.parallel
     if p.pp > 1 and device.type == "cpu":
-        raise ValueError(f"parallel.pp={p.pp} runs on GPU only (pipeline parallelism is not "
-                         "tested on CPU/gloo); use parallel.pp=1 on CPU")
+        raise ValueError(
+            f"parallel.pp={p.pp} runs on GPU only (pipeline parallelism is not "
+            "tested on CPU/gloo); use parallel.pp=1 on CPU"
+        )
     if p.backend not in BACKENDS:
         raise ValueError(f"parallel.backend={p.backend!r}; valid: {', '.join(BACKENDS)}")
-    backend = p.backend if p.backend != "auto" else (
-        "nccl" if device.type == "cuda" else "gloo")
+    backend = p.backend if p.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
     if backend == "nccl" and device.type == "cpu":
-        raise ValueError("parallel.backend=nccl needs GPU tensors but this run is on CPU; use "
-                         "parallel.backend=auto or gloo")
+        raise ValueError(
+            "parallel.backend=nccl needs GPU tensors but this run is on CPU; use "
+            "parallel.backend=auto or gloo"
+        )
     sharding = None
     if p.distributed_optimizer:
-        sharding = ("fully_reshardable" if cfg.checkpoint.optim_fully_reshardable
-                    else "dp_reshardable")
+        sharding = (
+            "fully_reshardable" if cfg.checkpoint.optim_fully_reshardable else "dp_reshardable"
+        )
     library = fused_adam_library() if adam_library == INSTALLED else adam_library
     on_gpu = device.type == "cuda"
     check_cuda_graph(cfg, on_gpu)

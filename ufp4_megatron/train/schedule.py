@@ -5,6 +5,7 @@ CPU (its token counters on "cuda" land on CPU inside the CPU runtime's scope, th
 cpu_compat), so the loss contract (sum / tokens / micro-batches), the MoE aux-loss scaling and
 the gradient finalization (DP all-reduce, SP norm grads) are Megatron's on both.
 """
+
 from __future__ import annotations
 
 from functools import partial

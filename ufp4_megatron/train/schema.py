@@ -4,10 +4,11 @@ Hydra merges every YAML under `ufp4_megatron/configs/` into these dataclasses, s
 of the wrong type fails at start with the full key in the message. YAML keys equal the field
 names below; see docs/training.md for the command-line contract.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING
@@ -27,30 +28,30 @@ class ModelConfig:
     ffn_hidden_size: int = MISSING  # SwiGLU width of dense layers (fc1 is 2x this)
     num_attention_heads: int = MISSING
     num_query_groups: int = MISSING  # GQA: key/value heads
-    kv_channels: Optional[int] = None  # head dim; None: hidden_size / num_attention_heads
+    kv_channels: int | None = None  # head dim; None: hidden_size / num_attention_heads
     vocab_size: int = 384  # rows of the embedding; >= the tokenizer's (258 for bytes)
     max_seq_len: int = 4096  # RoPE has no position table; this only bounds train.seq_len
     rotary_base: int = 10000
     untie_embeddings: bool = True  # separate output head (Megatron's default for GPT-3 style)
     init_std: float = 0.02
-    cpu_init: Optional[bool] = None  # None: on CPU only; true: TP-layout-invariant weights
+    cpu_init: bool | None = None  # None: on CPU only; true: TP-layout-invariant weights
     # linears: local (the plugin's UFP4 linears in Megatron's local spec) or transformer_engine
     # (Megatron's TE spec, UFP4 through TE's custom FP4 recipe: train/te_route.py; needs TE)
     transformer_impl: str = "local"
     # core attention, the same for every recipe: sdpa (PyTorch's fused kernels, no mask
     # tensor), te (TransformerEngine, when installed), megatron (unfused, materialised mask)
     attention_backend: str = "sdpa"
-    sdpa_kernels: Optional[list[str]] = None  # e.g. [cudnn, flash]; None: PyTorch's choice
+    sdpa_kernels: list[str] | None = None  # e.g. [cudnn, flash]; None: PyTorch's choice
     # Megatron's fused cross entropy (--cross-entropy-loss-fusion, the native impl: torch.compile
     # of its vocab-parallel loss), the same for every recipe. Off by default, as in Megatron:
     # the studies' runs were trained with the unfused loss, whose fp32 sums round differently
     cross_entropy_fusion: bool = False
     # MoE (num_experts None: dense). Routed experts use moe_ffn_hidden_size, one shared expert
     # of moe_shared_expert_size runs on every token, the first moe_first_dense layers are dense.
-    num_experts: Optional[int] = None
+    num_experts: int | None = None
     moe_router_topk: int = 2
-    moe_ffn_hidden_size: Optional[int] = None
-    moe_shared_expert_size: Optional[int] = None
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_size: int | None = None
     moe_first_dense: int = 0
     moe_aux_loss_coeff: float = 1e-3
     moe_grouped_gemm: bool = True  # all experts' GEMMs at once; false: one MLP per expert
@@ -71,20 +72,20 @@ def _preset(key: str) -> Any:
 class RhtConfig:
     """Random Hadamard transform per GEMM (both operands, along the reduction dim)."""
 
-    fprop: Optional[bool] = _preset("rht.fprop")
-    dgrad: Optional[bool] = _preset("rht.dgrad")
-    wgrad: Optional[bool] = _preset("rht.wgrad")
-    size: Optional[int] = _preset("rht.size")
-    seed: Optional[int] = _preset("rht.seed")  # one fixed sign vector per run, on all ranks
+    fprop: bool | None = _preset("rht.fprop")
+    dgrad: bool | None = _preset("rht.dgrad")
+    wgrad: bool | None = _preset("rht.wgrad")
+    size: int | None = _preset("rht.size")
+    seed: int | None = _preset("rht.seed")  # one fixed sign vector per run, on all ranks
 
 
 @dataclass(kw_only=True)
 class SrConfig:
     """Stochastic rounding per operand name (x, w, dy); RTNE where false."""
 
-    x: Optional[bool] = _preset("sr.x")
-    w: Optional[bool] = _preset("sr.w")
-    dy: Optional[bool] = _preset("sr.dy")
+    x: bool | None = _preset("sr.x")
+    w: bool | None = _preset("sr.w")
+    dy: bool | None = _preset("sr.dy")
 
 
 @dataclass(kw_only=True)
@@ -108,10 +109,10 @@ class PrecisionConfig:
     # after what it changes (train/ablation_name.py: ufp4-rht.fprop=false)
     name: str = MISSING
     recipe: str = MISSING  # a name from list_recipes()
-    grid: Optional[str] = None
-    block: Optional[int] = None
-    scale: Optional[str] = None
-    block_2d: Optional[bool] = None
+    grid: str | None = None
+    block: int | None = None
+    scale: str | None = None
+    block_2d: bool | None = None
     # any other Recipe field by its get_recipe path, e.g. +precision.overrides.fprop.x.grid=e2m1
     # or +precision.overrides.wgrad.rht=null
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -128,7 +129,7 @@ class ParallelConfig:
     pp: int = 1
     ep: int = 1
     sp: bool = False  # sequence parallel (needs tp > 1)
-    dp: Optional[int] = None  # None: world_size / (tp * pp); a number is checked against it
+    dp: int | None = None  # None: world_size / (tp * pp); a number is checked against it
     distributed_optimizer: bool = True  # Megatron's distributed optimizer (GPU and CPU)
     backend: str = "auto"  # auto: nccl with CUDA, gloo without
 
@@ -152,7 +153,7 @@ class DataConfig:
     # The shuffling seed of the validation split. null: train.seed's, so each seed validates
     # on other samples of the held-out documents; a number: every run validates on the same
     # samples whatever its seed (a fixed validation set shared by a study's seeds).
-    valid_seed: Optional[int] = None
+    valid_seed: int | None = None
 
 
 @dataclass(kw_only=True)
@@ -164,8 +165,8 @@ class OptimConfig:
     min_lr: float = 3e-5
     warmup_steps: int = 100
     decay_style: str = "cosine"  # cosine | linear | constant | inverse-square-root | WSD
-    decay_steps: Optional[int] = None  # None: train.steps (the value of the run's first start)
-    wsd_decay_steps: Optional[int] = None  # WSD: length of the final decay (needed for WSD)
+    decay_steps: int | None = None  # None: train.steps (the value of the run's first start)
+    wsd_decay_steps: int | None = None  # WSD: length of the final decay (needed for WSD)
     wsd_decay_style: str = "linear"  # WSD's final decay: linear | cosine | exponential | minus_sqrt
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -209,8 +210,8 @@ class TrainConfig:
 class WandbConfig:
     mode: str = "auto"  # auto: online iff WANDB_API_KEY is set, else offline | online | disabled
     project: str = "ufp4-megatron"
-    entity: Optional[str] = None
-    dir: Optional[str] = None  # None: the run dir
+    entity: str | None = None
+    dir: str | None = None  # None: the run dir
     diagnostics_interval: int = 0  # steps between per-layer diagnostics; 0: never
     diagnostics_layers: list[int] = field(default_factory=lambda: [0])
 
@@ -222,7 +223,7 @@ class LoggingConfig:
     print_interval: int = 10  # steps between printed step lines (train/log_line.py)
     # the GPU's dense BF16 peak in TFLOP/s for the MFU column; null: looked up by device name
     # (train/log_line.py's table), no MFU on CPU or a GPU it lacks
-    peak_tflops: Optional[float] = None
+    peak_tflops: float | None = None
     tensorboard: bool = False  # also write the logged scalars to <run dir>/tensorboard
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
@@ -231,7 +232,7 @@ class LoggingConfig:
 class CheckpointConfig:
     """Megatron dist_checkpointing, saved atomically (see train/checkpoint.py)."""
 
-    dir: Optional[str] = None  # None: <run dir>/checkpoints; a checkpoint there is resumed
+    dir: str | None = None  # None: <run dir>/checkpoints; a checkpoint there is resumed
     interval: int = 0  # steps between saves; 0: only at the end and on SIGTERM/SIGUSR1/SIGINT
     save_at_end: bool = True
     resume: bool = True  # false: refuse to start if the dir already holds checkpoints

@@ -14,6 +14,7 @@ Checked before anything is built: TransformerEngine >= 2.19 importable (check_in
 what the TE route refuses (check_config): sequence parallelism, tensor parallelism with
 stochastic rounding, SR on weights, per-layer diagnostics (they hook the local route's linears).
 """
+
 from __future__ import annotations
 
 IMPLS = ("local", "transformer_engine")
@@ -24,8 +25,9 @@ def check_config(cfg) -> None:
     """Raises ValueError (one line) for what the TE route cannot run; nothing for local."""
     m, p = cfg.model, cfg.parallel
     if m.transformer_impl not in IMPLS:
-        raise ValueError(f"model.transformer_impl={m.transformer_impl!r}; valid: "
-                         f"{', '.join(IMPLS)}")
+        raise ValueError(
+            f"model.transformer_impl={m.transformer_impl!r}; valid: {', '.join(IMPLS)}"
+        )
     if m.transformer_impl != TE:
         return
     from ..te.checks import check_parallel, check_recipe
@@ -33,15 +35,19 @@ def check_config(cfg) -> None:
 
     recipe = recipe_from_config(cfg.precision)
     if p.sp and recipe.quantized:
-        raise ValueError("model.transformer_impl=transformer_engine with parallel.sp=true: TE "
-                         "all-gathers the dequantized input and quantizes it again, so a GEMM "
-                         "would not get the recipe's operand; use parallel.sp=false or "
-                         "model.transformer_impl=local")
+        raise ValueError(
+            "model.transformer_impl=transformer_engine with parallel.sp=true: TE "
+            "all-gathers the dequantized input and quantizes it again, so a GEMM "
+            "would not get the recipe's operand; use parallel.sp=false or "
+            "model.transformer_impl=local"
+        )
     if cfg.logging.wandb.diagnostics_interval and recipe.quantized:
-        raise ValueError("logging.wandb.diagnostics_interval with model.transformer_impl="
-                         "transformer_engine: the per-layer diagnostics hook the local route's "
-                         "linears; set logging.wandb.diagnostics_interval=0 or use "
-                         "model.transformer_impl=local")
+        raise ValueError(
+            "logging.wandb.diagnostics_interval with model.transformer_impl="
+            "transformer_engine: the per-layer diagnostics hook the local route's "
+            "linears; set logging.wandb.diagnostics_interval=0 or use "
+            "model.transformer_impl=local"
+        )
     check_recipe(recipe)
     check_parallel(recipe, p.tp)
 
@@ -53,9 +59,10 @@ def check_installed() -> None:
     try:
         te_installed()
     except ValueError as e:
-        raise ValueError(f"model.transformer_impl=transformer_engine {e}; install it (an "
-                         "offline node: gpu/te_setup.sh) or use model.transformer_impl=local"
-                         ) from None
+        raise ValueError(
+            f"model.transformer_impl=transformer_engine {e}; install it (an "
+            "offline node: gpu/te_setup.sh) or use model.transformer_impl=local"
+        ) from None
 
 
 def config_fields(recipe) -> dict:
@@ -76,6 +83,7 @@ def te_spec(config, *, pp_rank: int | None = None):
     )
 
     if config.num_moe_experts:
-        return get_gpt_decoder_block_spec(config, use_transformer_engine=True,
-                                          normalization="RMSNorm", pp_rank=pp_rank)
+        return get_gpt_decoder_block_spec(
+            config, use_transformer_engine=True, normalization="RMSNorm", pp_rank=pp_rank
+        )
     return get_gpt_layer_with_transformer_engine_spec()

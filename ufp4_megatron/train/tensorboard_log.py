@@ -2,13 +2,16 @@
 <run dir>/tensorboard (torch.utils.tensorboard; needs the `tensorboard` package), x = step,
 so `tensorboard --logdir runs/` shows every run. A resumed run appends to the same dir.
 """
+
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-MISSING = ("logging.tensorboard=true needs the tensorboard package, which is not installed: "
-           "`pip install tensorboard`, or drop logging.tensorboard")
+MISSING = (
+    "logging.tensorboard=true needs the tensorboard package, which is not installed: "
+    "`pip install tensorboard`, or drop logging.tensorboard"
+)
 
 
 def problem() -> str | None:

@@ -23,6 +23,7 @@ pieces of numpy's RNG state, the ShardedTensor/ShardedObject records Megatron ex
 between ranks during a load, and Megatron-Core's own list of checkpoint-safe globals
 (megatron/core/safe_globals.py). Each builds data; none runs a command or opens a file.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,36 +34,94 @@ import threading
 import torch
 
 # (module, name) pairs a checkpoint read may unpickle.
-_BUILTINS = {("builtins", n) for n in (
-    "dict", "list", "tuple", "set", "frozenset", "int", "float", "complex", "bool", "bytes",
-    "bytearray", "str", "slice", "range")}
-_TORCH = {("torch", "Size"), ("torch", "device"), ("torch", "Generator"),
-          ("torch._C", "Generator"),
-          ("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_tensor"),
-          ("torch._utils", "_rebuild_parameter"), ("torch._tensor", "_rebuild_from_type_v2"),
-          ("torch.serialization", "_get_layout"), ("torch.storage", "UntypedStorage"),
-          ("torch.storage", "_load_from_bytes")}  # its nested torch.load is checked too
+_BUILTINS = {
+    ("builtins", n)
+    for n in (
+        "dict",
+        "list",
+        "tuple",
+        "set",
+        "frozenset",
+        "int",
+        "float",
+        "complex",
+        "bool",
+        "bytes",
+        "bytearray",
+        "str",
+        "slice",
+        "range",
+    )
+}
+_TORCH = {
+    ("torch", "Size"),
+    ("torch", "device"),
+    ("torch", "Generator"),
+    ("torch._C", "Generator"),
+    ("torch._utils", "_rebuild_tensor_v2"),
+    ("torch._utils", "_rebuild_tensor"),
+    ("torch._utils", "_rebuild_parameter"),
+    ("torch._tensor", "_rebuild_from_type_v2"),
+    ("torch.serialization", "_get_layout"),
+    ("torch.storage", "UntypedStorage"),
+    ("torch.storage", "_load_from_bytes"),
+}  # its nested torch.load is checked too
 _TORCH |= {("torch", n) for n in dir(torch) if isinstance(getattr(torch, n, None), torch.dtype)}
-_DCP = {("torch.distributed.checkpoint.metadata", n) for n in (
-    "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata",
-    "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")}
+_DCP = {
+    ("torch.distributed.checkpoint.metadata", n)
+    for n in (
+        "Metadata",
+        "TensorStorageMetadata",
+        "ChunkStorageMetadata",
+        "BytesStorageMetadata",
+        "TensorProperties",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    )
+}
 _DCP |= {("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
-_DCP |= {("torch.distributed.checkpoint.planner", n) for n in (
-    "SavePlan", "LoadPlan", "WriteItem", "ReadItem", "WriteItemType", "LoadItemType",
-    "TensorWriteData")}
-_NUMPY = {(m, n) for m in ("numpy._core.multiarray", "numpy.core.multiarray")
-          for n in ("_reconstruct", "scalar")} | {("numpy", "ndarray"), ("numpy", "dtype")}
-_OTHER = {("collections", "OrderedDict"), ("_codecs", "encode"),  # bytes in protocol 2
-          ("megatron.core.dist_checkpointing.mapping", "ShardedTensor"),
-          ("megatron.core.dist_checkpointing.mapping", "ShardedObject"),
-          # TransformerEngine's recipe objects in a TE module's extra state, as Megatron-Core's
-          # SafeUnpickler allows them (megatron/core/safe_globals.py)
-          *(("transformer_engine.common.recipe", n) for n in (
-              "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling",
-              "MXFP8BlockScaling", "NVFP4BlockScaling", "Format", "_FormatHelper", "MMParams",
-              "QParams")),
-          ("megatron.core.extensions.transformer_engine", "TEDelayedScaling"),
-          ("megatron.core.safe_globals", "safe_load_from_bytes")}
+_DCP |= {
+    ("torch.distributed.checkpoint.planner", n)
+    for n in (
+        "SavePlan",
+        "LoadPlan",
+        "WriteItem",
+        "ReadItem",
+        "WriteItemType",
+        "LoadItemType",
+        "TensorWriteData",
+    )
+}
+_NUMPY = {
+    (m, n)
+    for m in ("numpy._core.multiarray", "numpy.core.multiarray")
+    for n in ("_reconstruct", "scalar")
+} | {("numpy", "ndarray"), ("numpy", "dtype")}
+_OTHER = {
+    ("collections", "OrderedDict"),
+    ("_codecs", "encode"),  # bytes in protocol 2
+    ("megatron.core.dist_checkpointing.mapping", "ShardedTensor"),
+    ("megatron.core.dist_checkpointing.mapping", "ShardedObject"),
+    # TransformerEngine's recipe objects in a TE module's extra state, as Megatron-Core's
+    # SafeUnpickler allows them (megatron/core/safe_globals.py)
+    *(
+        ("transformer_engine.common.recipe", n)
+        for n in (
+            "DelayedScaling",
+            "Float8CurrentScaling",
+            "Float8BlockScaling",
+            "MXFP8BlockScaling",
+            "NVFP4BlockScaling",
+            "Format",
+            "_FormatHelper",
+            "MMParams",
+            "QParams",
+        )
+    ),
+    ("megatron.core.extensions.transformer_engine", "TEDelayedScaling"),
+    ("megatron.core.safe_globals", "safe_load_from_bytes"),
+}
 
 
 def _megatron_safe_globals() -> set[tuple[str, str]]:
@@ -95,16 +154,18 @@ def _hook(event: str, args) -> None:
     if (module, name) in ALLOWED:
         return
     _refused.append(f"{module}.{name}")
-    raise ForbiddenGlobal(f"refused to unpickle {module}.{name}: a checkpoint holds only "
-                          "tensors and plain data")
+    raise ForbiddenGlobal(
+        f"refused to unpickle {module}.{name}: a checkpoint holds only tensors and plain data"
+    )
 
 
 def _install() -> None:
     global _hook_installed, ALLOWED
     with _lock:
         if not _hook_installed:
-            ALLOWED = frozenset(_BUILTINS | _TORCH | _DCP | _NUMPY | _OTHER
-                                | _megatron_safe_globals())
+            ALLOWED = frozenset(
+                _BUILTINS | _TORCH | _DCP | _NUMPY | _OTHER | _megatron_safe_globals()
+            )
             sys.addaudithook(_hook)  # cannot be removed; inert outside restricted()
             _hook_installed = True
 
@@ -119,7 +180,7 @@ class Scope:
 
     @property
     def refused(self) -> str | None:
-        new = _refused[self._start:]
+        new = _refused[self._start :]
         return new[0] if new else None
 
 

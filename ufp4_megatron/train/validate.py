@@ -17,6 +17,7 @@ a type cannot rule out, which otherwise end in a ZeroDivisionError, a SIGFPE, a 
 exits 0, or an assertion deep inside Megatron. Each numeric option's own range is declared in
 train/ranges.py and checked first; what is here relates options to each other.
 """
+
 from __future__ import annotations
 
 import os
@@ -100,8 +101,10 @@ def check_machine(cfg: Config) -> None:
     determinism variables."""
     launch = os.environ.get("UFP4_CACHED_LAUNCH")
     if launch not in (None, "0", "1"):
-        raise ConfigError(f"UFP4_CACHED_LAUNCH={launch!r}: give 1 (cached kernel launches, the "
-                          "default) or 0 (Triton's own launch path for every call), or unset it")
+        raise ConfigError(
+            f"UFP4_CACHED_LAUNCH={launch!r}: give 1 (cached kernel launches, the "
+            "default) or 0 (Triton's own launch path for every call), or unset it"
+        )
     try:
         decide(cfg)
         if cfg.model.transformer_impl == "transformer_engine":
@@ -125,56 +128,81 @@ def _one_of(key: str, value: str, valid: tuple[str, ...]) -> None:
 def _check_model(cfg: Config) -> None:
     m = cfg.model
     if m.num_attention_heads % m.num_query_groups:
-        raise ConfigError(f"model.num_query_groups={m.num_query_groups} must divide "
-                          f"model.num_attention_heads={m.num_attention_heads} (each key/value "
-                          "head serves a whole number of query heads)")
+        raise ConfigError(
+            f"model.num_query_groups={m.num_query_groups} must divide "
+            f"model.num_attention_heads={m.num_attention_heads} (each key/value "
+            "head serves a whole number of query heads)"
+        )
     if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
-        raise ConfigError(f"model.hidden_size={m.hidden_size} is not a multiple of "
-                          f"model.num_attention_heads={m.num_attention_heads}; change one, or "
-                          "set model.kv_channels (the head dim)")
+        raise ConfigError(
+            f"model.hidden_size={m.hidden_size} is not a multiple of "
+            f"model.num_attention_heads={m.num_attention_heads}; change one, or "
+            "set model.kv_channels (the head dim)"
+        )
     head_dim = m.kv_channels or m.hidden_size // m.num_attention_heads
     if head_dim % 2:
-        key = ("model.kv_channels" if m.kv_channels is not None else
-               f"the head dim model.hidden_size / model.num_attention_heads = {m.hidden_size} "
-               f"/ {m.num_attention_heads}")
-        raise ConfigError(f"{key}={head_dim} is odd: RoPE rotates pairs of channels, so the "
-                          f"head dim must be even (e.g. model.kv_channels={head_dim + 1})")
+        key = (
+            "model.kv_channels"
+            if m.kv_channels is not None
+            else f"the head dim model.hidden_size / model.num_attention_heads = {m.hidden_size} "
+            f"/ {m.num_attention_heads}"
+        )
+        raise ConfigError(
+            f"{key}={head_dim} is odd: RoPE rotates pairs of channels, so the "
+            f"head dim must be even (e.g. model.kv_channels={head_dim + 1})"
+        )
     _one_of("model.attention_backend", m.attention_backend, ATTENTION_BACKENDS)
     if m.sdpa_kernels is not None:
         unknown = [k for k in m.sdpa_kernels if k not in SDPA_KERNELS]
         if unknown or not m.sdpa_kernels:
-            raise ConfigError(f"model.sdpa_kernels={list(m.sdpa_kernels)}: give SDPA kernels "
-                              f"from {', '.join(SDPA_KERNELS)} in priority order, or null "
-                              "(PyTorch's choice)")
+            raise ConfigError(
+                f"model.sdpa_kernels={list(m.sdpa_kernels)}: give SDPA kernels "
+                f"from {', '.join(SDPA_KERNELS)} in priority order, or null "
+                "(PyTorch's choice)"
+            )
         if m.attention_backend != "sdpa":
-            raise ConfigError(f"model.sdpa_kernels={list(m.sdpa_kernels)} applies to "
-                              f"model.attention_backend=sdpa, not {m.attention_backend}; set "
-                              "model.sdpa_kernels=null")
+            raise ConfigError(
+                f"model.sdpa_kernels={list(m.sdpa_kernels)} applies to "
+                f"model.attention_backend=sdpa, not {m.attention_backend}; set "
+                "model.sdpa_kernels=null"
+            )
     if m.num_experts is None:
         return
     if m.moe_router_topk > m.num_experts:
-        raise ConfigError(f"model.moe_router_topk={m.moe_router_topk} must be between 1 and "
-                          f"model.num_experts={m.num_experts}")
+        raise ConfigError(
+            f"model.moe_router_topk={m.moe_router_topk} must be between 1 and "
+            f"model.num_experts={m.num_experts}"
+        )
     if m.moe_ffn_hidden_size is None:
-        raise ConfigError(f"model.moe_ffn_hidden_size={m.moe_ffn_hidden_size}: an MoE model "
-                          "(model.num_experts set) needs the routed experts' width >= 1")
+        raise ConfigError(
+            f"model.moe_ffn_hidden_size={m.moe_ffn_hidden_size}: an MoE model "
+            "(model.num_experts set) needs the routed experts' width >= 1"
+        )
     if m.moe_first_dense >= m.num_layers:
-        raise ConfigError(f"model.moe_first_dense={m.moe_first_dense} must be in "
-                          f"[0, model.num_layers={m.num_layers}) (at least one MoE layer)")
+        raise ConfigError(
+            f"model.moe_first_dense={m.moe_first_dense} must be in "
+            f"[0, model.num_layers={m.num_layers}) (at least one MoE layer)"
+        )
 
 
 def _check_train(cfg: Config) -> None:
     t, m = cfg.train, cfg.model
     if t.seq_len > m.max_seq_len:
-        raise ConfigError(f"train.seq_len={t.seq_len} exceeds model.max_seq_len="
-                          f"{m.max_seq_len}; shorten the sequence or raise model.max_seq_len")
+        raise ConfigError(
+            f"train.seq_len={t.seq_len} exceeds model.max_seq_len="
+            f"{m.max_seq_len}; shorten the sequence or raise model.max_seq_len"
+        )
     if t.global_batch % t.micro_batch:
-        raise ConfigError(f"train.global_batch={t.global_batch} is not a multiple of "
-                          f"train.micro_batch={t.micro_batch}")
+        raise ConfigError(
+            f"train.global_batch={t.global_batch} is not a multiple of "
+            f"train.micro_batch={t.micro_batch}"
+        )
     if t.eval_interval and t.eval_iters < 1:
-        raise ConfigError(f"train.eval_iters={t.eval_iters} with train.eval_interval="
-                          f"{t.eval_interval}: evaluate at least 1 batch, or set "
-                          "train.eval_interval=0")
+        raise ConfigError(
+            f"train.eval_iters={t.eval_iters} with train.eval_interval="
+            f"{t.eval_interval}: evaluate at least 1 batch, or set "
+            "train.eval_interval=0"
+        )
     _one_of("train.device", t.device, DEVICES)
     _one_of("train.dtype", t.dtype, DTYPES)
 
@@ -195,43 +223,64 @@ def _check_data(cfg: Config) -> None:
     d, t = cfg.data, cfg.train
     _one_of("data.tokenizer.type", d.tokenizer.type, TOKENIZER_TYPES)
     if not _SPLIT.fullmatch(d.split):
-        raise ConfigError(f"data.split={d.split!r}: give up to three non-negative weights "
-                          "train,valid,test, e.g. data.split='98,2,0'")
+        raise ConfigError(
+            f"data.split={d.split!r}: give up to three non-negative weights "
+            "train,valid,test, e.g. data.split='98,2,0'"
+        )
     weights = [float(w) for w in re.split(r"[,/]", d.split)] + [0.0, 0.0]
     if weights[0] <= 0:
-        raise ConfigError(f"data.split={d.split!r} gives the training split no data; e.g. "
-                          "data.split='98,2,0'")
+        raise ConfigError(
+            f"data.split={d.split!r} gives the training split no data; e.g. data.split='98,2,0'"
+        )
     if t.eval_interval and weights[1] <= 0:
-        raise ConfigError(f"data.split={d.split!r} gives the validation split no data, but "
-                          f"train.eval_interval={t.eval_interval} evaluates on it; give it a "
-                          "weight (e.g. '98,2,0') or set train.eval_interval=0")
+        raise ConfigError(
+            f"data.split={d.split!r} gives the validation split no data, but "
+            f"train.eval_interval={t.eval_interval} evaluates on it; give it a "
+            "weight (e.g. '98,2,0') or set train.eval_interval=0"
+        )
     if 0 < d.corpus_bpe_vocab < MIN_VOCAB:
-        raise ConfigError(f"data.corpus_bpe_vocab={d.corpus_bpe_vocab}: a byte-level BPE needs "
-                          f"at least {MIN_VOCAB} tokens (256 bytes and the EOD); 0 for bytes")
-    paths = {"data.cache_dir": d.cache_dir, "data.tokenizer.path": d.tokenizer.path,
-             "checkpoint.dir": cfg.checkpoint.dir, "logging.wandb.dir": cfg.logging.wandb.dir}
+        raise ConfigError(
+            f"data.corpus_bpe_vocab={d.corpus_bpe_vocab}: a byte-level BPE needs "
+            f"at least {MIN_VOCAB} tokens (256 bytes and the EOD); 0 for bytes"
+        )
+    paths = {
+        "data.cache_dir": d.cache_dir,
+        "data.tokenizer.path": d.tokenizer.path,
+        "checkpoint.dir": cfg.checkpoint.dir,
+        "logging.wandb.dir": cfg.logging.wandb.dir,
+    }
     for key, value in paths.items():  # "" is the current directory to pathlib
         if value is not None and not value.strip():
             null = ", or null" if key != "data.cache_dir" else ""
-            raise ConfigError(f"{key}={value!r} is empty, which would mean the current "
-                              f"directory; give a path{null}")
+            raise ConfigError(
+                f"{key}={value!r} is empty, which would mean the current "
+                f"directory; give a path{null}"
+            )
     bad = [p for p in d.prefixes if not str(p).strip()]
     if bad:
-        raise ConfigError(f"data.prefixes={list(d.prefixes)} holds an empty prefix; give "
-                          "file prefixes (written by prepare_data) or [] for the embedded corpus")
+        raise ConfigError(
+            f"data.prefixes={list(d.prefixes)} holds an empty prefix; give "
+            "file prefixes (written by prepare_data) or [] for the embedded corpus"
+        )
     if d.prefixes and d.corpus_bpe_vocab:
-        raise ConfigError(f"data.corpus_bpe_vocab={d.corpus_bpe_vocab} trains a BPE on the "
-                          "embedded corpus, but data.prefixes is set: set "
-                          "data.corpus_bpe_vocab=0 and data.tokenizer to your data's tokenizer")
+        raise ConfigError(
+            f"data.corpus_bpe_vocab={d.corpus_bpe_vocab} trains a BPE on the "
+            "embedded corpus, but data.prefixes is set: set "
+            "data.corpus_bpe_vocab=0 and data.tokenizer to your data's tokenizer"
+        )
     if d.corpus_bpe_vocab and (d.tokenizer.type != "huggingface" or d.tokenizer.path):
-        raise ConfigError(f"data.corpus_bpe_vocab={d.corpus_bpe_vocab} brings its own "
-                          "tokenizer: leave data.tokenizer.type=huggingface and "
-                          "data.tokenizer.path=null (as data=embedded_bpe does)")
+        raise ConfigError(
+            f"data.corpus_bpe_vocab={d.corpus_bpe_vocab} brings its own "
+            "tokenizer: leave data.tokenizer.type=huggingface and "
+            "data.tokenizer.path=null (as data=embedded_bpe does)"
+        )
     if not d.prefixes and not d.corpus_bpe_vocab and d.tokenizer.type != "byte-level":
-        raise ConfigError(f"data.prefixes is empty (the embedded corpus) with "
-                          f"data.tokenizer.type={d.tokenizer.type}: the corpus is tokenized "
-                          "with bytes or its own BPE (data=embedded_bpe); for another "
-                          "tokenizer run prepare_data --tokenizer ... and set data.prefixes")
+        raise ConfigError(
+            f"data.prefixes is empty (the embedded corpus) with "
+            f"data.tokenizer.type={d.tokenizer.type}: the corpus is tokenized "
+            "with bytes or its own BPE (data=embedded_bpe); for another "
+            "tokenizer run prepare_data --tokenizer ... and set data.prefixes"
+        )
 
 
 def _check_logging(cfg: Config) -> None:
@@ -241,8 +290,10 @@ def _check_logging(cfg: Config) -> None:
     n = cfg.model.num_layers
     outside = [i for i in w.diagnostics_layers if not 0 <= i < n]
     if outside or (w.diagnostics_interval and not w.diagnostics_layers):
-        raise ConfigError(f"logging.wandb.diagnostics_layers={list(w.diagnostics_layers)}: "
-                          f"give layer indices in [0, {n}) (model.num_layers={n})")
+        raise ConfigError(
+            f"logging.wandb.diagnostics_layers={list(w.diagnostics_layers)}: "
+            f"give layer indices in [0, {n}) (model.num_layers={n})"
+        )
 
 
 def _check_precision(cfg: Config) -> None:
@@ -267,10 +318,15 @@ def _check_layout(cfg: Config) -> None:
     p, m, t = cfg.parallel, cfg.model, cfg.train
     _one_of("parallel.backend", p.backend, BACKENDS)
     if p.sp and p.tp == 1:
-        raise ConfigError("parallel.sp=true needs parallel.tp > 1 (sequence parallelism splits "
-                          "activations over the tensor-parallel ranks)")
-    split_by_tp = {"model.num_attention_heads": m.num_attention_heads,
-                   "model.ffn_hidden_size": m.ffn_hidden_size, "model.vocab_size": m.vocab_size}
+        raise ConfigError(
+            "parallel.sp=true needs parallel.tp > 1 (sequence parallelism splits "
+            "activations over the tensor-parallel ranks)"
+        )
+    split_by_tp = {
+        "model.num_attention_heads": m.num_attention_heads,
+        "model.ffn_hidden_size": m.ffn_hidden_size,
+        "model.vocab_size": m.vocab_size,
+    }
     if m.num_experts is not None:
         split_by_tp["model.moe_ffn_hidden_size"] = m.moe_ffn_hidden_size
         if m.moe_shared_expert_size:
@@ -279,44 +335,61 @@ def _check_layout(cfg: Config) -> None:
         split_by_tp["train.seq_len"] = t.seq_len
     for key, value in split_by_tp.items():
         if value % p.tp:
-            raise ConfigError(f"parallel.tp={p.tp} does not divide {key}={value}; use a tp "
-                              f"that divides it (e.g. {_largest_divisor(value, p.tp)})")
+            raise ConfigError(
+                f"parallel.tp={p.tp} does not divide {key}={value}; use a tp "
+                f"that divides it (e.g. {_largest_divisor(value, p.tp)})"
+            )
     if m.num_query_groups % p.tp and p.tp % m.num_query_groups:
-        raise ConfigError(f"parallel.tp={p.tp} and model.num_query_groups={m.num_query_groups}:"
-                          " one must divide the other (Megatron splits or replicates the "
-                          "key/value heads over the tensor-parallel ranks)")
+        raise ConfigError(
+            f"parallel.tp={p.tp} and model.num_query_groups={m.num_query_groups}:"
+            " one must divide the other (Megatron splits or replicates the "
+            "key/value heads over the tensor-parallel ranks)"
+        )
     if m.num_layers % p.pp:
-        raise ConfigError(f"parallel.pp={p.pp} does not divide model.num_layers={m.num_layers}; "
-                          f"use a pp that divides it (e.g. {_largest_divisor(m.num_layers, p.pp)})")
+        raise ConfigError(
+            f"parallel.pp={p.pp} does not divide model.num_layers={m.num_layers}; "
+            f"use a pp that divides it (e.g. {_largest_divisor(m.num_layers, p.pp)})"
+        )
     if p.ep > 1 and m.num_experts is None:
-        raise ConfigError(f"parallel.ep={p.ep} needs an MoE model (model.num_experts is null); "
-                          "use parallel.ep=1")
+        raise ConfigError(
+            f"parallel.ep={p.ep} needs an MoE model (model.num_experts is null); use parallel.ep=1"
+        )
     if m.num_experts is not None and m.num_experts % p.ep:
-        raise ConfigError(f"parallel.ep={p.ep} does not divide model.num_experts="
-                          f"{m.num_experts}; use an ep that divides it "
-                          f"(e.g. {_largest_divisor(m.num_experts, p.ep)})")
+        raise ConfigError(
+            f"parallel.ep={p.ep} does not divide model.num_experts="
+            f"{m.num_experts}; use an ep that divides it "
+            f"(e.g. {_largest_divisor(m.num_experts, p.ep)})"
+        )
 
 
 def _check_world(cfg: Config, world_size: int) -> None:
     """The processes must split into the layout: tp*pp model ranks, ep among the replicas."""
     p, t = cfg.parallel, cfg.train
     if world_size % (p.tp * p.pp):
-        raise ConfigError(f"{world_size} processes do not divide into parallel.tp * parallel.pp"
-                          f" = {p.tp} * {p.pp}; launch a multiple of {p.tp * p.pp} processes "
-                          "or change the parallel sizes")
+        raise ConfigError(
+            f"{world_size} processes do not divide into parallel.tp * parallel.pp"
+            f" = {p.tp} * {p.pp}; launch a multiple of {p.tp * p.pp} processes "
+            "or change the parallel sizes"
+        )
     dp = world_size // (p.tp * p.pp)
     if p.dp is not None and p.dp != dp:
-        raise ConfigError(f"parallel.dp={p.dp} but {world_size} processes / (tp * pp) give "
-                          f"dp={dp}; set parallel.dp=null or launch "
-                          f"{p.dp * p.tp * p.pp} processes")
+        raise ConfigError(
+            f"parallel.dp={p.dp} but {world_size} processes / (tp * pp) give "
+            f"dp={dp}; set parallel.dp=null or launch "
+            f"{p.dp * p.tp * p.pp} processes"
+        )
     if dp % p.ep:
-        raise ConfigError(f"parallel.ep={p.ep} does not divide the data-parallel size {dp} "
-                          f"(experts are spread over replicas); launch "
-                          f"{p.tp * p.pp * p.ep * dp // gcd(dp, p.ep)} processes or lower "
-                          "parallel.ep")
+        raise ConfigError(
+            f"parallel.ep={p.ep} does not divide the data-parallel size {dp} "
+            f"(experts are spread over replicas); launch "
+            f"{p.tp * p.pp * p.ep * dp // gcd(dp, p.ep)} processes or lower "
+            "parallel.ep"
+        )
     if t.global_batch % (t.micro_batch * dp):
-        raise ConfigError(f"train.global_batch={t.global_batch} must be a multiple of "
-                          f"train.micro_batch * data-parallel size = {t.micro_batch} * {dp}")
+        raise ConfigError(
+            f"train.global_batch={t.global_batch} must be a multiple of "
+            f"train.micro_batch * data-parallel size = {t.micro_batch} * {dp}"
+        )
 
 
 def _check_deterministic(cfg: Config) -> None:
@@ -330,9 +403,9 @@ def check_fits(cfg: Config, world_size: int | None = None) -> None:
     """The model's weights, gradients and optimizer state alone must fit the device: a size
     option set far too large (model.hidden_size=1000000) otherwise ends in an allocator
     traceback or the kernel's OOM killer, after the run dir is written."""
-    import torch
-
     from dataclasses import replace
+
+    import torch
 
     from .footprint import memory_estimate, with_smallest_dp
 
@@ -350,10 +423,12 @@ def check_fits(cfg: Config, world_size: int | None = None) -> None:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
         where = f"this machine's {total:.0f} GiB of memory"
     if need > total:
-        raise ConfigError(f"model={cfg.model.name} needs about {need:,.0f} GiB per "
-                          f"{'GPU' if on_gpu else 'process'} for its weights, gradients and "
-                          f"optimizer state alone (train/footprint.py), more than {where}: "
-                          "check the model's sizes, or spread it with parallel.tp/pp/ep")
+        raise ConfigError(
+            f"model={cfg.model.name} needs about {need:,.0f} GiB per "
+            f"{'GPU' if on_gpu else 'process'} for its weights, gradients and "
+            f"optimizer state alone (train/footprint.py), more than {where}: "
+            "check the model's sizes, or spread it with parallel.tp/pp/ep"
+        )
 
 
 def _largest_divisor(n: int, at_most: int) -> int:

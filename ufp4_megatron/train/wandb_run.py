@@ -7,6 +7,7 @@ two run dirs never share one. The config is logged as resolved by Hydra; nothing
 prints or stores an API key (wandb finds its own, from WANDB_API_KEY or ~/.netrc, only in
 online mode).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,7 +60,7 @@ def unreachable(url: str, timeout: float = PROBE_S) -> str | None:
             outcome.append(str(e) or type(e).__name__)
 
     thread = threading.Thread(target=probe, daemon=True)  # getaddrinfo has no timeout of
-    thread.start()                                          # its own: bound it here
+    thread.start()  # its own: bound it here
     thread.join(timeout + 1)
     return outcome[0] if outcome else f"no answer within {timeout:g} s"
 
@@ -73,8 +74,11 @@ def online_or_offline(mode: str, where: str) -> str:
     why = unreachable(url)
     if why is None:
         return mode
-    print(f"W&B: {url} is unreachable ({why}): logging offline to {where} instead; "
-          "`wandb sync` uploads it later", flush=True)
+    print(
+        f"W&B: {url} is unreachable ({why}): logging offline to {where} instead; "
+        "`wandb sync` uploads it later",
+        flush=True,
+    )
     return "offline"
 
 
@@ -87,12 +91,15 @@ def init(where: str, **kw):
     kw["mode"] = online_or_offline(kw["mode"], where)
     try:
         return wandb.init(**kw)
-    except Exception as e:  # noqa: BLE001 - wandb's CommError, AuthenticationError, ...
+    except Exception as e:
         if kw["mode"] != "online":
             raise
         why = " ".join(str(e).split()) or type(e).__name__
-        print(f"W&B: online start failed ({type(e).__name__}: {why}): logging offline to "
-              f"{where} instead; `wandb sync` uploads it later", flush=True)
+        print(
+            f"W&B: online start failed ({type(e).__name__}: {why}): logging offline to "
+            f"{where} instead; `wandb sync` uploads it later",
+            flush=True,
+        )
         return wandb.init(**(kw | {"mode": "offline"}))
 
 
@@ -117,9 +124,17 @@ def start(cfg: Config, run_dir: Path):
     wdir = Path(w.dir or run_dir)
     wdir.mkdir(parents=True, exist_ok=True)
     run = init(
-        str(wdir), project=w.project, entity=w.entity, group=cfg.experiment, name=run_name(cfg),
-        id=wandb_id(cfg, run_dir), resume="allow", mode=mode, dir=str(wdir),
-        config=dataclasses.asdict(cfg), settings=wandb.Settings(quiet=True),
+        str(wdir),
+        project=w.project,
+        entity=w.entity,
+        group=cfg.experiment,
+        name=run_name(cfg),
+        id=wandb_id(cfg, run_dir),
+        resume="allow",
+        mode=mode,
+        dir=str(wdir),
+        config=dataclasses.asdict(cfg),
+        settings=wandb.Settings(quiet=True),
     )
     # tokens as the charts' x-axis, so runs of different batch sizes line up (live gaps:
     # train/live_gap.py defines their own x)
