@@ -72,8 +72,16 @@ def operand_kw(spec: OperandSpec, rht, out_dtype) -> dict:
     """The one place a GEMM operand's OperandSpec becomes the reference's/kernels' keyword
     arguments (its padding kept: zeros add nothing to the product); seed, origin and
     segments are the call's."""
-    return dict(grid=spec.grid, block=spec.block, block_2d=spec.block_2d, scale=spec.scale,
-                rounding=spec.rounding, rht=rht, keep_padding=True, out_dtype=out_dtype)
+    return dict(
+        grid=spec.grid,
+        block=spec.block,
+        block_2d=spec.block_2d,
+        scale=spec.scale,
+        rounding=spec.rounding,
+        rht=rht,
+        keep_padding=True,
+        out_dtype=out_dtype,
+    )
 
 
 def _operand_kw(spec: OperandSpec, key: dict, rht, out_dtype) -> dict:
@@ -98,10 +106,20 @@ def quantize_operand(
     return quantize_view(view, backend=backend, **_operand_kw(spec, key, rht, out_dtype))
 
 
-def quantize(x: torch.Tensor, fmt, *, block: int = 16, scale: str = "fp32",
-             rounding: str = "rtne", dim: int = -1, rht=None, seed: int = 0,
-             block_2d: bool = False, origin: tuple[int, int] = (0, 0),
-             backend: str = "auto") -> torch.Tensor:
+def quantize(
+    x: torch.Tensor,
+    fmt,
+    *,
+    block: int = 16,
+    scale: str = "fp32",
+    rounding: str = "rtne",
+    dim: int = -1,
+    rht=None,
+    seed: int = 0,
+    block_2d: bool = False,
+    origin: tuple[int, int] = (0, 0),
+    backend: str = "auto",
+) -> torch.Tensor:
     """Fake-quantize `x` along `dim` in 1 x `block` blocks; same shape as x, same dtype
     except that rotated float16 comes back in float32 (a rotated block can exceed fp16's
     range: 16 values of 16400 rotate to 65600).

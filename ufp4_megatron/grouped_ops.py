@@ -373,11 +373,17 @@ def _gemm_operand(
     reduced along its rows is quantized as its transpose (the kernels' column layout; origin
     swapped, segments then along the columns)."""
     rows = reduction_dim(gemm, name) == 0
-    q = _operand(t.t() if rows else t, getattr(spec, name), rht=rht,
-                 seeds=_segment_seeds(seed, first_expert, experts, gemm,
-                                      OPERANDS[gemm].index(name)),
-                 origin=(origin[1], origin[0]) if rows else origin, starts=starts,
-                 along_columns=rows, dtype=dtype, backend=backend)
+    q = _operand(
+        t.t() if rows else t,
+        getattr(spec, name),
+        rht=rht,
+        seeds=_segment_seeds(seed, first_expert, experts, gemm, OPERANDS[gemm].index(name)),
+        origin=(origin[1], origin[0]) if rows else origin,
+        starts=starts,
+        along_columns=rows,
+        dtype=dtype,
+        backend=backend,
+    )
     return q.t() if rows else q
 
 
@@ -417,10 +423,20 @@ def _check_layout(name: str, t: torch.Tensor, groups: ExpertGroups, recipe: Reci
 # local experts); origins: each expert's, at its first token (and weight row).
 
 
-def fprop(x: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recipe, *,
-          seed=0, first_expert: int = 0, x_origin=(0, 0), w_origin=(0, 0),
-          backend: str = "auto", gemm_backend: str = "auto",
-          qw: torch.Tensor | None = None) -> torch.Tensor:
+def fprop(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    groups: ExpertGroups,
+    recipe: Recipe,
+    *,
+    seed=0,
+    first_expert: int = 0,
+    x_origin=(0, 0),
+    w_origin=(0, 0),
+    backend: str = "auto",
+    gemm_backend: str = "auto",
+    qw: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Y_e = Q(X_e) Q(W_e)^T: x [Mp, K] (padded layout), w [E, N, K] -> [Mp, N]. qw: the
     weight's operand made by `weight_operand("fprop", ...)` (the weight cache), as it is."""
     E, N, K = w.shape
@@ -434,16 +450,33 @@ def fprop(x: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recipe
     )
     qx = _gemm_operand("fprop", "x", x, spec, origin=x_origin, starts=groups.padded_starts, **kw)
     if qw is None:
-        qw = _gemm_operand("fprop", "w", w.reshape(E * N, K), spec, origin=w_origin,
-                           starts=_weight_starts(E, N), **kw)
+        qw = _gemm_operand(
+            "fprop",
+            "w",
+            w.reshape(E * N, K),
+            spec,
+            origin=w_origin,
+            starts=_weight_starts(E, N),
+            **kw,
+        )
     y = grouped_mm(qx, qw.view(E, N, K).transpose(1, 2), groups, backend=gemm_backend)
     return y.to(x.dtype)
 
 
-def dgrad(dy: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recipe, *,
-          seed=0, first_expert: int = 0, dy_origin=(0, 0), w_origin=(0, 0),
-          backend: str = "auto", gemm_backend: str = "auto",
-          qw: torch.Tensor | None = None) -> torch.Tensor:
+def dgrad(
+    dy: torch.Tensor,
+    w: torch.Tensor,
+    groups: ExpertGroups,
+    recipe: Recipe,
+    *,
+    seed=0,
+    first_expert: int = 0,
+    dy_origin=(0, 0),
+    w_origin=(0, 0),
+    backend: str = "auto",
+    gemm_backend: str = "auto",
+    qw: torch.Tensor | None = None,
+) -> torch.Tensor:
     """dX_e = Q(dY_e) Q(W_e): dy [Mp, N] (padded layout), w [E, N, K] -> [Mp, K]; W
     quantized along N. qw: the weight's operand made by `weight_operand("dgrad", ...)`."""
     E, N, K = w.shape
@@ -460,15 +493,32 @@ def dgrad(dy: torch.Tensor, w: torch.Tensor, groups: ExpertGroups, recipe: Recip
     )
     # the stack [E*N, K] quantized along N: its transpose in the kernels' column layout
     if qw is None:
-        qw = _gemm_operand("dgrad", "w", w.reshape(E * N, K), spec, origin=w_origin,
-                           starts=_weight_starts(E, N), **kw)
+        qw = _gemm_operand(
+            "dgrad",
+            "w",
+            w.reshape(E * N, K),
+            spec,
+            origin=w_origin,
+            starts=_weight_starts(E, N),
+            **kw,
+        )
     dx = grouped_mm(qdy, qw.reshape(E, N, K), groups, backend=gemm_backend)
     return dx.to(dy.dtype)
 
 
-def wgrad(dy: torch.Tensor, x: torch.Tensor, groups: ExpertGroups, recipe: Recipe, *,
-          seed=0, first_expert: int = 0, dy_origin=(0, 0), x_origin=(0, 0),
-          backend: str = "auto", gemm_backend: str = "auto") -> torch.Tensor:
+def wgrad(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    groups: ExpertGroups,
+    recipe: Recipe,
+    *,
+    seed=0,
+    first_expert: int = 0,
+    dy_origin=(0, 0),
+    x_origin=(0, 0),
+    backend: str = "auto",
+    gemm_backend: str = "auto",
+) -> torch.Tensor:
     """dW_e = Q(dY_e)^T Q(X_e): dy [Mp, N], x [Mp, K] (padded layout) -> [E, N, K]; both
     quantized along tokens, in blocks that start at each expert's first token."""
     x = x.to(dy.dtype)
@@ -491,8 +541,15 @@ def wgrad(dy: torch.Tensor, x: torch.Tensor, groups: ExpertGroups, recipe: Recip
     return grouped_mm(qdy.t(), qx, groups, backend=gemm_backend).to(dy.dtype)
 
 
-def weight_operand(gemm: str, w: torch.Tensor, recipe: Recipe, *, origin=(0, 0),
-                   dtype: torch.dtype | None = None, backend: str = "auto") -> torch.Tensor:
+def weight_operand(
+    gemm: str,
+    w: torch.Tensor,
+    recipe: Recipe,
+    *,
+    origin=(0, 0),
+    dtype: torch.dtype | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
     """The stacked weight's operand of `gemm` ("fprop" or "dgrad", an RTNE operand:
     ops.cacheable) exactly as fprop / dgrad quantize it for activations of `dtype` (None:
     w's): what the weight cache keeps."""
@@ -501,9 +558,20 @@ def weight_operand(gemm: str, w: torch.Tensor, recipe: Recipe, *, origin=(0, 0),
     w = w.to(dtype or w.dtype)
     E, N, K = w.shape
     spec, rht, dtype = _gemm_setup(gemm, recipe, w, K if gemm == "fprop" else N)
-    return _gemm_operand(gemm, "w", w.reshape(E * N, K), spec, rht=rht, seed=0,
-                         first_expert=0, experts=E, origin=origin,
-                         starts=_weight_starts(E, N), dtype=dtype, backend=backend)
+    return _gemm_operand(
+        gemm,
+        "w",
+        w.reshape(E * N, K),
+        spec,
+        rht=rht,
+        seed=0,
+        first_expert=0,
+        experts=E,
+        origin=origin,
+        starts=_weight_starts(E, N),
+        dtype=dtype,
+        backend=backend,
+    )
 
 
 # ----------------------------------------------------------------------------- the twin

@@ -70,13 +70,15 @@ def _pad(q: torch.Tensor, length: int, rows: bool = False) -> torch.Tensor:
     the other operand needed a longer padding unit."""
     dim = 0 if rows else 1
     if q.shape[dim] != length:
-        q = torch.nn.functional.pad(q, (0, 0, 0, length - q.shape[0]) if rows
-                                    else (0, length - q.shape[1]))
+        q = torch.nn.functional.pad(
+            q, (0, 0, 0, length - q.shape[0]) if rows else (0, length - q.shape[1])
+        )
     return q
 
 
-def _gemm_operands(gemm: str, recipe: Recipe, tensors, origins, *, seed, backend: str,
-                   given=(None, None)):
+def _gemm_operands(
+    gemm: str, recipe: Recipe, tensors, origins, *, seed, backend: str, given=(None, None)
+):
     """`gemm`'s two operands (natural layouts, OPERANDS order) quantized along the GEMM's
     reduction dim as the recipe says, padded to a common length along it, in natural
     orientation. An operand reduced along its rows is quantized as its transpose (origin
@@ -91,13 +93,26 @@ def _gemm_operands(gemm: str, recipe: Recipe, tensors, origins, *, seed, backend
 _PLANS: dict = {}
 
 
-def _operands_plan(gemm, recipe, tensors, origins, seed, backend, given) -> "_OperandsPlan":
+def _operands_plan(gemm, recipe, tensors, origins, seed, backend, given) -> _OperandsPlan:
     """The cached plan of a GEMM's operand preparation for these shapes, strides, dtypes,
     device, origins, recipe, seed kind and given operands (host time per call)."""
     a, b = tensors
-    key = (gemm, id(recipe), backend, a.shape, a.stride(), a.dtype, b.shape, b.stride(),
-           b.dtype, a.device, origins, isinstance(seed, int), given[0] is None,
-           given[1] is None)
+    key = (
+        gemm,
+        id(recipe),
+        backend,
+        a.shape,
+        a.stride(),
+        a.dtype,
+        b.shape,
+        b.stride(),
+        b.dtype,
+        a.device,
+        origins,
+        isinstance(seed, int),
+        given[0] is None,
+        given[1] is None,
+    )
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) > 1024:  # shapes are few per model; never grow without bound
@@ -118,24 +133,29 @@ class _OperandsPlan:
         self.ops = tuple(getattr(spec, name) for name in OPERANDS[gemm])
         first = tensors[0]
         reduction = first.shape[0 if self.along_rows[0] else 1]
-        self.rht, self.length, self.dtype = _gemm_plan(spec, gemm, recipe.rht_seed, reduction,
-                                                       first.dtype)
+        self.rht, self.length, self.dtype = _gemm_plan(
+            spec, gemm, recipe.rht_seed, reduction, first.dtype
+        )
         self.backend = backend
-        self.origins = tuple((o[1], o[0]) if rows else o
-                             for o, rows in zip(origins, self.along_rows))
-        self.kws = tuple(None if op is None else operand_kw(op, self.rht, self.dtype)
-                         for op in self.ops)
+        self.origins = tuple(
+            (o[1], o[0]) if rows else o for o, rows in zip(origins, self.along_rows)
+        )
+        self.kws = tuple(
+            None if op is None else operand_kw(op, self.rht, self.dtype) for op in self.ops
+        )
         # the operands this plan quantizes: quantized by the recipe and not given
-        self.todo = tuple(i for i, op in enumerate(self.ops) if op is not None and
-                          given[i] is None)
+        self.todo = tuple(i for i, op in enumerate(self.ops) if op is not None and given[i] is None)
         self.prepared = None
         kernels = backend == "triton" or (backend == "auto" and first.is_cuda)
         if kernels and self.todo:
             from .kernels import prepare  # lazy: triton is only needed on the kernel path
+
             self.prepared = prepare(
-                [tensors[i] for i in self.todo], [self.along_rows[i] for i in self.todo],
+                [tensors[i] for i in self.todo],
+                [self.along_rows[i] for i in self.todo],
                 [dict(self.kws[i], origin=self.origins[i]) for i in self.todo],
-                [self._seed(seed, i, prepared=True) for i in self.todo])
+                [self._seed(seed, i, prepared=True) for i in self.todo],
+            )
 
     def _seed(self, seed, i: int, prepared: bool = False):
         """Operand i's SR key: mix_seed(seed, gemm, i) of a host seed; of a key table its
@@ -151,14 +171,19 @@ class _OperandsPlan:
     def __call__(self, tensors, seed, given):
         q = list(given)
         if self.prepared is not None:
-            outs = self.prepared([tensors[i] for i in self.todo],
-                                 [self._seed(seed, i, prepared=True) for i in self.todo])
+            outs = self.prepared(
+                [tensors[i] for i in self.todo],
+                [self._seed(seed, i, prepared=True) for i in self.todo],
+            )
             for i, out in zip(self.todo, outs):
                 q[i] = out
         elif self.todo:
             views = [t.t() if rows else t for t, rows in zip(tensors, self.along_rows)]
-            keys = [dict(self.kws[i], origin=self.origins[i], seed=self._seed(seed, i))
-                    for i in range(2) if i in self.todo]
+            keys = [
+                dict(self.kws[i], origin=self.origins[i], seed=self._seed(seed, i))
+                for i in range(2)
+                if i in self.todo
+            ]
             if len(self.todo) == 2:
                 qs = quantize_pair(views[0], keys[0], views[1], keys[1], backend=self.backend)
             else:
@@ -185,8 +210,9 @@ def cacheable(recipe: Recipe, gemm: str, name: str = "w") -> bool:
     return op is not None and op.rounding == "rtne"
 
 
-def operand(gemm: str, name: str, t: torch.Tensor, recipe: Recipe, *, origin=(0, 0),
-            backend: str = "auto") -> torch.Tensor:
+def operand(
+    gemm: str, name: str, t: torch.Tensor, recipe: Recipe, *, origin=(0, 0), backend: str = "auto"
+) -> torch.Tensor:
     """Operand `name` of `gemm` (natural layout, origin in it) quantized exactly as
     _gemm_operands quantizes it for that GEMM (natural orientation, padded to the GEMM's
     reduction unit), for an RTNE operand (`cacheable`): what the weight cache stores. The
@@ -199,40 +225,71 @@ def operand(gemm: str, name: str, t: torch.Tensor, recipe: Recipe, *, origin=(0,
     rows = _ALONG_ROWS[gemm][i]
     reduction = t.shape[0 if rows else 1]
     rht, length, dtype = _gemm_plan(spec, gemm, recipe.rht_seed, reduction, t.dtype)
-    kw = dict(operand_kw(op, rht, dtype), origin=(origin[1], origin[0]) if rows else origin,
-              seed=0)
+    kw = dict(operand_kw(op, rht, dtype), origin=(origin[1], origin[0]) if rows else origin, seed=0)
     q = quantize_view(t.t() if rows else t, backend=backend, **kw)
     return _pad(q.t() if rows else q, length, rows)
 
 
-def fprop(x: torch.Tensor, w: torch.Tensor, recipe: Recipe, *, seed=0,
-          x_origin=(0, 0), w_origin=(0, 0), backend: str = "auto",
-          qw: torch.Tensor | None = None) -> torch.Tensor:
+def fprop(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    recipe: Recipe,
+    *,
+    seed=0,
+    x_origin=(0, 0),
+    w_origin=(0, 0),
+    backend: str = "auto",
+    qw: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Y = Q(X) Q(W)^T: x [M, K], w [N, K] -> [M, N]. qw: Q(W) already made by
     `operand("fprop", "w", w, ...)` (the weight cache), used as it is."""
     w = w.to(x.dtype)
     if recipe.fprop is None:
         return x @ w.t()
-    qx, qw = _gemm_operands("fprop", recipe, (x, w), (x_origin, w_origin), seed=seed,
-                            backend=backend, given=(None, qw))
+    qx, qw = _gemm_operands(
+        "fprop", recipe, (x, w), (x_origin, w_origin), seed=seed, backend=backend, given=(None, qw)
+    )
     return (qx @ qw.t()).to(x.dtype)
 
 
-def dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: Recipe, *, seed=0,
-          dy_origin=(0, 0), w_origin=(0, 0), backend: str = "auto",
-          qw: torch.Tensor | None = None) -> torch.Tensor:
+def dgrad(
+    dy: torch.Tensor,
+    w: torch.Tensor,
+    recipe: Recipe,
+    *,
+    seed=0,
+    dy_origin=(0, 0),
+    w_origin=(0, 0),
+    backend: str = "auto",
+    qw: torch.Tensor | None = None,
+) -> torch.Tensor:
     """dX = Q(dY) Q(W): dy [M, N], w [N, K] -> [M, K]; W quantized along N (its columns).
     qw: Q(W) already made by `operand("dgrad", "w", w, ...)`, used as it is."""
     w = w.to(dy.dtype)
     if recipe.dgrad is None:
         return dy @ w
-    qdy, qw = _gemm_operands("dgrad", recipe, (dy, w), (dy_origin, w_origin), seed=seed,
-                             backend=backend, given=(None, qw))
+    qdy, qw = _gemm_operands(
+        "dgrad",
+        recipe,
+        (dy, w),
+        (dy_origin, w_origin),
+        seed=seed,
+        backend=backend,
+        given=(None, qw),
+    )
     return (qdy @ qw).to(dy.dtype)
 
 
-def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: Recipe, *, seed=0,
-          dy_origin=(0, 0), x_origin=(0, 0), backend: str = "auto") -> torch.Tensor:
+def wgrad(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    recipe: Recipe,
+    *,
+    seed=0,
+    dy_origin=(0, 0),
+    x_origin=(0, 0),
+    backend: str = "auto",
+) -> torch.Tensor:
     """dW = Q(dY)^T Q(X): dy [M, N], x [M, K] -> [N, K]; both quantized along tokens M."""
     x = x.to(dy.dtype)
     if recipe.wgrad is None:

@@ -30,6 +30,7 @@ capture each layer's forward and backward once, each with its own GEMM's operand
 cached weight's size in the operand dtype (bf16: 4 bytes per weight element); `ufp4-describe`
 prints the estimate for a config (train/footprint.py).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -101,5 +102,8 @@ class WeightOperands:
 
 def kept_bytes(module: torch.nn.Module) -> int:
     """Bytes of all operands kept by `module`'s UFP4 linears (their `weight_operands`)."""
-    return sum(m.weight_operands.nbytes for m in module.modules()
-               if getattr(m, "weight_operands", None) is not None)
+    return sum(
+        m.weight_operands.nbytes
+        for m in module.modules()
+        if getattr(m, "weight_operands", None) is not None
+    )

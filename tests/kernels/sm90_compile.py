@@ -194,13 +194,22 @@ CASES = {
         lambda s: s.grouped.dgrad(s.dy, s.w3, s.groups, s.nvfp4, **s.kw),
     ),
     "col16 nvfp4 grouped wgrad dy sr e4m3 segments": (
-        "_col16_kernel", 1, lambda s: s.grouped.wgrad(s.dy, s.x, s.groups, s.nvfp4, **s.kw)),
+        "_col16_kernel",
+        1,
+        lambda s: s.grouped.wgrad(s.dy, s.x, s.groups, s.nvfp4, **s.kw),
+    ),
     # SR keys read from device memory (SEED_PTR: a key table's entry, megatron/seeds.py's
     # GPU draws), in the pair kernel and the generic kernel, and the draw kernel itself
     "pair16 ufp4 dgrad dy sr device key + w col rtne": (
-        "_pair16_kernel", 0, lambda s: s.ops.dgrad(s.dy, s.w, s.ufp4, seed=s.keys, **s.kw)),
+        "_pair16_kernel",
+        0,
+        lambda s: s.ops.dgrad(s.dy, s.w, s.ufp4, seed=s.keys, **s.kw),
+    ),
     "generic mxfp4 wgrad dy col sr device key": (
-        "_qdq_kernel", 0, lambda s: s.ops.wgrad(s.dy, s.x, s.mxfp4, seed=s.keys, **s.kw)),
+        "_qdq_kernel",
+        0,
+        lambda s: s.ops.wgrad(s.dy, s.x, s.mxfp4, seed=s.keys, **s.kw),
+    ),
     "draw keys 64 experts": ("_draw_keys_kernel", 0, lambda s: s.draw(64)),
     "draw keys plain linear": ("_draw_keys_kernel", 0, lambda s: s.draw(None)),
     # the failure class, compiled the same way: must raise
@@ -216,19 +225,34 @@ def _setting():
     seeds.DEVICE_DRAWS.add("cpu")  # the draw kernel's launch, intercepted like the others
 
     def draw(experts):
-        return seeds.SRSeeds(5).draw(3, 2**32 - 7, 0, 1, device=torch.device("cpu"),
-                                     experts=None if experts is None else (8, experts))
+        return seeds.SRSeeds(5).draw(
+            3,
+            2**32 - 7,
+            0,
+            1,
+            device=torch.device("cpu"),
+            experts=None if experts is None else (8, experts),
+        )
 
     ufp4 = get_recipe("ufp4")
     groups = grouped_ops.ExpertGroups((16, 32), align=grouped_ops.token_alignment(ufp4))
     M, N, K = groups.padded_total, 64, 64
     bf = dict(dtype=torch.bfloat16)
     return types.SimpleNamespace(
-        ops=ops, grouped=grouped_ops, ufp4=ufp4, mxfp4=get_recipe("mxfp4"),
-        nvfp4=get_recipe("nvfp4"), groups=groups, kw=dict(backend="triton"),
-        x=torch.randn(M, K, **bf), dy=torch.randn(M, N, **bf), w=torch.randn(N, K, **bf),
-        w3=torch.randn(2, N, K, **bf), keys=torch.arange(6, dtype=torch.int64)[:, None],
-        draw=draw)
+        ops=ops,
+        grouped=grouped_ops,
+        ufp4=ufp4,
+        mxfp4=get_recipe("mxfp4"),
+        nvfp4=get_recipe("nvfp4"),
+        groups=groups,
+        kw=dict(backend="triton"),
+        x=torch.randn(M, K, **bf),
+        dy=torch.randn(M, N, **bf),
+        w=torch.randn(N, K, **bf),
+        w3=torch.randn(2, N, K, **bf),
+        keys=torch.arange(6, dtype=torch.int64)[:, None],
+        draw=draw,
+    )
 
 
 LINEAR = re.compile(r"#ttg\.linear<\{register = (\[\]|\[\[.*?\]\])")
@@ -280,11 +304,20 @@ def main(argv):
         print(json.dumps(dict(interpreted=out.tolist())))
         return
     assert not os.environ.get("TRITON_INTERPRET"), "compile with TRITON_INTERPRET unset"
-    from ufp4_megatron.kernels import dispatch, keys_triton, quantize16_triton as k16
+    from ufp4_megatron.kernels import dispatch, keys_triton
+    from ufp4_megatron.kernels import quantize16_triton as k16
 
-    interceptor = Interceptor((k16._row16_kernel, k16._col16_kernel, k16._pair16_kernel,
-                               dispatch._qdq_kernel, dispatch._tensor_amax_kernel,
-                               keys_triton._draw_keys_kernel, broken_kernel))
+    interceptor = Interceptor(
+        (
+            k16._row16_kernel,
+            k16._col16_kernel,
+            k16._pair16_kernel,
+            dispatch._qdq_kernel,
+            dispatch._tensor_amax_kernel,
+            keys_triton._draw_keys_kernel,
+            broken_kernel,
+        )
+    )
     # Every launch is intercepted before anything runs, so CPU tensors stand in for CUDA ones.
     dispatch.check_device = lambda x: None
     setting = _setting()

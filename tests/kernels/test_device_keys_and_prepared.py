@@ -12,6 +12,7 @@ shapes. Contracts:
 | sr_seeds_device_draws_are_the_host_stream         | megatron/seeds.py's device draws == operand_keys of its host draws; state continues across both |
 | cached_weight_operand_is_the_pair_launch_bits     | ops.operand / grouped_ops.weight_operand given as qw == quantized in the call (ufp4, nvfp4; e2m1, mxfp4 in make test-slow) |
 """
+
 import pytest
 import torch
 from kernel_assertions import assert_bitwise
@@ -33,24 +34,40 @@ def _data(rows, cols, seed, dtype=torch.bfloat16):
     return torch.randn(rows, cols, generator=g).to(dtype).to(DEVICE)
 
 
-@pytest.mark.parametrize("experts,salt", [(None, (3, 2**32 - 5, 0, 1)), ((5, 70), (1, 7, 0, 0)),
-                                          (None, ())])
+@pytest.mark.parametrize(
+    "experts,salt", [(None, (3, 2**32 - 5, 0, 1)), ((5, 70), (1, 7, 0, 0)), (None, ())]
+)
 def test_draw_kernel_is_operand_keys_of_the_stream(experts, salt):
     first, n = experts or (0, 1)
     counter = torch.tensor([41], dtype=torch.int64, device=DEVICE)
     for draw in (41, 42):
         out = torch.empty(6, n, dtype=torch.int64, device=DEVICE)
-        _draw_keys_kernel[(1,)](counter, out, 2**62 + 12345, *salt, *(0,) * (4 - len(salt)),
-                                first, E=n, NSALT=len(salt), EXPERTS=experts is not None,
-                                BLOCK=64)
-        want = operand_keys(stream_seed(2**62 + 12345, draw, *salt),
-                            None if experts is None else range(first, first + n))
+        _draw_keys_kernel[(1,)](
+            counter,
+            out,
+            2**62 + 12345,
+            *salt,
+            *(0,) * (4 - len(salt)),
+            first,
+            E=n,
+            NSALT=len(salt),
+            EXPERTS=experts is not None,
+            BLOCK=64,
+        )
+        want = operand_keys(
+            stream_seed(2**62 + 12345, draw, *salt),
+            None if experts is None else range(first, first + n),
+        )
         assert out.cpu().tolist() == want
     assert counter.item() == 43
 
 
-CASES = {"row16": ("row", dict(rht=RHT(16, 1))), "col16": ("col", dict(rht=RHT(16, 1))),
-         "generic_row": ("row", dict(block=32)), "generic_col": ("col", dict(rht=RHT(32, 1)))}
+CASES = {
+    "row16": ("row", dict(rht=RHT(16, 1))),
+    "col16": ("col", dict(rht=RHT(16, 1))),
+    "generic_row": ("row", dict(block=32)),
+    "generic_col": ("col", dict(rht=RHT(32, 1))),
+}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -62,8 +79,7 @@ def test_device_key_equals_host_seed(case):
     args = dict(kw, rounding="sr", origin=(2, 8))
     q_key = kernels.quantize_view(view, "e1m2", seed=table[1, 0], **args)
     assert_bitwise(q_key, kernels.quantize_view(view, "e1m2", seed=2**62 + 99, **args), case)
-    assert_bitwise(q_key, reference(view.cpu(), "e1m2", seed=2**62 + 99, **args).to(DEVICE),
-                   case)
+    assert_bitwise(q_key, reference(view.cpu(), "e1m2", seed=2**62 + 99, **args).to(DEVICE), case)
 
 
 def test_device_key_equals_host_seed_in_the_pair_kernel():
@@ -82,15 +98,25 @@ def test_segments_read_a_key_row_in_place():
     row = torch.tensor(seeds, dtype=torch.int64, device=DEVICE)
     kw = dict(rounding="sr", rht=RHT(16, 1))
     want = reference(x.cpu(), "e1m2", segments=Segments(0, (0, 16, 16), seeds), **kw)
-    assert_bitwise(kernels.quantize_view(x, "e1m2", segments=Segments(0, (0, 16, 16), row), **kw),
-                   want.to(DEVICE), "kernel")
-    assert_bitwise(reference(x.cpu(), "e1m2", segments=Segments(0, (0, 16, 16), row.cpu()), **kw),
-                   want, "reference")
+    assert_bitwise(
+        kernels.quantize_view(x, "e1m2", segments=Segments(0, (0, 16, 16), row), **kw),
+        want.to(DEVICE),
+        "kernel",
+    )
+    assert_bitwise(
+        reference(x.cpu(), "e1m2", segments=Segments(0, (0, 16, 16), row.cpu()), **kw),
+        want,
+        "reference",
+    )
 
 
 # (along_rows of each job, keyword arguments of each job): fprop, dgrad, wgrad shapes, one job
-JOBS = {"fprop": ((False, False), ("rtne", "rtne")), "dgrad": ((False, True), ("sr", "rtne")),
-        "wgrad": ((True, True), ("sr", "rtne")), "single_col_sr": ((True,), ("sr",))}
+JOBS = {
+    "fprop": ((False, False), ("rtne", "rtne")),
+    "dgrad": ((False, True), ("sr", "rtne")),
+    "wgrad": ((True, True), ("sr", "rtne")),
+    "single_col_sr": ((True,), ("sr",)),
+}
 
 
 @pytest.mark.parametrize("keyed", (False, True))
@@ -98,24 +124,29 @@ JOBS = {"fprop": ((False, False), ("rtne", "rtne")), "dgrad": ((False, True), ("
 def test_prepared_launch_matches_quantize_pair(job, keyed):
     rows, roundings = JOBS[job]
     table = torch.tensor([[2**62 + 3], [17], [2**40 + 1], [9]], dtype=torch.int64, device=DEVICE)
-    kws = [dict(grid="e1m2", rounding=r, rht=RHT(16, 2), keep_padding=True, origin=(0, 16 * i))
-           for i, r in enumerate(roundings)]
+    kws = [
+        dict(grid="e1m2", rounding=r, rht=RHT(16, 2), keep_padding=True, origin=(0, 16 * i))
+        for i, r in enumerate(roundings)
+    ]
     prepared = None
     for call in range(2):  # the same plan over new data and new keys
         ts = [_data(32, 48, 10 * call + i) for i in range(len(rows))]
         host = [(2**61 + call * 7 + i) if r == "sr" else 0 for i, r in enumerate(roundings)]
         if keyed:
             table[: len(rows), 0] = torch.tensor(host)
-        seeds = [((table, i) if keyed else h) if r == "sr" else 0
-                 for i, (h, r) in enumerate(zip(host, roundings))]
+        seeds = [
+            ((table, i) if keyed else h) if r == "sr" else 0
+            for i, (h, r) in enumerate(zip(host, roundings))
+        ]
         if prepared is None:
             prepared = prepare(ts, rows, kws, seeds)
             assert isinstance(prepared, PreparedQDQ)
         got = prepared(ts, seeds)
         views = [t.t() if r else t for t, r in zip(ts, rows)]
         if len(ts) == 2:
-            want = kernels.quantize_pair(views[0], dict(kws[0], seed=host[0]),
-                                         views[1], dict(kws[1], seed=host[1]))
+            want = kernels.quantize_pair(
+                views[0], dict(kws[0], seed=host[0]), views[1], dict(kws[1], seed=host[1])
+            )
         else:
             want = (kernels.quantize_view(views[0], seed=host[0], **kws[0]),)
         for g, w, r in zip(got, want, rows):
@@ -137,30 +168,49 @@ def test_ops_key_table_equals_host_seed(gemm):
     x, w, dy = _data(32, 48, 5), _data(64, 48, 6), _data(32, 64, 7)
     call = 2**62 + 1234
     table = torch.tensor(operand_keys(call), dtype=torch.int64, device=DEVICE)
-    fn, args = {"fprop": (ops.fprop, (x, w)), "dgrad": (ops.dgrad, (dy, w)),
-                "wgrad": (ops.wgrad, (dy, x))}[gemm]
-    assert_bitwise(fn(*args, recipe, seed=table, backend="triton"),
-                   fn(*args, recipe, seed=call, backend="triton"), gemm)
+    fn, args = {
+        "fprop": (ops.fprop, (x, w)),
+        "dgrad": (ops.dgrad, (dy, w)),
+        "wgrad": (ops.wgrad, (dy, x)),
+    }[gemm]
+    assert_bitwise(
+        fn(*args, recipe, seed=table, backend="triton"),
+        fn(*args, recipe, seed=call, backend="triton"),
+        gemm,
+    )
 
 
-@pytest.mark.parametrize("name", ("ufp4", "nvfp4", pytest.param("e2m1", marks=pytest.mark.slow),
-                                  pytest.param("mxfp4", marks=pytest.mark.slow)))
+@pytest.mark.parametrize(
+    "name",
+    (
+        "ufp4",
+        "nvfp4",
+        pytest.param("e2m1", marks=pytest.mark.slow),
+        pytest.param("mxfp4", marks=pytest.mark.slow),
+    ),
+)
 def test_cached_weight_operand_is_the_pair_launch_bits(name):
     recipe = get_recipe(name)
     x, w, dy = _data(32, 64, 8), _data(64, 64, 9), _data(32, 64, 10)
     t = dict(backend="triton", seed=77)
     for gemm, fn, a in (("fprop", ops.fprop, x), ("dgrad", ops.dgrad, dy)):
         qw = ops.operand(gemm, "w", w, recipe, origin=(16, 0), backend="triton")
-        assert_bitwise(fn(a, w, recipe, w_origin=(16, 0), qw=qw, **t),
-                       fn(a, w, recipe, w_origin=(16, 0), **t), f"{name} {gemm}")
+        assert_bitwise(
+            fn(a, w, recipe, w_origin=(16, 0), qw=qw, **t),
+            fn(a, w, recipe, w_origin=(16, 0), **t),
+            f"{name} {gemm}",
+        )
     groups = grouped_ops.expert_groups((16, 0, 16), grouped_ops.token_alignment(recipe))
     ws = torch.stack([w, w.flip(0), w * 0.5])
     xp, dyp = groups.pad(x), groups.pad(dy)
     for gemm, fn, a in (("fprop", grouped_ops.fprop, xp), ("dgrad", grouped_ops.dgrad, dyp)):
         qw = grouped_ops.weight_operand(gemm, ws, recipe, backend="triton")
         kw = dict(backend="triton", gemm_backend="loop", seed=77, first_expert=2)
-        assert_bitwise(fn(a, ws, groups, recipe, qw=qw, **kw), fn(a, ws, groups, recipe, **kw),
-                       f"{name} grouped {gemm}")
+        assert_bitwise(
+            fn(a, ws, groups, recipe, qw=qw, **kw),
+            fn(a, ws, groups, recipe, **kw),
+            f"{name} grouped {gemm}",
+        )
 
 
 def test_sr_seeds_device_draws_are_the_host_stream(monkeypatch):

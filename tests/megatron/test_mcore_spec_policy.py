@@ -123,7 +123,8 @@ def test_sr_seeds_are_the_counter_based_stream():
 
     seeds = SRSeeds(2**40 + 3)
     assert [seeds.draw(1, 7, 0, 2) for _ in range(3)] == [
-        stream_seed(2**40 + 3, k, 1, 7, 0, 2) for k in range(3)]
+        stream_seed(2**40 + 3, k, 1, 7, 0, 2) for k in range(3)
+    ]
     assert seeds.state_dict() == {"format": 2, "seed": 2**40 + 3, "draws": 3}
 
 
@@ -134,8 +135,10 @@ def test_sr_seeds_of_an_older_checkpoint_continue_its_stream():
 
     gen = torch.Generator().manual_seed(21)
     old = {"seed": 21, "draws": 0, "generator": gen.get_state()}
-    want = [mix_seed(int(torch.randint(0, 2**62, (1,), generator=gen).item()), 4, 1, 0, 0)
-            for _ in range(2)]
+    want = [
+        mix_seed(int(torch.randint(0, 2**62, (1,), generator=gen).item()), 4, 1, 0, 0)
+        for _ in range(2)
+    ]
     seeds = SRSeeds(0)
     seeds.load_state_dict(old)
     assert [seeds.draw(4, 1, 0, 0) for _ in range(2)] == want

@@ -58,14 +58,19 @@ def test_quantized_gemms_in_a_graph_equal_the_eager_ones():
 
     recipe = get_recipe("ufp4", sr=("x", "w", "dy"))
     g = torch.Generator(device="cuda").manual_seed(0)
-    x, w, dy = (torch.randn(*s, device="cuda", generator=g, dtype=torch.bfloat16)
-                for s in ((256, 512), (384, 512), (256, 384)))
+    x, w, dy = (
+        torch.randn(*s, device="cuda", generator=g, dtype=torch.bfloat16)
+        for s in ((256, 512), (384, 512), (256, 384))
+    )
     graphed, eager = SRSeeds(9), SRSeeds(9)
 
     def step(seeds):
         seed = seeds.draw(4, 1, 0, 0, device=CUDA)
-        return (ops.fprop(x, w, recipe, seed=seed), ops.dgrad(dy, w, recipe, seed=seed),
-                ops.wgrad(dy, x, recipe, seed=seed))
+        return (
+            ops.fprop(x, w, recipe, seed=seed),
+            ops.dgrad(dy, w, recipe, seed=seed),
+            ops.wgrad(dy, x, recipe, seed=seed),
+        )
 
     graph, outs = _capture(lambda: step(graphed))
     step(eager)
@@ -84,9 +89,8 @@ def test_host_integer_draws_refuse_inside_a_capture():
     before = seeds.draw(1, 2, 0, 0, device=CUDA)
     graph = torch.cuda.CUDAGraph()
     x = torch.zeros(4, device="cuda")
-    with pytest.raises(SRCaptureError, match="inside a CUDA graph"):
-        with torch.cuda.graph(graph):
-            x.add_(1)
-            seeds.draw(1, 2, 0, 0, device=CUDA)
+    with pytest.raises(SRCaptureError, match="inside a CUDA graph"), torch.cuda.graph(graph):
+        x.add_(1)
+        seeds.draw(1, 2, 0, 0, device=CUDA)
     assert seeds.draws == 1  # the refused draw did not advance the stream
     assert seeds.draw(1, 2, 0, 0, device=CUDA) != before  # outside capture: it goes on

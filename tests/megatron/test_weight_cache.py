@@ -8,6 +8,7 @@ the parameter, and after invalidate() (a write through .data, which nothing else
 The kernel path's operands equal the pair launch's bits in tests/kernels
 (test_device_keys_and_prepared.py::test_cached_weight_operand_is_the_pair_launch_bits).
 """
+
 import pytest
 import torch
 
@@ -15,8 +16,9 @@ from ufp4_megatron import get_recipe, weight_cache
 from ufp4_megatron.megatron.parallel_gemm import Comm, Shard, UFP4ParallelLinearFn
 from ufp4_megatron.weight_cache import WeightOperands
 
-COMM = Comm(sequence_parallel=False, allreduce_dgrad=False, grad_accumulation_fusion=False,
-            tp_group=None)
+COMM = Comm(
+    sequence_parallel=False, allreduce_dgrad=False, grad_accumulation_fusion=False, tp_group=None
+)
 # one chunk, and a gated fc1's two chunks (stride 2 of a TP=2 shard: its own origins)
 SHARDS = {"plain": Shard(), "stride2": Shard.column(rank=1, world=2, n_local=32, stride=2)}
 

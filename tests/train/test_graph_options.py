@@ -10,18 +10,24 @@ the run, and what is refused before it starts (train/graphs.py).
     test_weight_cache_auto                 auto: all where the estimate plus the cache fits the
                                            GPU, else the experts', else none; all on CPU
 """
+
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-
 from _config import refusal, typed_default
+
 from ufp4_megatron.train import graphs
 from ufp4_megatron.train.footprint import memory_estimate, weight_cache_gib, with_smallest_dp
 
-TINY = ["model=tiny", "train.seq_len=32", "train.micro_batch=2", "train.global_batch=2",
-        "logging.wandb.mode=disabled"]
+TINY = [
+    "model=tiny",
+    "train.seq_len=32",
+    "train.micro_batch=2",
+    "train.global_batch=2",
+    "logging.wandb.mode=disabled",
+]
 
 BAD = [  # (overrides, a fragment of the one-line message)
     (["train.cuda_graph=locl"], "train.cuda_graph='locl'; valid: none, local, full_iteration"),
@@ -56,14 +62,19 @@ def test_graph_modes_on_a_gpu():
     cfg = typed_default(*TINY, "train.cuda_graph=local", "train.cuda_graph_warmup=2")
     graphs.check_cuda_graph(cfg, on_gpu=True)
     assert graphs.megatron_config(cfg) == dict(
-        cuda_graph_impl="local", cuda_graph_modules=[], cuda_graph_warmup_steps=2)
+        cuda_graph_impl="local", cuda_graph_modules=[], cuda_graph_warmup_steps=2
+    )
     assert graphs.megatron_config(typed_default(*TINY)) == {}
 
     moe = typed_default("model=moe_small", "train.cuda_graph=full_iteration")
     with pytest.raises(ValueError, match="needs static expert shapes"):
         graphs.check_cuda_graph(moe, on_gpu=True)
-    padded = typed_default("model=moe_small", "train.cuda_graph=full_iteration",
-                           "model.moe_capacity_factor=1.0", "model.moe_pad_to_capacity=true")
+    padded = typed_default(
+        "model=moe_small",
+        "train.cuda_graph=full_iteration",
+        "model.moe_capacity_factor=1.0",
+        "model.moe_pad_to_capacity=true",
+    )
     graphs.check_cuda_graph(padded, on_gpu=True)
     assert graphs.megatron_config(padded)["moe_pad_expert_input_to_capacity"] is True
 

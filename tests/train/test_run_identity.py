@@ -95,19 +95,68 @@ def test_run_id_changes_with_identity_keys_only():
 
 # The identity's keys, group.key: a key added to an identity group renames every run recorded
 # before it unless identity.KEYS_ADDED_LATER names it with the value those runs trained with.
-IDENTITY_KEYS = frozenset("""
-data.corpus_bpe_vocab data.corpus_max_bytes data.prefixes data.split data.tokenizer
-model.attention_backend model.cpu_init model.cross_entropy_fusion model.ffn_hidden_size
-model.hidden_size model.init_std model.kv_channels model.max_seq_len model.moe_aux_loss_coeff
-model.moe_capacity_factor model.moe_ffn_hidden_size model.moe_first_dense model.moe_pad_to_capacity model.moe_grouped_gemm model.moe_router_topk
-model.moe_shared_expert_size model.name model.num_attention_heads model.num_experts
-model.num_layers model.num_query_groups model.rotary_base model.sdpa_kernels
-model.transformer_impl model.untie_embeddings model.vocab_size optim.adam_kernel optim.beta1 optim.beta2
-optim.clip_grad optim.decay_steps optim.decay_style optim.eps optim.lr optim.min_lr
-optim.warmup_steps optim.weight_decay optim.wsd_decay_steps optim.wsd_decay_style
-precision.bf16_layers precision.block precision.block_2d precision.grid precision.name
-precision.overrides precision.recipe precision.rht precision.scale precision.sr train.dtype
-train.global_batch train.seed train.seq_len""".split())
+IDENTITY_KEYS = frozenset(
+    [
+        "data.corpus_bpe_vocab",
+        "data.corpus_max_bytes",
+        "data.prefixes",
+        "data.split",
+        "data.tokenizer",
+        "model.attention_backend",
+        "model.cpu_init",
+        "model.cross_entropy_fusion",
+        "model.ffn_hidden_size",
+        "model.hidden_size",
+        "model.init_std",
+        "model.kv_channels",
+        "model.max_seq_len",
+        "model.moe_aux_loss_coeff",
+        "model.moe_capacity_factor",
+        "model.moe_ffn_hidden_size",
+        "model.moe_first_dense",
+        "model.moe_pad_to_capacity",
+        "model.moe_grouped_gemm",
+        "model.moe_router_topk",
+        "model.moe_shared_expert_size",
+        "model.name",
+        "model.num_attention_heads",
+        "model.num_experts",
+        "model.num_layers",
+        "model.num_query_groups",
+        "model.rotary_base",
+        "model.sdpa_kernels",
+        "model.transformer_impl",
+        "model.untie_embeddings",
+        "model.vocab_size",
+        "optim.adam_kernel",
+        "optim.beta1",
+        "optim.beta2",
+        "optim.clip_grad",
+        "optim.decay_steps",
+        "optim.decay_style",
+        "optim.eps",
+        "optim.lr",
+        "optim.min_lr",
+        "optim.warmup_steps",
+        "optim.weight_decay",
+        "optim.wsd_decay_steps",
+        "optim.wsd_decay_style",
+        "precision.bf16_layers",
+        "precision.block",
+        "precision.block_2d",
+        "precision.grid",
+        "precision.name",
+        "precision.overrides",
+        "precision.recipe",
+        "precision.rht",
+        "precision.scale",
+        "precision.sr",
+        "train.dtype",
+        "train.global_batch",
+        "train.seed",
+        "train.seq_len",
+    ]
+)
 
 
 def test_identity_keys_are_known():

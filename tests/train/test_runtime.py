@@ -42,13 +42,24 @@ CUDA_NAMES = ("current_device", "Stream", "Event", "current_stream", "stream", "
 CPU, GPU = torch.device("cpu"), torch.device("cuda")
 
 
-def _cfg(device="auto", dtype="auto", backend="auto", pp=1, distributed_optimizer=True,
-         fully_reshardable=False, adam_kernel="auto") -> Config:
-    return Config(model=ModelConfig(), train=TrainConfig(device=device, dtype=dtype),
-                  optim=OptimConfig(adam_kernel=adam_kernel),
-                  parallel=ParallelConfig(pp=pp, backend=backend,
-                                          distributed_optimizer=distributed_optimizer),
-                  checkpoint=CheckpointConfig(optim_fully_reshardable=fully_reshardable))
+def _cfg(
+    device="auto",
+    dtype="auto",
+    backend="auto",
+    pp=1,
+    distributed_optimizer=True,
+    fully_reshardable=False,
+    adam_kernel="auto",
+) -> Config:
+    return Config(
+        model=ModelConfig(),
+        train=TrainConfig(device=device, dtype=dtype),
+        optim=OptimConfig(adam_kernel=adam_kernel),
+        parallel=ParallelConfig(
+            pp=pp, backend=backend, distributed_optimizer=distributed_optimizer
+        ),
+        checkpoint=CheckpointConfig(optim_fully_reshardable=fully_reshardable),
+    )
 
 
 TABLE = [  # (machine has CUDA, config keys, expected Runtime fields)

@@ -14,8 +14,27 @@ launch where it can. Modules, each importing only those above it:
   dispatch           host side: what the kernels cover, cached launch plans, the launches,
                      and `prepare`: one or two operands' launch prepared once per shape.
 """
-from .dispatch import (INTERPRETED, PreparedQDQ, check_device, is_device_key, prepare,
-                       quantize_pair, quantize_view, supports, unsupported)
 
-__all__ = ["supports", "unsupported", "check_device", "quantize_view", "quantize_pair",
-           "prepare", "PreparedQDQ", "is_device_key", "INTERPRETED"]
+from .dispatch import (
+    INTERPRETED,
+    PreparedQDQ,
+    check_device,
+    is_device_key,
+    prepare,
+    quantize_pair,
+    quantize_view,
+    supports,
+    unsupported,
+)
+
+__all__ = [
+    "supports",
+    "unsupported",
+    "check_device",
+    "quantize_view",
+    "quantize_pair",
+    "prepare",
+    "PreparedQDQ",
+    "is_device_key",
+    "INTERPRETED",
+]

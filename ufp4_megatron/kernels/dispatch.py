@@ -208,8 +208,18 @@ def is_device_key(seed) -> bool:
     return isinstance(seed, torch.Tensor) and seed.dtype == torch.int64 and seed.numel() == 1
 
 
-def _call_reason(x, rounding, seed, origin, segments=None, scale="fp32", block=16,
-                 block_2d=False, rht=None, tensor_amax=None) -> str | None:
+def _call_reason(
+    x,
+    rounding,
+    seed,
+    origin,
+    segments=None,
+    scale="fp32",
+    block=16,
+    block_2d=False,
+    rht=None,
+    tensor_amax=None,
+) -> str | None:
     """What the kernels refuse in a call's own arguments (shape, seed, origin, segments)."""
     if x.dim() != 2:
         return f"a {x.dim()}-D view (kernels take 2D views)"
@@ -220,8 +230,9 @@ def _call_reason(x, rounding, seed, origin, segments=None, scale="fp32", block=1
             return f"an SR key on {seed.device} for a tensor on {x.device}"
     elif not (_is_int(seed) and 0 <= seed < SEED_LIMIT):
         return f"seed={seed!r} (an int in [0, 2^63), or a 1-element int64 tensor)"
-    if len(origin) != 2 or not (_is_int(origin[0]) and _is_int(origin[1])
-                                and origin[0] >= 0 and origin[1] >= 0):
+    if len(origin) != 2 or not (
+        _is_int(origin[0]) and _is_int(origin[1]) and origin[0] >= 0 and origin[1] >= 0
+    ):
         return f"origin={origin!r} (two non-negative ints)"
     if rounding == "sr" and origin[1] % 4:
         return f"an SR column origin of {origin[1]} (a multiple of 4)"
@@ -356,8 +367,17 @@ def _layout(
     # the view's own seed: only SR without segments reads it (a device key in place)
     seed_ptr = int(seg == 0 and rounding == "sr" and isinstance(seed, torch.Tensor))
     seed_arg = seed if seed_ptr else 0 if isinstance(seed, torch.Tensor) else int(seed)
-    args = (plan.lv, plan.mid, st, plan.sign, *plan.scalars, seed_arg, int(origin[0]),
-            int(origin[1]), *tables)
+    args = (
+        plan.lv,
+        plan.mid,
+        st,
+        plan.sign,
+        *plan.scalars,
+        seed_arg,
+        int(origin[0]),
+        int(origin[1]),
+        *tables,
+    )
     return _Layout(plan, args, length, other, length if keep_padding else C, seg, seed_ptr)
 
 
@@ -428,11 +448,31 @@ def _launch16(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> tor
     """One layout of row-major t [A, B] through the 16-tensor kernels (quantize16_triton)."""
     _, view, n, warps, args, (t0, t1) = _job16(t, lay, along_rows, tile)
     if along_rows:
-        launch(k16._col16_kernel, n, *args, BG=t0, BB=t1, num_warps=warps,
-               INTERP=INTERPRETED, SEG=lay.seg, SEED_PTR=lay.seed_ptr, **lay.plan.consts16)
+        launch(
+            k16._col16_kernel,
+            n,
+            *args,
+            BG=t0,
+            BB=t1,
+            num_warps=warps,
+            INTERP=INTERPRETED,
+            SEG=lay.seg,
+            SEED_PTR=lay.seed_ptr,
+            **lay.plan.consts16,
+        )
     else:
-        launch(k16._row16_kernel, n, *args, BR=t0, BG=t1, num_warps=warps,
-               INTERP=INTERPRETED, SEG=lay.seg, SEED_PTR=lay.seed_ptr, **lay.plan.consts16)
+        launch(
+            k16._row16_kernel,
+            n,
+            *args,
+            BR=t0,
+            BG=t1,
+            num_warps=warps,
+            INTERP=INTERPRETED,
+            SEG=lay.seg,
+            SEED_PTR=lay.seed_ptr,
+            **lay.plan.consts16,
+        )
     return view
 
 
@@ -461,10 +501,25 @@ def _launch(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> torch
     ba, bb, warps, grid = _generic_grid(t.shape, plan, lay.length, lay.other, along_rows, tile)
     shape = (lay.out_len, B) if along_rows else (A, lay.out_len)
     out = torch.empty(shape, dtype=plan.out_dtype, device=t.device)
-    launch(_qdq_kernel, grid,
-           t, t.stride(0), A, B, out, lay.out_len, *lay.args, BA=ba, BB=bb, COL=along_rows,
-           SEG=lay.seg, SEED_PTR=lay.seed_ptr, INTERP=INTERPRETED, num_warps=warps,
-           **plan.consts)
+    launch(
+        _qdq_kernel,
+        grid,
+        t,
+        t.stride(0),
+        A,
+        B,
+        out,
+        lay.out_len,
+        *lay.args,
+        BA=ba,
+        BB=bb,
+        COL=along_rows,
+        SEG=lay.seg,
+        SEED_PTR=lay.seed_ptr,
+        INTERP=INTERPRETED,
+        num_warps=warps,
+        **plan.consts,
+    )
     return out.t() if along_rows else out
 
 
@@ -589,13 +644,29 @@ def quantize_pair(
     if wa != wb:  # one launch has one warp count
         return _quantize_laid_out(a, la, tiles), _quantize_laid_out(b, lb, tiles)
     programs_a = na[0] * na[1]
-    launch(k16._pair16_kernel, (programs_a + nb[0] * nb[1],),
-           *args_a, na[1], programs_a, *args_b, nb[1],
-           A_COL=a_rows, A_T0=a0, A_T1=a1, A_SEG=la.seg, A_SEED_PTR=la.seed_ptr,
-           **la.plan.prefixed["A_"],
-           B_COL=b_rows, B_T0=b0, B_T1=b1, B_SEG=lb.seg, B_SEED_PTR=lb.seed_ptr,
-           **lb.plan.prefixed["B_"],
-           INTERP=INTERPRETED, num_warps=wa)
+    launch(
+        k16._pair16_kernel,
+        (programs_a + nb[0] * nb[1],),
+        *args_a,
+        na[1],
+        programs_a,
+        *args_b,
+        nb[1],
+        A_COL=a_rows,
+        A_T0=a0,
+        A_T1=a1,
+        A_SEG=la.seg,
+        A_SEED_PTR=la.seed_ptr,
+        **la.plan.prefixed["A_"],
+        B_COL=b_rows,
+        B_T0=b0,
+        B_T1=b1,
+        B_SEG=lb.seg,
+        B_SEED_PTR=lb.seed_ptr,
+        **lb.plan.prefixed["B_"],
+        INTERP=INTERPRETED,
+        num_warps=wa,
+    )
     return va, vb
 
 
@@ -627,8 +698,11 @@ class PreparedQDQ:
                 raise ValueError("not a 16-tensor job without segments or e4m3 scales")
             t0, t1, warps = TILES16["col16" if rows else "row16"]
             A, B = t.shape
-            n = ((_cdiv(lay.length // 16, t0), _cdiv(B, t1)) if rows
-                 else (_cdiv(A, t0), _cdiv(lay.length // 16, t1)))
+            n = (
+                (_cdiv(lay.length // 16, t0), _cdiv(B, t1))
+                if rows
+                else (_cdiv(A, t0), _cdiv(lay.length // 16, t1))
+            )
             shape = (lay.out_len, B) if rows else (A, lay.out_len)
             args = [None, t.stride(0), A, B, None, lay.out_len, *lay.args]
             args[13] = None  # the seed: per call
@@ -642,8 +716,14 @@ class PreparedQDQ:
             self.kernel = k16._col16_kernel if along_rows[0] else k16._row16_kernel
             tiles = dict(BG=t0, BB=t1) if along_rows[0] else dict(BR=t0, BG=t1)
             self.grid = n
-            self.kwargs = dict(tiles, num_warps=warps, INTERP=INTERPRETED, SEG=0,
-                               SEED_PTR=lay.seed_ptr, **lay.plan.consts16)
+            self.kwargs = dict(
+                tiles,
+                num_warps=warps,
+                INTERP=INTERPRETED,
+                SEG=0,
+                SEED_PTR=lay.seed_ptr,
+                **lay.plan.consts16,
+            )
             self.template = args
             self.slots = ((0, 4, 13),)
         else:
@@ -653,11 +733,22 @@ class PreparedQDQ:
             programs_a = na[0] * na[1]
             self.kernel = k16._pair16_kernel
             self.grid = (programs_a + nb[0] * nb[1],)
-            self.kwargs = dict(A_COL=along_rows[0], A_T0=a0, A_T1=a1, A_SEG=0,
-                               A_SEED_PTR=la.seed_ptr, **la.plan.prefixed["A_"],
-                               B_COL=along_rows[1], B_T0=b0, B_T1=b1, B_SEG=0,
-                               B_SEED_PTR=lb.seed_ptr, **lb.plan.prefixed["B_"],
-                               INTERP=INTERPRETED, num_warps=wa)
+            self.kwargs = dict(
+                A_COL=along_rows[0],
+                A_T0=a0,
+                A_T1=a1,
+                A_SEG=0,
+                A_SEED_PTR=la.seed_ptr,
+                **la.plan.prefixed["A_"],
+                B_COL=along_rows[1],
+                B_T0=b0,
+                B_T1=b1,
+                B_SEG=0,
+                B_SEED_PTR=lb.seed_ptr,
+                **lb.plan.prefixed["B_"],
+                INTERP=INTERPRETED,
+                num_warps=wa,
+            )
             self.template = [*args_a, na[1], programs_a, *args_b, nb[1]]
             off = len(args_a) + 2
             self.slots = ((0, 4, 13), (off, off + 4, off + 13))
@@ -666,8 +757,9 @@ class PreparedQDQ:
     def __call__(self, tensors, seeds) -> list[torch.Tensor]:
         """The quantized operands, in natural orientation (module docstring)."""
         aligned = tuple(t.data_ptr() % 16 == 0 for t in tensors)
-        classes = tuple(_spec(s) if isinstance(s, int) else (s[0].data_ptr() + 8 * s[1]) % 16
-                        for s in seeds)
+        classes = tuple(
+            _spec(s) if isinstance(s, int) else (s[0].data_ptr() + 8 * s[1]) % 16 for s in seeds
+        )
         key = (aligned, classes)
         prepared = self._launches.get(key)
         if prepared is None:
@@ -677,15 +769,15 @@ class PreparedQDQ:
         ready = prepared.ready
         args = self.template.copy()
         outs = []
-        for (i_t, i_out, i_seed), t, seed, shape, dtype in zip(self.slots, tensors, seeds,
-                                                                self.shapes, self.out_dtypes):
+        for (i_t, i_out, i_seed), t, seed, shape, dtype in zip(
+            self.slots, tensors, seeds, self.shapes, self.out_dtypes
+        ):
             out = torch.empty(shape, dtype=dtype, device=self.device)
             args[i_t], args[i_out] = t, out
             if isinstance(seed, int):
                 args[i_seed] = seed
             else:  # a device key: its address once the launcher is direct, else a view
-                args[i_seed] = (seed[0].data_ptr() + 8 * seed[1] if ready
-                                else _key_view(*seed))
+                args[i_seed] = seed[0].data_ptr() + 8 * seed[1] if ready else _key_view(*seed)
             outs.append(out)
         prepared(*args)
         return outs

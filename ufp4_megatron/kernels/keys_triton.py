@@ -8,6 +8,7 @@ replay draws the next call seed, as the same calls do eagerly. The QDQ kernels t
 their operand's key from that table (SEED_PTR, segments_triton.py). uint64 arithmetic wraps
 modulo 2^64 on the GPU and in the interpreter alike, as numerics.philox.mix_seed's masks do.
 """
+
 import triton
 import triton.language as tl
 
@@ -31,9 +32,20 @@ def _key(z, g: tl.constexpr, o: tl.constexpr):
 # the seed and salts are values, never constexprs: Triton would specialise a 1 (and 0) into
 # the kernel, where `.to` does not exist
 @triton.jit(do_not_specialize=["run_seed", "s0", "s1", "s2", "s3", "first_expert"])
-def _draw_keys_kernel(counter_ptr, out_ptr, run_seed, s0, s1, s2, s3, first_expert,
-                      E: tl.constexpr, NSALT: tl.constexpr, EXPERTS: tl.constexpr,
-                      BLOCK: tl.constexpr):
+def _draw_keys_kernel(
+    counter_ptr,
+    out_ptr,
+    run_seed,
+    s0,
+    s1,
+    s2,
+    s3,
+    first_expert,
+    E: tl.constexpr,
+    NSALT: tl.constexpr,
+    EXPERTS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """out [6, E] <- the key table of draw *counter_ptr; *counter_ptr += 1. Salts s0..s3, the
     first NSALT of them used; EXPERTS: column e is global expert first_expert + e (else
     E == 1 and no expert mixing). E is a constexpr: a call site's expert count never

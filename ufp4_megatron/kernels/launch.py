@@ -154,8 +154,19 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         kernel[grid](*args, **kwargs)
         return
     g = (*grid, 1, 1)
-    compiled.run(g[0], g[1], g[2], driver.active.get_current_stream(device), compiled.function,
-                 compiled.packed_metadata, None, None, None, *args, *tail)
+    compiled.run(
+        g[0],
+        g[1],
+        g[2],
+        driver.active.get_current_stream(device),
+        compiled.function,
+        compiled.packed_metadata,
+        None,
+        None,
+        None,
+        *args,
+        *tail,
+    )
 
 
 _NEVER = (None,)  # Prepared: this site's launches always take `launch` (cache off)
@@ -173,7 +184,7 @@ class Prepared:
     docstring: off, interpreter, no driver) every call takes `launch`; while a launch hook
     is set, too."""
 
-    __slots__ = ("kernel", "grid", "kwargs", "_hit")
+    __slots__ = ("_hit", "grid", "kernel", "kwargs")
 
     def __init__(self, kernel, grid: tuple, kwargs: dict):
         self.kernel, self.grid, self.kwargs = kernel, tuple(grid), kwargs
@@ -192,13 +203,27 @@ class Prepared:
                 self._hit = self._lookup(args)
             return
         compiled, tail, g, device = hit
-        compiled.run(g[0], g[1], g[2], driver.active.get_current_stream(device),
-                     compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
+        compiled.run(
+            g[0],
+            g[1],
+            g[2],
+            driver.active.get_current_stream(device),
+            compiled.function,
+            compiled.packed_metadata,
+            None,
+            None,
+            None,
+            *args,
+            *tail,
+        )
 
     def _lookup(self, args: tuple):
         """After the first launch: what `launch` cached for it, or _NEVER."""
-        if (not (ENABLED and SUPPORTED) or isinstance(self.kernel, InterpretedFunction)
-                or not _cuda()):
+        if (
+            not (ENABLED and SUPPORTED)
+            or isinstance(self.kernel, InterpretedFunction)
+            or not _cuda()
+        ):
             return _NEVER
         device = driver.active.get_current_device()
         try:

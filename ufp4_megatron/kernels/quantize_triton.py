@@ -32,13 +32,40 @@ from .segments_triton import segment_index, segment_keys
 
 
 @triton.jit
-def _qdq_tile(x, r, c_start, r_org, c_org, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, norm, gmax,
-              gneg, sg_idx, sg_n16, sg_seed, sg_start,
-              BR: tl.constexpr, BC: tl.constexpr, B: tl.constexpr, BLOCK_2D: tl.constexpr,
-              SCALE: tl.constexpr, SR: tl.constexpr, LOG_H: tl.constexpr,
-              NLEV: tl.constexpr, ASYM: tl.constexpr, D: tl.constexpr, INV_D: tl.constexpr,
-              FP_M: tl.constexpr, EXACT_DIV: tl.constexpr, SEG: tl.constexpr,
-              SEED_PTR: tl.constexpr):
+def _qdq_tile(
+    x,
+    r,
+    c_start,
+    r_org,
+    c_org,
+    seed,
+    lv_ptr,
+    mid_ptr,
+    st_ptr,
+    sign_ptr,
+    norm,
+    gmax,
+    gneg,
+    sg_idx,
+    sg_n16,
+    sg_seed,
+    sg_start,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
+    B: tl.constexpr,
+    BLOCK_2D: tl.constexpr,
+    SCALE: tl.constexpr,
+    SR: tl.constexpr,
+    LOG_H: tl.constexpr,
+    NLEV: tl.constexpr,
+    ASYM: tl.constexpr,
+    D: tl.constexpr,
+    INV_D: tl.constexpr,
+    FP_M: tl.constexpr,
+    EXACT_DIV: tl.constexpr,
+    SEG: tl.constexpr,
+    SEED_PTR: tl.constexpr,
+):
     """Fake-quantize x [BR, BC] (fp32) along axis 1. r: [BR, 1] local view rows (global:
     r_org + r); the tile's first view column is c_start (local), c_org + c_start (global).
     D > 0: uniform grid of step D (rounding by rint/floor); EXACT_DIV: divide with div_rn
@@ -72,8 +99,7 @@ def _qdq_tile(x, r, c_start, r_org, c_org, seed, lv_ptr, mid_ptr, st_ptr, sign_p
     u = v  # SR only
     if SR:
         c = c_start + 4 * tl.arange(0, BC // 4)[None, :]  # local view column of each word
-        sd, vr, vc, _ = segment_keys(seed, r, c, sg_idx, sg_n16, sg_seed, sg_start, SEG,
-                                     SEED_PTR)
+        sd, vr, vc, _ = segment_keys(seed, r, c, sg_idx, sg_n16, sg_seed, sg_start, SEG, SEED_PTR)
         u = tile_uniforms(sd, vr + r_org, (vc + c_org) // 4, BR, BC)
     return clip_round_dequantize(
         x, v, u, s, lv_ptr, mid_ptr, gmax, gneg, SR, NLEV, ASYM, D, INV_D, FP_M
@@ -81,29 +107,127 @@ def _qdq_tile(x, r, c_start, r_org, c_org, seed, lv_ptr, mid_ptr, st_ptr, sign_p
 
 
 @triton.jit
-def _qdq_kernel(x_ptr, stride_a, A, B, out_ptr, out_len, lv_ptr, mid_ptr, st_ptr, sign_ptr,
-                norm, gmax, gneg, seed, org0, org1, sg_idx, sg_n16, sg_seed, sg_start,
-                BA: tl.constexpr, BB: tl.constexpr, COL: tl.constexpr, BLOCK: tl.constexpr,
-                BLOCK_2D: tl.constexpr, SCALE: tl.constexpr, SR: tl.constexpr,
-                LOG_H: tl.constexpr, NLEV: tl.constexpr, ASYM: tl.constexpr, D: tl.constexpr,
-                INV_D: tl.constexpr, FP_M: tl.constexpr, EXACT_DIV: tl.constexpr,
-                INTERP: tl.constexpr,
-                SEG: tl.constexpr = 0, SEED_PTR: tl.constexpr = 0):
+def _qdq_kernel(
+    x_ptr,
+    stride_a,
+    A,
+    B,
+    out_ptr,
+    out_len,
+    lv_ptr,
+    mid_ptr,
+    st_ptr,
+    sign_ptr,
+    norm,
+    gmax,
+    gneg,
+    seed,
+    org0,
+    org1,
+    sg_idx,
+    sg_n16,
+    sg_seed,
+    sg_start,
+    BA: tl.constexpr,
+    BB: tl.constexpr,
+    COL: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_2D: tl.constexpr,
+    SCALE: tl.constexpr,
+    SR: tl.constexpr,
+    LOG_H: tl.constexpr,
+    NLEV: tl.constexpr,
+    ASYM: tl.constexpr,
+    D: tl.constexpr,
+    INV_D: tl.constexpr,
+    FP_M: tl.constexpr,
+    EXACT_DIV: tl.constexpr,
+    INTERP: tl.constexpr,
+    SEG: tl.constexpr = 0,
+    SEED_PTR: tl.constexpr = 0,
+):
     """Program (BA x BB tile) of one layout: row (COL false, out [A, out_len]) or col (out
     [out_len, B]); the runtime arguments are those of the 16-tensor kernels."""
     x, a0, b0, a, b = load_tile(x_ptr, stride_a, A, B, BA, BB)
     if COL:
         at = a0 + tl.arange(0, BA)[None, :]
         bt = b0 + tl.arange(0, BB)[:, None]
-        y = _qdq_tile(tl.trans(x), bt, a0, org0, org1, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr,
-                      norm, gmax, gneg, sg_idx, sg_n16, sg_seed, sg_start, BB, BA, BLOCK,
-                      BLOCK_2D, SCALE, SR, LOG_H, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV, SEG,
-                      SEED_PTR)
-        tl.store(out_ptr + at.to(tl.int64) * B + bt, cast_out(y, out_ptr, INTERP),
-                 mask=(bt < B) & (at < out_len))
+        y = _qdq_tile(
+            tl.trans(x),
+            bt,
+            a0,
+            org0,
+            org1,
+            seed,
+            lv_ptr,
+            mid_ptr,
+            st_ptr,
+            sign_ptr,
+            norm,
+            gmax,
+            gneg,
+            sg_idx,
+            sg_n16,
+            sg_seed,
+            sg_start,
+            BB,
+            BA,
+            BLOCK,
+            BLOCK_2D,
+            SCALE,
+            SR,
+            LOG_H,
+            NLEV,
+            ASYM,
+            D,
+            INV_D,
+            FP_M,
+            EXACT_DIV,
+            SEG,
+            SEED_PTR,
+        )
+        tl.store(
+            out_ptr + at.to(tl.int64) * B + bt,
+            cast_out(y, out_ptr, INTERP),
+            mask=(bt < B) & (at < out_len),
+        )
     else:
-        y = _qdq_tile(x, a, b0, org0, org1, seed, lv_ptr, mid_ptr, st_ptr, sign_ptr, norm,
-                      gmax, gneg, sg_idx, sg_n16, sg_seed, sg_start, BA, BB, BLOCK, BLOCK_2D,
-                      SCALE, SR, LOG_H, NLEV, ASYM, D, INV_D, FP_M, EXACT_DIV, SEG, SEED_PTR)
-        tl.store(out_ptr + a.to(tl.int64) * out_len + b, cast_out(y, out_ptr, INTERP),
-                 mask=(a < A) & (b < out_len))
+        y = _qdq_tile(
+            x,
+            a,
+            b0,
+            org0,
+            org1,
+            seed,
+            lv_ptr,
+            mid_ptr,
+            st_ptr,
+            sign_ptr,
+            norm,
+            gmax,
+            gneg,
+            sg_idx,
+            sg_n16,
+            sg_seed,
+            sg_start,
+            BA,
+            BB,
+            BLOCK,
+            BLOCK_2D,
+            SCALE,
+            SR,
+            LOG_H,
+            NLEV,
+            ASYM,
+            D,
+            INV_D,
+            FP_M,
+            EXACT_DIV,
+            SEG,
+            SEED_PTR,
+        )
+        tl.store(
+            out_ptr + a.to(tl.int64) * out_len + b,
+            cast_out(y, out_ptr, INTERP),
+            mask=(a < A) & (b < out_len),
+        )

@@ -26,8 +26,9 @@ def segment_index(r, c, sg_idx, sg_n16, SEG: tl.constexpr):
 
 
 @triton.jit
-def segment_keys(seed, r, c, sg_idx, sg_n16, sg_seed, sg_start, SEG: tl.constexpr,
-                 SEED_PTR: tl.constexpr = 0):
+def segment_keys(
+    seed, r, c, sg_idx, sg_n16, sg_seed, sg_start, SEG: tl.constexpr, SEED_PTR: tl.constexpr = 0
+):
     """(seed, r, c, i) that key the SR bits of local view positions (r, c) (broadcastable
     int tensors), and their segment i: unchanged (i = 0) when SEG == 0 (the view's seed: the
     int64 at address `seed` when SEED_PTR, a key table's entry); else the seed of

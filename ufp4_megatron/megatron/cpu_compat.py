@@ -203,8 +203,7 @@ def seed_model_parallel(seed: int, graphs: bool = False) -> None:
 
     torch.manual_seed(seed)
     if cuda_available():
-        model_parallel_cuda_manual_seed(seed, use_cudagraphable_rng=graphs,
-                                        force_reset_rng=graphs)
+        model_parallel_cuda_manual_seed(seed, use_cudagraphable_rng=graphs, force_reset_rng=graphs)
     else:
         with cpu_compat():
             model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True, force_reset_rng=True)

@@ -64,8 +64,14 @@ def _will_backward(input_requires_grad: bool, *params) -> bool:
 def _call_seed(binding: UFP4Binding, dp_rank: int, first_expert: int, experts: int, device):
     """The one SR seed of a role's call over all local experts (module docstring): on the GPU
     the key table [6, experts] of global experts first_expert.. (seeds.py), else an int."""
-    return binding.seeds.draw(binding.layer_number, binding.role, 0, dp_rank,
-                              experts=(first_expert, experts), device=device)
+    return binding.seeds.draw(
+        binding.layer_number,
+        binding.role,
+        0,
+        dp_rank,
+        experts=(first_expert, experts),
+        device=device,
+    )
 
 
 class _RoleSeed:
@@ -90,7 +96,7 @@ class _ExpertSeeds:
         seed = self.role.seed
         if isinstance(seed, torch.Tensor):  # the expert's column of the role's key table
             local = self.expert - self.role.first
-            return seed[:, local:local + 1]
+            return seed[:, local : local + 1]
         return grouped_ops.expert_seed(seed, self.expert)
 
     # The linear's `_extra_state` (linear.py) carries the stream's state, as every UFP4 linear's
@@ -138,10 +144,14 @@ class UFP4SequentialMLP(SequentialMLP):
         }
         for name, (binding, role, linears) in self._roles.items():
             backward = _will_backward(inputs_grad[name], *(linear.weight for linear in linears))
-            role.seed = (_call_seed(binding, self._dp_rank, role.first, len(linears), x.device)
-                         if backward and binding.recipe.uses_sr else 0)
-        return super().forward(permuted_local_hidden_states, tokens_per_expert, permuted_probs,
-                               **kw)
+            role.seed = (
+                _call_seed(binding, self._dp_rank, role.first, len(linears), x.device)
+                if backward and binding.recipe.uses_sr
+                else 0
+            )
+        return super().forward(
+            permuted_local_hidden_states, tokens_per_expert, permuted_probs, **kw
+        )
 
 
 class _UFP4GroupedLinear(MegatronModule):
@@ -243,14 +253,25 @@ class _UFP4GroupedLinear(MegatronModule):
             tokens_per_expert.tolist() if torch.is_tensor(tokens_per_expert) else tokens_per_expert
         )
         groups = grouped_ops.expert_groups(counts, self._align)
-        seed = (_call_seed(self.ufp4, self._dp_rank, self._first_expert, self.num_gemms,
-                           x.device)
-                if self._sr and _will_backward(x.requires_grad, self.weight) else 0)
+        seed = (
+            _call_seed(self.ufp4, self._dp_rank, self._first_expert, self.num_gemms, x.device)
+            if self._sr and _will_backward(x.requires_grad, self.weight)
+            else 0
+        )
         bias = None if self.skip_bias_add else self.bias
         fuse = self.config.gradient_accumulation_fusion
-        y = _GroupedExpertsFn.apply(x.reshape(-1, x.shape[-1]), self.weight, bias,
-                                    self.ufp4.recipe, seed, self._first_expert, groups,
-                                    self._shard, fuse, self.weight_operands)
+        y = _GroupedExpertsFn.apply(
+            x.reshape(-1, x.shape[-1]),
+            self.weight,
+            bias,
+            self.ufp4.recipe,
+            seed,
+            self._first_expert,
+            groups,
+            self._shard,
+            fuse,
+            self.weight_operands,
+        )
         y = y.view(*x.shape[:-1], y.shape[-1])
         return y, (self.bias if self.skip_bias_add else None)
 
@@ -302,15 +323,34 @@ class _GroupedExpertsFn(torch.autograd.Function):
     main_grad when fused."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe: Recipe, seed, first_expert: int, groups,
-                shard: Shard, fuse_wgrad: bool, cache=None):
+    def forward(
+        ctx,
+        x,
+        weight,
+        bias,
+        recipe: Recipe,
+        seed,
+        first_expert: int,
+        groups,
+        shard: Shard,
+        fuse_wgrad: bool,
+        cache=None,
+    ):
         xp = groups.pad(x)
         keys = dict(seed=seed, first_expert=first_expert)
-        ys = [grouped_ops.fprop(xp, w, groups, recipe, **keys, x_origin=(0, shard.k),
-                                w_origin=(n0, shard.k),
-                                qw=_kept(cache, "fprop", c, weight, w, recipe, (n0, shard.k),
-                                         xp.dtype))
-              for c, (w, n0) in enumerate(_chunks(shard, weight, 1))]
+        ys = [
+            grouped_ops.fprop(
+                xp,
+                w,
+                groups,
+                recipe,
+                **keys,
+                x_origin=(0, shard.k),
+                w_origin=(n0, shard.k),
+                qw=_kept(cache, "fprop", c, weight, w, recipe, (n0, shard.k), xp.dtype),
+            )
+            for c, (w, n0) in enumerate(_chunks(shard, weight, 1))
+        ]
         y = groups.unpad(ys[0] if len(ys) == 1 else torch.cat(ys, dim=1))
         if bias is not None:
             y = y + bias.index_select(0, groups.token_experts(y.device)).to(y.dtype)
@@ -328,12 +368,21 @@ class _GroupedExpertsFn(torch.autograd.Function):
         keys = dict(seed=table[0] if table else ctx.seed, first_expert=ctx.first_expert)
         dy = dy.contiguous().to(xp.dtype)
         dyp = groups.pad(dy)
-        dxs = [grouped_ops.dgrad(d, w, groups, recipe, **keys, dy_origin=(0, n0),
-                                 w_origin=(n0, shard.k),
-                                 qw=_kept(ctx.cache, "dgrad", c, weight, w, recipe,
-                                          (n0, shard.k), xp.dtype))
-               for c, ((d, n0), (w, _)) in enumerate(zip(_chunks(shard, dyp, 1),
-                                                         _chunks(shard, weight, 1)))]
+        dxs = [
+            grouped_ops.dgrad(
+                d,
+                w,
+                groups,
+                recipe,
+                **keys,
+                dy_origin=(0, n0),
+                w_origin=(n0, shard.k),
+                qw=_kept(ctx.cache, "dgrad", c, weight, w, recipe, (n0, shard.k), xp.dtype),
+            )
+            for c, ((d, n0), (w, _)) in enumerate(
+                zip(_chunks(shard, dyp, 1), _chunks(shard, weight, 1))
+            )
+        ]
         dx = groups.unpad(dxs[0] if len(dxs) == 1 else torch.stack(dxs).sum(0))
         grad_weight = None
         if ctx.needs_input_grad[1]:
@@ -354,8 +403,11 @@ def _kept(cache, gemm: str, chunk: int, weight, w, recipe, origin, dtype):
     (keyed by the parameter `weight`), or None: no cache, or not RTNE (quantized per call)."""
     if cache is None or not ops.cacheable(recipe, gemm):
         return None
-    return cache.get((gemm, chunk), weight, lambda: grouped_ops.weight_operand(
-        gemm, w, recipe, origin=origin, dtype=dtype))
+    return cache.get(
+        (gemm, chunk),
+        weight,
+        lambda: grouped_ops.weight_operand(gemm, w, recipe, origin=origin, dtype=dtype),
+    )
 
 
 def _check_grouped(

@@ -22,20 +22,27 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.utils import get_pg_rank, get_pg_size
 
-from .parallel_gemm import Comm, Shard, UFP4ParallelLinearFn
 from ..weight_cache import WeightOperands
+from .parallel_gemm import Comm, Shard, UFP4ParallelLinearFn
 from .policy import UFP4Binding
 
 
-def draw_seed(binding: UFP4Binding, sr: bool, x: torch.Tensor, weight: torch.Tensor,
-              expert_index: int, dp_rank: int):
+def draw_seed(
+    binding: UFP4Binding,
+    sr: bool,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    expert_index: int,
+    dp_rank: int,
+):
     """This call's SR seed (seeds.py): on the GPU its key table in device memory, else an
     int. Only forwards that will run backward draw, so eval leaves the stream alone; recipes
     without SR draw nothing (0)."""
     if not (sr and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return 0
-    return binding.seeds.draw(binding.layer_number, binding.role, expert_index + 1, dp_rank,
-                              device=x.device)
+    return binding.seeds.draw(
+        binding.layer_number, binding.role, expert_index + 1, dp_rank, device=x.device
+    )
 
 
 class _UFP4Mixin:
@@ -143,8 +150,9 @@ class _UFP4Mixin:
         seed = draw_seed(self.ufp4, self._sr, input, weight, self.expert_index, self._dp_rank)
         # the cache only where `weight` is this module's own (the parameter its stamp reads)
         cache = self.weight_operands if weight is self.weight else None
-        return UFP4ParallelLinearFn.apply(input, weight, bias, self.ufp4.recipe, seed, shard,
-                                          comm, cache)
+        return UFP4ParallelLinearFn.apply(
+            input, weight, bias, self.ufp4.recipe, seed, shard, comm, cache
+        )
 
 
 def _config_without_apex_check(config):

@@ -80,22 +80,42 @@ def kept_weight(cache, gemm: str, chunk: int, weight, w, recipe, origin):
     no cache, or an operand that is not RTNE (then ops quantizes it every call)."""
     if cache is None or not ops.cacheable(recipe, gemm):
         return None
-    return cache.get((gemm, chunk), weight,
-                     lambda: ops.operand(gemm, "w", w, recipe, origin=origin))
+    return cache.get(
+        (gemm, chunk), weight, lambda: ops.operand(gemm, "w", w, recipe, origin=origin)
+    )
 
 
 def _fprop(x2d, weight, recipe, seed, shard: Shard, cache=None):
-    ys = [ops.fprop(x2d, w, recipe, seed=seed, x_origin=(0, shard.k), w_origin=(n0, shard.k),
-                    qw=kept_weight(cache, "fprop", c, weight, w, recipe, (n0, shard.k)))
-          for c, (w, n0) in enumerate(_chunks(shard, weight, 0))]
+    ys = [
+        ops.fprop(
+            x2d,
+            w,
+            recipe,
+            seed=seed,
+            x_origin=(0, shard.k),
+            w_origin=(n0, shard.k),
+            qw=kept_weight(cache, "fprop", c, weight, w, recipe, (n0, shard.k)),
+        )
+        for c, (w, n0) in enumerate(_chunks(shard, weight, 0))
+    ]
     return ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
 
 
 def _dgrad(dy2d, weight, recipe, seed, shard: Shard, cache=None):
-    dxs = [ops.dgrad(dy, w, recipe, seed=seed, dy_origin=(0, n0), w_origin=(n0, shard.k),
-                     qw=kept_weight(cache, "dgrad", c, weight, w, recipe, (n0, shard.k)))
-           for c, ((dy, n0), (w, _)) in enumerate(zip(_chunks(shard, dy2d, 1),
-                                                      _chunks(shard, weight, 0)))]
+    dxs = [
+        ops.dgrad(
+            dy,
+            w,
+            recipe,
+            seed=seed,
+            dy_origin=(0, n0),
+            w_origin=(n0, shard.k),
+            qw=kept_weight(cache, "dgrad", c, weight, w, recipe, (n0, shard.k)),
+        )
+        for c, ((dy, n0), (w, _)) in enumerate(
+            zip(_chunks(shard, dy2d, 1), _chunks(shard, weight, 0))
+        )
+    ]
     return dxs[0] if len(dxs) == 1 else torch.stack(dxs).sum(0)
 
 
@@ -109,8 +129,7 @@ def _wgrad(dy2d, x2d, recipe, seed, shard: Shard):
 
 class UFP4ParallelLinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe: Recipe, seed, shard: Shard, comm: Comm,
-                cache=None):
+    def forward(ctx, x, weight, bias, recipe: Recipe, seed, shard: Shard, comm: Comm, cache=None):
         if comm.sequence_parallel:
             total_x, _ = _gather_tokens(x, comm.tp_group)
         else:
@@ -124,7 +143,9 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
         ctx.save_for_backward(x, weight, *save_seed(seed))
         # main_grad is kept off save_for_backward as Megatron does (modules reused across
         # layers, e.g. MTP, would trip the in-place version check).
-        ctx.main_grad = getattr(weight, "main_grad", None) if comm.grad_accumulation_fusion else None
+        ctx.main_grad = (
+            getattr(weight, "main_grad", None) if comm.grad_accumulation_fusion else None
+        )
         ctx.recipe, ctx.shard, ctx.comm, ctx.cache = recipe, shard, comm, cache
         ctx.seed = seed if isinstance(seed, int) else 0
         ctx.use_bias = bias is not None
@@ -142,8 +163,9 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
         else:
             total_x = x
         dy2d = dy.reshape(-1, dy.shape[-1]).contiguous()
-        dx = _dgrad(dy2d, weight, recipe, seed, shard, ctx.cache).view(*dy.shape[:-1],
-                                                                       weight.shape[1])
+        dx = _dgrad(dy2d, weight, recipe, seed, shard, ctx.cache).view(
+            *dy.shape[:-1], weight.shape[1]
+        )
         if handle is not None:
             handle.wait()
 

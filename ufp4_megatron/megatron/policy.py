@@ -35,8 +35,8 @@ class UFP4Binding:
     recipe: Recipe
     seeds: SRSeeds
     layer_number: int  # global, 1-based (Megatron's TransformerLayer.layer_number)
-    path: str          # policy path, for errors and logs
-    role: int          # stable id of the path without the layer index, mixed into SR seeds
+    path: str  # policy path, for errors and logs
+    role: int  # stable id of the path without the layer index, mixed into SR seeds
     cache_weights: bool = False  # keep the weight's RTNE operands per step (weight_cache.py)
 
     def __repr__(self) -> str:
@@ -56,9 +56,14 @@ class UFP4Policy:
     "none".
     """
 
-    def __init__(self, recipe: RecipeLike = "ufp4", *,
-                 rules: Mapping[str, RecipeLike] | Sequence[tuple[str, RecipeLike]] = (),
-                 sr_seed: int = 0, weight_cache: str = "experts"):
+    def __init__(
+        self,
+        recipe: RecipeLike = "ufp4",
+        *,
+        rules: Mapping[str, RecipeLike] | Sequence[tuple[str, RecipeLike]] = (),
+        sr_seed: int = 0,
+        weight_cache: str = "experts",
+    ):
         self.default = _resolve(recipe)
         items = rules.items() if isinstance(rules, Mapping) else rules
         self.rules = tuple((str(pattern), _resolve(r)) for pattern, r in items)
@@ -82,9 +87,14 @@ class UFP4Policy:
         if recipe is None:
             return None
         role = path.split(".", 3)[-1] if path.startswith("decoder.layers.") else path
-        return UFP4Binding(recipe=recipe, seeds=self.seeds, layer_number=layer_number,
-                           path=path, role=_stable_id(role),
-                           cache_weights=self.caches_weights(path))
+        return UFP4Binding(
+            recipe=recipe,
+            seeds=self.seeds,
+            layer_number=layer_number,
+            path=path,
+            role=_stable_id(role),
+            cache_weights=self.caches_weights(path),
+        )
 
     def caches_weights(self, path: str) -> bool:
         """Whether the linear at `path` keeps its weight operands (weight_cache)."""

@@ -60,8 +60,9 @@ class SRSeeds:
         self._legacy: torch.Generator | None = None  # a format-1 stream's generator
         self._launches: dict = {}  # prepared draw launches per call site
 
-    def draw(self, *salt: int, experts: tuple[int, int] | None = None,
-             device: torch.device | None = None):
+    def draw(
+        self, *salt: int, experts: tuple[int, int] | None = None, device: torch.device | None = None
+    ):
         """The next draw, salted with `salt` (layer, role, expert, data-parallel rank).
 
         On a CUDA `device`: the call's key table, an int64 tensor [6, E] on the device
@@ -79,7 +80,8 @@ class SRSeeds:
                 "for a stream resumed from a checkpoint of an older ufp4-megatron (its SR "
                 "format cannot be drawn on the device) or tensors off the GPU: run without "
                 "CUDA graphs (train.cuda_graph=none; Megatron: drop --cuda-graph-impl) or "
-                "with a recipe without SR")
+                "with a recipe without SR"
+            )
         if self._counter is not None:  # back from the GPU (rare): continue its count
             self._draws, self._counter = int(self._counter.item()), None
         if self._legacy is not None:
@@ -101,9 +103,9 @@ class SRSeeds:
             if _capturing():
                 raise SRCaptureError(
                     "the SR stream's draw counter is not on the GPU yet: run one step "
-                    "eagerly before capturing a CUDA graph (Megatron's warm-up steps do)")
-            counter = self._counter = torch.tensor([self.draws], dtype=torch.int64,
-                                                   device=device)
+                    "eagerly before capturing a CUDA graph (Megatron's warm-up steps do)"
+                )
+            counter = self._counter = torch.tensor([self.draws], dtype=torch.int64, device=device)
         first, n = experts if experts is not None else (0, 1)
         keys = torch.empty(KEY_ROWS, n, dtype=torch.int64, device=device)
         site = (salt, experts is not None, first, n)
@@ -111,9 +113,17 @@ class SRSeeds:
         if run is None:
             if len(self._launches) > 4096:  # call sites are few; never grow without bound
                 self._launches.clear()
-            run = self._launches[site] = Prepared(_draw_keys_kernel, (1,), dict(
-                E=n, NSALT=len(salt), EXPERTS=experts is not None,
-                BLOCK=min(128, 1 << max(0, (n - 1).bit_length())), num_warps=1))
+            run = self._launches[site] = Prepared(
+                _draw_keys_kernel,
+                (1,),
+                dict(
+                    E=n,
+                    NSALT=len(salt),
+                    EXPERTS=experts is not None,
+                    BLOCK=min(128, 1 << max(0, (n - 1).bit_length())),
+                    num_warps=1,
+                ),
+            )
         run(counter, keys, self.seed, *salt, *(0,) * (4 - len(salt)), first)
         return keys
 
@@ -136,9 +146,11 @@ class SRSeeds:
         elif state["format"] == FORMAT:
             self._legacy = None
         else:
-            raise ValueError(f"SR seed stream of format {state['format']!r}: this ufp4-megatron "
-                             f"reads formats 1 and {FORMAT}; resume with the version that "
-                             "wrote the checkpoint")
+            raise ValueError(
+                f"SR seed stream of format {state['format']!r}: this ufp4-megatron "
+                f"reads formats 1 and {FORMAT}; resume with the version that "
+                "wrote the checkpoint"
+            )
         self._draws = draws
         if self._counter is not None:
             self._counter.fill_(draws)
@@ -149,6 +161,11 @@ class SRSeeds:
         return self
 
     def __repr__(self) -> str:
-        kind = "format 1" if self._legacy is not None else "on the GPU" if self._counter \
-            is not None else "on the host"
+        kind = (
+            "format 1"
+            if self._legacy is not None
+            else "on the GPU"
+            if self._counter is not None
+            else "on the host"
+        )
         return f"SRSeeds(seed={self.seed}, {kind})"

@@ -181,11 +181,15 @@ def policy_from_env() -> UFP4Policy:
         cfg = json.load(f)
     unknown = set(cfg) - {"recipe", "rules", "sr_seed", "weight_cache"}
     if unknown:
-        raise ValueError(f"{value}: unknown keys {sorted(unknown)}; valid: recipe, rules, "
-                         "sr_seed, weight_cache")
-    return UFP4Policy(cfg.get("recipe", "ufp4"), rules=cfg.get("rules", {}),
-                      sr_seed=cfg.get("sr_seed", 0),
-                      weight_cache=cfg.get("weight_cache", "experts"))
+        raise ValueError(
+            f"{value}: unknown keys {sorted(unknown)}; valid: recipe, rules, sr_seed, weight_cache"
+        )
+    return UFP4Policy(
+        cfg.get("recipe", "ufp4"),
+        rules=cfg.get("rules", {}),
+        sr_seed=cfg.get("sr_seed", 0),
+        weight_cache=cfg.get("weight_cache", "experts"),
+    )
 
 
 # ----------------------------------------------------------------------------- the walk

@@ -53,21 +53,32 @@ class Segments:
 
     def __post_init__(self):
         if self.axis not in (0, 1) or isinstance(self.axis, bool):
-            raise ValueError(f"Segments.axis must be 0 (row ranges) or 1 (column ranges), got "
-                             f"{self.axis!r}")
+            raise ValueError(
+                f"Segments.axis must be 0 (row ranges) or 1 (column ranges), got {self.axis!r}"
+            )
         starts = tuple(self.starts)
         if isinstance(self.seeds, torch.Tensor):
             if self.seeds.dtype != torch.int64 or self.seeds.dim() != 1:
-                raise ValueError(f"Segments.seeds as a tensor must be 1-D int64 (a key table's "
-                                 f"row), got {self.seeds.dtype} of shape "
-                                 f"{tuple(self.seeds.shape)}")
+                raise ValueError(
+                    f"Segments.seeds as a tensor must be 1-D int64 (a key table's "
+                    f"row), got {self.seeds.dtype} of shape "
+                    f"{tuple(self.seeds.shape)}"
+                )
             seeds = self.seeds
         else:
             seeds = tuple(self.seeds)
-        plain = (all(type(v) is int for v in starts) and min(starts, default=0) >= 0 and (
-            isinstance(seeds, torch.Tensor) or (
-                all(type(v) is int for v in seeds) and 0 <= min(seeds, default=0)
-                and max(seeds, default=0) < SEED_LIMIT)))
+        plain = (
+            all(type(v) is int for v in starts)
+            and min(starts, default=0) >= 0
+            and (
+                isinstance(seeds, torch.Tensor)
+                or (
+                    all(type(v) is int for v in seeds)
+                    and min(seeds, default=0) >= 0
+                    and max(seeds, default=0) < SEED_LIMIT
+                )
+            )
+        )
         if not plain:  # one value at a time, for a message naming it (a grouped GEMM builds
             #            Segments per call: plain ints skip this)
             starts = tuple(check_int(s, "a segment start", 0) for s in starts)

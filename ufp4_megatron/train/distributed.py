@@ -99,12 +99,19 @@ def init(cfg: ParallelConfig, runtime: Runtime, seed: int) -> Dist:
     if cfg.sp and cfg.tp == 1:
         raise ValueError("parallel.sp=true needs parallel.tp > 1")
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=cfg.tp,
-                                     pipeline_model_parallel_size=cfg.pp,
-                                     expert_model_parallel_size=cfg.ep)
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=cfg.tp,
+            pipeline_model_parallel_size=cfg.pp,
+            expert_model_parallel_size=cfg.ep,
+        )
     seed_model_parallel(seed, graphs=runtime.cuda_graph != "none")
-    return Dist(rank=dist.get_rank(), world_size=world, device=runtime.device, dp=dp,
-                dp_rank=ps.get_data_parallel_rank())
+    return Dist(
+        rank=dist.get_rank(),
+        world_size=world,
+        device=runtime.device,
+        dp=dp,
+        dp_rank=ps.get_data_parallel_rank(),
+    )
 
 
 def shutdown() -> None:

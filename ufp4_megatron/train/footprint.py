@@ -140,9 +140,11 @@ def describe(cfg: Config) -> str:
     lines += [f"per_gpu_{k}: {v:.2f}" for k, v in mem.items()]
     # the weight cache is beside the estimate above: what each train.weight_cache setting
     # adds (auto picks the largest that fits the device, train/graphs.py)
-    lines.append("per_gpu_weight_cache_gib: " + " ".join(
-        f"{which}={weight_cache_gib(cfg, which):.2f}" for which in ("all", "experts")) +
-        f" (train.weight_cache={cfg.train.weight_cache})")
+    lines.append(
+        "per_gpu_weight_cache_gib: "
+        + " ".join(f"{which}={weight_cache_gib(cfg, which):.2f}" for which in ("all", "experts"))
+        + f" (train.weight_cache={cfg.train.weight_cache})"
+    )
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ train.weight_cache=auto keeps all quantized weights' operands where the memory e
 where that fits, else none; all / experts / none as given (weight_cache.py: the same bits
 either way, only memory and time differ).
 """
+
 from __future__ import annotations
 
 from .schema import Config
@@ -38,28 +39,39 @@ def check_cuda_graph(cfg: Config, on_gpu: bool) -> None:
     if t.cuda_graph not in CUDA_GRAPHS:
         raise ValueError(f"train.cuda_graph={t.cuda_graph!r}; valid: {', '.join(CUDA_GRAPHS)}")
     if m.moe_pad_to_capacity and m.moe_capacity_factor is None:
-        raise ValueError("model.moe_pad_to_capacity=true pads to a capacity: set "
-                         "model.moe_capacity_factor (e.g. 1.0) too")
+        raise ValueError(
+            "model.moe_pad_to_capacity=true pads to a capacity: set "
+            "model.moe_capacity_factor (e.g. 1.0) too"
+        )
     if m.moe_capacity_factor is not None and m.moe_capacity_factor <= 0:
-        raise ValueError(f"model.moe_capacity_factor={m.moe_capacity_factor} must be > 0 "
-                         "(or null: dropless)")
+        raise ValueError(
+            f"model.moe_capacity_factor={m.moe_capacity_factor} must be > 0 (or null: dropless)"
+        )
     if t.cuda_graph == "none":
         return
     if not on_gpu:
-        raise ValueError(f"train.cuda_graph={t.cuda_graph} captures CUDA graphs, which need a "
-                         "GPU run; use train.cuda_graph=none on CPU")
+        raise ValueError(
+            f"train.cuda_graph={t.cuda_graph} captures CUDA graphs, which need a "
+            "GPU run; use train.cuda_graph=none on CPU"
+        )
     if m.num_experts is not None and not (m.moe_capacity_factor and m.moe_pad_to_capacity):
-        raise ValueError(f"train.cuda_graph={t.cuda_graph} with MoE needs static expert "
-                         "shapes: set model.moe_capacity_factor (e.g. 1.0) and "
-                         "model.moe_pad_to_capacity=true (drop-and-pad), or "
-                         "train.cuda_graph=none")
+        raise ValueError(
+            f"train.cuda_graph={t.cuda_graph} with MoE needs static expert "
+            "shapes: set model.moe_capacity_factor (e.g. 1.0) and "
+            "model.moe_pad_to_capacity=true (drop-and-pad), or "
+            "train.cuda_graph=none"
+        )
     if cfg.parallel.pp > 1:
-        raise ValueError(f"train.cuda_graph={t.cuda_graph} with parallel.pp > 1 is not "
-                         "supported here (not tried); use train.cuda_graph=none")
+        raise ValueError(
+            f"train.cuda_graph={t.cuda_graph} with parallel.pp > 1 is not "
+            "supported here (not tried); use train.cuda_graph=none"
+        )
     if t.cuda_graph_warmup < 1:
-        raise ValueError(f"train.cuda_graph_warmup={t.cuda_graph_warmup} must be >= 1: the "
-                         "kernels compile and the SR draw counter reaches the GPU in an "
-                         "eager step before capture")
+        raise ValueError(
+            f"train.cuda_graph_warmup={t.cuda_graph_warmup} must be >= 1: the "
+            "kernels compile and the SR draw counter reaches the GPU in an "
+            "eager step before capture"
+        )
 
 
 def megatron_config(cfg: Config) -> dict:
@@ -67,12 +79,17 @@ def megatron_config(cfg: Config) -> dict:
     t, m = cfg.train, cfg.model
     out = {}
     if m.num_experts is not None and m.moe_capacity_factor is not None:
-        out.update(moe_expert_capacity_factor=m.moe_capacity_factor,
-                   moe_pad_expert_input_to_capacity=m.moe_pad_to_capacity)
+        out.update(
+            moe_expert_capacity_factor=m.moe_capacity_factor,
+            moe_pad_expert_input_to_capacity=m.moe_pad_to_capacity,
+        )
     if t.cuda_graph != "none":
         # the whole layer (local) or nothing per layer (full_iteration: one graph outside)
-        out.update(cuda_graph_impl=t.cuda_graph, cuda_graph_modules=[],
-                   cuda_graph_warmup_steps=t.cuda_graph_warmup)
+        out.update(
+            cuda_graph_impl=t.cuda_graph,
+            cuda_graph_modules=[],
+            cuda_graph_warmup_steps=t.cuda_graph_warmup,
+        )
     return out
 
 
@@ -92,7 +109,9 @@ def resolve_weight_cache(cfg: Config, device_bytes: int | None) -> str:
     base = memory_estimate(described)["total_gib"]
     budget = FIT_FRACTION * device_bytes / 2**30
     for which in ("all", "experts"):
-        if weight_cache_gib(described, which) > 0 and \
-                base + weight_cache_gib(described, which) <= budget:
+        if (
+            weight_cache_gib(described, which) > 0
+            and base + weight_cache_gib(described, which) <= budget
+        ):
             return which
     return "none"

@@ -40,10 +40,12 @@ NON_IDENTITY_KEYS = {("data", "cache_dir"), ("data", "valid_seed")}
 # after the key existed finds no sibling among the runs recorded before it. A new identity
 # key goes here, with the value that reproduces
 # the earlier runs, and into tests/train/test_run_identity.py's IDENTITY_KEYS.
-KEYS_ADDED_LATER: dict[tuple[str, str], Any] = {("model", "cross_entropy_fusion"): False,
-                                                   ("model", "transformer_impl"): "local",
-                                                   ("model", "moe_capacity_factor"): None,
-                                                   ("model", "moe_pad_to_capacity"): False}
+KEYS_ADDED_LATER: dict[tuple[str, str], Any] = {
+    ("model", "cross_entropy_fusion"): False,
+    ("model", "transformer_impl"): "local",
+    ("model", "moe_capacity_factor"): None,
+    ("model", "moe_pad_to_capacity"): False,
+}
 
 
 def _plain(cfg: Any) -> Mapping:

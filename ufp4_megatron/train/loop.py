@@ -76,8 +76,9 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
     )
     recipe = recipe_from_config(cfg.precision)
     check_bf16_layers(cfg.precision, cfg.model.num_layers)
-    model, policy = model_lib.build_model(cfg, recipe, rt.dtype, device,
-                                          weight_cache=rt.weight_cache)
+    model, policy = model_lib.build_model(
+        cfg, recipe, rt.dtype, device, weight_cache=rt.weight_cache
+    )
     opt = optim.build_optimizer(model, cfg, rt)
     train_model = opt.model  # Megatron's DDP wrapper
     t = cfg.train
@@ -98,8 +99,16 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
 
     start = 0
     if cfg.checkpoint.resume and checkpoint.latest_step(ckpt_dir) is not None:
-        start = checkpoint.load(ckpt_dir, model, opt, extra, runtime=rt, run=run,
-                                run_dir=run_dir, verify=cfg.checkpoint.checksums)
+        start = checkpoint.load(
+            ckpt_dir,
+            model,
+            opt,
+            extra,
+            runtime=rt,
+            run=run,
+            run_dir=run_dir,
+            verify=cfg.checkpoint.checksums,
+        )
         weight_cache.invalidate()  # loaded weights: kept operands of the built ones are stale
     is_main = env.rank == 0
     if is_main:
@@ -150,9 +159,14 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
         if probes is not None:
             probes.active = diag_step
         reports = schedule.forward_backward(
-            train_model, _batches(train_ds, step, cfg, env, device),
-            n_micro=n_micro, seq_len=t.seq_len, micro_batch=t.micro_batch, forward_only=False,
-            step_fn=step_fn)
+            train_model,
+            _batches(train_ds, step, cfg, env, device),
+            n_micro=n_micro,
+            seq_len=t.seq_len,
+            micro_batch=t.micro_batch,
+            forward_only=False,
+            step_fn=step_fn,
+        )
         grad_norm = opt.step()
         loss = _mean_loss(reports, rt)
         step += 1
@@ -180,8 +194,11 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
         if rt.on_gpu:
             record["mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
             if step == start + 1 and is_main and rt.weight_cache != "none":
-                print(f"weight cache: {weight_cache.kept_bytes(model) / 2**30:.2f} GiB kept "
-                      f"({rt.weight_cache})", flush=True)
+                print(
+                    f"weight cache: {weight_cache.kept_bytes(model) / 2**30:.2f} GiB kept "
+                    f"({rt.weight_cache})",
+                    flush=True,
+                )
         else:  # peak resident memory of this process (Linux reports KiB)
             record["max_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         logged = step % cfg.logging.log_interval == 0 or step == t.steps

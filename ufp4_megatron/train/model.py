@@ -78,7 +78,9 @@ def transformer_config(
         cross_entropy_fusion_impl="native",
         # train.deterministic: Megatron's deterministic code paths (train/determinism.py)
         deterministic_mode=cfg.train.deterministic,
-        **moe, **te, **graphs.megatron_config(cfg),
+        **moe,
+        **te,
+        **graphs.megatron_config(cfg),
     )
 
 
@@ -130,8 +132,14 @@ def needs_attention_mask(cfg: Config) -> bool:
     return cfg.model.attention_backend == "megatron"
 
 
-def build_model(cfg: Config, recipe: Recipe, dtype: torch.dtype, device: torch.device, *,
-                weight_cache: str | None = None):
+def build_model(
+    cfg: Config,
+    recipe: Recipe,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    weight_cache: str | None = None,
+):
     """(GPTModel, policy); the policy owns the SR-seed stream that checkpoints must save.
     weight_cache: which linears keep their weight operands per step (Runtime.weight_cache;
     None: UFP4Policy's default)."""
@@ -144,8 +152,11 @@ def build_model(cfg: Config, recipe: Recipe, dtype: torch.dtype, device: torch.d
             f"train.seq_len={cfg.train.seq_len} exceeds model.max_seq_len={m.max_seq_len}"
         )
     config = transformer_config(cfg, dtype, device, recipe)
-    policy = UFP4Policy(recipe, sr_seed=cfg.train.seed,
-                        **({} if weight_cache is None else {"weight_cache": weight_cache}))
+    policy = UFP4Policy(
+        recipe,
+        sr_seed=cfg.train.seed,
+        **({} if weight_cache is None else {"weight_cache": weight_cache}),
+    )
     model = GPTModel(
         config=config,
         transformer_layer_spec=block_spec(

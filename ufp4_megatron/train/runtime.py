@@ -77,10 +77,15 @@ class Runtime:
     def describe(self) -> str:
         """One line for the run's log: what was decided."""
         dtype = str(self.dtype).removeprefix("torch.")
-        opt = (f"distributed optimizer ({self.optim_sharding})" if self.distributed_optimizer
-               else "plain optimizer")
-        return (f"runtime: {self.device.type} {dtype}, {self.backend}, {opt}, adam {self.adam}, "
-                f"cuda graphs {self.cuda_graph}, weight cache {self.weight_cache}")
+        opt = (
+            f"distributed optimizer ({self.optim_sharding})"
+            if self.distributed_optimizer
+            else "plain optimizer"
+        )
+        return (
+            f"runtime: {self.device.type} {dtype}, {self.backend}, {opt}, adam {self.adam}, "
+            f"cuda graphs {self.cuda_graph}, weight cache {self.weight_cache}"
+        )
 
     @property
     def on_gpu(self) -> bool:
@@ -149,8 +154,13 @@ def resolve_adam(requested: str, library: str | None) -> str:
 INSTALLED = "installed"  # decide()'s default: ask this machine which FusedAdam it has
 
 
-def decide(cfg: Config, *, cuda: bool | None = None,
-           adam_library: str | None = INSTALLED, device_bytes: int | None = None) -> Runtime:
+def decide(
+    cfg: Config,
+    *,
+    cuda: bool | None = None,
+    adam_library: str | None = INSTALLED,
+    device_bytes: int | None = None,
+) -> Runtime:
     """The Runtime of `cfg` on a machine with (cuda=True) or without CUDA (None: this one),
     with `adam_library` ('te', 'apex', None: neither; INSTALLED: what this machine has) and
     a GPU of `device_bytes` memory (None: this one's, asked when the run is on the GPU).
@@ -197,8 +207,13 @@ def decide(cfg: Config, *, cuda: bool | None = None,
     check_cuda_graph(cfg, on_gpu)
     if on_gpu and device_bytes is None and torch.cuda.is_available():
         device_bytes = torch.cuda.get_device_properties(0).total_memory
-    return Runtime(device=device, dtype=dtype, backend=backend,
-                   distributed_optimizer=p.distributed_optimizer, optim_sharding=sharding,
-                   adam=resolve_adam(cfg.optim.adam_kernel, library),
-                   cuda_graph=cfg.train.cuda_graph,
-                   weight_cache=resolve_weight_cache(cfg, device_bytes if on_gpu else None))
+    return Runtime(
+        device=device,
+        dtype=dtype,
+        backend=backend,
+        distributed_optimizer=p.distributed_optimizer,
+        optim_sharding=sharding,
+        adam=resolve_adam(cfg.optim.adam_kernel, library),
+        cuda_graph=cfg.train.cuda_graph,
+        weight_cache=resolve_weight_cache(cfg, device_bytes if on_gpu else None),
+    )

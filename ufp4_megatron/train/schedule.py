@@ -42,14 +42,28 @@ def step_function(cuda_graph: str = "none", warmup: int = 3):
     return fn
 
 
-def forward_backward(model, batches, *, n_micro: int, seq_len: int, micro_batch: int,
-                     forward_only: bool, step_fn=None) -> list[dict]:
+def forward_backward(
+    model,
+    batches,
+    *,
+    n_micro: int,
+    seq_len: int,
+    micro_batch: int,
+    forward_only: bool,
+    step_fn=None,
+) -> list[dict]:
     """Runs n_micro micro-batches, accumulating grads unless forward_only; returns reports
     (empty on pipeline stages other than the last). step_fn: step_function()'s (training
     steps; None: Megatron's plain function)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     return (step_fn or get_forward_backward_func())(
-        forward_step_func=forward_step, data_iterator=iter(batches), model=[model],
-        num_microbatches=n_micro, seq_length=seq_len, micro_batch_size=micro_batch,
-        decoder_seq_length=seq_len, forward_only=forward_only)
+        forward_step_func=forward_step,
+        data_iterator=iter(batches),
+        model=[model],
+        num_microbatches=n_micro,
+        seq_length=seq_len,
+        micro_batch_size=micro_batch,
+        decoder_seq_length=seq_len,
+        forward_only=forward_only,
+    )

@@ -58,7 +58,7 @@ class ModelConfig:
     # tokens per expert capped at capacity_factor * tokens * topk / experts (None: dropless),
     # and with moe_pad_to_capacity every expert's input padded to that capacity: static
     # shapes, what CUDA graphs of an MoE model need (train.cuda_graph)
-    moe_capacity_factor: Optional[float] = None
+    moe_capacity_factor: float | None = None
     moe_pad_to_capacity: bool = False
 
 
