@@ -8,7 +8,8 @@
 #   megatron_lm  gpu/te_megatron_lm.py: stock Megatron-LM pretrain_gpt.py with
 #                --fp4-recipe custom --fp4-quantizer-factory ufp4_megatron.te.<recipe>, 30
 #                iterations, 16 of 17 linears quantized, losses against the --spec route and
-#                BF16, --save/--load resume (needs the Megatron-LM archive of gpu/megatron_lm.sh)
+#                BF16, --save/--load resume (needs the Megatron-LM archive of gpu/megatron_lm.sh);
+#                the --spec comparison at TE_SEEDS too (default 1235,1236: three seeds in all)
 #   steps        gpu/te_steps.py: the trainer's step time, TE+UFP4 vs TE BF16 vs the local
 #                route, dense_1p5b and moe_7p9b at 2 layers
 # Needs TransformerEngine from gpu/te_setup.sh (in TE_SITE, default /tmp/te-site), and for
@@ -16,8 +17,8 @@
 # gpu/te_setup.sh in the same run). Writes to OUT (default runs/gpu/te_check): te_check.md (the
 # status table), te_check.log, te_parity.json, te_megatron_lm.{md,json,log} and te_steps.json
 # (the runs' own files stay in /tmp).  PARTS=parity,megatron_lm,steps (default all) picks parts.
-# At most 9 minutes on an H200: each part stops at its limit (parity 110 s, megatron_lm 170 s,
-# steps 240 s; estimated from the scripts' sizes, not yet measured), set-up ~10-30 s.
+# Each part stops at its limit (parity 110 s, megatron_lm 330 s, steps 240 s); all three take
+# more than one 10-minute slot, so PARTS=parity,megatron_lm and PARTS=steps are two runs.
 set -uo pipefail
 OUT=${OUT:-runs/gpu/te_check}; mkdir -p "$OUT"
 PARTS=${PARTS:-parity,megatron_lm,steps}
@@ -53,8 +54,8 @@ else
   run_part parity 110 python3 gpu/te_parity.py --out "$OUT"
   TARBALL=${MEGATRON_LM_TARBALL:-wheelhouse/megatron-lm-f8837c04ef.tar.gz}
   if [[ -f $TARBALL ]]; then
-    run_part megatron_lm 170 python3 gpu/te_megatron_lm.py --tarball "$TARBALL" --out "$OUT" \
-      --jobs 7 --timeout 150
+    run_part megatron_lm 330 python3 gpu/te_megatron_lm.py --tarball "$TARBALL" --out "$OUT" \
+      --jobs 7 --timeout 150 --seeds "${TE_SEEDS:-1235,1236}"
   else
     status[megatron_lm]="not run (no $TARBALL: see gpu/megatron_lm.sh)"
   fi

@@ -19,7 +19,12 @@ spec-te-ufp4 as two SR streams of the local route are to each other (max |loss d
 <= 3x the yardstick, at least 1e-3); the resumed run equals te-ufp4 at iterations 21..30 (as
 Megatron-LM logs them).
 
+With --seeds S1,S2 the trajectory check runs te-ufp4, spec-te-ufp4 and spec-te-ufp4-sr1 again
+at each --seed (another initialisation, data order and SR stream) and compares the routes'
+differences with the SR-only ones over all seeds (seed_comparison).
+
     python3 gpu/te_megatron_lm.py --tarball T --out DIR [--only NAME,...] [--jobs 3]
+        [--seeds 1235,1236]
 """
 
 from __future__ import annotations
@@ -49,6 +54,23 @@ COMPARISONS = {  # the --spec route in Megatron's TE spec (docs/megatron-lm.md, 
         f'pretrain_gpt.py "${{ARGS[@]}}" {TE_FLAGS} {SPEC}'
     ),
 }
+# More --seed values (another initialisation, data order and SR stream) for the trajectory
+# comparison: te-ufp4, spec-te-ufp4 and spec-te-ufp4-sr1 run again at each, named NAME@SEED.
+TRIO = ("te-ufp4", "spec-te-ufp4", "spec-te-ufp4-sr1")
+WINDOW = 10  # the last iterations whose mean loss is compared
+
+
+def seeded(runs: list[tuple[str, str]], seeds: list[int]) -> list[tuple[str, str]]:
+    """The TRIO's blocks again with `--seed S` on their torchrun line, as NAME@S."""
+    blocks = dict(runs)
+    return [
+        (f"{n}@{s}", blocks[n].rstrip("\n") + f" --seed {s}\n")
+        for s in seeds
+        for n in TRIO
+        if n in blocks
+    ]
+
+
 # name -> (parallel linears, of them UFP4, TE linears, of them quantized by ufp4_megatron.te, recipe)
 EXPECTED = {
     "te-bf16": (1, 0, 16, 0, None),
@@ -74,9 +96,9 @@ def evaluate(results: dict[str, dict], iters: int) -> list[tuple[str, bool, str]
         checks.append(
             (f"{name}: ran {iters} iterations", ok, f"rc={r['rc']}, {len(r['loss'])} logged")
         )
-        if name not in EXPECTED:
+        if name.split("@")[0] not in EXPECTED:
             continue
-        lin, ufp4, te_lin, te_q, recipe = EXPECTED[name]
+        lin, ufp4, te_lin, te_q, recipe = EXPECTED[name.split("@")[0]]
         got = [
             (
                 p["linears"],
@@ -127,7 +149,10 @@ def evaluate(results: dict[str, dict], iters: int) -> list[tuple[str, bool, str]
             )
         )
     d, yard = diff("te-ufp4", "spec-te-ufp4"), diff("spec-te-ufp4", "spec-te-ufp4-sr1")
-    if d is not None and yard is not None:
+    across = seed_comparison(loss, iters)
+    if across is not None:
+        checks.append(across)
+    elif d is not None and yard is not None:
         bound = 3 * max(yard, 1e-3)
         checks.append(
             (
@@ -158,6 +183,46 @@ def evaluate(results: dict[str, dict], iters: int) -> list[tuple[str, bool, str]
             )
         )
     return checks
+
+
+def seed_comparison(loss: dict[str, dict], iters: int):
+    """The TE route against the local route over every seed that has the whole TRIO (the
+    default one and each NAME@SEED): per seed, route = te-ufp4 - spec-te-ufp4 and noise =
+    spec-te-ufp4-sr1 - spec-te-ufp4 (the local route with only its SR stream changed), each as
+    the max |loss difference| over the iterations and as the difference of the last-WINDOW
+    mean losses. PASS: the routes' max difference is within 3x the largest SR-only one (at
+    least 1e-3), and the routes' mean differences are not told apart from the SR-only ones
+    (Welch's t-test, p >= 0.01). None with fewer than two seeds."""
+    from scipy import stats
+
+    every, last = range(1, iters + 1), range(iters - WINDOW + 1, iters + 1)
+    tags = [""] + sorted({n.split("@", 1)[1] for n in loss if "@" in n})
+    route, noise, route_max, noise_max = [], [], [], []
+    for tag in tags:
+        te, spec, sr1 = (loss.get(n + (f"@{tag}" if tag else "")) for n in TRIO)
+        if not (te and spec and sr1) or not all(i in r for r in (te, spec, sr1) for i in every):
+            continue
+
+        def mean(r):
+            return sum(r[i] for i in last) / len(last)
+
+        route.append(mean(te) - mean(spec))
+        noise.append(mean(sr1) - mean(spec))
+        route_max.append(mlm._max_diff(te, spec, every))
+        noise_max.append(mlm._max_diff(sr1, spec, every))
+    if len(route) < 2:
+        return None
+    bound = 3 * max(max(noise_max), 1e-3)
+    p = float(stats.ttest_ind(route, noise, equal_var=False).pvalue)
+    p = 1.0 if p != p else p  # NaN: both samples constant and equal
+    return (
+        f"te-ufp4 vs spec-te-ufp4 (local route) over {len(route)} seeds: within the SR-only "
+        "spread (max |dloss| <= 3x, last-10 means not told apart)",
+        max(route_max) <= bound and p >= 0.01,
+        f"max |dloss| routes {max(route_max):.6f} vs SR-only {max(noise_max):.6f} (bound "
+        f"{bound:.6f}); last-{WINDOW} mean te-spec {[round(v, 5) for v in route]}, "
+        f"sr1-spec {[round(v, 5) for v in noise]}, Welch p={p:.3f}",
+    )
 
 
 def table(results: dict[str, dict], checks, iters: int) -> str:
@@ -199,14 +264,16 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=3, help="runs side by side on the GPU")
     p.add_argument("--timeout", type=int, default=300)
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--seeds", default="", help="more --seed values for the trajectory check")
     a = p.parse_args()
     shutil.rmtree(a.work, ignore_errors=True)
     a.out.mkdir(parents=True, exist_ok=True)
     mlm.prepare(a.tarball, a.work, a.site)
     common, _ = mlm.documented_runs()
     runs = te_runs() + list(COMPARISONS.items())
+    runs += seeded(runs, [int(v) for v in a.seeds.split(",") if v])
     only = set(filter(None, a.only.split(",")))
-    runs = [(n, b) for n, b in runs if not only or n in only]
+    runs = [(n, b) for n, b in runs if not only or n.split("@")[0] in only]
     results = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
         futures = {

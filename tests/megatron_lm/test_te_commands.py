@@ -127,3 +127,33 @@ def test_te_check_judges_the_runs():
     )
     failed = {name for name, ok, _ in tool.evaluate(missing, 30) if not ok}
     assert failed == {"te-ufp4: 17 linears, 16 quantized by ufp4_megatron.te (ufp4)"}
+
+
+def test_te_check_compares_the_routes_over_seeds():
+    """With --seeds, the routes' trajectories are judged against the SR-only spread of every
+    seed: a route that tracks the local one as closely as another SR stream does passes; one
+    shifted by more than the seeds' spread fails; one seed alone is not judged this way."""
+    tool = _te_tool()
+    its = range(1, 31)
+    blocks = tool.seeded([("te-ufp4", "torchrun x \\\n    --a b\n"), ("te-bf16", "y\n")], [7])
+    assert blocks == [("te-ufp4@7", "torchrun x \\\n    --a b --seed 7\n")]
+
+    def trio(shift, wobble, tag=""):
+        base = {i: 7.0 - 0.01 * i + 0.001 * wobble for i in its}
+        at = f"@{tag}" if tag else ""
+        return {
+            f"te-ufp4{at}": {
+                i: v + shift + 0.002 * ((i + wobble) % 3 - 1) for i, v in base.items()
+            },
+            f"spec-te-ufp4{at}": base,
+            f"spec-te-ufp4-sr1{at}": {
+                i: v + 0.002 * ((i + 2 * wobble) % 3 - 1) for i, v in base.items()
+            },
+        }
+
+    close = trio(0.0, 0) | trio(0.0, 1, "1235") | trio(0.0, 2, "1236")
+    name, ok, detail = tool.seed_comparison(close, 30)
+    assert ok and "over 3 seeds" in name, detail
+    shifted = trio(0.05, 0) | trio(0.05, 1, "1235") | trio(0.05, 2, "1236")
+    assert not tool.seed_comparison(shifted, 30)[1]
+    assert tool.seed_comparison(trio(0.0, 0), 30) is None
