@@ -11,7 +11,7 @@
 #                BF16, --save/--load resume (needs the Megatron-LM archive of gpu/megatron_lm.sh);
 #                the --spec comparison at TE_SEEDS too (default 1235,1236: three seeds in all)
 #   steps        gpu/te_steps.py: the trainer's step time, TE+UFP4 vs TE BF16 vs the local
-#                route, dense_1p5b and moe_7p9b at 2 layers
+#                route, dense_1p5b at 2 layers
 # Needs TransformerEngine from gpu/te_setup.sh (in TE_SITE, default /tmp/te-site), and for
 # megatron_lm and steps the wheelhouse of gpu/setup.sh (parity runs without it, so it can follow
 # gpu/te_setup.sh in the same run). Writes to OUT (default runs/gpu/te_check): te_check.md (the

@@ -107,3 +107,17 @@ def test_trainer_refuses_te_route_cases(tmp_path, overrides, fragment):
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
     assert fragment in lines[0], lines[0]
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.usefixtures("hydra_configs")
+def test_te_route_refuses_grouped_experts_it_cannot_checkpoint():
+    """Megatron-Core's TEGroupedLinear cannot save the extra state of a custom FP4 recipe
+    (its SafeUnpickler lacks CustomRecipe): refused before step 1, not at the first save."""
+    from _config import typed_default
+
+    from ufp4_megatron.train.te_route import check_config
+
+    with pytest.raises(ValueError, match="use model.transformer_impl=local for MoE models"):
+        check_config(typed_default("model=moe_small", TE, "precision=ufp4"))
+    check_config(typed_default("model=moe_small", TE, "precision=bf16"))  # no FP4 recipe
+    check_config(typed_default("model=moe_small", "precision=ufp4"))  # the local route

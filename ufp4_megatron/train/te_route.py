@@ -12,7 +12,8 @@ model.attention_backend's in both routes, so they differ in their linears only.
 
 Checked before anything is built: TransformerEngine >= 2.19 importable (check_installed), and
 what the TE route refuses (check_config): sequence parallelism, tensor parallelism with
-stochastic rounding, SR on weights, per-layer diagnostics (they hook the local route's linears).
+stochastic rounding, SR on weights, per-layer diagnostics (they hook the local route's linears),
+and grouped MoE experts with a 4-bit recipe (Megatron-Core cannot checkpoint them).
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ def check_config(cfg) -> None:
             "transformer_engine: the per-layer diagnostics hook the local route's "
             "linears; set logging.wandb.diagnostics_interval=0 or use "
             "model.transformer_impl=local"
+        )
+    if m.num_experts and m.moe_grouped_gemm and recipe.quantized:
+        # Megatron-Core 0.19's TEGroupedLinear decodes its extra state (which holds TE's
+        # CustomRecipe) with an allowlist that lacks CustomRecipe: the first checkpoint save
+        # would fail after the steps before it had trained
+        raise ValueError(
+            "model.transformer_impl=transformer_engine with grouped MoE experts and a 4-bit "
+            "recipe: Megatron-Core cannot save their checkpoint (its SafeUnpickler refuses "
+            "TE's CustomRecipe in TEGroupedLinear's extra state); use "
+            "model.transformer_impl=local for MoE models"
         )
     check_recipe(recipe)
     check_parallel(recipe, p.tp)
