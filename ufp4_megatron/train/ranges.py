@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 import typing
 from dataclasses import dataclass
 
 INT_LIMIT = 2**31  # default upper bound (exclusive) of an int option
+# Optional[int] and int | None: the schema may spell an optional field either way
+UNIONS = (typing.Union, types.UnionType)
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,7 @@ RANGES: dict[str, Range] = {
 def _numeric(tp) -> type | None:
     """int or float for int, float, Optional[...] and list[...] of them; else None."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
-    if typing.get_origin(tp) in (typing.Union, list) and len(args) == 1:
+    if typing.get_origin(tp) in (*UNIONS, list) and len(args) == 1:
         return _numeric(args[0])
     return tp if tp in (int, float) else None
 
@@ -175,7 +178,7 @@ def numeric_fields(cls=None, prefix: str = "") -> list[tuple[str, type]]:
     out = []
     for name, tp in typing.get_type_hints(cls).items():
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        inner = args[0] if typing.get_origin(tp) is typing.Union and len(args) == 1 else tp
+        inner = args[0] if typing.get_origin(tp) in UNIONS and len(args) == 1 else tp
         if dataclasses.is_dataclass(inner):
             out += numeric_fields(inner, f"{prefix}{name}.")
         elif (kind := _numeric(tp)) is not None:
