@@ -50,7 +50,15 @@ def cache(tmp_path_factory):
 def _start(cmd, tmp, name: str) -> tuple[subprocess.Popen, object]:
     err = (tmp / f"{name}.err").open("w")
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env(tmp), stdout=subprocess.PIPE, stderr=err, text=True
+        cmd,
+        cwd=ROOT,
+        env=env(tmp),
+        stdout=subprocess.PIPE,
+        stderr=err,
+        text=True,
+        # Ctrl-C's disposition of a job a shell starts in the foreground; a pytest-xdist
+        # worker ignores SIGINT, and a child would inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     return proc, err
 
