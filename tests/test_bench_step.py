@@ -106,9 +106,10 @@ def test_oom_and_missing_rows_render():
     assert abs(rows[1]["x_bf16"] - 1.1) < 1e-12 and abs(rows[1]["mem_x_bf16"] - 1.05) < 1e-12
     text = step.table(rows)
     assert text.count("\n") == len(rows) + 1
-    assert "| small | ufp4 | ok | 110.0 | - | 1.100 |" in text  # a row without the spread
-    assert "| small | bf16 | ok | 100.0 | 97.3-104.0 | 1.000 |" in text
-    assert "| small | nvfp4 | OOM |" in text and "not run (time budget)" in text
+    assert "| small | - | ufp4 | ok | 110.0 | - | 1.100 | - |" in text  # no spread, no floor
+    assert "| small | - | bf16 | ok | 100.0 | 97.3-104.0 | 1.000 |" in text
+    assert "| small | - | nvfp4 | OOM |" in text and "not run (time budget)" in text
+    assert all(line.count("|") == text.splitlines()[0].count("|") for line in text.splitlines())
 
 
 def _run(step_ms, lo, hi, status="ok", mem=10.0, loss=5.0):
@@ -141,7 +142,7 @@ def test_repeated_runs_aggregate_and_show_their_spread():
     assert abs(rows[1]["x_bf16"] - 115 / 85) < 1e-12
     assert rows[1]["x_bf16_runs"] == [120 / 80, 110 / 90]
     text = step.table(rows)
-    cells = "| small | ufp4 | ok | 115.0 (120.0, 110.0) | 100.0-130.0 | 1.353 (1.500, 1.222) |"
+    cells = "| small | - | ufp4 | ok | 115.0 (120.0, 110.0) | 100.0-130.0 | 1.353 (1.500, 1.222) |"
     assert cells in text
     # a failed run is said, the others still count; no runs: not run
     mixed = step._aggregate(
@@ -164,6 +165,65 @@ def test_repeated_runs_aggregate_and_show_their_spread():
             step.run_suite(None, micro_batches=bad)
 
 
+def test_ratios_and_floors_are_to_bf16_of_the_same_variant():
+    """Each variant (e.g. CUDA graphs) is its own comparison: a 4-bit row's ratio and floor
+    are against the BF16 row of its shape and variant, never another variant's."""
+    rows = [
+        dict(model="small", variant="eager", recipe="bf16", steps=12, step_ms=100.0),
+        dict(model="small", variant="eager", recipe="ufp4", steps=12, step_ms=130.0),
+        dict(model="small", variant="graphs", recipe="bf16", steps=12, step_ms=80.0),
+        dict(model="small", variant="graphs", recipe="ufp4", steps=12, step_ms=88.0),
+    ]
+    for r in rows:
+        r.update(peak_mem_gib=10.0, status="ok", qdq_floor_ms=4.0)
+    step._add_ratios(rows)
+    assert [r["x_bf16"] for r in rows] == [1.0, 1.3, 1.0, 1.1]
+    assert rows[1]["floor_x_bf16"] == 104 / 100 and rows[3]["floor_x_bf16"] == 84 / 80
+    assert "floor_x_bf16" not in rows[0]  # BF16 has no QDQ passes
+    text = step.table(rows)
+    assert "| small | graphs | ufp4 | ok | 88.0 | - | 1.100 | 1.050 |" in text
+
+
+def test_qdq_floor_counts_each_operand_layout_by_hand():
+    """floor.py: per linear (K, N) and micro-batch of T tokens, 2 T (K + N) activation and
+    2 N K weight elements, 4 bytes each; kept weights once per step; routed experts see
+    top-k / E of the tokens (times the capacity factor when padded)."""
+    from ufp4_megatron.bench.floor import linear_shapes, qdq_bytes_per_step
+    from ufp4_megatron.train.footprint import load_config
+
+    dense = load_config(["model=small", "train.seq_len=2048", "train.micro_batch=8"])
+    h, f, L, T = 768, 2048, 12, 2048 * 8
+    layer = [(h, 3 * h), (h, h), (h, 2 * f), (f, h)]  # qkv (12 heads, no GQA), proj, fc1, fc2
+    assert [(k, n) for k, n, _, _ in linear_shapes(dense)] == layer * L
+    act = sum(2 * T * (k + n) for k, n in layer) * L
+    w = sum(2 * n * k for k, n in layer) * L
+    assert qdq_bytes_per_step(dense, 4, "none") == 4 * (4 * act + 4 * w)
+    assert qdq_bytes_per_step(dense, 4, "all") == 4 * (4 * act + w)
+    bf16 = load_config(["model=small", "precision=bf16"])
+    assert linear_shapes(bf16) == [] and qdq_bytes_per_step(bf16, 4, "all") == 0
+
+    moe = load_config(["model=moe_small", "model.moe_capacity_factor=1.5"])
+    experts = [s for s in linear_shapes(moe) if s[3]]
+    assert len(experts) == 2 * 8 * 5  # fc1, fc2 of 8 experts in the 5 MoE layers
+    assert {s[2] for s in experts} == {2 / 8 * 1.5}
+    kept_experts = qdq_bytes_per_step(moe, 2, "experts")
+    assert kept_experts < qdq_bytes_per_step(moe, 2, "none")
+    assert qdq_bytes_per_step(moe, 2, "all") < kept_experts
+
+
+def test_variant_names_and_overrides_are_checked():
+    from ufp4_megatron.bench.__main__ import parse_variant
+
+    assert parse_variant("eager") == ("eager", ())
+    assert parse_variant("graphs:train.cuda_graph=local  model.x=1") == (
+        "graphs",
+        ("train.cuda_graph=local", "model.x=1"),
+    )
+    for bad in ("", ":train.cuda_graph=local", "../up:a=1", "a b:x=1", "g:train.cuda_graph"):
+        with pytest.raises(ValueError, match="--variant"):
+            parse_variant(bad)
+
+
 # slow (make test's 20-minute budget): 8 trainer runs; the benchmark runs on GPUs (make bench),
 # its bookkeeping is the tests above, a trainer run of it test_failed_trainer_run_becomes_a_row
 @pytest.mark.slow
@@ -173,6 +233,7 @@ def test_suite_runs_real_trainers_in_passes(tmp_path, monkeypatch):
     (CUDA) is replaced."""
     monkeypatch.setitem(step.SHAPES, "tiny", step.Shape(("model=tiny",), 64, 2))
     monkeypatch.setattr(step, "gemm_tflops", lambda: 1.0)
+    monkeypatch.setattr(step, "copy_bandwidth", lambda: 1e12)
     monkeypatch.setenv("RUNS_DIR", str(tmp_path / "runs"))
     logged = []
     rows = step.run_suite(

@@ -374,3 +374,64 @@ def test_perf_sh_with_models_none_runs_only_the_profiles(tmp_path):
     profiles = [c for c in calls if "--suite profile" in c]
     assert len(profiles) == 2 and all("--micro-batches 8" in c for c in profiles)
     assert "--recipe ufp4" in profiles[0] and "--recipe bf16" in profiles[1]
+
+
+def _perf_graphs_sh(tmp_path, **env_extra):
+    """gpu/perf_graphs.sh with stand-ins for python3 (logs its calls) and nvidia-smi, on an
+    image that imports megatron-core/Hydra/W&B already (no wheelhouse)."""
+    import os
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, body in (("python3", 'echo "$*" >> "$FAKE_LOG"\n'), ("nvidia-smi", "")):
+        (bin_dir / name).write_text("#!/usr/bin/env bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "log"
+    log.write_text("")
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_LOG": str(log),
+        "WHEELHOUSE": str(tmp_path / "none"),
+        "UFP4_SITE": str(tmp_path / "site"),
+        "UFP4_TRITON_CACHE": str(tmp_path / "tc"),
+        "OUT": str(tmp_path / "out"),
+        "RUNS_DIR": str(tmp_path / "runs"),
+        **env_extra,
+    }
+    out = subprocess.run(
+        ["bash", "gpu/perf_graphs.sh"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return out, log.read_text().splitlines()
+
+
+def test_perf_graphs_sh_refuses_bad_parts_and_variants_before_setting_up(tmp_path):
+    for env, said in (
+        ({"PARTS": "steps"}, "PARTS=steps; give checks, step or moe"),
+        ({"GRAPH_VARIANTS": "eager graphs"}, "GRAPH_VARIANTS entry 'graphs'"),
+    ):
+        out, calls = _perf_graphs_sh(tmp_path, **env)
+        assert out.returncode == 2 and said in out.stderr, (env, out.stderr)
+        assert calls == []  # nothing set up or run
+
+
+def test_perf_graphs_sh_compares_each_variant_and_pads_moe_experts(tmp_path):
+    out, calls = _perf_graphs_sh(tmp_path, PARTS="step,moe")
+    assert out.returncode == 0, out.stderr
+    steps = [c for c in calls if "--suite step" in c]
+    assert len(steps) == 2
+    dense, moe = steps
+    assert "--models dense_1p5b" in dense and "--micro-batches 8" in dense
+    for v in ("local:train.cuda_graph=local", "full_iteration:train.cuda_graph=full_iteration"):
+        assert f"--variant {v}" in dense
+    assert "--variant eager" in dense and "moe_capacity_factor" not in dense
+    assert "--models moe_7p9b" in moe and "--set model.moe_pad_to_capacity=true" in moe
+    out, calls = _perf_graphs_sh(tmp_path, PARTS="step", GRAPH_VARIANTS="local")
+    (only,) = [c for c in calls if "--suite step" in c]
+    assert only.count("--variant") == 1

@@ -233,3 +233,28 @@ def test_sr_seeds_device_draws_are_the_host_stream(monkeypatch):
     assert resumed.draw(5, 5, 0, 0) == host.draw(5, 5, 0, 0)
     dev.load_state_dict(resumed.state_dict())  # the device counter follows a load
     assert dev.draw(6, 1, 0, 0, device=device).cpu().tolist() == operand_keys(host.draw(6, 1, 0, 0))
+
+
+def test_sr_draws_in_megatron_graph_warmup_leave_the_stream_alone(monkeypatch):
+    """Megatron's per-layer capture runs each layer a few extra times first (is_graph_warmup);
+    draws there must not advance the counter, else the captured run's keys are shifted from
+    the eager run's from the first replayed step on."""
+    from megatron.core.transformer import cuda_graphs
+
+    from ufp4_megatron.megatron import seeds as seeds_module
+
+    monkeypatch.setattr(seeds_module, "DEVICE_DRAWS", {"cuda", "cpu"})
+    graphed, eager = seeds_module.SRSeeds(4), seeds_module.SRSeeds(4)
+    device = torch.device(DEVICE)
+    first = graphed.draw(1, 2, 0, 0, device=device)
+    assert torch.equal(first, eager.draw(1, 2, 0, 0, device=device))
+    cuda_graphs._set_warmup_start()
+    try:
+        thrown_away = [graphed.draw(1, 2, 0, 0, device=device) for _ in range(3)]
+    finally:
+        cuda_graphs._set_warmup_end()
+    assert graphed.draws == eager.draws == 1
+    nxt = eager.draw(1, 2, 0, 0, device=device)
+    assert all(torch.equal(k, nxt) for k in thrown_away)  # a copy of the counter at draw 1
+    assert torch.equal(graphed.draw(1, 2, 0, 0, device=device), nxt)
+    assert graphed.draws == 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -35,6 +36,27 @@ def write_between_markers(path: str, body: str, tag: str = "bench") -> None:
 
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(s for s in text.split(",") if s)
+
+
+VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
+
+
+def parse_variant(text: str) -> tuple[str, tuple[str, ...]]:
+    """--variant NAME or NAME:KEY=VALUE[ KEY=VALUE ...] -> (name, overrides); the name goes
+    into run dir names, so it is a short plain word."""
+    name, _, rest = text.partition(":")
+    if not VARIANT_NAME.fullmatch(name):
+        raise ValueError(
+            f"--variant {text!r}: give NAME or NAME:KEY=VALUE ..., NAME of letters, digits, "
+            "'_', '.', '-' (at most 32)"
+        )
+    sets = tuple(rest.split())
+    bad = [kv for kv in sets if "=" not in kv or kv.startswith("=")]
+    if bad:
+        raise ValueError(
+            f"--variant {text!r}: {bad[0]!r} is not KEY=VALUE; separate overrides by spaces"
+        )
+    return name, sets
 
 
 def main(argv=None) -> None:
@@ -83,6 +105,14 @@ def main(argv=None) -> None:
         metavar="KEY=VALUE",
         help="extra trainer override for every run (repeatable)",
     )
+    step.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME[:KEY=VALUE ...]",
+        help="run every row again with these trainer overrides (repeatable), e.g. "
+        "'eager' 'graphs:train.cuda_graph=local'; ratios are to BF16 of the same variant",
+    )
     prof = p.add_argument_group("profile")
     prof.add_argument("--model", default="moe_7p9b")
     prof.add_argument("--recipe", default="ufp4")
@@ -105,6 +135,12 @@ def main(argv=None) -> None:
         sys.exit(f"--repeats {args.repeats}: give 1 or more runs per row")
     if args.micro_batches < 1:
         sys.exit(f"--micro-batches {args.micro_batches}: give 1 or more micro-batches per step")
+    try:
+        variants = tuple(parse_variant(v) for v in args.variant) or (("", ()),)
+    except ValueError as e:
+        sys.exit(str(e))
+    if len({name for name, _ in variants}) < len(variants):
+        sys.exit(f"--variant names repeat: {[name for name, _ in variants]}; give each its own")
     if not torch.cuda.is_available():
         sys.exit("the benchmarks need a CUDA device")
     log = lambda row: print(
@@ -151,6 +187,7 @@ def main(argv=None) -> None:
             extra=tuple(args.set),
             repeats=args.repeats,
             micro_batches=args.micro_batches,
+            variants=variants,
             log=print,
         )
         peak = raw["step"][0]["tflops_peak"] if raw["step"] else float("nan")

@@ -8,7 +8,11 @@ of the steady steps (metrics.jsonl, steps after `skip`) with their fastest and s
 host-bound step moves by 20-25% from one step to the next), its ratio to the BF16 row of the same
 shape (same run), tokens/s, MFU against the BF16 GEMM rate measured in this process at the
 start, peak allocated memory and its ratio to BF16, the checkpoint written at the end of the
-run (outside the timed steps) and the last loss.
+run (outside the timed steps) and the last loss. Variants (`--variant
+graphs:train.cuda_graph=local`) run every row again with their overrides; a row's ratio is to
+the BF16 row of the same shape and variant. Beside each 4-bit ratio, its floor: the BF16 step
+plus the bytes the step's QDQ passes must move at the copy bandwidth measured at the start
+(floor.py), over the BF16 step.
 
 Model FLOPs per token (PaLM's convention, Chowdhery et al. 2022, App. B): 6 N + 12 L d s, with
 N the parameters a token multiplies with (attention and MLP linears, the routed experts it is
@@ -30,6 +34,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from .floor import copy_bandwidth, qdq_bytes_per_step
 
 ENV = {
     **os.environ,
@@ -154,6 +160,24 @@ def gemm_tflops(n: int = 8192) -> float:
     return 2 * n**3 / (statistics.median(times) * 1e-3) / 1e12
 
 
+def qdq_floor_s(
+    shape: Shape,
+    recipe: str,
+    micro_batches: int,
+    extra,
+    bandwidth: float,
+    device_bytes: int | None,
+) -> float:
+    """Seconds the QDQ passes of one optimizer step need at `bandwidth` bytes/s (floor.py),
+    with the weight cache the trainer's choice keeps on a GPU of `device_bytes`."""
+    from ..train.footprint import load_config
+    from ..train.graphs import resolve_weight_cache
+
+    cfg = load_config([*shape_overrides(shape, micro_batches), f"precision={recipe}", *extra])
+    kept = resolve_weight_cache(cfg, device_bytes)
+    return qdq_bytes_per_step(cfg, micro_batches, kept) / bandwidth
+
+
 def model_flops(shape: Shape) -> tuple[float, int]:
     """(training FLOPs per token, total parameters) from the composed config alone."""
     from ..train.footprint import count_params, load_config
@@ -203,6 +227,7 @@ def run_suite(
     extra: tuple[str, ...] = (),
     repeats: int = 1,
     micro_batches: int = 1,
+    variants: tuple[tuple[str, tuple[str, ...]], ...] = (("", ()),),
     log=print,
 ) -> list[dict]:
     """Rows of the step table; a row for every (shape, recipe), run or not. With repeats > 1
@@ -210,7 +235,9 @@ def run_suite(
     as spread, not as a difference between recipes), and a row aggregates its runs.
     micro_batches: micro-batches per optimizer step (gradient accumulation, global batch =
     micro_batches x the shape's micro batch), as a user's run of many sequences per step
-    has; 1 steps the optimizer after every micro-batch, where it weighs most."""
+    has; 1 steps the optimizer after every micro-batch, where it weighs most.
+    variants: (name, trainer overrides) pairs; every row runs once per variant, after
+    `extra`."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r}: give a whole number of runs per row, 1 or more")
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
@@ -222,21 +249,32 @@ def run_suite(
     runs.mkdir(parents=True, exist_ok=True)
     logfile = out / "step.log"
     t_end = time.time() + deadline_s if deadline_s else None
+    import torch
+
     peak = gemm_tflops()
-    log(f"BF16 GEMM rate measured now: {peak:.0f} TFLOP/s (8192^3, median of 10)")
+    bandwidth = copy_bandwidth()
+    device_bytes = (
+        torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    )
+    log(
+        f"BF16 GEMM rate measured now: {peak:.0f} TFLOP/s (8192^3, median of 10); copy "
+        f"bandwidth {bandwidth / 1e12:.2f} TB/s (8192^2 bf16, read + write, median of 20)"
+    )
     flops = {m: model_flops(SHAPES[m]) for m in models}
     # BF16 and UFP4 of every shape first (the targets), then the other recipes: a deadline
     # cuts the least important rows (and, with repeats, the later passes)
     first = [r for r in recipes if r in ("bf16", "ufp4")]
     order = [
-        (m, r)
+        (m, v, r)
         for tier in (first, [r for r in recipes if r not in first])
         for m in models
+        for v, _ in variants
         for r in tier
     ]
-    done: dict[tuple[str, str], list[dict]] = {key: [] for key in order}
+    sets = dict(variants)
+    done: dict[tuple[str, str, str], list[dict]] = {key: [] for key in order}
     for rep in range(repeats):
-        for model, recipe in order:
+        for model, variant, recipe in order:
             left = t_end - time.time() if t_end else timeout
             if left < 30:
                 continue
@@ -251,15 +289,17 @@ def run_suite(
                 skip=skip,
                 checkpoint=checkpoint,
                 timeout=int(min(timeout, left)),
-                extra=extra,
+                extra=(*extra, *sets[variant]),
                 micro_batches=micro_batches,
+                variant=variant,
             )
-            done[model, recipe].append(run)
+            done[model, variant, recipe].append(run)
             log(
                 json.dumps(
                     {
                         "model": model,
                         "recipe": recipe,
+                        "variant": variant,
                         "repeat": rep + 1,
                         **{k: v for k, v in run.items() if k != "error"},
                     },
@@ -267,23 +307,38 @@ def run_suite(
                 )
             )
     rows = []
-    for model, recipe in order:
+    for model, variant, recipe in order:
         shape = SHAPES[model]
         model_flops_per_token, n_params = flops[model]
         row = dict(
             model=model,
             recipe=recipe,
+            variant=variant,
             seq_len=shape.seq_len,
             micro_batch=shape.micro_batch,
             micro_batches=micro_batches,
             global_batch=shape.micro_batch * micro_batches,
             params=n_params,
             tflops_peak=peak,
+            copy_tb_s=bandwidth / 1e12,
+            qdq_floor_ms=1e3
+            * qdq_floor_s(
+                shape, recipe, micro_batches, (*extra, *sets[variant]), bandwidth, device_bytes
+            ),
         )
         tokens = shape.seq_len * shape.micro_batch * micro_batches  # per optimizer step
-        rows.append(row | _aggregate(done[model, recipe], tokens, model_flops_per_token, peak))
+        rows.append(
+            row | _aggregate(done[model, variant, recipe], tokens, model_flops_per_token, peak)
+        )
     _add_ratios(rows)
-    rows.sort(key=lambda r: (list(models).index(r["model"]), list(recipes).index(r["recipe"])))
+    names = [v for v, _ in variants]
+    rows.sort(
+        key=lambda r: (
+            list(models).index(r["model"]),
+            names.index(r["variant"]),
+            list(recipes).index(r["recipe"]),
+        )
+    )
     return rows
 
 
@@ -301,6 +356,7 @@ def _one_run(
     timeout: int,
     extra: tuple[str, ...],
     micro_batches: int = 1,
+    variant: str = "",
 ) -> dict:
     """One trainer run of a row: its status, steady step times, memory, checkpoint, loss."""
     shape = SHAPES[model]
@@ -319,7 +375,8 @@ def _one_run(
         f"data.cache_dir={runs / 'data'}",
         *extra,
     ]
-    name = f"step-{model}-{recipe}" + (f"-r{rep + 1}" if rep else "")
+    name = f"step-{model}-{recipe}" + (f"-{variant}" if variant else "")
+    name += f"-r{rep + 1}" if rep else ""
     # a fresh run dir: the trainer's defaults (resume, keep) then act as in a user's first run
     shutil.rmtree(runs / name, ignore_errors=True)
     run = run_trainer(name, overrides, runs=runs, log=logfile, timeout=timeout)
@@ -378,14 +435,16 @@ def _aggregate(runs: list[dict], tokens: int, flops_per_token: float, peak: floa
 
 def _add_ratios(rows: list[dict]) -> None:
     base = {
-        r["model"]: r
+        (r["model"], r.get("variant", "")): r
         for r in rows
         if r["recipe"] == "bf16" and r.get("steps", 0) > 0 and "step_ms" in r
     }
     for r in rows:
-        b = base.get(r["model"])
+        b = base.get((r["model"], r.get("variant", "")))
         if b is not None and "step_ms" in r:
             r["x_bf16"] = r["step_ms"] / b["step_ms"]
+            if r["recipe"] != "bf16" and r.get("qdq_floor_ms") is not None:
+                r["floor_x_bf16"] = (b["step_ms"] + r["qdq_floor_ms"]) / b["step_ms"]
             r["mem_x_bf16"] = r["peak_mem_gib"] / b["peak_mem_gib"]
             # per pass: each run against the BF16 run of the same pass
             pairs = zip(r.get("runs_ms", []), b.get("runs_ms", []))
@@ -394,13 +453,15 @@ def _add_ratios(rows: list[dict]) -> None:
 
 def table(rows: list[dict]) -> str:
     out = [
-        "| shape | recipe | status | step (ms) | steady steps (ms) | x BF16 | tokens/s | MFU "
-        "| peak mem (GiB) | x BF16 | checkpoint | loss @ last |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+        "| shape | variant | recipe | status | step (ms) | steady steps (ms) | x BF16 | floor "
+        "| tokens/s | MFU | peak mem (GiB) | x BF16 | checkpoint | loss @ last |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- "
+        "| ---: |",
     ]
     for r in rows:
+        variant = r.get("variant") or "-"
         if "step_ms" not in r:
-            out.append(f"| {r['model']} | {r['recipe']} | {r['status']} | | | | | | | | | |")
+            out.append(f"| {r['model']} | {variant} | {r['recipe']} | {r['status']} |" + " |" * 10)
             continue
         f = lambda k, fmt: format(r[k], fmt) if r.get(k) is not None else "-"
         spread = f"{r['step_min_ms']:.1f}-{r['step_max_ms']:.1f}" if "step_min_ms" in r else "-"
@@ -410,9 +471,9 @@ def table(rows: list[dict]) -> str:
         if len(r.get("x_bf16_runs", ())) > 1:
             x_cell += " (" + ", ".join(f"{v:.3f}" for v in r["x_bf16_runs"]) + ")"
         out.append(
-            f"| {r['model']} | {r['recipe']} | {r['status']} | {step_cell} | "
-            f"{spread} | "
-            f"{x_cell} | {f('tokens_per_s', ',.0f')} | {f('mfu', '.1%')} | "
+            f"| {r['model']} | {variant} | {r['recipe']} | {r['status']} | {step_cell} | "
+            f"{spread} | {x_cell} | {f('floor_x_bf16', '.3f')} | "
+            f"{f('tokens_per_s', ',.0f')} | {f('mfu', '.1%')} | "
             f"{f('peak_mem_gib', '.2f')} | {f('mem_x_bf16', '.3f')} | "
             f"{r.get('checkpoint', '-')} | {f('final_loss', '.4f')} |"
         )

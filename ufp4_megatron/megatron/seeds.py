@@ -20,6 +20,9 @@ Invariants:
     bits by global element position, see ops);
   - different across data-parallel replicas (their data differ) and across layers/experts;
   - no draws in eval / no-grad forwards, so evaluation does not shift the training stream;
+  - the throw-away forwards Megatron runs before capturing a layer's CUDA graph draw from a
+    copy of the counter, so a run with `cuda_graph_impl="local"` draws the same keys in the
+    same order as the eager run;
   - `state_dict()` / `load_state_dict()` restore the stream exactly (the seed and the number
     of draws), for bit-exact resume. Activation recompute re-runs forwards and so draws
     again: still deterministic, but a run with recompute does not reproduce the SR bits of
@@ -48,6 +51,17 @@ class SRCaptureError(RuntimeError):
 
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _graph_warmup() -> bool:
+    """Inside Megatron's warm-up runs before a per-layer capture (CudaGraphManager runs each
+    layer's forward and backward a few extra times on cloned inputs): their results are
+    thrown away, so their draws must not advance the stream the eager run follows."""
+    try:
+        from megatron.core.transformer.cuda_graphs import is_graph_warmup
+    except ImportError:  # Megatron-Core without per-layer graphs: no such warm-up
+        return False
+    return is_graph_warmup()
 
 
 class SRSeeds:
@@ -106,6 +120,8 @@ class SRSeeds:
                     "eagerly before capturing a CUDA graph (Megatron's warm-up steps do)"
                 )
             counter = self._counter = torch.tensor([self.draws], dtype=torch.int64, device=device)
+        if _graph_warmup():  # a throw-away run: draw from a copy, leave the stream where it is
+            counter = counter.clone()
         first, n = experts if experts is not None else (0, 1)
         keys = torch.empty(KEY_ROWS, n, dtype=torch.int64, device=device)
         site = (salt, experts is not None, first, n)

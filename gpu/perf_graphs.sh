@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# CUDA graphs on one CUDA GPU: are graphed runs the eager runs' bits, and what do they cost
+# against BF16 at the paper's shapes. From the repo root (after `source gpu/setup.sh` on a node
+# without network), writing under OUT (default runs/gpu/perf-graphs):
+#   PARTS=checks bash gpu/perf_graphs.sh   the GPU tests of graph-safe stochastic rounding, then
+#       tests/gpu/test_cuda_graph_gpu.py: small (dense) and moe_small UFP4 runs with
+#       train.deterministic=true, checkpointing on, local and full_iteration graphs and a
+#       graphed run killed and resumed, each loss curve against its eager run's, bit for bit;
+#       all runs at once on the one GPU. About 4 minutes on an H200.
+#   bash gpu/perf_graphs.sh                (PARTS=step) the step table: dense_1p5b (seq 4096,
+#       8 micro-batches per step), bf16 and ufp4, each with CUDA graphs off, local and
+#       full_iteration, every 4-bit row against the BF16 row of its variant, with the memory
+#       floor (QDQ bytes / copy bandwidth) beside it. About 9 minutes on an H200.
+#   PARTS=moe bash gpu/perf_graphs.sh      the same for moe_7p9b (4 of 20 layers) with
+#       drop-and-pad experts (capacity factor 1, as graphs need), eager and local graphs.
+# Knobs: GRAPH_MODELS, GRAPH_RECIPES (comma lists), GRAPH_VARIANTS (space-separated among
+# eager, local, full_iteration), GRAPH_BUDGET (seconds for the step table, default 540),
+# RUNS_DIR (run dirs; default /dev/shm/ufp4-graph-runs: the checkpoints are 19-26 GiB).
+# Exit status: the checks' (0 iff every case passes); the step parts': the step suite's.
+set -uo pipefail
+PARTS=${PARTS:-step}
+for part in ${PARTS//,/ }; do
+  case $part in checks|step|moe) ;; *)
+    echo "gpu/perf_graphs.sh: PARTS=$PARTS; give checks, step or moe (comma-separated)" >&2; exit 2 ;;
+  esac
+done
+variants=()
+for v in ${GRAPH_VARIANTS:-}; do
+  case $v in
+    eager) variants+=(--variant eager) ;;
+    local|full_iteration) variants+=(--variant "$v:train.cuda_graph=$v") ;;
+    *) echo "gpu/perf_graphs.sh: GRAPH_VARIANTS entry '$v'; give eager, local or full_iteration" >&2; exit 2 ;;
+  esac
+done
+source gpu/setup.sh || exit 1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+OUT=${OUT:-runs/gpu/perf-graphs}; mkdir -p "$OUT"
+export RUNS_DIR=${RUNS_DIR:-/dev/shm/ufp4-graph-runs}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,memory.total --format=csv \
+  > "$OUT/gpu.txt" 2>&1
+rc=0
+t0=$(date +%s)
+
+step_table() {  # $1: name of the part, then the default models and variants
+  local part=$1 models=$2 defaults=$3 v
+  local vs=("${variants[@]}")
+  if (( ${#vs[@]} == 0 )); then
+    for v in $defaults; do
+      if [[ $v == eager ]]; then vs+=(--variant eager); else vs+=(--variant "$v:train.cuda_graph=$v"); fi
+    done
+  fi
+  local extra=()
+  [[ $part == moe ]] && extra=(--set model.moe_capacity_factor=1.0 --set model.moe_pad_to_capacity=true)
+  timeout $(( ${GRAPH_BUDGET:-540} + 40 )) python3 -m ufp4_megatron.bench --suite step \
+    --models "${GRAPH_MODELS:-$models}" --recipes "${GRAPH_RECIPES:-bf16,ufp4}" \
+    --micro-batches 8 "${vs[@]}" "${extra[@]}" --deadline "${GRAPH_BUDGET:-540}" \
+    --json "$OUT/$part.json" --out "$OUT/$part.md" >> "$OUT/$part.log" 2>&1
+  local r=$?
+  echo "$part: step suite rc=$r ($(( $(date +%s) - t0 )) s elapsed)"
+  cat "$OUT/$part.md" 2>/dev/null || tail -30 "$OUT/$part.log"
+  (( r != 0 )) && rc=$r
+}
+
+for part in ${PARTS//,/ }; do
+  case $part in
+    checks)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/megatron/test_sr_capture_gpu.py \
+        tests/kernels/test_device_keys_and_prepared.py > "$OUT/tests.log" 2>&1 || rc=1
+      tail -3 "$OUT/tests.log"
+      rm -rf /tmp/gpu_graphs
+      timeout 420 python3 tests/gpu/test_cuda_graph_gpu.py --out "$OUT" --work /tmp/gpu_graphs \
+        2> "$OUT/graphs.err" || rc=1
+      ;;
+    step) step_table step dense_1p5b "local full_iteration eager" ;;
+    moe) step_table moe moe_7p9b "local eager" ;;
+  esac
+done
+echo "total $(( $(date +%s) - t0 )) s"
+exit $rc
