@@ -112,6 +112,8 @@ class SRSeeds:
 
         if len(salt) > 4:
             raise ValueError(f"at most 4 salts per SR draw on the GPU, got {salt}")
+        if device.type == "cuda" and device.index is None:  # "cuda" is the current device
+            device = torch.device("cuda", torch.cuda.current_device())
         counter = self._counter
         if counter is None or counter.device != device:
             if _capturing():
