@@ -8,11 +8,13 @@
 #       graphed run killed and resumed, each loss curve against its eager run's, bit for bit;
 #       all runs at once on the one GPU. About 4 minutes on an H200.
 #   bash gpu/perf_graphs.sh                (PARTS=step) the step table: dense_1p5b (seq 4096,
-#       8 micro-batches per step), bf16 and ufp4, each with CUDA graphs off, local and
-#       full_iteration, every 4-bit row against the BF16 row of its variant, with the memory
-#       floor (QDQ bytes / copy bandwidth) beside it. About 9 minutes on an H200.
+#       8 micro-batches per step), bf16 and ufp4, with local CUDA graphs and eager, every 4-bit
+#       row against the BF16 row of its variant, with the memory floor (QDQ bytes / copy
+#       bandwidth) beside it. About 7 minutes on an H200 (a row: ~90 s, its 19-GiB
+#       checkpoint included). GRAPH_VARIANTS="local full_iteration" adds full-iteration
+#       graphs where the PyTorch has what they need (docs/training.md).
 #   PARTS=moe bash gpu/perf_graphs.sh      the same for moe_7p9b (4 of 20 layers) with
-#       drop-and-pad experts (capacity factor 1, as graphs need), eager and local graphs.
+#       drop-and-pad experts (capacity factor 1, as graphs need). About 8 minutes.
 # Knobs: GRAPH_MODELS, GRAPH_RECIPES (comma lists), GRAPH_VARIANTS (space-separated among
 # eager, local, full_iteration), GRAPH_BUDGET (seconds for the step table, default 540),
 # RUNS_DIR (run dirs; default /dev/shm/ufp4-graph-runs: the checkpoints are 19-26 GiB).
@@ -71,7 +73,7 @@ for part in ${PARTS//,/ }; do
       timeout 420 python3 tests/gpu/test_cuda_graph_gpu.py --out "$OUT" --work /tmp/gpu_graphs \
         2> "$OUT/graphs.err" || rc=1
       ;;
-    step) step_table step dense_1p5b "local full_iteration eager" ;;
+    step) step_table step dense_1p5b "local eager" ;;
     moe) step_table moe moe_7p9b "local eager" ;;
   esac
 done

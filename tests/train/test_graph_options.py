@@ -100,3 +100,35 @@ def test_weight_cache_auto():
     for asked in ("all", "experts", "none"):
         fixed = typed_default("model=moe_small", f"train.weight_cache={asked}")
         assert graphs.resolve_weight_cache(fixed, device(base)) == asked
+
+
+@pytest.mark.usefixtures("hydra_configs")
+def test_full_iteration_needs_a_torch_that_captures_the_backward(monkeypatch):
+    """Megatron-Core's full-iteration capture of the backward fails on a PyTorch without
+    set_override_stale_capture_stream (seen on an H200 with torch 2.11): refused in one line."""
+    cfg = typed_default(*TINY, "train.cuda_graph=full_iteration")
+    import torch
+
+    if hasattr(torch.autograd.graph, "set_override_stale_capture_stream"):
+        graphs.check_cuda_graph(cfg, on_gpu=True)
+        monkeypatch.delattr(torch.autograd.graph, "set_override_stale_capture_stream")
+    with pytest.raises(ValueError, match="use train.cuda_graph=local") as e:
+        graphs.check_cuda_graph(cfg, on_gpu=True)
+    assert "set_override_stale_capture_stream" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.usefixtures("hydra_configs")
+def test_local_graphs_keep_no_weight_operands():
+    """Each layer's graph quantizes its weights at every replay: under local graphs auto
+    keeps none, and asking for a cache is refused rather than holding memory for nothing."""
+    local = typed_default("model=moe_small", "train.cuda_graph=local")
+    assert graphs.resolve_weight_cache(local, 10**12) == "none"
+    full = typed_default("model=moe_small", "train.cuda_graph=full_iteration")
+    assert graphs.resolve_weight_cache(full, 10**12) == "all"  # once per replay = per step
+    for asked in ("all", "experts"):
+        cfg = typed_default(*TINY, "train.cuda_graph=local", f"train.weight_cache={asked}")
+        with pytest.raises(ValueError, match="use train.weight_cache=auto or none"):
+            graphs.check_cuda_graph(cfg, on_gpu=True)
+    graphs.check_cuda_graph(
+        typed_default(*TINY, "train.cuda_graph=local", "train.weight_cache=none"), on_gpu=True
+    )

@@ -16,12 +16,18 @@ that draws its keys on the device (megatron/seeds.py), so a replay rounds with f
 the same as the eager run's: losses with and without graphs are equal. Refused, one line
 each: graphs on CPU; an MoE model without static expert shapes (Megatron's drop-and-pad:
 model.moe_capacity_factor and model.moe_pad_to_capacity, which Megatron itself requires for
-captured MoE layers); pipeline parallelism (not tried); no warm-up step.
+captured MoE layers); pipeline parallelism (not tried); no warm-up step; full_iteration on a
+PyTorch without `torch.autograd.graph.set_override_stale_capture_stream` (pytorch#180090):
+Megatron-Core captures the backward on its own stream, and the autograd nodes the eager
+warm-up steps made still point at the default stream, so the capture fails
+(cudaErrorStreamCaptureImplicit; seen with torch 2.11 for BF16 and UFP4 alike).
 
 train.weight_cache=auto keeps all quantized weights' operands where the memory estimate
 (train/footprint.py) plus the cache fits 80% of the device, else the routed experts' alone
 where that fits, else none; all / experts / none as given (weight_cache.py: the same bits
-either way, only memory and time differ).
+either way, only memory and time differ). Under train.cuda_graph=local auto is none and
+all / experts are refused: each layer's graph quantizes its weights at every replay, so the
+cache would only hold memory (the operands of the eager steps before capture).
 """
 
 from __future__ import annotations
@@ -66,12 +72,33 @@ def check_cuda_graph(cfg: Config, on_gpu: bool) -> None:
             f"train.cuda_graph={t.cuda_graph} with parallel.pp > 1 is not "
             "supported here (not tried); use train.cuda_graph=none"
         )
+    if t.cuda_graph == "full_iteration" and not _captures_backward_on_its_stream():
+        import torch
+
+        raise ValueError(
+            f"train.cuda_graph=full_iteration needs a PyTorch with torch.autograd.graph."
+            f"set_override_stale_capture_stream (torch {torch.__version__} has none, and "
+            "Megatron-Core's capture of the backward fails without it); use "
+            "train.cuda_graph=local"
+        )
+    if t.cuda_graph == "local" and t.weight_cache in ("all", "experts"):
+        raise ValueError(
+            f"train.weight_cache={t.weight_cache} keeps nothing useful under "
+            "train.cuda_graph=local (each layer's graph quantizes its weights at every "
+            "replay); use train.weight_cache=auto or none"
+        )
     if t.cuda_graph_warmup < 1:
         raise ValueError(
             f"train.cuda_graph_warmup={t.cuda_graph_warmup} must be >= 1: the "
             "kernels compile and the SR draw counter reaches the GPU in an "
             "eager step before capture"
         )
+
+
+def _captures_backward_on_its_stream() -> bool:
+    import torch
+
+    return hasattr(torch.autograd.graph, "set_override_stale_capture_stream")
 
 
 def megatron_config(cfg: Config) -> dict:
@@ -103,6 +130,8 @@ def resolve_weight_cache(cfg: Config, device_bytes: int | None) -> str:
         raise ValueError(f"train.weight_cache={asked!r}; valid: {', '.join(WEIGHT_CACHE)}")
     if asked != "auto":
         return asked
+    if cfg.train.cuda_graph == "local":  # replays quantize their weights anyway
+        return "none"
     if device_bytes is None:
         return "all"
     described = with_smallest_dp(cfg)
