@@ -17,7 +17,8 @@
 #       drop-and-pad experts (capacity factor 1, as graphs need). About 8 minutes.
 # Knobs: GRAPH_MODELS, GRAPH_RECIPES (comma lists), GRAPH_VARIANTS (space-separated among
 # eager, local, full_iteration), GRAPH_BUDGET (seconds for the step table, default 540),
-# RUNS_DIR (run dirs; default /dev/shm/ufp4-graph-runs: the checkpoints are 19-26 GiB).
+# RUNS_DIR (run dirs; default /dev/shm/ufp4-graph-runs where /dev/shm has 64 GiB free, else
+# $OUT/runs: the checkpoints are 19-26 GiB).
 # Exit status: the checks' (0 iff every case passes); the step parts': the step suite's.
 set -uo pipefail
 PARTS=${PARTS:-step}
@@ -37,7 +38,12 @@ done
 source gpu/setup.sh || exit 1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 OUT=${OUT:-runs/gpu/perf-graphs}; mkdir -p "$OUT"
-export RUNS_DIR=${RUNS_DIR:-/dev/shm/ufp4-graph-runs}
+if [[ -z ${RUNS_DIR:-} ]]; then
+  free_kb=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')
+  if (( ${free_kb:-0} >= 64 * 1024 * 1024 )); then RUNS_DIR=/dev/shm/ufp4-graph-runs
+  else RUNS_DIR=$OUT/runs; fi
+fi
+export RUNS_DIR
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,memory.total --format=csv \
   > "$OUT/gpu.txt" 2>&1
 rc=0

@@ -31,6 +31,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,8 +246,51 @@ def run_suite(
             f"micro_batches={micro_batches!r}: give a whole number of micro-batches "
             "per step, 1 or more"
         )
-    runs = Path(os.environ.get("RUNS_DIR", "/tmp/ufp4-bench-runs"))
-    runs.mkdir(parents=True, exist_ok=True)
+    base = Path(os.environ.get("RUNS_DIR", "/tmp/ufp4-bench-runs"))
+    base.mkdir(parents=True, exist_ok=True)
+    # this suite's own run dirs: a second suite on the same RUNS_DIR must not remove the
+    # runs of this one (each row clears its run dir first); the data cache is shared
+    runs = Path(tempfile.mkdtemp(prefix="suite-", dir=base))
+    try:
+        return _run_suite(
+            out,
+            runs,
+            base / "data",
+            models=models,
+            recipes=recipes,
+            steps=steps,
+            skip=skip,
+            checkpoint=checkpoint,
+            deadline_s=deadline_s,
+            timeout=timeout,
+            extra=extra,
+            repeats=repeats,
+            micro_batches=micro_batches,
+            variants=variants,
+            log=log,
+        )
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
+
+
+def _run_suite(
+    out: Path,
+    runs: Path,
+    data_dir: Path,
+    *,
+    models,
+    recipes,
+    steps,
+    skip,
+    checkpoint,
+    deadline_s,
+    timeout,
+    extra,
+    repeats,
+    micro_batches,
+    variants,
+    log,
+) -> list[dict]:
     logfile = out / "step.log"
     t_end = time.time() + deadline_s if deadline_s else None
     import torch
@@ -284,6 +328,7 @@ def run_suite(
                 rep,
                 n_params=flops[model][1],
                 runs=runs,
+                data_dir=data_dir,
                 logfile=logfile,
                 steps=steps,
                 skip=skip,
@@ -349,6 +394,7 @@ def _one_run(
     *,
     n_params: int,
     runs: Path,
+    data_dir: Path,
     logfile: Path,
     steps: int,
     skip: int,
@@ -372,7 +418,7 @@ def _one_run(
         f"train.steps={steps}",
         "optim.warmup_steps=2",
         f"checkpoint.save_at_end={'true' if plan == 'end' else 'false'}",
-        f"data.cache_dir={runs / 'data'}",
+        f"data.cache_dir={data_dir}",
         *extra,
     ]
     name = f"step-{model}-{recipe}" + (f"-{variant}" if variant else "")
