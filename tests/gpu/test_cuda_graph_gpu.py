@@ -152,8 +152,13 @@ def run_matrix(work: Path, log=None) -> list[dict]:
         ok = final.returncode == 0 and done[ref].returncode == 0 and la == lb and len(la) == STEPS
         if _graph == "full_iteration" and not _full_iteration_runs():
             row["refused"] = True
-            said = final.stderr.strip().splitlines()[-1:] or [""]
-            ok = final.returncode != 0 and not a and "use train.cuda_graph=local" in said[0]
+            said = [
+                line
+                for line in final.stderr.splitlines()
+                if line.startswith("error: train.cuda_graph=full_iteration needs")
+            ]
+            ok = final.returncode == 2 and not a and len(said) == 1
+            ok = ok and said[0].endswith("use train.cuda_graph=local")
         if kill:
             ok = ok and done[name].returncode == -9 and stopped[name] == KILL_AT
         row["pass"] = bool(ok)
