@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from ufp4_megatron.cli import launch as launch_cli
 from ufp4_megatron.configs import CONFIG_DIR
-from ufp4_megatron.recipe import (
+from ufp4_megatron.quant.recipe import (
     ABLATION_PRESET,
     ABLATIONS,
     PRESETS,

@@ -680,7 +680,7 @@ def quantize_pair(
 class PreparedQDQ:
     """One or two GEMM operands quantized by one launch of the 16-tensor kernels, for calls
     whose operands keep the shapes, strides, dtype, device and settings of the call it was
-    built from (the caller keys it by them: ops.py). Operand i is a row-major tensor t_i
+    built from (the caller keys it by them: quant/ops.py). Operand i is a row-major tensor t_i
     [A, B] quantized along B, or along A when along_rows[i] (then its output is [A', B],
     the transposed layout: a GEMM operand in natural orientation either way). Only the SR
     keys differ per call: a host int, or a device key given as (tensor, element offset)

@@ -27,9 +27,9 @@ import math
 import warnings
 from pathlib import Path
 
-from .. import diagnostics as dg
 from ..numerics.grids import get_grid
-from ..recipe import GEMMS, OPERANDS, reduction_dim
+from ..quant import diagnostics as dg
+from ..quant.recipe import GEMMS, OPERANDS, reduction_dim
 
 GRIDS = ("e2m1", "e1m2", "int4")
 RHTS = (None, 16)

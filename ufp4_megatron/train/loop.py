@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .. import weight_cache
 from ..data import datasets as data
+from ..quant import weight_cache
 from . import (
     checkpoint,
     determinism,

@@ -98,7 +98,7 @@ class Bf16LayersConfig:
 
 @dataclass(kw_only=True)
 class PrecisionConfig:
-    """A preset of ufp4_megatron.recipe.get_recipe plus its overrides.
+    """A preset of ufp4_megatron.quant.recipe.get_recipe plus its overrides.
 
     grid/block/scale/block_2d None keep the preset's values; every rht and sr switch left
     unset is the preset's (resolved from `recipe`), so `precision.rht.fprop=false` or

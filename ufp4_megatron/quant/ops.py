@@ -27,11 +27,11 @@ import functools
 
 import torch
 
+from ..numerics.checks import check_float_tensor, check_seed
+from ..numerics.hadamard import RHT, get_rht, rotated_dtype
+from ..numerics.philox import key_row, mix_seed
+from ..numerics.quantize import padded_length
 from .fake_quant import BACKENDS, operand_kw, quantize_pair, quantize_view
-from .numerics.checks import check_float_tensor, check_seed
-from .numerics.hadamard import RHT, get_rht, rotated_dtype
-from .numerics.philox import key_row, mix_seed
-from .numerics.quantize import padded_length
 from .recipe import GEMMS, OPERANDS, GemmSpec, Recipe, reduction_dim
 
 _GEMM_ID = {g: i for i, g in enumerate(GEMMS)}
@@ -148,7 +148,7 @@ class _OperandsPlan:
         self.prepared = None
         kernels = backend == "triton" or (backend == "auto" and first.is_cuda)
         if kernels and self.todo:
-            from .kernels import prepare  # lazy: triton is only needed on the kernel path
+            from ..kernels import prepare  # lazy: triton is only needed on the kernel path
 
             self.prepared = prepare(
                 [tensors[i] for i in self.todo],

@@ -45,13 +45,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..numerics.checks import check_int, check_seed
+from ..numerics.hadamard import RHT, get_rht, rotated_dtype
+from ..numerics.philox import key_row, mix_seed, mix_seeds
+from ..numerics.quantize import padded_length
+from ..numerics.segments import Segments, tensor_scale_segments_problem
 from . import ops
 from .fake_quant import quantize_operand
-from .numerics.checks import check_int, check_seed
-from .numerics.hadamard import RHT, get_rht, rotated_dtype
-from .numerics.philox import key_row, mix_seed, mix_seeds
-from .numerics.quantize import padded_length
-from .numerics.segments import Segments, tensor_scale_segments_problem
 from .recipe import GEMMS, OPERANDS, GemmSpec, OperandSpec, Recipe, reduction_dim
 
 _GEMM_ID = {g: i for i, g in enumerate(GEMMS)}

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import torch
 
-from .numerics.checks import check_bool, check_dim, check_float_tensor, check_int, check_seed
-from .numerics.hadamard import as_rht
-from .numerics.quantize import output_dtype
-from .numerics.quantize import quantize_view as _reference_view
+from ..numerics.checks import check_bool, check_dim, check_float_tensor, check_int, check_seed
+from ..numerics.hadamard import as_rht
+from ..numerics.quantize import output_dtype
+from ..numerics.quantize import quantize_view as _reference_view
 from .recipe import OperandSpec, check_operand_fields
 
 BACKENDS = ("auto", "torch", "triton")
 
 
 def _kernels():
-    from . import kernels  # lazy: triton is only needed on the kernel path
+    from .. import kernels  # lazy: triton is only needed on the kernel path
 
     return kernels
 

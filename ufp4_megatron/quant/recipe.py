@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from .numerics.checks import check_bool, check_seed
-from .numerics.grids import Grid, codebook_levels, get_grid
-from .numerics.hadamard import SIZES as RHT_SIZES
-from .numerics.scaling import SCALE_MODES
+from ..numerics.checks import check_bool, check_seed
+from ..numerics.grids import Grid, codebook_levels, get_grid
+from ..numerics.hadamard import SIZES as RHT_SIZES
+from ..numerics.scaling import SCALE_MODES
 
 GEMMS = ("fprop", "dgrad", "wgrad")
 OPERANDS = {"fprop": ("x", "w"), "dgrad": ("dy", "w"), "wgrad": ("dy", "x")}
