@@ -17,7 +17,7 @@ so each (tensor role, layout) is exactly one operand of one of the local route's
 operand for its GEMM: the same OperandSpec, view (transposed for a column-wise layout), RHT
 (the GEMM's size, recipe.rht_seed: identical signs on every rank), SR key (mix_seed(seed,
 GEMM index, operand index), the element's position from origin (0, 0)) and output dtype, through
-fake_quant.quantize_operand, the kernels or the reference. What it returns stays in the
+fake_quant.quantize_view (its OperandSpec.format), the kernels or the reference. What it returns stays in the
 rotated domain of its GEMM's RHT (docs/megatron-lm.md, TransformerEngine route): TE multiplies
 only the pairs above, both rotated along the same reduction dim with the same signs, so the
 rotation cancels inside the product as it does in quant/ops.py.
@@ -39,7 +39,7 @@ import torch
 
 from ..numerics.hadamard import get_rht, rotated_dtype
 from ..numerics.philox import mix_seed
-from ..quant.fake_quant import quantize_operand
+from ..quant.fake_quant import quantize_view
 from ..quant.recipe import GEMMS, OPERANDS, OperandSpec, Recipe, reduction_dim
 
 ROWWISE, COLUMNWISE = "rowwise", "columnwise"
@@ -138,8 +138,8 @@ def quantize_layout(
         q = (rht.rotate_fp32_lastdim(q) if rht is not None else q).to(dtype)
     else:
         key_seed = mix_seed(seed, *plan.salt) if op.rounding == "sr" else 0
-        q = quantize_operand(
-            view, op, rht=rht, seed=key_seed, origin=(0, 0), out_dtype=dtype, backend=backend
+        q = quantize_view(
+            view, fmt=op.format(rht), seed=key_seed, origin=(0, 0), out_dtype=dtype, backend=backend
         )
         if q.shape[1] != length:  # padding in whole rotation groups stays 0: contributes 0
             q = q[:, :length]
