@@ -55,7 +55,7 @@ def capture(run_dir: Path, batch: int | None = None) -> tuple[dict, dict]:
 
     cfg = load_config(run_dir)
     ckpt_dir = Path(cfg.checkpoint.dir or Path(run_dir) / "checkpoints")
-    try:  # reads pickles restricted to plain data (train/unpickling.py): a planted one refused
+    try:  # reads pickles restricted to plain data (train/trust.py): a planted one refused
         step = checkpoint.latest_step(ckpt_dir)
     except checkpoint.CheckpointError as e:
         raise SystemExit(f"mechanism: {e}") from None

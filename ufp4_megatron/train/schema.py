@@ -241,7 +241,7 @@ class CheckpointConfig:
     # TP; gathers the state over DP at save) instead of dp_reshardable (only DP may change)
     optim_fully_reshardable: bool = False
     # a sha256 manifest with every checkpoint (each rank hashes the files it wrote), checked
-    # before a resume loads it; false: neither written nor checked (train/checksums.py)
+    # before a resume loads it; false: neither written nor checked (train/trust.py)
     checksums: bool = True
 
 
