@@ -43,8 +43,9 @@ import numpy as np
 import pytest
 import torch
 
-from ufp4_megatron.train import checkpoint, names, run_lock, trust
+from ufp4_megatron.train import checkpoint, trust
 from ufp4_megatron.train.metrics import MetricsFile, read_metrics
+from ufp4_megatron.train.rundir import names, run_lock
 
 
 class Payload:
@@ -274,7 +275,7 @@ def test_metrics_bad_middle_line_and_string_step_are_kept_aside(tmp_path, capsys
 
 def test_a_symlink_at_a_run_dir_file_is_refused(tmp_path):
     from ufp4_megatron.train.footprint import load_config
-    from ufp4_megatron.train.resume_check import plan_start
+    from ufp4_megatron.train.rundir.resume_check import plan_start
     from ufp4_megatron.train.validate import ConfigError
 
     victim = tmp_path / "bashrc"

@@ -254,8 +254,8 @@ def check_start(ckpt_dir: Path, resume: bool) -> Found:
 
 
 def owner(cfg, run_dir: Path) -> dict:
-    """What every checkpoint records about the run that wrote it (train/identity.py)."""
-    from . import identity
+    """What every checkpoint records about the run that wrote it (train/rundir/identity.py)."""
+    from .rundir import identity
 
     return {
         "run_id": identity.run_id(cfg),
@@ -268,7 +268,7 @@ def check_owner(common: dict | None, run: dict, ckpt_dir: Path, run_dir: Path) -
     """Refuses a checkpoint written by another run: another identity (a sibling's dir given
     as checkpoint.dir), or the same config trained in another run dir that still exists.
     Checkpoints saved before they carried their run pass (config.yaml is checked instead)."""
-    from . import identity
+    from .rundir import identity
 
     saved = (common or {}).get(f"{PREFIX}.run")
     if not isinstance(saved, dict):

@@ -482,7 +482,7 @@ def to_ufp4(src: Path, dst: Path) -> dict:
         e.common.pop(k, None)
     e.common[f"{checkpoint.PREFIX}.step"] = step
     # no trainer config comes with it: the run dir that resumes it records its own
-    # (train/resume_check.py)
+    # (train/rundir/resume_check.py)
     e.common[f"{checkpoint.PREFIX}.converted_from"] = str(path)
     # for the way back (to_megatron_lm) while no trainer run has saved over it
     e.common[f"{checkpoint.PREFIX}.megatron_lm_args"] = args

@@ -17,22 +17,14 @@ import torch.distributed as dist
 
 from ..data import datasets as data
 from ..quant import weight_cache
-from . import (
-    checkpoint,
-    determinism,
-    distributed,
-    log_line,
-    optim,
-    resume_check,
-    schedule,
-    wandb_run,
-)
+from . import checkpoint, determinism, distributed, log_line, optim, schedule, wandb_run
 from . import runtime as runtime_lib
 from .build import build_run
 from .live_gap import LiveGap
 from .metrics import MetricsFile
 from .precision import check_bf16_layers
 from .probes import LayerProbes
+from .rundir import resume_check
 from .schema import Config
 
 
