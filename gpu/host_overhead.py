@@ -182,10 +182,11 @@ def kernel_section(rows, log):
 
 
 def layer_section(rows, log):
-    from ufp4_megatron import get_recipe, ops
+    from ufp4_megatron import get_recipe
     from ufp4_megatron.bench.layer import TOKENS, dense_1p5b_shapes
     from ufp4_megatron.kernels import quantize_pair, quantize_view
     from ufp4_megatron.numerics.hadamard import get_rht
+    from ufp4_megatron.quant import ops
 
     recipe = get_recipe("ufp4")
     rht = get_rht(16, 0)
@@ -323,9 +324,10 @@ def direct_launch_probe(rows, log):
 def cached_launch_section(rows, log):
     """kernels/launch.py's cached launch against Triton's own, the same calls in one process
     (launch.ENABLED toggled): host time per call, and whether the outputs are identical."""
-    from ufp4_megatron import get_recipe, ops, quantize
+    from ufp4_megatron import get_recipe, quantize
     from ufp4_megatron.kernels import launch, quantize_pair
     from ufp4_megatron.numerics.hadamard import get_rht
+    from ufp4_megatron.quant import ops
 
     recipe = get_recipe("ufp4")
     kw = dict(grid="e1m2", rht=get_rht(16, 0), keep_padding=True)
@@ -453,8 +455,9 @@ def cpu_glue(log):
     import pkgutil
 
     import ufp4_megatron.kernels as kernels_pkg
-    from ufp4_megatron import get_recipe, ops, quantize
+    from ufp4_megatron import get_recipe, quantize
     from ufp4_megatron.kernels import quantize16_triton
+    from ufp4_megatron.quant import ops
 
     rows = launch_key_cost(log, quantize16_triton._pair16_kernel)
 

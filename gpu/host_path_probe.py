@@ -17,10 +17,11 @@ import time
 import torch
 from triton.runtime.jit import JITFunction
 
-from ufp4_megatron import kernels, ops
+from ufp4_megatron import kernels
 from ufp4_megatron.kernels import dispatch
 from ufp4_megatron.kernels import launch as cached
-from ufp4_megatron.recipe import get_recipe
+from ufp4_megatron.quant import ops
+from ufp4_megatron.quant.recipe import get_recipe
 
 
 def main() -> None:

@@ -7,7 +7,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ufp4_megatron import fake_quant, get_recipe, quantized_linear
+from ufp4_megatron import get_recipe, quantized_linear
+from ufp4_megatron.quant import fake_quant
 
 calls = {"reference": 0}
 _ref = fake_quant._reference_view

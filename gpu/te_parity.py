@@ -35,8 +35,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ufp4_megatron import ops  # noqa: E402
-from ufp4_megatron.recipe import PRESETS  # noqa: E402
+from ufp4_megatron.quant import ops  # noqa: E402
+from ufp4_megatron.quant.recipe import PRESETS  # noqa: E402
 
 TOL = 1e-2  # relative Frobenius difference of BF16 GEMM outputs computed in another order
 ROWS: list[dict] = []

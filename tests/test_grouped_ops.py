@@ -1,4 +1,4 @@
-"""Grouped expert GEMMs (ufp4_megatron.grouped_ops) against their per-expert twin.
+"""Grouped expert GEMMs (ufp4_megatron.quant.grouped_ops) against their per-expert twin.
 
 Contracts:
 - test_grouped_gemms_equal_per_expert_reference_bitwise: for every preset recipe (their SR
@@ -36,7 +36,7 @@ import pytest
 import torch
 
 from ufp4_megatron import get_recipe, list_recipes, quantized_linear
-from ufp4_megatron import grouped_ops as G
+from ufp4_megatron.quant import grouped_ops as G
 
 COUNTS = (0, 5, 17, 42)  # an empty expert; no count a multiple of 16
 E, K, N = 4, 64, 96

@@ -1,8 +1,8 @@
 """The package's import graph: every import points down a layer (or stays in its own), and no
 module reaches itself through its imports.
 
-    package data < numerics < kernels < recipe/ops < megatron/te < data < train < report
-                 < study/bench < cli
+    package data < numerics < kernels < quant (recipe/ops) < megatron/te < data < train
+                 < report < study/bench < cli
 
 The graph is read from the source (every `import` statement, those inside functions too: a
 lazy import is still a dependency, and a circle hidden in a function is still a circle).
@@ -11,9 +11,11 @@ Nodes are modules; `from pkg import name` points at `pkg.name` where that is a m
 and trainer steps) sit above report and below cli: both drive the trainer and read its
 reports, and `cli` (launch, demo) drives the study. `te` (the TransformerEngine route's
 quantizer factories) sits beside `megatron`: both are glue on the recipe and ops layer, and
-neither imports the other. docs/architecture.md draws the layers.
-Contract besides: numerics, recipe, ops and diagnostics import without Megatron, Hydra, W&B
-or Triton.
+neither imports the other. `quant` is the core (recipe, fake_quant, ops, grouped_ops,
+weight_cache, diagnostics), the package's own `__init__` (the public API) in its layer.
+docs/architecture.md draws the layers.
+Contract besides: numerics and quant (recipe, ops, diagnostics) import without Megatron, Hydra,
+W&B or Triton.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("configs", "scripts"),  # package data (Hydra YAMLs, launch scripts): imports nothing
     ("numerics",),
     ("kernels",),
-    ("recipe", "fake_quant", "ops", "grouped_ops", "weight_cache", "diagnostics", "__init__"),
+    ("quant", "__init__"),  # the core: recipe, fake_quant, ops, grouped_ops, weight_cache, ...
     ("megatron", "te"),
     ("data",),
     ("train",),
@@ -45,7 +47,7 @@ LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 # (importing module, imported module) pairs excused from the layer rule, each with the change
 # that removes it. None today: the last one (study/grid.py -> cli/launch.py for ABLATIONS) went
-# when the ablations moved beside the presets (recipe.py, train/precision.py).
+# when the ablations moved beside the presets (quant/recipe.py, train/precision.py).
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
@@ -212,7 +214,7 @@ def _graph(type_checking: bool = True):
 
 def test_core_imports_without_megatron_hydra_wandb_triton():
     code = (
-        "import sys, ufp4_megatron, ufp4_megatron.ops, ufp4_megatron.diagnostics\n"
+        "import sys, ufp4_megatron, ufp4_megatron.quant.ops, ufp4_megatron.quant.diagnostics\n"
         "bad = [m for m in ('megatron', 'hydra', 'wandb', 'triton') if m in sys.modules]\n"
         "assert not bad, bad"
     )

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from ufp4_megatron import Recipe, get_recipe, list_recipes
-from ufp4_megatron.recipe import GEMMS, OPERANDS
+from ufp4_megatron.quant.recipe import GEMMS, OPERANDS
 
 
 def _ops(r):

@@ -9,11 +9,11 @@ Public API (imports without Megatron):
     diagnostics                           alpha, SQNR, dSQNR, shrinkage bias, bucket ratio
 """
 
-from .fake_quant import quantize
 from .numerics.grids import GRIDS, Grid, get_grid
 from .numerics.hadamard import RHT
-from .ops import quantized_linear
-from .recipe import GemmSpec, OperandSpec, Recipe, get_recipe, list_recipes
+from .quant.fake_quant import quantize
+from .quant.ops import quantized_linear
+from .quant.recipe import GemmSpec, OperandSpec, Recipe, get_recipe, list_recipes
 
 __all__ = [
     "quantize",
@@ -32,9 +32,9 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def __getattr__(name):  # `ufp4_megatron.diagnostics` without importing it eagerly (it is also
-    if name == "diagnostics":  # a `python -m` entry point, which must not be pre-imported)
-        import importlib
+def __getattr__(name):  # `ufp4_megatron.diagnostics` (quant/diagnostics.py) without importing
+    if name == "diagnostics":  # it eagerly: it is also a `python -m` entry point, which must
+        import importlib  # not be pre-imported
 
-        return importlib.import_module(".diagnostics", __name__)
+        return importlib.import_module(".quant.diagnostics", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

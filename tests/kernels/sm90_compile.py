@@ -219,9 +219,9 @@ CASES = {
 
 
 def _setting():
-    from ufp4_megatron import grouped_ops, ops
     from ufp4_megatron.megatron import seeds
-    from ufp4_megatron.recipe import get_recipe
+    from ufp4_megatron.quant import grouped_ops, ops
+    from ufp4_megatron.quant.recipe import get_recipe
 
     seeds.DEVICE_DRAWS.add("cpu")  # the draw kernel's launch, intercepted like the others
 
@@ -268,7 +268,7 @@ def values_per_thread(ttgir: str) -> int:
 
 
 def run_case(interceptor, setting, name):
-    from ufp4_megatron import ops, weight_cache
+    from ufp4_megatron.quant import ops, weight_cache
 
     want, index, call = CASES[name]
     # each case from a cold start: an earlier case's kept weight operands or operand plans

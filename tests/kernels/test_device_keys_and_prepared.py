@@ -17,13 +17,14 @@ import pytest
 import torch
 from kernel_assertions import assert_bitwise
 
-from ufp4_megatron import get_recipe, grouped_ops, kernels, ops
+from ufp4_megatron import get_recipe, kernels
 from ufp4_megatron.kernels.dispatch import PreparedQDQ, prepare
 from ufp4_megatron.kernels.keys_triton import _draw_keys_kernel
 from ufp4_megatron.numerics.hadamard import RHT
 from ufp4_megatron.numerics.philox import operand_keys, stream_seed
 from ufp4_megatron.numerics.quantize import quantize_view as reference
 from ufp4_megatron.numerics.segments import Segments
+from ufp4_megatron.quant import grouped_ops, ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's uint64 wrap

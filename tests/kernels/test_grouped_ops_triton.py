@@ -30,11 +30,11 @@ import torch
 from kernel_assertions import assert_bitwise
 
 from ufp4_megatron import get_recipe, kernels
-from ufp4_megatron import grouped_ops as G
-from ufp4_megatron.fake_quant import quantize_view as dispatch
 from ufp4_megatron.numerics.hadamard import RHT
 from ufp4_megatron.numerics.quantize import quantize_view as reference
 from ufp4_megatron.numerics.segments import Segments
+from ufp4_megatron.quant import grouped_ops as G
+from ufp4_megatron.quant.fake_quant import quantize_view as dispatch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -34,6 +34,7 @@ from kernel_assertions import assert_bitwise
 from ufp4_megatron import get_recipe, kernels, quantize, quantized_linear
 from ufp4_megatron.kernels.dispatch import TILES
 from ufp4_megatron.numerics.hadamard import RHT
+from ufp4_megatron.numerics.quantize import OperandFormat
 from ufp4_megatron.numerics.quantize import quantize_view as reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -300,9 +301,8 @@ def test_tensor_amax_kernel_is_the_reference_bit_for_bit(case, layout):
     }
     for name, x in shapes.items():
         view = x if layout == "row" else x.t().contiguous().t()
-        plan = dispatch._plan(
-            view.dtype, view.device, "e2m1", block, block_2d, "e4m3", "rtne", rht, False, None
-        )
+        fmt = OperandFormat("e2m1", block=block, block_2d=block_2d, scale="e4m3", rht=rht)
+        plan = dispatch._plan(view.dtype, view.device, fmt, None)
         R, C = view.shape
         length = -(-C // plan.unit) * plan.unit
         other = -(-R // block) * block if block_2d else R

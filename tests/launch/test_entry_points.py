@@ -22,7 +22,7 @@ PROGRAMS = {  # console script: (module, what its --help starts with)
     "ufp4-compare": ("ufp4_megatron.cli.compare", "usage: ufp4-compare"),
     "ufp4-describe": ("ufp4_megatron.cli.describe", "usage: ufp4-describe"),
     "ufp4-prepare-data": ("ufp4_megatron.cli.prepare_data", "usage: ufp4-prepare-data"),
-    "ufp4-diagnostics": ("ufp4_megatron.diagnostics", "usage: ufp4-diagnostics"),
+    "ufp4-diagnostics": ("ufp4_megatron.quant.diagnostics", "usage: ufp4-diagnostics"),
     "ufp4-launch": ("ufp4_megatron.cli.launch", "usage: ufp4-launch"),
 }
 

@@ -181,7 +181,7 @@ def _linear_checks(sp: bool) -> dict:
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
     from ufp4_megatron.megatron import SRSeeds, UFP4ColumnParallelLinear, UFP4RowParallelLinear
-    from ufp4_megatron.ops import quantized_linear
+    from ufp4_megatron.quant.ops import quantized_linear
 
     setup_parallel(tp=2)
     config = tiny_config(tp=2, sp=sp)

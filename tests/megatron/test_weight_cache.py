@@ -1,4 +1,4 @@
-"""Weights quantized once per optimizer step (ufp4_megatron/weight_cache.py), on the CPU.
+"""Weights quantized once per optimizer step (ufp4_megatron/quant/weight_cache.py), on the CPU.
 
 A UFP4 linear's autograd function (megatron/parallel_gemm.py) with and without its weight's
 kept operands, over several optimizer steps of several micro-batches: outputs and gradients
@@ -12,9 +12,10 @@ The kernel path's operands equal the pair launch's bits in tests/kernels
 import pytest
 import torch
 
-from ufp4_megatron import get_recipe, weight_cache
+from ufp4_megatron import get_recipe
 from ufp4_megatron.megatron.parallel_gemm import Comm, Shard, UFP4ParallelLinearFn
-from ufp4_megatron.weight_cache import WeightOperands
+from ufp4_megatron.quant import weight_cache
+from ufp4_megatron.quant.weight_cache import WeightOperands
 
 COMM = Comm(
     sequence_parallel=False, allreduce_dgrad=False, grad_accumulation_fusion=False, tp_group=None

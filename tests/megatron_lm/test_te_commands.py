@@ -50,7 +50,7 @@ def _te_tool():
 def test_te_route_commands_parse_as_megatron_lm_reads_them(tmp_path):
     from megatron.core.fp8_utils import _resolve_callable_from_python_import_path as resolve
 
-    from ufp4_megatron.recipe import PRESETS
+    from ufp4_megatron.quant.recipe import PRESETS
 
     runs = _te_tool().te_runs()  # what gpu/te_megatron_lm.py runs
     assert [n for n, _ in runs] == ["te-ufp4", "te-bf16", "te-e2m1", "te-resume"]

@@ -31,7 +31,7 @@ from ufp4_megatron import (
     quantize,
     quantized_linear,
 )
-from ufp4_megatron.ops import dgrad, fprop, wgrad
+from ufp4_megatron.quant.ops import dgrad, fprop, wgrad
 
 # ----------------------------------------------------------------- NaN in e4m3 (NVFP4)
 

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from ufp4_megatron import diagnostics as d
+from ufp4_megatron.quant import diagnostics as d
 
 
 def test_attenuation_and_sqnr_on_known_inputs():

@@ -16,7 +16,7 @@ import torch
 
 from ufp4_megatron import RHT, get_recipe, list_recipes, quantize, quantized_linear
 from ufp4_megatron.numerics.philox import mix_seed
-from ufp4_megatron.ops import dgrad, fprop, wgrad
+from ufp4_megatron.quant.ops import dgrad, fprop, wgrad
 
 
 def _rel(a, b):

@@ -27,7 +27,7 @@ import sys
 import pytest
 
 import ufp4_megatron.te as te
-from ufp4_megatron.recipe import ABLATIONS, PRESETS, ablation, get_recipe
+from ufp4_megatron.quant.recipe import ABLATIONS, PRESETS, ablation, get_recipe
 from ufp4_megatron.te.checks import check_parallel, check_recipe, check_te_version
 from ufp4_megatron.te.factories import recipe_from_env
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ufp4_megatron import ops
-from ufp4_megatron.recipe import ABLATIONS, GEMMS, OPERANDS, PRESETS, ablation, reduction_dim
+from ufp4_megatron.quant import ops
+from ufp4_megatron.quant.recipe import ABLATIONS, GEMMS, OPERANDS, PRESETS, ablation, reduction_dim
 from ufp4_megatron.te.layouts import COLUMNWISE, LAYOUTS, ROWWISE, layout_plan, quantize_layout
 
 RECIPES = {

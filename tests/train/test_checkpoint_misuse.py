@@ -300,10 +300,10 @@ def test_a_name_that_leaves_runs_or_an_empty_run_dir_is_refused(tmp_path, overri
 
 
 def test_another_checkpoint_dir_cannot_cut_metrics_or_pass_the_refusals(stopped, tmp_path):
-    """The start's decision (train/resume_check.py plan_start, what the trainer runs before it
-    writes anything), in process: each refusal is the trainer's `error:` line."""
+    """The start's decision (train/rundir/resume_check.py plan_start, what the trainer runs
+    before it writes anything), in process: each refusal is the trainer's `error:` line."""
     from ufp4_megatron.train.footprint import load_config
-    from ufp4_megatron.train.resume_check import plan_start
+    from ufp4_megatron.train.rundir.resume_check import plan_start
     from ufp4_megatron.train.validate import ConfigError
 
     mine = tmp_path / "runs" / "mine"

@@ -43,8 +43,9 @@ import numpy as np
 import pytest
 import torch
 
-from ufp4_megatron.train import checkpoint, checksums, names, run_lock, unpickling
+from ufp4_megatron.train import checkpoint, trust
 from ufp4_megatron.train.metrics import MetricsFile, read_metrics
+from ufp4_megatron.train.rundir import names, run_lock
 
 
 class Payload:
@@ -89,12 +90,12 @@ def test_restricted_unpickling_refuses_code_but_reads_data(tmp_path):
     evil = pickle.dumps(Payload(marker))
     buf = io.BytesIO()
     torch.save({"w": torch.arange(4.0), "rng": np.random.get_state(), "n": 3}, buf)
-    with unpickling.restricted() as scope:
-        with pytest.raises(unpickling.ForbiddenGlobal, match="posix.system"):
+    with trust.restricted() as scope:
+        with pytest.raises(trust.ForbiddenGlobal, match="posix.system"):
             pickle.loads(evil)
         with pytest.raises(Exception):  # noqa: B017 - torch wraps it; scope.refused names it
             torch.load(io.BytesIO(evil), weights_only=False)
-        with pytest.raises(unpickling.ForbiddenGlobal):  # an object array's items too
+        with pytest.raises(trust.ForbiddenGlobal):  # an object array's items too
             pickle.loads(pickle.dumps(np.array([Payload(marker)], dtype=object)))
         assert scope.refused == "posix.system"
         buf.seek(0)
@@ -154,21 +155,21 @@ def test_latest_naming_removed_steps_is_refused(tmp_path):
 
 def _manifested(tmp_path) -> Path:
     d = fake_step(tmp_path, 4, _dot_metadata=b"m", __0_0_dot_distcp=b"x" * 1000)
-    digests = checksums.hash_share(d, 0, 1)
-    (d / checksums.MANIFEST).write_text(checksums.manifest_text(digests))
-    assert set(checksums.read(d)) == {".metadata", "__0_0.distcp", "metadata.json"}
+    digests = trust.hash_share(d, 0, 1)
+    (d / trust.MANIFEST).write_text(trust.manifest_text(digests))
+    assert set(trust.read(d)) == {".metadata", "__0_0.distcp", "metadata.json"}
     return d
 
 
 def test_manifest_listing_problems_are_damage(tmp_path):
     d = _manifested(tmp_path)
-    assert checksums.listing_problem(d, checksums.read(d)) is None
+    assert trust.listing_problem(d, trust.read(d)) is None
     (d / "common.pt").write_bytes(pickle.dumps({"ufp4.step": 99}))  # Megatron reads it first
     assert "holds common.pt, which its integrity.json does not list" in checkpoint.damage(d)
     (d / "common.pt").unlink()
     (d / "__0_0.distcp").unlink()
     assert checkpoint.damage(d) == "__0_0.distcp is missing (listed in integrity.json)"
-    (d / checksums.MANIFEST).write_text("{not json")
+    (d / trust.MANIFEST).write_text("{not json")
     assert checkpoint.damage(d).startswith("integrity.json is not JSON")
 
 
@@ -178,7 +179,7 @@ def test_checksum_shares_cover_every_file_once(world):
         ".metadata",
         "metadata.json",
     ]
-    shares = [checksums.share(files, r, world) for r in range(world)]
+    shares = [trust.share(files, r, world) for r in range(world)]
     assert sorted(f for s in shares for f in s) == sorted(files)
     if world >= 4:  # each rank hashes the files it wrote itself
         assert {"__1_0.distcp", "__1_1.distcp"} <= set(shares[1])
@@ -189,9 +190,9 @@ def test_a_checksum_mismatch_names_the_file(tmp_path):
     data = bytearray((d / "__0_0.distcp").read_bytes())
     data[100:200] = bytes(100)  # zeroed inside, size unchanged
     (d / "__0_0.distcp").write_bytes(bytes(data))
-    problem = checksums.verify_share(d, checksums.read(d), 0, 1)
+    problem = trust.verify_share(d, trust.read(d), 0, 1)
     assert problem.startswith("__0_0.distcp does not match its sha256 in integrity.json")
-    assert checksums.verify_share(d, checksums.read(d), 1, 2) is None  # rank 1's share is ok
+    assert trust.verify_share(d, trust.read(d), 1, 2) is None  # rank 1's share is ok
 
 
 def test_another_runs_checkpoint_is_refused_naming_both(tmp_path):
@@ -274,7 +275,7 @@ def test_metrics_bad_middle_line_and_string_step_are_kept_aside(tmp_path, capsys
 
 def test_a_symlink_at_a_run_dir_file_is_refused(tmp_path):
     from ufp4_megatron.train.footprint import load_config
-    from ufp4_megatron.train.resume_check import plan_start
+    from ufp4_megatron.train.rundir.resume_check import plan_start
     from ufp4_megatron.train.validate import ConfigError
 
     victim = tmp_path / "bashrc"

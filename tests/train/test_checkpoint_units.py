@@ -146,7 +146,7 @@ def test_read_metrics_notes_a_cut_last_line_before_trailing_blank_lines(tmp_path
 def test_unreadable_config_yaml_is_one_line(tmp_path):
     """A hand-edited or truncated config.yaml in a run dir: one line naming the file and what
     to do (the YAML parser's message spans several lines; found by docs/reliability.md)."""
-    from ufp4_megatron.train.resume_check import _load
+    from ufp4_megatron.train.rundir.resume_check import _load
     from ufp4_megatron.train.validate import ConfigError
 
     bad = tmp_path / "config.yaml"

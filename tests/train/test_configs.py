@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ufp4_megatron.configs import CONFIG_DIR
-from ufp4_megatron.recipe import list_recipes
+from ufp4_megatron.quant.recipe import list_recipes
 from ufp4_megatron.train.footprint import count_params
 from ufp4_megatron.train.precision import recipe_from_config
 from ufp4_megatron.train.schema import Config

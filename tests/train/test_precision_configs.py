@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from ufp4_megatron.cli import launch as launch_cli
 from ufp4_megatron.configs import CONFIG_DIR
-from ufp4_megatron.recipe import (
+from ufp4_megatron.quant.recipe import (
     ABLATION_PRESET,
     ABLATIONS,
     PRESETS,
@@ -32,10 +32,10 @@ from ufp4_megatron.recipe import (
     ablation,
     get_recipe,
 )
-from ufp4_megatron.train import identity
 from ufp4_megatron.train.precision import ABLATION_OVERRIDES, recipe_from_config, switch_overrides
 from ufp4_megatron.train.preset_switches import preset_switches
-from ufp4_megatron.train.resume_check import plan_start
+from ufp4_megatron.train.rundir import identity
+from ufp4_megatron.train.rundir.resume_check import plan_start
 
 PRECISION_DIR = Path(CONFIG_DIR) / "precision"
 # Each shipped precision YAML: (its preset, the overrides it states as get_recipe arguments).

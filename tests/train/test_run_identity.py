@@ -27,7 +27,7 @@ from _cli import FAST, run
 from hydra import compose
 from omegaconf import OmegaConf
 
-from ufp4_megatron.train import identity
+from ufp4_megatron.train.rundir import identity
 from ufp4_megatron.train.wandb_run import wandb_id
 
 pytestmark = pytest.mark.usefixtures("hydra_configs")  # tests/conftest.py

@@ -121,7 +121,7 @@ def main(argv=None) -> None:
     unknown = set(parts) - {"kernels", "layer", "step", "profile"}
     if unknown:
         sys.exit(f"unknown suite(s) {sorted(unknown)}; valid: kernels, layer, step, profile")
-    from ..recipe import list_recipes
+    from ..quant.recipe import list_recipes
     from . import step as step_suite
 
     for what, names, valid in (

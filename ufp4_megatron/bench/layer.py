@@ -7,8 +7,8 @@ import pathlib
 
 import torch
 
-from ..ops import quantized_linear
-from ..recipe import get_recipe
+from ..quant.ops import quantized_linear
+from ..quant.recipe import get_recipe
 from .timing import median_ms, peak_bytes
 
 TOKENS = 8192

@@ -2,8 +2,8 @@
 
     python -m ufp4_megatron.bench --suite profile --model moe_7p9b --recipe ufp4
 
-Builds the trainer's own model, optimizer and data (train.model, train.optim, data.datasets,
-train.schedule: the step the trainer runs), runs `warmup` steps, profiles one step, and
+Builds the trainer's own model, optimizer and data (train/build.py, then train.schedule:
+the step the trainer runs), runs `warmup` steps, profiles one step, and
 prints GPU time per kernel family (GEMM, grouped GEMM, QDQ, attention, optimizer, other)
 and the top kernels. GPU time is kernel time: idle gaps (host-bound stretches) show as the
 difference between the step's wall time and the sum.
@@ -48,10 +48,9 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 15) -> str
     from torch.profiler import ProfilerActivity, profile
 
     from ..data import datasets as data
-    from ..train import distributed, optim, schedule
-    from ..train import model as model_lib
+    from ..train import distributed, schedule
+    from ..train.build import build_run
     from ..train.footprint import load_config
-    from ..train.precision import recipe_from_config
     from ..train.runtime import decide
 
     cfg = load_config(overrides)
@@ -59,20 +58,9 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 15) -> str
     t.device, t.dtype = "cuda", "bf16"  # the profile of record: a GPU step in bf16
     rt = decide(cfg)
     device = rt.device
-    env = distributed.init(cfg.parallel, rt, t.seed)
-    model, _ = model_lib.build_model(cfg, recipe_from_config(cfg.precision), rt.dtype, device)
-    opt = optim.build_optimizer(model, cfg, rt)
+    built = build_run(cfg, rt, n_train=(warmup + 1) * t.global_batch, n_valid=1)
+    env, opt, train_ds, n_micro = built.env, built.opt, built.train_ds, built.n_micro
     train_model = opt.model  # Megatron's DDP wrapper, as the trainer runs it
-    train_ds, _ = data.build_datasets(
-        cfg.data,
-        seed=t.seed,
-        seq_len=t.seq_len,
-        vocab_size=cfg.model.vocab_size,
-        n_train=(warmup + 1) * t.global_batch,
-        n_valid=1,
-        create_attention_mask=model_lib.needs_attention_mask(cfg),
-    )
-    n_micro = data.num_micro_batches(t.global_batch, t.micro_batch, env.dp)
 
     def step(i: int) -> None:
         opt.zero_grad()

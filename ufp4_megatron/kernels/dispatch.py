@@ -11,10 +11,12 @@ run the steps of pipeline_triton.py. One layout per launch: a fused both-layouts
 measured slower than two passes (docs/kernel-notes.md) and is gone.
 
 Host time is what small and medium layers pay per QDQ (docs/kernel-notes.md). Everything that
-depends only on the settings, the input dtype and the device (level tables, signs, constexpr
-arguments) is built once into a cached `_Plan`; a call computes only the shapes, the output
-and its scalars (seed, origin, the e4m3 tensor scale: its amax in one read by
-amax_triton.py, bit for bit the reference's).
+depends only on the operand's format (numerics.quantize.OperandFormat), the input dtype, the
+device and the output dtype (level tables, signs, constexpr arguments) is built once into a
+`_Plan` cached by those four; a call computes only the shapes, the output and its scalars
+(seed, origin, the e4m3 tensor scale: its amax in one read by amax_triton.py, bit for bit the
+reference's). Every entry point takes the format as `fmt=`, or as the reference does: a grid
+and its keywords (block, scale, rounding, rht, ...).
 
 Segment-keyed SR (`segments=`, numerics/segments.py: one seed and origin per row or column
 range, the experts of a grouped GEMM) passes three small device tables per layout
@@ -26,6 +28,7 @@ tables. Without SR or e4m3 the segments change nothing and are not passed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
@@ -37,7 +40,7 @@ from triton.runtime.interpreter import InterpretedFunction
 from ..numerics.checks import SEED_LIMIT
 from ..numerics.grids import Grid, codebook_levels, get_grid
 from ..numerics.hadamard import RHT
-from ..numerics.quantize import output_dtype, padded_length
+from ..numerics.quantize import OperandFormat, format_of, output_dtype, padded_length
 from ..numerics.rounding import midpoints, minifloat_mantissa, uniform_step
 from ..numerics.scaling import E4M3_MAX
 from ..numerics.segments import Segments, tensor_scale_segments_problem
@@ -60,8 +63,10 @@ INTERPRETED = isinstance(_qdq_kernel, InterpretedFunction)
 
 @dataclass(frozen=True, eq=False)
 class _Plan:
-    """What one quantization setting needs at launch, for one input dtype and device."""
+    """What one operand format needs at launch, for one input dtype, device and output
+    dtype."""
 
+    fmt: OperandFormat
     grid: Grid
     block: int
     block_2d: bool
@@ -98,35 +103,29 @@ class _Layout(NamedTuple):
 _PLANS: dict = {}
 
 
-def _plan(
-    dtype, device, grid, block, block_2d, scale, rounding, rht, keep_padding, out_dtype
-) -> _Plan | str:
-    """The cached plan of a setting, or the reason the kernels do not cover it."""
+def _plan(dtype, device, fmt: OperandFormat, out_dtype) -> _Plan | str:
+    """The cached plan of a format, or the reason the kernels do not cover it."""
     try:
-        key = (dtype, device, grid, block, block_2d, scale, rounding, rht, keep_padding, out_dtype)
+        key = (dtype, device, fmt, out_dtype)
         hit = _PLANS.get(key)
     except TypeError:  # an unhashable codebook (a list): key it by its levels
         try:
-            grid = codebook_levels(grid)
-        except ValueError as e:
+            grid = codebook_levels(fmt.grid)
+        except (TypeError, ValueError) as e:
             return str(e)
-        return _plan(
-            dtype, device, grid, block, block_2d, scale, rounding, rht, keep_padding, out_dtype
-        )
+        return _plan(dtype, device, dataclasses.replace(fmt, grid=grid), out_dtype)
     if hit is None:
-        if len(_PLANS) > 1024:  # settings are few; never grow without bound
+        if len(_PLANS) > 1024:  # formats are few; never grow without bound
             _PLANS.clear()
-        hit = _PLANS[key] = _build_plan(
-            dtype, device, grid, block, block_2d, scale, rounding, rht, keep_padding, out_dtype
-        )
+        hit = _PLANS[key] = _build_plan(dtype, device, fmt, out_dtype)
     return hit
 
 
-def _build_plan(
-    dtype, device, grid, block, block_2d, scale, rounding, rht, keep_padding, out_dtype
-) -> _Plan | str:
+def _build_plan(dtype, device, fmt: OperandFormat, out_dtype) -> _Plan | str:
+    block, block_2d, scale, rounding = fmt.block, fmt.block_2d, fmt.scale, fmt.rounding
+    rht, keep_padding = fmt.rht, fmt.keep_padding
     try:
-        g = get_grid(grid)
+        g = get_grid(fmt.grid)
     except ValueError as e:
         return str(e)
     if dtype not in DTYPES:
@@ -174,6 +173,7 @@ def _build_plan(
         consts16 = dict(steps, RHT=log_h == 4)
         prefixed = {p: {p + k: v for k, v in consts16.items()} for p in ("A_", "B_")}
     return _Plan(
+        fmt=fmt,
         grid=g,
         block=block,
         block_2d=block_2d,
@@ -208,19 +208,9 @@ def is_device_key(seed) -> bool:
     return isinstance(seed, torch.Tensor) and seed.dtype == torch.int64 and seed.numel() == 1
 
 
-def _call_reason(
-    x,
-    rounding,
-    seed,
-    origin,
-    segments=None,
-    scale="fp32",
-    block=16,
-    block_2d=False,
-    rht=None,
-    tensor_amax=None,
-) -> str | None:
+def _call_reason(x, fmt: OperandFormat, seed, origin, segments, tensor_amax) -> str | None:
     """What the kernels refuse in a call's own arguments (shape, seed, origin, segments)."""
+    rounding, scale = fmt.rounding, fmt.scale
     if x.dim() != 2:
         return f"a {x.dim()}-D view (kernels take 2D views)"
     if x.numel() == 0:
@@ -248,43 +238,37 @@ def _call_reason(
         if scale == "e4m3" and tensor_amax is None:  # the reference refuses these too
             return tensor_scale_segments_problem(
                 segments,
-                block=block,
-                block_2d=block_2d,
-                rht_size=rht.size if rht is not None else None,
+                block=fmt.block,
+                block_2d=fmt.block_2d,
+                rht_size=fmt.rht.size if fmt.rht is not None else None,
             )
     return None
 
 
 def unsupported(
     x: torch.Tensor,
-    grid,
+    grid=None,
     *,
-    block: int = 16,
-    block_2d: bool = False,
-    scale: str = "fp32",
-    rounding: str = "rtne",
-    rht: RHT | None = None,
+    fmt: OperandFormat | None = None,
     seed: int = 0,
     origin: tuple[int, int] = (0, 0),
     tensor_amax=None,
-    keep_padding: bool = False,
     out_dtype: torch.dtype | None = None,
     segments: Segments | None = None,
+    **format_kw,
 ) -> str | None:
-    """None when the kernels reproduce the reference for these arguments, else what they do
-    not implement (the caller then runs the reference, or, for backend="triton", says so).
+    """None when the kernels reproduce the reference for these arguments (the format as
+    fmt=, or a grid and quantize_view's format keywords), else what they do not implement
+    (the caller then runs the reference, or, for backend="triton", says so).
     Not implemented: blocks other than 16/32, dtypes other than fp32/bf16/fp16, e4m3 scales
     on the two's-complement grid (its tensor scale depends on every block's sign), empty
     tensors, SR segments that do not start at multiples of 16, and arguments the reference
     itself rejects."""
-    plan = _plan(
-        x.dtype, x.device, grid, block, block_2d, scale, rounding, rht, keep_padding, out_dtype
-    )
+    fmt, _ = format_of(grid, fmt, format_kw)
+    plan = _plan(x.dtype, x.device, fmt, out_dtype)
     if isinstance(plan, str):
         return plan
-    return _call_reason(
-        x, rounding, seed, origin, segments, scale, block, block_2d, rht, tensor_amax
-    )
+    return _call_reason(x, plan.fmt, seed, origin, segments, tensor_amax)
 
 
 def supports(x: torch.Tensor, grid, **kw) -> bool:
@@ -303,40 +287,26 @@ def check_device(x: torch.Tensor) -> None:
 
 def _layout(
     view: torch.Tensor,
-    grid,
-    block=16,
-    block_2d=False,
-    scale="fp32",
-    rounding="rtne",
-    rht=None,
+    grid=None,
+    *,
+    fmt: OperandFormat | None = None,
     seed=0,
     origin=(0, 0),
     tensor_amax=None,
-    keep_padding=False,
     out_dtype=None,
     segments=None,
     strict=True,
+    **format_kw,
 ) -> _Layout | None:
-    """The call's layout; for arguments the kernels do not implement a ValueError naming
-    them (strict) or None (the caller runs the reference)."""
-    plan = _plan(
-        view.dtype,
-        view.device,
-        grid,
-        block,
-        block_2d,
-        scale,
-        rounding,
-        rht,
-        keep_padding,
-        out_dtype,
-    )
+    """The call's layout (its format as fmt=, or a grid and its keywords); for arguments the
+    kernels do not implement a ValueError naming them (strict) or None (the caller runs the
+    reference)."""
+    fmt, _ = format_of(grid, fmt, format_kw)
+    plan = _plan(view.dtype, view.device, fmt, out_dtype)
     reason = (
         plan
         if isinstance(plan, str)
-        else _call_reason(
-            view, rounding, seed, origin, segments, scale, block, block_2d, rht, tensor_amax
-        )
+        else _call_reason(view, plan.fmt, seed, origin, segments, tensor_amax)
     )
     if reason is not None:
         if not strict:
@@ -346,9 +316,10 @@ def _layout(
             "(it runs the reference for such arguments) or backend='torch'"
         )
     check_device(view)
+    rounding, block = plan.fmt.rounding, plan.block
     R, C = view.shape
     length = -(-C // plan.unit) * plan.unit
-    other = -(-R // block) * block if block_2d else R
+    other = -(-R // block) * block if plan.block_2d else R
     # segments key SR, and e4m3's tensor scale (one per segment); otherwise they change nothing
     keyed = segments is not None and (rounding == "sr" or plan.g_top is not None)
     seg = 1 + segments.axis if keyed else 0
@@ -378,7 +349,7 @@ def _layout(
         int(origin[1]),
         *tables,
     )
-    return _Layout(plan, args, length, other, length if keep_padding else C, seg, seed_ptr)
+    return _Layout(plan, args, length, other, length if plan.keep_padding else C, seg, seed_ptr)
 
 
 _SEGMENT_TABLES: dict = {}
@@ -589,9 +560,10 @@ def _tensor_amax(
 
 
 def quantize_view(
-    x: torch.Tensor, grid, *, tiles=None, strict: bool = True, **kw
+    x: torch.Tensor, grid=None, *, tiles=None, strict: bool = True, **kw
 ) -> torch.Tensor | None:
-    """Kernel twin of numerics.quantize.quantize_view: same arguments, same values.
+    """Kernel twin of numerics.quantize.quantize_view: same arguments, same values (or the
+    format as one fmt=OperandFormat in place of the grid and its keywords).
 
     A transposed view of a row-major tensor (x.t() with stride (1, n)) runs the column
     layout on the tensor itself, so column-wise quantization reads and writes coalesced; the
@@ -620,7 +592,8 @@ def _quantize_laid_out(x: torch.Tensor, lay: _Layout, tiles=None) -> torch.Tenso
 def quantize_pair(
     a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *, tiles=None, strict: bool = True
 ):
-    """(quantize_view(a, **a_kw), quantize_view(b, **b_kw)), grid included in the kw dicts.
+    """(quantize_view(a, **a_kw), quantize_view(b, **b_kw)), each operand's format in its kw
+    dict (fmt=, or grid and its keywords).
 
     When both take the 16-tensor kernels (UFP4's and E2M1's operands: 1x16 blocks, RHT16 or
     none) the two jobs run in one launch (`_pair16_kernel`), bit for bit what two launches
@@ -680,7 +653,7 @@ def quantize_pair(
 class PreparedQDQ:
     """One or two GEMM operands quantized by one launch of the 16-tensor kernels, for calls
     whose operands keep the shapes, strides, dtype, device and settings of the call it was
-    built from (the caller keys it by them: ops.py). Operand i is a row-major tensor t_i
+    built from (the caller keys it by them: quant/ops.py). Operand i is a row-major tensor t_i
     [A, B] quantized along B, or along A when along_rows[i] (then its output is [A', B],
     the transposed layout: a GEMM operand in natural orientation either way). Only the SR
     keys differ per call: a host int, or a device key given as (tensor, element offset)

@@ -1,6 +1,6 @@
 """Megatron-Core glue for UFP4: parallel linears, MoE experts, spec rewrite, policy, CPU compat.
 
-Glue only: every quantized GEMM is `ufp4_megatron.ops`; nothing here does arithmetic.
+Glue only: every quantized GEMM is `ufp4_megatron.quant.ops`; nothing here does arithmetic.
 Written against megatron-core 0.19.1 (Megatron-LM core_r0.19.0) and 0.19.2 (the wheel),
 checked on import (_version.py).
 """

@@ -7,7 +7,7 @@
   of the grouped-linear protocol that Megatron's `TEGroupedMLP` calls
   (`linear(x, tokens_per_expert) -> (y, bias)`), so `TEGroupedMLP` hosts them unchanged.
   All local experts' weights are one parameter `weight` [E, N, K] (and `bias` [E, N]), and
-  every GEMM runs for all experts at once through `ufp4_megatron.grouped_ops`, on the token
+  every GEMM runs for all experts at once through `ufp4_megatron.quant.grouped_ops`, on the token
   matrix padded per expert to a multiple of 16 (or the recipe's block): one quantization
   launch per operand, one `torch._grouped_mm` per GEMM, for every recipe (BF16 experts
   included), with no host sync per expert.
@@ -46,9 +46,9 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.utils import divide, get_pg_rank, get_pg_size
 
-from .. import grouped_ops, ops
-from ..recipe import Recipe
-from ..weight_cache import WeightOperands
+from ..quant import grouped_ops, ops
+from ..quant.recipe import Recipe
+from ..quant.weight_cache import WeightOperands
 from .linear import _UFP4Mixin
 from .parallel_gemm import Shard, _accumulate, _chunks, save_seed
 from .policy import UFP4Binding
@@ -201,7 +201,7 @@ class _UFP4GroupedLinear(MegatronModule):
         self._first_expert = get_pg_rank(self.ep_group) * num_local_experts
         self._sr = ufp4.recipe.uses_sr
         self._align = grouped_ops.token_alignment(ufp4.recipe)
-        # the experts' RTNE weight operands, kept until the weights change (weight_cache.py)
+        # the experts' RTNE weight operands, kept until the weights change (quant/weight_cache.py)
         self.weight_operands = WeightOperands() if ufp4.cache_weights else None
 
         # As Megatron's linears: expert weights reduce over the expert-DP group, not DP.

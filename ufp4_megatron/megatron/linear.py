@@ -22,7 +22,7 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.utils import get_pg_rank, get_pg_size
 
-from ..weight_cache import WeightOperands
+from ..quant.weight_cache import WeightOperands
 from .parallel_gemm import Comm, Shard, UFP4ParallelLinearFn
 from .policy import UFP4Binding
 
@@ -73,7 +73,7 @@ class _UFP4Mixin:
             else parallel_state.get_data_parallel_rank(with_context_parallel=True)
         )
         self._sr = ufp4.recipe.uses_sr
-        # the weight's RTNE operands, kept until it changes (weight_cache.py)
+        # the weight's RTNE operands, kept until it changes (quant/weight_cache.py)
         self.weight_operands = WeightOperands() if ufp4.cache_weights else None
 
     def _forward_impl(

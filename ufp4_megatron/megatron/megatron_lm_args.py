@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import os
 
-from ..recipe import GEMMS, Recipe, apply_overrides, get_recipe
+from ..quant.recipe import GEMMS, Recipe, apply_overrides, get_recipe
 
 FORMAT_PRESET = {"e1m2": "ufp4", "int4": "ufp4_int4", "e2m1": "e2m1"}
 

@@ -1,7 +1,7 @@
 """The autograd function of a UFP4 tensor-parallel linear: Megatron's communication, UFP4 GEMMs.
 
 It mirrors `LinearWithGradAccumulationAndAsyncCommunication` (megatron-core 0.19.2) step for
-step, and swaps each of its three matmuls for `ufp4_megatron.ops`:
+step, and swaps each of its three matmuls for `ufp4_megatron.quant.ops`:
 
     forward   [SP: all-gather x over TP]       y  = fprop(x, w)
     backward  [SP: all-gather x again, async]  dx = dgrad(dy, w)
@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from megatron.core.parallel_state import get_global_memory_buffer
 
-from .. import ops
-from ..recipe import Recipe
+from ..quant import ops
+from ..quant.recipe import Recipe
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def _chunks(shard: Shard, t: torch.Tensor, dim: int):
 
 def kept_weight(cache, gemm: str, chunk: int, weight, w, recipe, origin):
     """The weight operand of `gemm` for chunk `chunk` (w, at `origin` in the full weight) from
-    the module's WeightOperands (weight_cache.py; keyed by the parameter `weight`), or None:
+    the module's WeightOperands (quant/weight_cache.py; keyed by the parameter `weight`), or None:
     no cache, or an operand that is not RTNE (then ops quantizes it every call)."""
     if cache is None or not ops.cacheable(recipe, gemm):
         return None

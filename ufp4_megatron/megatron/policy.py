@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from megatron.core.fp8_utils import is_first_last_bf16_layer
 
-from ..recipe import Recipe, get_recipe
+from ..quant.recipe import Recipe, get_recipe
 from .seeds import SRSeeds
 
 RecipeLike = str | Recipe
@@ -37,7 +37,7 @@ class UFP4Binding:
     layer_number: int  # global, 1-based (Megatron's TransformerLayer.layer_number)
     path: str  # policy path, for errors and logs
     role: int  # stable id of the path without the layer index, mixed into SR seeds
-    cache_weights: bool = False  # keep the weight's RTNE operands per step (weight_cache.py)
+    cache_weights: bool = False  # keep the weight's RTNE operands per step (quant/weight_cache.py)
 
     def __repr__(self) -> str:
         return f"UFP4Binding({self.path}, recipe={self.recipe.name}, layer={self.layer_number})"
@@ -50,7 +50,7 @@ class UFP4Policy:
     """Recipe per linear (default + path rules + Megatron's BF16 layers) and the SR seeds.
 
     weight_cache: which linears keep their weight's RTNE operands from one optimizer step to
-    the next (weight_cache.py; bit for bit the same results, at the memory of two quantized
+    the next (quant/weight_cache.py; bit for bit the same results, at the memory of two quantized
     copies of each such weight): "experts" (routed experts, whose weights are the largest
     and are re-quantized for the fewest tokens; the default), "all" quantized linears, or
     "none".

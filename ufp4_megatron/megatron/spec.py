@@ -45,7 +45,7 @@ from megatron.core.transformer.transformer_block import (
 )
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-from ..recipe import Recipe, get_recipe
+from ..quant.recipe import Recipe, get_recipe
 from .experts import (
     UFP4ColumnParallelGroupedLinear,
     UFP4RowParallelGroupedLinear,

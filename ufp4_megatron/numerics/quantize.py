@@ -2,11 +2,16 @@
 
 `quantize_view` is the reference every kernel is tested against. Steps (docs/numerics.md):
 pad -> optional RHT -> block amax -> scale -> |x| / s -> round onto the grid -> dequantize.
+`OperandFormat` holds the arguments of a call that belong to the operand's format rather than
+to the call (grid, block, scale, rounding, RHT, padding): the one value the recipe's operands,
+the dispatch and the kernels' plan cache pass around and key on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -27,6 +32,51 @@ class QuantizedView:
     scales: torch.Tensor  # [R, Cp // B] fp32
     source: torch.Tensor  # the (rotated) fp32 input that was quantized, padded
     grid: Grid
+
+
+@dataclass(frozen=True)
+class OperandFormat:
+    """How a view is quantized, apart from the call's own arguments (seed, origin, segments,
+    tensor_amax, out_dtype): quantize_view's format keywords in one frozen, hashable value
+    (hashable as long as grid is: a name, a Grid or a tuple of levels).
+
+    The fields are quantize_view's keywords of the same names, unchecked here: the reference
+    raises its own errors for values it does not take, and the kernels' plan
+    (kernels/dispatch.py) names what they do not cover. keep_padding: the result keeps the
+    zero padding along the quantized dim (a GEMM operand: zeros add nothing to the product).
+    """
+
+    grid: Any
+    block: int = 16
+    block_2d: bool = False
+    scale: str = "fp32"
+    rounding: str = "rtne"
+    rht: RHT | None = None
+    keep_padding: bool = False
+
+    def options(self) -> dict:
+        """quantize_view's keywords for this format, grid left out (its positional)."""
+        return {f: getattr(self, f) for f in FORMAT_OPTIONS}
+
+
+FORMAT_OPTIONS = tuple(f.name for f in dataclasses.fields(OperandFormat) if f.name != "grid")
+
+
+def format_of(grid, fmt: OperandFormat | None, kw: dict) -> tuple[OperandFormat, dict]:
+    """(format, the call's own keywords) of a call given either `fmt` or, as quantize_view
+    takes them, a grid and format keywords among kw. Both at once is a TypeError."""
+    options = {k: kw[k] for k in FORMAT_OPTIONS if k in kw}
+    if fmt is None:
+        if grid is None:
+            raise TypeError("give the grid (or fmt=OperandFormat(...))")
+        call = {k: v for k, v in kw.items() if k not in options}
+        return OperandFormat(grid, **options), call
+    if grid is not None or options:
+        raise TypeError(
+            f"pass fmt=OperandFormat(...) or a grid with its keywords, not both (got fmt={fmt!r}"
+            f", grid={grid!r}, {', '.join(options) or 'no keywords'})"
+        )
+    return fmt, kw
 
 
 def padded_length(n: int, block: int, rht: RHT | None) -> int:

@@ -1,7 +1,7 @@
 """The paper's BF16-relative loss gap, (L - L_bf16) / L_bf16, per run and seed.
 
 Each quantized run is paired with the reference run of the same seed, model, data and schedule
-(equal `train.identity.sibling_key`: same data order and initial weights; and the same
+(equal `train.rundir.identity.sibling_key`: same data order and initial weights; and the same
 learning rate at every compared step, check_same_schedule: the key leaves out train.steps,
 over which a null optim.decay_steps decays). All runs of one
 model are compared over the same steps: those every run logged (a longer run is cut to the
@@ -15,7 +15,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..train import identity
+from ..train.rundir import identity
 from .errors import BadInput
 from .runs import Run
 

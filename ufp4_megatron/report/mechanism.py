@@ -27,9 +27,9 @@ import math
 import warnings
 from pathlib import Path
 
-from .. import diagnostics as dg
 from ..numerics.grids import get_grid
-from ..recipe import GEMMS, OPERANDS, reduction_dim
+from ..quant import diagnostics as dg
+from ..quant.recipe import GEMMS, OPERANDS, reduction_dim
 
 GRIDS = ("e2m1", "e1m2", "int4")
 RHTS = (None, 16)
@@ -55,7 +55,7 @@ def capture(run_dir: Path, batch: int | None = None) -> tuple[dict, dict]:
 
     cfg = load_config(run_dir)
     ckpt_dir = Path(cfg.checkpoint.dir or Path(run_dir) / "checkpoints")
-    try:  # reads pickles restricted to plain data (train/unpickling.py): a planted one refused
+    try:  # reads pickles restricted to plain data (train/trust.py): a planted one refused
         step = checkpoint.latest_step(ckpt_dir)
     except checkpoint.CheckpointError as e:
         raise SystemExit(f"mechanism: {e}") from None
@@ -73,22 +73,21 @@ def capture(run_dir: Path, batch: int | None = None) -> tuple[dict, dict]:
 
 def _capture(cfg, rt, ckpt_dir: Path, step: int, run_dir: Path, batch: int | None):
     from ..data import datasets as data
-    from ..train import checkpoint, distributed, optim, schedule
-    from ..train import model as model_lib
-    from ..train.precision import recipe_from_config
+    from ..train import checkpoint, distributed, schedule
+    from ..train.build import build_run
     from ..train.probes import LayerProbes
 
     device = rt.device
-    distributed.init(cfg.parallel, rt, cfg.train.seed)  # the process group the model needs
-    recipe = recipe_from_config(cfg.precision)
-    model, policy = model_lib.build_model(cfg, recipe, rt.dtype, device)
-    opt = optim.build_optimizer(model, cfg, rt)
+    t = cfg.train
+    mb = batch or t.micro_batch
+    built = build_run(cfg, rt, n_train=t.global_batch, n_valid=mb)
+    recipe, model, opt, valid = built.recipe, built.model, built.opt, built.valid_ds
     try:
         checkpoint.load(
             ckpt_dir,
             model,
             opt,
-            {"policy": policy, "lr_schedule": opt.scheduler},
+            {"policy": built.policy, "lr_schedule": opt.scheduler},
             runtime=rt,
             run=checkpoint.owner(cfg, run_dir),
             run_dir=Path(run_dir),
@@ -98,17 +97,6 @@ def _capture(cfg, rt, ckpt_dir: Path, step: int, run_dir: Path, batch: int | Non
         distributed.shutdown()
         raise SystemExit(f"mechanism: {e}") from None
     fwd_model = opt.model  # Megatron's DDP wrapper, as the trainer runs it
-
-    t = cfg.train
-    mb = batch or t.micro_batch
-    _, valid = data.build_datasets(
-        cfg.data,
-        seed=t.seed,
-        seq_len=t.seq_len,
-        vocab_size=cfg.model.vocab_size,
-        n_train=t.global_batch,
-        n_valid=mb,
-    )
     probes = LayerProbes(model, list(range(cfg.model.num_layers)), recipe)
     probes.active = True
     opt.zero_grad()

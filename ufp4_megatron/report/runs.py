@@ -19,8 +19,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ..train import identity
 from ..train.metrics import read_metrics
+from ..train.rundir import identity
 from . import wandb_offline
 from .errors import BadInput
 
@@ -53,7 +53,7 @@ class Run:
 
     @property
     def run_id(self) -> str:
-        """train.identity.run_id: equal for two runs of the same command."""
+        """train.rundir.identity.run_id: equal for two runs of the same command."""
         return identity.run_id(self.config)
 
     @property

@@ -147,7 +147,7 @@ def arm_overrides(arm: str, grid: StudyGrid) -> tuple[str, ...]:
     """The precision overrides of one arm; `precision.name` labels it in reports."""
     if arm in grid.custom_arms:
         return tuple(grid.custom_arms[arm])
-    if arm in ABLATIONS:  # the UFP4 ablations beside the presets (recipe.py)
+    if arm in ABLATIONS:  # the UFP4 ablations beside the presets (quant/recipe.py)
         return ("precision=ufp4", f"precision.name={arm}", *ABLATIONS[arm])
     if arm in E2M1_ABLATIONS:
         return ("precision=e2m1", f"precision.name={arm}", *E2M1_ABLATIONS[arm])

@@ -6,7 +6,7 @@
 Megatron-Core wraps each transformer layer in TE's autocast with CustomRecipe(qfactory=...);
 TE's Linear, LayerNormLinear and GroupedLinear then ask the factory for their input, weight and
 grad_output quantizers and run their GEMMs on what those hold: the recipe's fake-quantized
-operands, the same values as the local route's (ops.py), bit for bit (layouts.py, the data
+operands, the same values as the local route's (quant/ops.py), bit for bit (layouts.py, the data
 flow; quantizers.py, the TE classes; seeds.py, the SR stream). `--fp4-format` only switches
 Megatron's FP4 path on; the grid, blocks, scales, RHT and SR are the recipe's.
 

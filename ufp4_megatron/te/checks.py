@@ -6,7 +6,7 @@ TE version and the parallel layout when TE first asks for one (quantizers._check
 
 from __future__ import annotations
 
-from ..recipe import OPERANDS, Recipe
+from ..quant.recipe import OPERANDS, Recipe
 
 TE_MIN_VERSION = (2, 19)  # IdentityQuantizer/HybridQuantizer and the dequantize GEMM fallback
 

@@ -26,7 +26,7 @@ import hashlib
 import json
 import os
 
-from ..recipe import ABLATIONS, PRESETS, Recipe, ablation, get_recipe
+from ..quant.recipe import ABLATIONS, PRESETS, Recipe, ablation, get_recipe
 from .checks import check_recipe
 
 ENV = "UFP4_RECIPE"

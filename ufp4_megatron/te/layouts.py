@@ -17,12 +17,12 @@ so each (tensor role, layout) is exactly one operand of one of the local route's
 operand for its GEMM: the same OperandSpec, view (transposed for a column-wise layout), RHT
 (the GEMM's size, recipe.rht_seed: identical signs on every rank), SR key (mix_seed(seed,
 GEMM index, operand index), the element's position from origin (0, 0)) and output dtype, through
-fake_quant.quantize_operand, the kernels or the reference. What it returns stays in the
+fake_quant.quantize_view (its OperandSpec.format), the kernels or the reference. What it returns stays in the
 rotated domain of its GEMM's RHT (docs/megatron-lm.md, TransformerEngine route): TE multiplies
 only the pairs above, both rotated along the same reduction dim with the same signs, so the
-rotation cancels inside the product as it does in ops.py.
+rotation cancels inside the product as it does in quant/ops.py.
 
-Unlike ops.py, a layout has no room for padding: TE allocates and multiplies tensors of their
+Unlike quant/ops.py, a layout has no room for padding: TE allocates and multiplies tensors of their
 own shape. A length along the reduction dim that is not a multiple of the GEMM's RHT size is refused
 (rotated padding is not zero and would be dropped); other padding (to whole blocks, or whole
 rotation groups of zeros, which rotate to zeros) contributes nothing to the product and is cut.
@@ -37,10 +37,10 @@ from types import MappingProxyType
 
 import torch
 
-from ..fake_quant import quantize_operand
 from ..numerics.hadamard import get_rht, rotated_dtype
 from ..numerics.philox import mix_seed
-from ..recipe import GEMMS, OPERANDS, OperandSpec, Recipe, reduction_dim
+from ..quant.fake_quant import quantize_view
+from ..quant.recipe import GEMMS, OPERANDS, OperandSpec, Recipe, reduction_dim
 
 ROWWISE, COLUMNWISE = "rowwise", "columnwise"
 # TE tensor role (QuantizerRole.tensor_type of a linear) -> layout -> (GEMM, operand)
@@ -138,8 +138,8 @@ def quantize_layout(
         q = (rht.rotate_fp32_lastdim(q) if rht is not None else q).to(dtype)
     else:
         key_seed = mix_seed(seed, *plan.salt) if op.rounding == "sr" else 0
-        q = quantize_operand(
-            view, op, rht=rht, seed=key_seed, origin=(0, 0), out_dtype=dtype, backend=backend
+        q = quantize_view(
+            view, fmt=op.format(rht), seed=key_seed, origin=(0, 0), out_dtype=dtype, backend=backend
         )
         if q.shape[1] != length:  # padding in whole rotation groups stays 0: contributes 0
             q = q[:, :length]

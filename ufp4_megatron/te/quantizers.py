@@ -25,7 +25,7 @@ from transformer_engine.pytorch.quantization import FP8GlobalStateManager
 from transformer_engine.pytorch.tensor.hybrid_tensor import HybridQuantizer
 from transformer_engine.pytorch.tensor.identity_tensor import IdentityQuantizer
 
-from ..recipe import Recipe
+from ..quant.recipe import Recipe
 from . import seeds
 from .checks import check_parallel, check_te_version
 from .installed import te_version

@@ -14,7 +14,7 @@ advances by 4 (one Philox draw). So
   - every rank draws its own bits (the global rank is mixed in; tensor parallelism with SR is
     refused by the factory, so no two ranks share a tensor that must round alike);
   - inside a CUDA graph capture a draw refuses (a captured host seed would repeat each step).
-Within one call the GEMM and operand are mixed in by the layout (layouts.py), as in ops.py.
+Within one call the GEMM and operand are mixed in by the layout (layouts.py), as in quant/ops.py.
 
 `fixed(seed)` makes every draw return one value: the module-parity checks use it to give the TE
 route the call seed the local route gets (gpu/te_check.sh).

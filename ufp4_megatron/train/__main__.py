@@ -4,13 +4,13 @@
     torchrun --nproc_per_node 2 -m ufp4_megatron.train parallel.tp=2 ...
 
 Before anything is built or written: the config is validated (train/validate.py) and the run
-dir checked (train/resume_check.py: fresh start, resume, or refusal). A refused config, and data
-the trainer's data checks refuse (data/checks.py, at the start of the loop), print
+dir checked (train/rundir/resume_check.py: fresh start, resume, or refusal). A refused config,
+and data the trainer's data checks refuse (data/checks.py, at the start of the loop), print
 `error: <what to change>` and exit 2, without a traceback; so do overrides Hydra cannot
 compose (train/overrides.py: a mistyped key, a wrong type, an unknown group option), names
-that would become paths outside runs/ and an empty hydra.run.dir (train/names.py), a Hydra
-launcher whose plugin is not installed (train/launchers.py), and a run
-dir or checkpoint dir that another trainer holds (train/run_lock.py). A run that stops after
+that would become paths outside runs/ and an empty hydra.run.dir (train/rundir/names.py), a
+Hydra launcher whose plugin is not installed (train/launchers.py), and a run dir or checkpoint
+dir that another trainer holds (train/rundir/run_lock.py). A run that stops after
 it started (a NaN or Inf loss, a save the filesystem refuses) prints `error: ...` and exits 1.
 Ctrl-C saves and stops like SIGTERM, with exit status 130 (before the first step it stops at
 once, nothing to save); a second Ctrl-C stops at once.
@@ -31,12 +31,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..configs import CONFIG_MODULE
 from ..data.checks import DataError
-from . import names, resume_check, run_lock
 from .checkpoint import CheckpointError, RunFailed
-from .identity import register_resolver
 from .launchers import launcher_problem
 from .overrides import compose_problem, precheckable
 from .quiet import hide_megatron_noise, say_hidden
+from .rundir import names, resume_check, run_lock
+from .rundir.identity import register_resolver
 from .schema import Config, register_configs
 from .validate import ConfigError, checked_config
 

@@ -8,7 +8,7 @@ it), the LR scheduler, the step (the data position, see data.py), each rank's RN
 whose it is, the run that wrote it (owner(): run id, identity, run dir). Layout:
 
     <dir>/step_00000120/          one torch_dist checkpoint (metadata.json, .metadata, *.distcp)
-                                  and integrity.json, the sha256 of each file (checksums.py)
+                                  and integrity.json, the sha256 of each file (trust.py)
     <dir>/latest                  "120": the newest complete step, written last
     <dir>/step_00000130.saving/   a save in progress (or killed): never read, removed by the next
 
@@ -20,7 +20,7 @@ stops the run with the OS's reason and leaves them intact too. Resume reads the 
 *intact* step dir (its metadata readable, every file as long as the metadata says and, at
 load, as its checksum says), warns about any newer damaged one, refuses another run's
 checkpoint (check_owner) and layout changes that Megatron's formats cannot reshard
-(check_layout). Every pickle in a checkpoint is read restricted to plain data (unpickling.py):
+(check_layout). Every pickle in a checkpoint is read restricted to plain data (trust.py):
 one that names anything else is refused. Retention deletes by integer step, only steps older
 than the one just saved.
 """
@@ -43,7 +43,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import checksums, unpickling
+from . import trust
 from .runtime import Runtime
 
 STEP_DIR = re.compile(r"step_(\d{8,})")  # step_%08d; longer past 10^8 steps
@@ -118,13 +118,13 @@ def inspect(path: Path) -> tuple[str | None, dict | None]:
     """(why `path` is not a complete checkpoint or None, its common state when readable).
     Metadata and common state only (no tensor data; checksums are load()'s), the same answer
     on every rank, so all ranks fall back together. Pickles are read restricted
-    (train/unpickling.py): one that names anything else raises Tampered."""
+    (train/trust.py): one that names anything else raises Tampered."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     path = Path(path)
     if path.is_symlink():
         return f"it is a symbolic link (to {os.readlink(path)}); a step dir is never one", None
-    with unpickling.restricted() as scope:
+    with trust.restricted() as scope:
         try:
             why, common = _inspect(path)
         except (Exception, CheckpointException) as e:  # DCP's is a BaseException
@@ -150,10 +150,10 @@ def _inspect(path: Path) -> tuple[str | None, dict | None]:
     if backend != "torch_dist":
         return f"metadata.json names backend {backend!r}, not torch_dist", None
     try:
-        manifest = checksums.read(path)
+        manifest = trust.read(path)
     except ValueError as e:
         return str(e), None
-    if manifest is not None and (problem := checksums.listing_problem(path, manifest)):
+    if manifest is not None and (problem := trust.listing_problem(path, manifest)):
         return problem, None
     try:
         meta = FileSystemReader(str(path)).read_metadata()
@@ -254,8 +254,8 @@ def check_start(ckpt_dir: Path, resume: bool) -> Found:
 
 
 def owner(cfg, run_dir: Path) -> dict:
-    """What every checkpoint records about the run that wrote it (train/identity.py)."""
-    from . import identity
+    """What every checkpoint records about the run that wrote it (train/rundir/identity.py)."""
+    from .rundir import identity
 
     return {
         "run_id": identity.run_id(cfg),
@@ -268,7 +268,7 @@ def check_owner(common: dict | None, run: dict, ckpt_dir: Path, run_dir: Path) -
     """Refuses a checkpoint written by another run: another identity (a sibling's dir given
     as checkpoint.dir), or the same config trained in another run dir that still exists.
     Checkpoints saved before they carried their run pass (config.yaml is checked instead)."""
-    from . import identity
+    from .rundir import identity
 
     saved = (common or {}).get(f"{PREFIX}.run")
     if not isinstance(saved, dict):
@@ -560,17 +560,17 @@ def _write_step(
 
 
 def _write_manifest(tmp: Path) -> None:
-    """Collective: each rank hashes its own share of the files (checksums.share), rank 0
+    """Collective: each rank hashes its own share of the files (trust.share), rank 0
     writes the manifest; it is the last file of the step dir."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    mine = checksums.hash_share(tmp, rank, world)
+    mine = trust.hash_share(tmp, rank, world)
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if rank == 0:
         digests = {k: v for part in gathered for k, v in part.items()}
-        missing = set(checksums.checkpoint_files(tmp)) - set(digests)
-        digests |= {n: checksums.file_sha256(tmp / n) for n in missing}
-        write_atomic(tmp / checksums.MANIFEST, checksums.manifest_text(digests), sync_dir=False)
+        missing = set(trust.checkpoint_files(tmp)) - set(digests)
+        digests |= {n: trust.file_sha256(tmp / n) for n in missing}
+        write_atomic(tmp / trust.MANIFEST, trust.manifest_text(digests), sync_dir=False)
     dist.barrier()
 
 
@@ -751,9 +751,9 @@ def _choose(ckpt_dir: Path, verify: bool) -> Found:
         if tampered is not None:
             raise tampered
         if why is None and verify:
-            manifest = checksums.read(path)  # inspect() checked that it parses
+            manifest = trust.read(path)  # inspect() checked that it parses
             if manifest is not None:
-                mine = checksums.verify_share(path, manifest, rank, world)
+                mine = trust.verify_share(path, manifest, rank, world)
                 found = [None] * world
                 dist.all_gather_object(found, mine)
                 why = next((w for w in found if w is not None), None)
@@ -799,7 +799,7 @@ def load(
 ) -> int:
     """Restores the newest intact checkpoint in ckpt_dir (collective); returns its step.
     `run`/`run_dir`: owner() of the loading run and its dir, checked against the
-    checkpoint's (check_owner). Every pickle is read restricted (train/unpickling.py)."""
+    checkpoint's (check_owner). Every pickle is read restricted (train/trust.py)."""
     from megatron.core import dist_checkpointing
     from torch.distributed.checkpoint.api import CheckpointException
 
@@ -825,7 +825,7 @@ def load(
     optimizer.prepare_load()
     template = _sharded_state(model, optimizer, extra, md, runtime, loading=True, rng=same_ranks)
     check_shapes(template, path)
-    with unpickling.restricted() as scope:
+    with trust.restricted() as scope:
         try:
             state = dist_checkpointing.load(template, str(path))
             with torch.no_grad():
@@ -857,7 +857,7 @@ def check_shapes(template: dict, path: Path) -> None:
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
     from torch.distributed.checkpoint import FileSystemReader
 
-    with unpickling.restricted():
+    with trust.restricted():
         stored = FileSystemReader(str(path)).read_metadata().state_dict_metadata
     for sh in nested_values(template.get("model", {})):
         if not isinstance(sh, ShardedTensor) or sh.key not in stored:

@@ -16,7 +16,7 @@ layout and in the small state around the tensors:
     ufp4.layout, ufp4.run                     args (tp, pp, dp, world size, batch, samples)
 
 A conversion reads every entry of the source with dist_checkpointing (every pickle restricted
-to plain data, train/unpickling.py), keeps each tensor and linear state byte for byte under
+to plain data, train/trust.py), keeps each tensor and linear state byte for byte under
 its key, translates the state around them, and writes the destination in one process. It
 creates the destination dir itself and removes it again if the conversion fails, so an
 existing path is never written into.
@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import checkpoint, checksums, unpickling
+from . import checkpoint, trust
 
 TRACKER = "latest_checkpointed_iteration.txt"
 ITER_DIR = re.compile(r"iter_(\d{7,})")  # iter_%07d
@@ -150,9 +150,9 @@ def ufp4_source(src: Path) -> Path:
         path = checkpoint.step_dir(src, found.step)
         for line in found.skipped:  # a newer step that is damaged: said, not silently passed
             print(f"warning: {line}; converting {path} instead", file=sys.stderr)
-    manifest = checksums.read(path)
+    manifest = trust.read(path)
     if manifest is not None:
-        why = checksums.verify_share(path, manifest, 0, 1)
+        why = trust.verify_share(path, manifest, 0, 1)
         if why:
             raise ConversionError(f"{path} is damaged: {why}")
     return path
@@ -209,7 +209,7 @@ def read_entries(path: Path) -> Entries:
     from megatron.core.dist_checkpointing.serialization import load_sharded_metadata
     from torch.distributed.checkpoint.api import CheckpointException
 
-    with unpickling.restricted() as scope:
+    with trust.restricted() as scope:
         try:
             meta = load_sharded_metadata(str(path))
             loaded = dist_checkpointing.load(meta, str(path), validate_access_integrity=False)
@@ -482,7 +482,7 @@ def to_ufp4(src: Path, dst: Path) -> dict:
         e.common.pop(k, None)
     e.common[f"{checkpoint.PREFIX}.step"] = step
     # no trainer config comes with it: the run dir that resumes it records its own
-    # (train/resume_check.py)
+    # (train/rundir/resume_check.py)
     e.common[f"{checkpoint.PREFIX}.converted_from"] = str(path)
     # for the way back (to_megatron_lm) while no trainer run has saved over it
     e.common[f"{checkpoint.PREFIX}.megatron_lm_args"] = args

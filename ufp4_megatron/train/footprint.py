@@ -107,7 +107,7 @@ def quantized_weights(cfg: Config) -> tuple[float, float]:
 
 
 def weight_cache_gib(cfg: Config, which: str, element_bytes: int = 2) -> float:
-    """GiB per GPU of the weight cache (ufp4_megatron/weight_cache.py) for `which` linears
+    """GiB per GPU of the weight cache (ufp4_megatron/quant/weight_cache.py) for `which` linears
     ("all", "experts", "none"): two quantized copies (fprop's and dgrad's layouts) of each
     cached weight, element_bytes each (bf16 runs: 2)."""
     dense, expert = quantized_weights(cfg)

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import yaml
 
-from . import identity
 from .log_line import say
+from .rundir import identity
 
 REFERENCES = ("bf16", "e2m1")  # precision.name of the runs gaps are taken against
 MAX_RESCAN_S = 3600.0

@@ -1,7 +1,7 @@
 """The training loop: straight-line, one global batch per step.
 
 decide the runtime (train/runtime.py) -> inside its scope: set up ranks -> recipe ->
-model -> optimizer -> data -> resume? -> for step: fwd/bwd (Megatron's
+model -> optimizer -> data (train/build.py) -> resume? -> for step: fwd/bwd (Megatron's
 get_forward_backward_func), optimizer step, log, maybe checkpoint / stop.
 """
 
@@ -15,24 +15,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .. import weight_cache
 from ..data import datasets as data
-from . import (
-    checkpoint,
-    determinism,
-    distributed,
-    log_line,
-    optim,
-    resume_check,
-    schedule,
-    wandb_run,
-)
-from . import model as model_lib
+from ..quant import weight_cache
+from . import checkpoint, determinism, distributed, log_line, optim, schedule, wandb_run
 from . import runtime as runtime_lib
+from .build import build_run
 from .live_gap import LiveGap
 from .metrics import MetricsFile
-from .precision import check_bf16_layers, recipe_from_config
+from .precision import check_bf16_layers
 from .probes import LayerProbes
+from .rundir import resume_check
 from .schema import Config
 
 
@@ -66,7 +58,18 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
 def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) -> list[dict]:
     t_start = time.perf_counter()
     device = rt.device
-    env = distributed.init(cfg.parallel, rt, cfg.train.seed)
+    check_bf16_layers(cfg.precision, cfg.model.num_layers)
+    t = cfg.train
+    n_evals = t.steps // t.eval_interval + 1 if t.eval_interval else 0
+    built = build_run(
+        cfg,
+        rt,
+        n_train=t.steps * t.global_batch,
+        n_valid=max(1, n_evals * t.eval_iters * t.global_batch),
+        weight_cache=rt.weight_cache,
+    )
+    env, recipe, model, policy, opt = built.env, built.recipe, built.model, built.policy, built.opt
+    train_ds, valid_ds, n_micro = built.train_ds, built.valid_ds, built.n_micro
     run = checkpoint.owner(cfg, run_dir)
     # every rank must write the same run: one that resolved another dir (a relative path
     # under another working directory) would resume or save elsewhere
@@ -74,27 +77,7 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
         "the run dir and checkpoint dir",
         (run["run_dir"], str(Path(ckpt_dir).resolve()), run["run_id"]),
     )
-    recipe = recipe_from_config(cfg.precision)
-    check_bf16_layers(cfg.precision, cfg.model.num_layers)
-    model, policy = model_lib.build_model(
-        cfg, recipe, rt.dtype, device, weight_cache=rt.weight_cache
-    )
-    opt = optim.build_optimizer(model, cfg, rt)
     train_model = opt.model  # Megatron's DDP wrapper
-    t = cfg.train
-    n_micro = data.num_micro_batches(t.global_batch, t.micro_batch, env.dp)
-    n_evals = t.steps // t.eval_interval + 1 if t.eval_interval else 0
-    n_valid = max(1, n_evals * t.eval_iters * t.global_batch)
-    masks = model_lib.needs_attention_mask(cfg)  # only the unfused attention reads one
-    train_ds, valid_ds = data.build_datasets(
-        cfg.data,
-        seed=t.seed,
-        seq_len=t.seq_len,
-        vocab_size=cfg.model.vocab_size,
-        n_train=t.steps * t.global_batch,
-        n_valid=n_valid,
-        create_attention_mask=masks,
-    )
     extra = {"policy": policy, "lr_schedule": opt.scheduler}  # SR-seed stream, LR state
 
     start = 0

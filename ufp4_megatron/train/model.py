@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ..megatron.policy import UFP4Policy
-from ..recipe import Recipe
+from ..quant.recipe import Recipe
 from . import graphs, te_route
 from .schema import Config
 

@@ -64,7 +64,7 @@ def training_configs():
     from hydra import initialize_config_dir
 
     from ..configs import CONFIG_DIR
-    from .identity import register_resolver
+    from .rundir.identity import register_resolver
     from .schema import register_configs
 
     register_configs()

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from ..recipe import (
+from ..quant.recipe import (
     ABLATION_PRESET,
     ABLATIONS,
     GEMMS,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..recipe import GEMMS, OPERAND_NAMES, PRESETS, Recipe
+from ..quant.recipe import GEMMS, OPERAND_NAMES, PRESETS, Recipe
 
 PRESET_RESOLVER = "ufp4.preset"
 RHT_SIZE = 16  # precision.rht.size of a preset without any RHT: the size a switch turns on

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import diagnostics as dg
-from ..recipe import GEMMS, Recipe, reduction_dim
+from ..quant import diagnostics as dg
+from ..quant.recipe import GEMMS, Recipe, reduction_dim
 
 _LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 

@@ -98,7 +98,7 @@ class Bf16LayersConfig:
 
 @dataclass(kw_only=True)
 class PrecisionConfig:
-    """A preset of ufp4_megatron.recipe.get_recipe plus its overrides.
+    """A preset of ufp4_megatron.quant.recipe.get_recipe plus its overrides.
 
     grid/block/scale/block_2d None keep the preset's values; every rht and sr switch left
     unset is the preset's (resolved from `recipe`), so `precision.rht.fprop=false` or
@@ -241,7 +241,7 @@ class CheckpointConfig:
     # TP; gathers the state over DP at save) instead of dp_reshardable (only DP may change)
     optim_fully_reshardable: bool = False
     # a sha256 manifest with every checkpoint (each rank hashes the files it wrote), checked
-    # before a resume loads it; false: neither written nor checked (train/checksums.py)
+    # before a resume loads it; false: neither written nor checked (train/trust.py)
     checksums: bool = True
 
 

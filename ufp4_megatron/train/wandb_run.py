@@ -2,7 +2,7 @@
 
 Run name = <model>-<precision>-s<seed>, group = experiment, id = <run id>-<8 hex of the run
 dir's absolute path>: a function of the run dir (whose default name carries the run id,
-train/identity.py), so a resumed or requeued run logs to the same W&B run on every start and
+train/rundir/identity.py), so a resumed or requeued run logs to the same W&B run on every start and
 two run dirs never share one. The config is logged as resolved by Hydra; nothing here reads,
 prints or stores an API key (wandb finds its own, from WANDB_API_KEY or ~/.netrc, only in
 online mode).
@@ -17,7 +17,7 @@ import socket
 import threading
 from pathlib import Path
 
-from .identity import run_id
+from .rundir.identity import run_id
 from .schema import Config
 
 MODES = ("offline", "online", "disabled", "auto")

@@ -9,7 +9,7 @@ bucket_ratio B_eff = exp(H) / K, H the entropy of the histogram of used magnitud
              K the number of magnitude levels (1/K: one level used; 1: all used evenly).
 effective_bits  entropy, in bits, of the signed codes actually used (at most log2 #codes).
 
-`python -m ufp4_megatron.diagnostics --table` prints alpha and SQNR for each grid with and
+`python -m ufp4_megatron.quant.diagnostics --table` prints alpha and SQNR for each grid with and
 without RHT16 on Gaussian and Student-t(3) data.
 """
 
@@ -20,9 +20,9 @@ import math
 
 import torch
 
-from .numerics.grids import get_grid
-from .numerics.hadamard import as_rht
-from .numerics.quantize import quantize_view_full
+from ..numerics.grids import get_grid
+from ..numerics.hadamard import as_rht
+from ..numerics.quantize import quantize_view_full
 
 
 def attenuation(x: torch.Tensor, q: torch.Tensor) -> float:

@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from .numerics.checks import check_bool, check_seed
-from .numerics.grids import Grid, codebook_levels, get_grid
-from .numerics.hadamard import SIZES as RHT_SIZES
-from .numerics.scaling import SCALE_MODES
+from ..numerics.checks import check_bool, check_seed
+from ..numerics.grids import Grid, codebook_levels, get_grid
+from ..numerics.hadamard import RHT
+from ..numerics.hadamard import SIZES as RHT_SIZES
+from ..numerics.quantize import OperandFormat
+from ..numerics.scaling import SCALE_MODES
 
 GEMMS = ("fprop", "dgrad", "wgrad")
 OPERANDS = {"fprop": ("x", "w"), "dgrad": ("dy", "w"), "wgrad": ("dy", "x")}
@@ -70,6 +72,21 @@ class OperandSpec:
         check_bool(self.block_2d, "block_2d")
         if not isinstance(self.grid, (str, Grid)):  # a list (e.g. from YAML) -> hashable tuple
             object.__setattr__(self, "grid", codebook_levels(self.grid))
+
+    def format(self, rht: RHT | None = None) -> OperandFormat:
+        """The operand's format as a QDQ call takes it (numerics.quantize.OperandFormat): this
+        spec, the GEMM's RHT (shared by both operands, so the GemmSpec's, not the operand's)
+        and the padding kept (zeros add nothing to the product). The one place an
+        OperandSpec becomes the reference's and the kernels' arguments."""
+        return OperandFormat(
+            self.grid,
+            block=self.block,
+            block_2d=self.block_2d,
+            scale=self.scale,
+            rounding=self.rounding,
+            rht=rht,
+            keep_padding=True,
+        )
 
 
 def check_operand_fields(grid, block, scale: str, rounding: str) -> None:

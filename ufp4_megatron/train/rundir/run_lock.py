@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from .checkpoint import CheckpointError
+from ..checkpoint import CheckpointError
 
 NAME = "trainer.lock"
 _MAX_INFO = 4096

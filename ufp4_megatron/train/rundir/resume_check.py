@@ -7,7 +7,7 @@ A run dir holds one run: `config.yaml` is the resolved config it was started wit
 command in the same dir (the same command again, a requeue, or an explicit hydra.run.dir)
 is checked against it:
 
-- a difference in the run's identity (train/identity.py: model, precision, data, optim,
+- a difference in the run's identity (train/rundir/identity.py: model, precision, data, optim,
   seed, seq_len, global batch) is refused, naming the keys: that is another run (unless the
   dir holds neither a checkpoint nor metrics: a start that failed before its first step);
 - a checkpoint to resume from but no config.yaml beside it is refused (nothing to check);
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..validate import ConfigError
 from . import identity
-from .validate import ConfigError
 
 CONFIG = "config.yaml"
 HISTORY = "resumes.jsonl"
@@ -87,7 +87,7 @@ def check_run_dir_files(run_dir: Path) -> None:
 
 def plan_start(cfg, run_dir: Path) -> StartPlan:
     """What starting `cfg` in `run_dir` means; raises ConfigError when it must not start."""
-    from .checkpoint import CheckpointError, check_owner, check_start, owner, steps_on_disk
+    from ..checkpoint import CheckpointError, check_owner, check_start, owner, steps_on_disk
 
     run_dir = Path(run_dir)
     ckpt_dir = checkpoint_dir(cfg, run_dir)
@@ -155,7 +155,7 @@ def plan_start(cfg, run_dir: Path) -> StartPlan:
 def _converted(ckpt_dir: Path) -> bool:
     """Whether the newest intact step was converted from Megatron-LM's layout (a damaged or
     planted one is left to check_start, which says why)."""
-    from .checkpoint import PREFIX, CheckpointError, find
+    from ..checkpoint import PREFIX, CheckpointError, find
 
     try:
         return bool((find(ckpt_dir).common or {}).get(f"{PREFIX}.converted_from"))
@@ -227,6 +227,6 @@ def _changed(old: Mapping, new: Mapping) -> dict[str, list]:
 
 
 def _write(path: Path, text: str) -> None:
-    from .checkpoint import write_atomic
+    from ..checkpoint import write_atomic
 
     write_atomic(path, text, sync_dir=False)

@@ -2,61 +2,74 @@
 
 CUDA tensors go to the fused Triton kernels (bit-identical to the reference in numerics/)
 where they cover the arguments, the reference otherwise; CPU tensors, or backend="torch", run
-the reference; backend="triton" runs the kernels or says why it cannot.
+the reference; backend="triton" runs the kernels or says why it cannot. An operand's format
+travels as one OperandFormat (a recipe operand's `OperandSpec.format(rht)`) from here to the
+kernels' plan cache; only the reference takes it apart, into its keywords.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .numerics.checks import check_bool, check_dim, check_float_tensor, check_int, check_seed
-from .numerics.hadamard import as_rht
-from .numerics.quantize import output_dtype
-from .numerics.quantize import quantize_view as _reference_view
-from .recipe import OperandSpec, check_operand_fields
+from ..numerics.checks import check_bool, check_dim, check_float_tensor, check_int, check_seed
+from ..numerics.hadamard import as_rht
+from ..numerics.quantize import OperandFormat, format_of, output_dtype
+from ..numerics.quantize import quantize_view as _reference_view
+from .recipe import check_operand_fields
 
 BACKENDS = ("auto", "torch", "triton")
 
 
 def _kernels():
-    from . import kernels  # lazy: triton is only needed on the kernel path
+    from .. import kernels  # lazy: triton is only needed on the kernel path
 
     return kernels
 
 
-def _reference(x: torch.Tensor, grid, **kw) -> torch.Tensor:
+def _reference(x: torch.Tensor, fmt: OperandFormat, call: dict) -> torch.Tensor:
     """numerics.quantize.quantize_view; an SR key in device memory (a 1-element int64 tensor
     of a key table) is read back to the host first, which the reference needs (on CUDA a
     synchronisation: only the reference path pays it)."""
-    seed = kw.get("seed")
+    seed = call.get("seed")
     if isinstance(seed, torch.Tensor):
-        kw = dict(kw, seed=int(seed.item()))
-    return _reference_view(x, grid, **kw)
+        call = dict(call, seed=int(seed.item()))
+    return _reference_view(x, fmt.grid, **fmt.options(), **call)
 
 
-def quantize_view(x: torch.Tensor, grid, *, backend: str = "auto", **kw) -> torch.Tensor:
-    """Dispatching twin of numerics.quantize.quantize_view (same arguments; seed may also be
-    an SR key in device memory, a 1-element int64 tensor)."""
+def quantize_view(
+    x: torch.Tensor,
+    grid=None,
+    *,
+    fmt: OperandFormat | None = None,
+    backend: str = "auto",
+    **kw,
+) -> torch.Tensor:
+    """Dispatching twin of numerics.quantize.quantize_view: the format as fmt=, or as the
+    reference takes it (a grid and its keywords); the call's own keywords (seed, origin,
+    segments, tensor_amax, out_dtype) as the reference's, seed also an SR key in device
+    memory (a 1-element int64 tensor)."""
+    fmt, call = format_of(grid, fmt, kw)
     if backend == "auto":
         if x.is_cuda:  # the kernels where they cover the arguments (None: they do not)
-            q = _kernels().quantize_view(x, grid, strict=False, **kw)
+            q = _kernels().quantize_view(x, fmt=fmt, strict=False, **call)
             if q is not None:
                 return q
-        return _reference(x, grid, **kw)
+        return _reference(x, fmt, call)
     if backend == "torch":
-        return _reference(x, grid, **kw)
+        return _reference(x, fmt, call)
     if backend == "triton":  # the kernels, or a one-line error saying what they lack
         if x.numel() == 0:  # nothing to launch: the reference's empty result is exact
-            return _reference(x, grid, **kw)
-        return _kernels().quantize_view(x, grid, **kw)
+            return _reference(x, fmt, call)
+        return _kernels().quantize_view(x, fmt=fmt, **call)
     raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
 
 
 def quantize_pair(
     a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict, *, backend: str = "auto"
 ):
-    """(quantize_view(a, **a_kw), quantize_view(b, **b_kw)), grid in the kw dicts: the two
-    operands of one GEMM, in one kernel launch where the kernels cover both."""
+    """(quantize_view(a, **a_kw), quantize_view(b, **b_kw)), each format in its kw dict
+    (fmt=, or grid and its keywords): the two operands of one GEMM, in one kernel launch
+    where the kernels cover both."""
     if (
         a.numel()
         and b.numel()
@@ -66,44 +79,6 @@ def quantize_pair(
         if pair is not None:
             return pair
     return quantize_view(a, backend=backend, **a_kw), quantize_view(b, backend=backend, **b_kw)
-
-
-def operand_kw(spec: OperandSpec, rht, out_dtype) -> dict:
-    """The one place a GEMM operand's OperandSpec becomes the reference's/kernels' keyword
-    arguments (its padding kept: zeros add nothing to the product); seed, origin and
-    segments are the call's."""
-    return dict(
-        grid=spec.grid,
-        block=spec.block,
-        block_2d=spec.block_2d,
-        scale=spec.scale,
-        rounding=spec.rounding,
-        rht=rht,
-        keep_padding=True,
-        out_dtype=out_dtype,
-    )
-
-
-def _operand_kw(spec: OperandSpec, key: dict, rht, out_dtype) -> dict:
-    return dict(operand_kw(spec, rht, out_dtype), **key)
-
-
-def quantize_operand(
-    view: torch.Tensor,
-    spec: OperandSpec,
-    *,
-    rht=None,
-    seed: int = 0,
-    origin=(0, 0),
-    segments=None,
-    out_dtype=None,
-    backend: str = "auto",
-) -> torch.Tensor:
-    """A GEMM operand's [R, C] view quantized along C as `spec` says, its padding kept (zeros
-    add nothing to the product); rht, seed, origin, segments and out_dtype as in
-    quantize_view."""
-    key = dict(seed=seed, origin=origin, segments=segments)
-    return quantize_view(view, backend=backend, **_operand_kw(spec, key, rht, out_dtype))
 
 
 def quantize(
@@ -160,24 +135,18 @@ def quantize(
         )
     if x.numel() == 0:
         return x.to(output_dtype(x.dtype, r), copy=True)
-    kw = dict(
-        block=block,
-        block_2d=block_2d,
-        scale=scale,
-        rounding=rounding,
-        rht=r,
-        seed=seed,
-        origin=origin,
-        backend=backend,
+    operand = OperandFormat(
+        fmt, block=block, block_2d=block_2d, scale=scale, rounding=rounding, rht=r
     )
+    call = dict(seed=seed, origin=origin, backend=backend)
     if x.requires_grad and torch.is_grad_enabled():
-        return _StraightThrough.apply(x, fmt, dim, kw)
-    return _quantize_along(x, fmt, dim, kw)
+        return _StraightThrough.apply(x, operand, dim, call)
+    return _quantize_along(x, operand, dim, call)
 
 
-def _quantize_along(x: torch.Tensor, fmt, dim: int, kw: dict) -> torch.Tensor:
+def _quantize_along(x: torch.Tensor, fmt: OperandFormat, dim: int, call: dict) -> torch.Tensor:
     moved = x if dim == x.dim() - 1 else x.movedim(dim, -1)
-    q = quantize_view(moved.reshape(-1, moved.shape[-1]), fmt, **kw)
+    q = quantize_view(moved.reshape(-1, moved.shape[-1]), fmt=fmt, **call)
     q = q.reshape(moved.shape)
     return q if moved is x else q.movedim(-1, dim)
 
@@ -186,9 +155,9 @@ class _StraightThrough(torch.autograd.Function):
     """quantize() forward; backward: the identity, or RHT.inverse along dim with rht."""
 
     @staticmethod
-    def forward(ctx, x, fmt, dim, kw):
-        ctx.dim, ctx.rht, ctx.dtype = dim, kw["rht"], x.dtype
-        return _quantize_along(x.detach(), fmt, dim, kw)
+    def forward(ctx, x, fmt, dim, call):
+        ctx.dim, ctx.rht, ctx.dtype = dim, fmt.rht, x.dtype
+        return _quantize_along(x.detach(), fmt, dim, call)
 
     @staticmethod
     def backward(ctx, grad):

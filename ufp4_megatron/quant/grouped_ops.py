@@ -45,13 +45,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..numerics.checks import check_int, check_seed
+from ..numerics.hadamard import RHT, get_rht, rotated_dtype
+from ..numerics.philox import key_row, mix_seed, mix_seeds
+from ..numerics.quantize import padded_length
+from ..numerics.segments import Segments, tensor_scale_segments_problem
 from . import ops
-from .fake_quant import quantize_operand
-from .numerics.checks import check_int, check_seed
-from .numerics.hadamard import RHT, get_rht, rotated_dtype
-from .numerics.philox import key_row, mix_seed, mix_seeds
-from .numerics.quantize import padded_length
-from .numerics.segments import Segments, tensor_scale_segments_problem
+from .fake_quant import quantize_view
 from .recipe import GEMMS, OPERANDS, GemmSpec, OperandSpec, Recipe, reduction_dim
 
 _GEMM_ID = {g: i for i, g in enumerate(GEMMS)}
@@ -322,7 +322,8 @@ def _operand(
     sr = spec.rounding == "sr"
     if sr and view.shape[1] > 0 and origin[1] % 4:
         raise ValueError(f"SR keys need a column origin that is a multiple of 4, got {origin}")
-    kw = dict(rht=rht, origin=origin, out_dtype=dtype, backend=backend)
+    fmt = spec.format(rht)
+    kw = dict(origin=origin, out_dtype=dtype, backend=backend)
     e4m3 = spec.scale == "e4m3"
     segments = (
         Segments(1 if along_columns else 0, starts, seeds)
@@ -340,13 +341,13 @@ def _operand(
         )
         is None
     ):
-        return quantize_operand(view, spec, seed=0, segments=segments, **kw)
+        return quantize_view(view, fmt=fmt, seed=0, segments=segments, **kw)
     parts = []
     ends = (*starts[1:], view.shape[1 if along_columns else 0])
     for s, t, seed in zip(starts, ends, seeds):
         part = view[:, s:t] if along_columns else view[s:t]
         parts.append(
-            quantize_operand(part, spec, seed=seed if sr else 0, **kw)
+            quantize_view(part, fmt=fmt, seed=seed if sr else 0, **kw)
             if part.numel()
             else part.to(dtype)
         )

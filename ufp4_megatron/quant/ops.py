@@ -11,7 +11,8 @@ with an RHT: operands in float32, a rotated block can exceed fp16's range, and t
 cast to float16 once). Both operands are zero-padded along the reduction dim to a common
 multiple of block and RHT size; zeros add nothing to the product. Which operand is reduced
 along which dim, and how each is quantized, is the recipe's (recipe.reduction_dim,
-recipe.operand): an operand's OperandSpec goes whole to fake_quant.operand_kw, and both
+recipe.operand): an operand's OperandSpec becomes one OperandFormat (OperandSpec.format),
+passed whole to fake_quant and the kernels, and both
 operands of a GEMM run in one kernel launch where the kernels cover them (prepared once per
 shape: kernels/dispatch.py PreparedQDQ). Backward
 quantizes from the tensors BF16 saves anyway (x, w): no extra copies are kept for backward.
@@ -27,11 +28,11 @@ import functools
 
 import torch
 
-from .fake_quant import BACKENDS, operand_kw, quantize_pair, quantize_view
-from .numerics.checks import check_float_tensor, check_seed
-from .numerics.hadamard import RHT, get_rht, rotated_dtype
-from .numerics.philox import key_row, mix_seed
-from .numerics.quantize import padded_length
+from ..numerics.checks import check_float_tensor, check_seed
+from ..numerics.hadamard import RHT, get_rht, rotated_dtype
+from ..numerics.philox import key_row, mix_seed
+from ..numerics.quantize import padded_length
+from .fake_quant import BACKENDS, quantize_pair, quantize_view
 from .recipe import GEMMS, OPERANDS, GemmSpec, Recipe, reduction_dim
 
 _GEMM_ID = {g: i for i, g in enumerate(GEMMS)}
@@ -123,8 +124,9 @@ def _operands_plan(gemm, recipe, tensors, origins, seed, backend, given) -> _Ope
 
 class _OperandsPlan:
     """What `_gemm_operands` computes once per key (_operands_plan): the recipe's specs, the
-    RHT, the common length and dtype, each operand's fixed keyword arguments, and where the
-    kernels cover the operands, a prepared launch (kernels/dispatch.py PreparedQDQ)."""
+    RHT, the common length and dtype, each operand's fixed keyword arguments (its
+    OperandFormat, output dtype and origin), and where the kernels cover the operands, a
+    prepared launch (kernels/dispatch.py PreparedQDQ)."""
 
     def __init__(self, gemm, recipe, tensors, origins, seed, backend, given):
         spec: GemmSpec = getattr(recipe, gemm)
@@ -141,19 +143,22 @@ class _OperandsPlan:
             (o[1], o[0]) if rows else o for o, rows in zip(origins, self.along_rows)
         )
         self.kws = tuple(
-            None if op is None else operand_kw(op, self.rht, self.dtype) for op in self.ops
+            None
+            if op is None
+            else dict(fmt=op.format(self.rht), out_dtype=self.dtype, origin=origin)
+            for op, origin in zip(self.ops, self.origins)
         )
         # the operands this plan quantizes: quantized by the recipe and not given
         self.todo = tuple(i for i, op in enumerate(self.ops) if op is not None and given[i] is None)
         self.prepared = None
         kernels = backend == "triton" or (backend == "auto" and first.is_cuda)
         if kernels and self.todo:
-            from .kernels import prepare  # lazy: triton is only needed on the kernel path
+            from ..kernels import prepare  # lazy: triton is only needed on the kernel path
 
             self.prepared = prepare(
                 [tensors[i] for i in self.todo],
                 [self.along_rows[i] for i in self.todo],
-                [dict(self.kws[i], origin=self.origins[i]) for i in self.todo],
+                [self.kws[i] for i in self.todo],
                 [self._seed(seed, i, prepared=True) for i in self.todo],
             )
 
@@ -179,11 +184,7 @@ class _OperandsPlan:
                 q[i] = out
         elif self.todo:
             views = [t.t() if rows else t for t, rows in zip(tensors, self.along_rows)]
-            keys = [
-                dict(self.kws[i], origin=self.origins[i], seed=self._seed(seed, i))
-                for i in range(2)
-                if i in self.todo
-            ]
+            keys = [dict(self.kws[i], seed=self._seed(seed, i)) for i in range(2) if i in self.todo]
             if len(self.todo) == 2:
                 qs = quantize_pair(views[0], keys[0], views[1], keys[1], backend=self.backend)
             else:
@@ -225,8 +226,14 @@ def operand(
     rows = _ALONG_ROWS[gemm][i]
     reduction = t.shape[0 if rows else 1]
     rht, length, dtype = _gemm_plan(spec, gemm, recipe.rht_seed, reduction, t.dtype)
-    kw = dict(operand_kw(op, rht, dtype), origin=(origin[1], origin[0]) if rows else origin, seed=0)
-    q = quantize_view(t.t() if rows else t, backend=backend, **kw)
+    q = quantize_view(
+        t.t() if rows else t,
+        fmt=op.format(rht),
+        out_dtype=dtype,
+        origin=(origin[1], origin[0]) if rows else origin,
+        seed=0,
+        backend=backend,
+    )
     return _pad(q.t() if rows else q, length, rows)
 
 
