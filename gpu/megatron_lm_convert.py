@@ -114,7 +114,7 @@ def main() -> int:
 
 def trainer_losses(metrics: Path) -> dict[int, float]:
     """{step: loss} of the trainer's run, as its metrics.jsonl records them (none: {})."""
-    from ufp4_megatron.train.metrics import read_metrics
+    from ufp4_megatron.train.logs.metrics import read_metrics
 
     if not metrics.exists():
         return {}

@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ufp4_megatron.study import manifest as mf
-from ufp4_megatron.train.metrics import read_metrics
+from ufp4_megatron.train.logs.metrics import read_metrics
 
 START = re.compile(r"^start (\S+) on slot \d+.*?(?:, resuming at step (\d+))?$")
 END = re.compile(r"^(?:done|stopped|failed) (\S+) at step (\d+) \(exit")

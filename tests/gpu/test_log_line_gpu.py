@@ -1,7 +1,7 @@
 """The step line's MFU and memory on a GPU (make test-gpu; about 1 minute on an H200).
 
 test_mfu_and_memory_on_gpu   a 4-step tiny BF16 run on CUDA: every record has mfu =
-    tflops_per_gpu / the table's peak for this GPU (train/log_line.py; on a GPU the table
+    tflops_per_gpu / the table's peak for this GPU (train/logs/log_line.py; on a GPU the table
     lacks, logging.peak_tflops=100 gives the peak) and mem_gib; the printed lines carry
     `MFU` and `mem`.
 """
@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from _cli import run, train_cmd
 
-from ufp4_megatron.train import log_line
+from ufp4_megatron.train.logs import log_line
 
 
 @pytest.mark.gpu

@@ -19,8 +19,8 @@ import yaml
 
 from ufp4_megatron.train.ablation_name import ablation_name
 from ufp4_megatron.train.footprint import load_config
+from ufp4_megatron.train.logs.wandb_run import run_name
 from ufp4_megatron.train.rundir import names
-from ufp4_megatron.train.wandb_run import run_name
 
 SHIPPED = ("bf16", "e2m1", "mxfp4", "nvfp4", "ufp4", "ufp4_int4")
 

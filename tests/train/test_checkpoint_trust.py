@@ -44,7 +44,7 @@ import pytest
 import torch
 
 from ufp4_megatron.train import checkpoint, trust
-from ufp4_megatron.train.metrics import MetricsFile, read_metrics
+from ufp4_megatron.train.logs.metrics import MetricsFile, read_metrics
 from ufp4_megatron.train.rundir import names, run_lock
 
 

@@ -1,4 +1,4 @@
-"""The checkpoint dir's rules, on real files, in process (train/checkpoint.py, train/metrics.py).
+"""The checkpoint dir's rules, on real files, in process (train/checkpoint.py, train/logs/metrics.py).
 
 test_prune_by_integer_step_never_newer      retention deletes only steps older than the
     one just saved, by number (step_100000000 sorts before step_99999999 by name)
@@ -20,7 +20,7 @@ import json
 import pytest
 
 from ufp4_megatron.train import checkpoint
-from ufp4_megatron.train.metrics import MetricsFile, read_metrics
+from ufp4_megatron.train.logs.metrics import MetricsFile, read_metrics
 
 
 def _steps(d, *steps):

@@ -1,4 +1,4 @@
-"""The trainer's console output (train/log_line.py), unit by unit; no trainer is started.
+"""The trainer's console output (train/logs/log_line.py), unit by unit; no trainer is started.
 
 test_peak_table_by_device_name          PCIe before SXM, unknown GPU and CPU: no peak,
                                         the override wins everywhere
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import pytest
 
-from ufp4_megatron.train import log_line
 from ufp4_megatron.train.footprint import load_config
+from ufp4_megatron.train.logs import log_line
 
 RECORD = {
     "step": 20,
@@ -149,7 +149,7 @@ def test_tensorboard_writes_the_logged_scalars(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from ufp4_megatron.train.tensorboard_log import TensorBoard
+    from ufp4_megatron.train.logs.tensorboard_log import TensorBoard
 
     tb = TensorBoard(tmp_path)
     tb.log(RECORD | {"step": 1, "val_loss": float("nan")})  # a NaN is not written

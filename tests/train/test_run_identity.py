@@ -27,8 +27,8 @@ from _cli import FAST, run
 from hydra import compose
 from omegaconf import OmegaConf
 
+from ufp4_megatron.train.logs.wandb_run import wandb_id
 from ufp4_megatron.train.rundir import identity
-from ufp4_megatron.train.wandb_run import wandb_id
 
 pytestmark = pytest.mark.usefixtures("hydra_configs")  # tests/conftest.py
 

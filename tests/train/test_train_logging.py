@@ -21,7 +21,7 @@ import sys
 from _cli import FAST, ROOT, env, run
 
 from ufp4_megatron.report.wandb_offline import find_run_file, read_run
-from ufp4_megatron.train.quiet import NOTE
+from ufp4_megatron.train.logs.quiet import NOTE
 
 LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 # UFP4 quantizes both operands of all three GEMMs: (GEMM, operand) pairs
@@ -95,7 +95,7 @@ def test_diagnostics_val_loss_and_quiet_start(tmp_path):
 
 def test_show_warnings_brings_them_back(tmp_path):
     code = (
-        "from ufp4_megatron.train.quiet import hide_megatron_noise\n"
+        "from ufp4_megatron.train.logs.quiet import hide_megatron_noise\n"
         "hide_megatron_noise()\n"
         "import megatron.core.optimizer, megatron.core.hyper_comm_grid\n"
     )
@@ -114,7 +114,7 @@ def test_show_warnings_brings_them_back(tmp_path):
 FILTERS = """\
 import io, sys, warnings
 from contextlib import redirect_stderr
-from ufp4_megatron.train.quiet import hide_megatron_noise
+from ufp4_megatron.train.logs.quiet import hide_megatron_noise
 before = warnings.showwarning
 hide_megatron_noise()
 hide_megatron_noise()  # idempotent: one note, one set of filters

@@ -15,7 +15,7 @@ import socket
 
 import pytest
 
-from ufp4_megatron.train import wandb_run
+from ufp4_megatron.train.logs import wandb_run
 
 
 def _closed_port() -> int:

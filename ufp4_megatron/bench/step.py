@@ -182,7 +182,7 @@ def qdq_floor_s(
 def model_flops(shape: Shape) -> tuple[float, int]:
     """(training FLOPs per token, total parameters) from the composed config alone."""
     from ..train.footprint import count_params, load_config
-    from ..train.log_line import flops_per_token  # the trainer's MFU counts the same FLOPs
+    from ..train.logs.log_line import flops_per_token  # the trainer's MFU counts the same FLOPs
 
     m = load_config(list(shape.overrides)).model
     return flops_per_token(m, shape.seq_len), count_params(m).total

@@ -150,7 +150,7 @@ def run(argv: list[str] | None = None) -> CompareResult:
 
 
 def _to_wandb(args, runs, cmp, summaries, table, png) -> None:
-    from ..train.wandb_run import resolve_mode
+    from ..train.logs.wandb_run import resolve_mode
     from . import workspace
     from .wandb_log import log_compare
 

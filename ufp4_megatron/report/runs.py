@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ..train.metrics import read_metrics
+from ..train.logs.metrics import read_metrics
 from ..train.rundir import identity
 from . import wandb_offline
 from .errors import BadInput

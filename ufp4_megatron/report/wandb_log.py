@@ -109,7 +109,7 @@ def log_compare(
     """Logs the comparison as one W&B run (job_type compare); returns it, finished."""
     import wandb
 
-    from ..train.wandb_run import init
+    from ..train.logs.wandb_run import init
 
     run = init(
         str(out),

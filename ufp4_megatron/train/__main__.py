@@ -33,8 +33,8 @@ from ..configs import CONFIG_MODULE
 from ..data.checks import DataError
 from .checkpoint import CheckpointError, RunFailed
 from .launchers import launcher_problem
+from .logs.quiet import hide_megatron_noise, say_hidden
 from .overrides import compose_problem, precheckable
-from .quiet import hide_megatron_noise, say_hidden
 from .rundir import names, resume_check, run_lock
 from .rundir.identity import register_resolver
 from .schema import Config, register_configs

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from .log_line import say
+from .logs.log_line import say
 from .rundir import identity
 
 REFERENCES = ("bf16", "e2m1")  # precision.name of the runs gaps are taken against

@@ -17,11 +17,12 @@ import torch.distributed as dist
 
 from ..data import datasets as data
 from ..quant import weight_cache
-from . import checkpoint, determinism, distributed, log_line, optim, schedule, wandb_run
+from . import checkpoint, determinism, distributed, optim, schedule
 from . import runtime as runtime_lib
 from .build import build_run
 from .live_gap import LiveGap
-from .metrics import MetricsFile
+from .logs import log_line, wandb_run
+from .logs.metrics import MetricsFile
 from .precision import check_bf16_layers
 from .probes import LayerProbes
 from .rundir import resume_check
@@ -116,7 +117,7 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
     )
     tboard = None
     if is_main and cfg.logging.tensorboard:
-        from .tensorboard_log import TensorBoard
+        from .logs.tensorboard_log import TensorBoard
 
         tboard = TensorBoard(run_dir)
     flops_token = log_line.flops_per_token(cfg.model, t.seq_len)

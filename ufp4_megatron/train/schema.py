@@ -220,9 +220,9 @@ class WandbConfig:
 class LoggingConfig:
     log_interval: int = 1  # steps between metrics.jsonl lines
     progress: str = "auto"  # auto: a tqdm bar on a TTY, plain lines otherwise | bar | plain
-    print_interval: int = 10  # steps between printed step lines (train/log_line.py)
+    print_interval: int = 10  # steps between printed step lines (train/logs/log_line.py)
     # the GPU's dense BF16 peak in TFLOP/s for the MFU column; null: looked up by device name
-    # (train/log_line.py's table), no MFU on CPU or a GPU it lacks
+    # (train/logs/log_line.py's table), no MFU on CPU or a GPU it lacks
     peak_tflops: float | None = None
     tensorboard: bool = False  # also write the logged scalars to <run dir>/tensorboard
     wandb: WandbConfig = field(default_factory=WandbConfig)

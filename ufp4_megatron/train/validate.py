@@ -24,7 +24,7 @@ import os
 import re
 from math import gcd
 
-from . import tensorboard_log
+from .logs import tensorboard_log
 from .optim import check_schedule
 from .ranges import check_ranges
 from .runtime import BACKENDS, DEVICES, DTYPES, decide

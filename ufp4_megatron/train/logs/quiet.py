@@ -58,7 +58,7 @@ _log_filter: _MegatronLogNoise | None = None
 def _show_all() -> bool:
     value = os.environ.get(SHOW_ENV, "")
     if value not in ("", "0", "1"):  # a typo would otherwise pick one silently
-        from .validate import ConfigError
+        from ..validate import ConfigError
 
         raise ConfigError(
             f"{SHOW_ENV}={value!r}: give 1 (show Megatron's start-up warnings) or "

@@ -23,8 +23,8 @@ from __future__ import annotations
 import sys
 import time
 
-from .footprint import count_params
-from .schema import ModelConfig
+from ..footprint import count_params
+from ..schema import ModelConfig
 
 # Dense BF16 tensor-core peak per GPU in TFLOP/s (the vendors' data sheets, no sparsity).
 # Matched against torch.cuda.get_device_name() by substring, first match wins (so the PCIe

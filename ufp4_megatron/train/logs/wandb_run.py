@@ -17,8 +17,8 @@ import socket
 import threading
 from pathlib import Path
 
-from .rundir.identity import run_id
-from .schema import Config
+from ..rundir.identity import run_id
+from ..schema import Config
 
 MODES = ("offline", "online", "disabled", "auto")
 PROBE_S = 5.0  # how long the reachability probe of the W&B server may take

@@ -54,7 +54,7 @@ class MetricsFile:
                     flush=True,
                 )
             if bad or past:
-                from .checkpoint import write_atomic
+                from ..checkpoint import write_atomic
 
                 kept = [line for line, row in rows if row["step"] <= resumed_step]
                 write_atomic(self.path, "".join(line + "\n" for line in kept), sync_dir=False)
