@@ -1,4 +1,4 @@
-"""An override ablation is named after what it changes (train/ablation_name.py).
+"""An override ablation is named after what it changes (train/precision_resolvers.py).
 
 test_presets_keep_their_names            every shipped precision YAML, no overrides
 test_an_override_names_the_ablation      rht / sr switches, grid, dotted overrides, BF16
@@ -17,9 +17,9 @@ import dataclasses
 import pytest
 import yaml
 
-from ufp4_megatron.train.ablation_name import ablation_name
 from ufp4_megatron.train.footprint import load_config
 from ufp4_megatron.train.logs.wandb_run import run_name
+from ufp4_megatron.train.precision_resolvers import ablation_name
 from ufp4_megatron.train.rundir import names
 
 SHIPPED = ("bf16", "e2m1", "mxfp4", "nvfp4", "ufp4", "ufp4_int4")

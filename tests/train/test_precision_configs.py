@@ -33,7 +33,7 @@ from ufp4_megatron.quant.recipe import (
     get_recipe,
 )
 from ufp4_megatron.train.precision import ABLATION_OVERRIDES, recipe_from_config, switch_overrides
-from ufp4_megatron.train.preset_switches import preset_switches
+from ufp4_megatron.train.precision_resolvers import preset_switches
 from ufp4_megatron.train.rundir import identity
 from ufp4_megatron.train.rundir.resume_check import plan_start
 
@@ -61,7 +61,7 @@ def test_every_precision_yaml_is_its_preset_plus_stated_overrides():
     assert sorted(p.stem for p in PRECISION_DIR.glob("*.yaml")) == sorted(SHIPPED)
     for name, (preset, overrides) in SHIPPED.items():
         raw = OmegaConf.to_container(OmegaConf.load(PRECISION_DIR / f"{name}.yaml"))
-        # named after itself, and after what an override changes (train/ablation_name.py)
+        # named after itself, and after what an override changes (train/precision_resolvers.py)
         assert raw["recipe"] == preset and raw["name"] == f"${{ufp4.ablation_name:{name}}}"
         assert set(raw) - {"name", "recipe"} == set(overrides), (name, raw)
         cfg = load(f"precision={name}").precision
@@ -123,7 +123,7 @@ def test_config_yaml_of_an_older_run_still_resumes(tmp_path):
     other = compose(
         "config", overrides=["model=tiny", "precision=ufp4", "precision.rht.fprop=false"]
     )
-    # the ablation is named after its change (train/ablation_name.py)
+    # the ablation is named after its change (train/precision_resolvers.py)
     assert identity.differences(old, other) == ["precision.name", "precision.rht.fprop"]
 
 

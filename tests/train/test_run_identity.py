@@ -290,7 +290,7 @@ def test_ablations_and_resumes_are_checked(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     dirs = _dirs(tmp_path)
     assert set(dirs) == {True, False} and dirs[True] != dirs[False]
-    # the ablation's dir is named after its change (train/ablation_name.py)
+    # the ablation's dir is named after its change (train/precision_resolvers.py)
     assert dirs[True].name.startswith("tiny-ufp4-s1234-")
     assert dirs[False].name.startswith("tiny-ufp4-rht.fprop=false-s1234-")
     for d in dirs.values():

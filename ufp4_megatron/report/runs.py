@@ -124,8 +124,10 @@ def _from_run_dir(path: Path) -> Run:
             config = OmegaConf.load(path / name)
             # Hydra's copy is unresolved: its rht/sr switches default to `${ufp4.preset:...}`
             # (train/schema.py); resolve them, or compare would read the strings as switches
-            from ..train.ablation_name import register_resolver as register_ablation_resolver
-            from ..train.preset_switches import register_preset_resolver
+            from ..train.precision_resolvers import (
+                register_ablation_resolver,
+                register_preset_resolver,
+            )
 
             register_preset_resolver()
             register_ablation_resolver()  # precision.name of the package's YAMLs

@@ -6,7 +6,7 @@
 
 A precision YAML names a preset (`recipe:`) and states only what it changes; every rht and sr
 switch it leaves unset resolves to the preset's (`${ufp4.preset:...}`, the schema's
-defaults; train/preset_switches.py), so the run's config.yaml records every switch and a YAML
+defaults; train/precision_resolvers.py), so the run's config.yaml records every switch and a YAML
 that omits `rht` runs its preset's RHT.
 """
 
@@ -26,7 +26,7 @@ from ..quant.recipe import (
     get_recipe,
     list_recipes,
 )
-from .preset_switches import preset_switches
+from .precision_resolvers import preset_switches
 
 if TYPE_CHECKING:
     from .schema import PrecisionConfig

@@ -14,8 +14,11 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING
 
 from ..data.tokenizers import TokenizerConfig  # `data.tokenizer`; prepare_data builds the same
-from .ablation_name import register_resolver as register_ablation_resolver
-from .preset_switches import PRESET_RESOLVER, register_preset_resolver
+from .precision_resolvers import (
+    PRESET_RESOLVER,
+    register_ablation_resolver,
+    register_preset_resolver,
+)
 
 
 @dataclass(kw_only=True)
@@ -106,7 +109,7 @@ class PrecisionConfig:
     """
 
     # label used in run names and reports; the package's YAMLs name an override ablation
-    # after what it changes (train/ablation_name.py: ufp4-rht.fprop=false)
+    # after what it changes (train/precision_resolvers.py: ufp4-rht.fprop=false)
     name: str = MISSING
     recipe: str = MISSING  # a name from list_recipes()
     grid: str | None = None
