@@ -7,6 +7,7 @@ runtime's scope (`with rt.scope():`): on CPU, Megatron needs the CUDA shims from
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,12 +37,21 @@ class BuiltRun:
 
 
 def build_run(
-    cfg: Config, rt: Runtime, *, n_train: int, n_valid: int, weight_cache: str | None = None
+    cfg: Config,
+    rt: Runtime,
+    *,
+    n_train: int,
+    n_valid: int,
+    weight_cache: str | None = None,
+    after_init: Callable[[], None] | None = None,
 ) -> BuiltRun:
     """The process group, recipe, model, optimizer and datasets of `cfg` on `rt`: n_train
     and n_valid samples (the datasets' sizes); weight_cache as model.build_model takes it
-    (the trainer passes Runtime.weight_cache)."""
+    (the trainer passes Runtime.weight_cache); after_init runs once the process group is up,
+    before anything is built (the trainer's checks that every rank agrees)."""
     env = distributed.init(cfg.parallel, rt, cfg.train.seed)
+    if after_init is not None:
+        after_init()
     recipe = recipe_from_config(cfg.precision)
     model, policy = model_lib.build_model(
         cfg, recipe, rt.dtype, rt.device, weight_cache=weight_cache

@@ -62,22 +62,26 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
     check_bf16_layers(cfg.precision, cfg.model.num_layers)
     t = cfg.train
     n_evals = t.steps // t.eval_interval + 1 if t.eval_interval else 0
+    run = checkpoint.owner(cfg, run_dir)
+
+    def agree_on_the_run():  # refused before a model or dataset is built
+        # every rank must write the same run: one that resolved another dir (a relative path
+        # under another working directory) would resume or save elsewhere
+        checkpoint.agree(
+            "the run dir and checkpoint dir",
+            (run["run_dir"], str(Path(ckpt_dir).resolve()), run["run_id"]),
+        )
+
     built = build_run(
         cfg,
         rt,
         n_train=t.steps * t.global_batch,
         n_valid=max(1, n_evals * t.eval_iters * t.global_batch),
         weight_cache=rt.weight_cache,
+        after_init=agree_on_the_run,
     )
     env, recipe, model, policy, opt = built.env, built.recipe, built.model, built.policy, built.opt
     train_ds, valid_ds, n_micro = built.train_ds, built.valid_ds, built.n_micro
-    run = checkpoint.owner(cfg, run_dir)
-    # every rank must write the same run: one that resolved another dir (a relative path
-    # under another working directory) would resume or save elsewhere
-    checkpoint.agree(
-        "the run dir and checkpoint dir",
-        (run["run_dir"], str(Path(ckpt_dir).resolve()), run["run_id"]),
-    )
     train_model = opt.model  # Megatron's DDP wrapper
     extra = {"policy": policy, "lr_schedule": opt.scheduler}  # SR-seed stream, LR state
 
