@@ -338,47 +338,10 @@ def test_host_path_probe_runs_and_finds_the_pair_launch_cacheable():
     assert len(lines) == 6 and all("[('_pair16_kernel', True)]" in line for line in lines), lines
 
 
-def test_perf_sh_with_models_none_runs_only_the_profiles(tmp_path):
-    """PERF_MODELS=none: no step suite, only the profiles asked for; stand-ins for python3
-    (logs its calls) and nvidia-smi, an image that imports megatron-core/Hydra/W&B already
-    (no wheelhouse)."""
-    import os
-    import subprocess
-
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, body in (("python3", 'echo "$*" >> "$FAKE_LOG"\n'), ("nvidia-smi", "")):
-        (bin_dir / name).write_text("#!/usr/bin/env bash\n" + body)
-        (bin_dir / name).chmod(0o755)
-    log = tmp_path / "log"
-    log.write_text("")
-    env = {
-        **os.environ,
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "FAKE_LOG": str(log),
-        "WHEELHOUSE": str(tmp_path / "none"),
-        "UFP4_SITE": str(tmp_path / "site"),
-        "UFP4_TRITON_CACHE": str(tmp_path / "tc"),
-        "OUT": str(tmp_path / "out"),
-        "PERF_TESTS": "0",
-        "PERF_MODELS": "none",
-        "PERF_PROFILES": "dense_1p5b:ufp4,dense_1p5b:bf16",
-        "PERF_MICRO_BATCHES": "8",
-    }
-    out = subprocess.run(
-        ["bash", "gpu/perf.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    calls = log.read_text().splitlines()
-    assert not [c for c in calls if "--suite step" in c]
-    profiles = [c for c in calls if "--suite profile" in c]
-    assert len(profiles) == 2 and all("--micro-batches 8" in c for c in profiles)
-    assert "--recipe ufp4" in profiles[0] and "--recipe bf16" in profiles[1]
-
-
-def _perf_graphs_sh(tmp_path, **env_extra):
-    """gpu/perf_graphs.sh with stand-ins for python3 (logs its calls) and nvidia-smi, on an
-    image that imports megatron-core/Hydra/W&B already (no wheelhouse)."""
+def _with_stand_ins(tmp_path, script, **env_extra):
+    """gpu/`script` with stand-ins for python3 (logs its calls) and nvidia-smi, on an image
+    that imports megatron-core/Hydra/W&B already (no wheelhouse): the finished process and
+    the python3 calls it made."""
     import os
     import subprocess
 
@@ -397,18 +360,33 @@ def _perf_graphs_sh(tmp_path, **env_extra):
         "UFP4_SITE": str(tmp_path / "site"),
         "UFP4_TRITON_CACHE": str(tmp_path / "tc"),
         "OUT": str(tmp_path / "out"),
-        "RUNS_DIR": str(tmp_path / "runs"),
         **env_extra,
     }
     out = subprocess.run(
-        ["bash", "gpu/perf_graphs.sh"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+        ["bash", f"gpu/{script}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
     return out, log.read_text().splitlines()
+
+
+def test_perf_sh_with_models_none_runs_only_the_profiles(tmp_path):
+    """PERF_MODELS=none: no step suite, only the profiles asked for."""
+    out, calls = _with_stand_ins(
+        tmp_path,
+        "perf.sh",
+        PERF_TESTS="0",
+        PERF_MODELS="none",
+        PERF_PROFILES="dense_1p5b:ufp4,dense_1p5b:bf16",
+        PERF_MICRO_BATCHES="8",
+    )
+    assert out.returncode == 0, out.stderr
+    assert not [c for c in calls if "--suite step" in c]
+    profiles = [c for c in calls if "--suite profile" in c]
+    assert len(profiles) == 2 and all("--micro-batches 8" in c for c in profiles)
+    assert "--recipe ufp4" in profiles[0] and "--recipe bf16" in profiles[1]
+
+
+def _perf_graphs_sh(tmp_path, **env_extra):
+    return _with_stand_ins(tmp_path, "perf_graphs.sh", RUNS_DIR=str(tmp_path / "runs"), **env_extra)
 
 
 def test_perf_graphs_sh_refuses_bad_parts_and_variants_before_setting_up(tmp_path):

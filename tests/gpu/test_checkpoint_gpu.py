@@ -18,7 +18,6 @@ DIR/gpu_checkpoint.log and prints a pass/fail table last.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from _cli import ROOT, env, losses, train_cmd
 from _kill import TAG, kill_tagged, run_to_death
+from _matrix import report
 
 from ufp4_megatron.train import checkpoint
 
@@ -204,23 +204,13 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpu_checkpoint"))
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the harness")
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    logf = (args.out / "gpu_checkpoint.log").open("w")
-
-    def log(name, r):
-        logf.write(
-            f"===== {name}: rc={r.returncode}\n--- stdout\n{r.stdout[-20000:]}\n"
-            f"--- stderr\n{r.stderr[-20000:]}\n"
-        )
-        logf.flush()
-
-    t0 = time.time()
-    rows = run_matrix(args.work, log, args.device)
-    print(f"gpu_checkpoint: {len(rows)} cases, {time.time() - t0:.0f} s", flush=True)
-    logf.close()
-    (args.out / "gpu_checkpoint.json").write_text(json.dumps(rows, indent=1))
-    print(_table(rows))
-    return 0 if all(r["pass"] for r in rows) else 1
+    return report(
+        args.out,
+        "gpu_checkpoint",
+        "gpu_checkpoint",
+        lambda log: run_matrix(args.work, log, args.device),
+        _table,
+    )
 
 
 if __name__ == "__main__":

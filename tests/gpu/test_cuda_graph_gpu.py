@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,6 +35,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from _cli import ROOT, env
 from _kill import run_to_death
+from _matrix import report
 
 from ufp4_megatron.train import checkpoint
 
@@ -207,23 +207,13 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpu_graphs"))
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    logf = (args.out / "cuda_graphs.log").open("w")
-
-    def log(name, r):
-        logf.write(
-            f"===== {name}: rc={r.returncode}\n--- stdout\n{r.stdout[-20000:]}\n"
-            f"--- stderr\n{r.stderr[-20000:]}\n"
-        )
-        logf.flush()
-
-    t0 = time.time()
-    rows = run_matrix(args.work, log)
-    print(f"cuda graphs vs eager: {len(rows)} cases, {time.time() - t0:.0f} s", flush=True)
-    logf.close()
-    (args.out / "cuda_graphs.json").write_text(json.dumps(rows, indent=1))
-    print(_table(rows))
-    return 0 if all(r["pass"] for r in rows) else 1
+    return report(
+        args.out,
+        "cuda_graphs",
+        "cuda graphs vs eager",
+        lambda log: run_matrix(args.work, log),
+        _table,
+    )
 
 
 if __name__ == "__main__":
