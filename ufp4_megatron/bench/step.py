@@ -250,141 +250,104 @@ def run_suite(
     base.mkdir(parents=True, exist_ok=True)
     # this suite's own run dirs: a second suite on the same RUNS_DIR must not remove the
     # runs of this one (each row clears its run dir first); the data cache is shared
-    runs = Path(tempfile.mkdtemp(prefix="suite-", dir=base))
-    try:
-        return _run_suite(
-            out,
-            runs,
-            base / "data",
-            models=models,
-            recipes=recipes,
-            steps=steps,
-            skip=skip,
-            checkpoint=checkpoint,
-            deadline_s=deadline_s,
-            timeout=timeout,
-            extra=extra,
-            repeats=repeats,
-            micro_batches=micro_batches,
-            variants=variants,
-            log=log,
+    with tempfile.TemporaryDirectory(
+        prefix="suite-", dir=base, ignore_cleanup_errors=True
+    ) as suite:
+        runs, data_dir = Path(suite), base / "data"
+        logfile = out / "step.log"
+        t_end = time.time() + deadline_s if deadline_s else None
+        import torch
+
+        peak = gemm_tflops()
+        bandwidth = copy_bandwidth()
+        device_bytes = (
+            torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
         )
-    finally:
-        shutil.rmtree(runs, ignore_errors=True)
-
-
-def _run_suite(
-    out: Path,
-    runs: Path,
-    data_dir: Path,
-    *,
-    models,
-    recipes,
-    steps,
-    skip,
-    checkpoint,
-    deadline_s,
-    timeout,
-    extra,
-    repeats,
-    micro_batches,
-    variants,
-    log,
-) -> list[dict]:
-    logfile = out / "step.log"
-    t_end = time.time() + deadline_s if deadline_s else None
-    import torch
-
-    peak = gemm_tflops()
-    bandwidth = copy_bandwidth()
-    device_bytes = (
-        torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
-    )
-    log(
-        f"BF16 GEMM rate measured now: {peak:.0f} TFLOP/s (8192^3, median of 10); copy "
-        f"bandwidth {bandwidth / 1e12:.2f} TB/s (8192^2 bf16, read + write, median of 20)"
-    )
-    flops = {m: model_flops(SHAPES[m]) for m in models}
-    # BF16 and UFP4 of every shape first (the targets), then the other recipes: a deadline
-    # cuts the least important rows (and, with repeats, the later passes)
-    first = [r for r in recipes if r in ("bf16", "ufp4")]
-    order = [
-        (m, v, r)
-        for tier in (first, [r for r in recipes if r not in first])
-        for m in models
-        for v, _ in variants
-        for r in tier
-    ]
-    sets = dict(variants)
-    done: dict[tuple[str, str, str], list[dict]] = {key: [] for key in order}
-    for rep in range(repeats):
-        for model, variant, recipe in order:
-            left = t_end - time.time() if t_end else timeout
-            if left < 30:
-                continue
-            run = _one_run(
-                model,
-                recipe,
-                rep,
-                n_params=flops[model][1],
-                runs=runs,
-                data_dir=data_dir,
-                logfile=logfile,
-                steps=steps,
-                skip=skip,
-                checkpoint=checkpoint,
-                timeout=int(min(timeout, left)),
-                extra=(*extra, *sets[variant]),
-                micro_batches=micro_batches,
-                variant=variant,
-            )
-            done[model, variant, recipe].append(run)
-            log(
-                json.dumps(
-                    {
-                        "model": model,
-                        "recipe": recipe,
-                        "variant": variant,
-                        "repeat": rep + 1,
-                        **{k: v for k, v in run.items() if k != "error"},
-                    },
-                    default=str,
+        log(
+            f"BF16 GEMM rate measured now: {peak:.0f} TFLOP/s (8192^3, median of 10); copy "
+            f"bandwidth {bandwidth / 1e12:.2f} TB/s (8192^2 bf16, read + write, median of 20)"
+        )
+        flops = {m: model_flops(SHAPES[m]) for m in models}
+        # BF16 and UFP4 of every shape first (the targets), then the other recipes: a deadline
+        # cuts the least important rows (and, with repeats, the later passes)
+        first = [r for r in recipes if r in ("bf16", "ufp4")]
+        order = [
+            (m, v, r)
+            for tier in (first, [r for r in recipes if r not in first])
+            for m in models
+            for v, _ in variants
+            for r in tier
+        ]
+        sets = dict(variants)
+        done: dict[tuple[str, str, str], list[dict]] = {key: [] for key in order}
+        for rep in range(repeats):
+            for model, variant, recipe in order:
+                left = t_end - time.time() if t_end else timeout
+                if left < 30:
+                    continue
+                run = _one_run(
+                    model,
+                    recipe,
+                    rep,
+                    n_params=flops[model][1],
+                    runs=runs,
+                    data_dir=data_dir,
+                    logfile=logfile,
+                    steps=steps,
+                    skip=skip,
+                    checkpoint=checkpoint,
+                    timeout=int(min(timeout, left)),
+                    extra=(*extra, *sets[variant]),
+                    micro_batches=micro_batches,
+                    variant=variant,
                 )
+                done[model, variant, recipe].append(run)
+                log(
+                    json.dumps(
+                        {
+                            "model": model,
+                            "recipe": recipe,
+                            "variant": variant,
+                            "repeat": rep + 1,
+                            **{k: v for k, v in run.items() if k != "error"},
+                        },
+                        default=str,
+                    )
+                )
+        rows = []
+        for model, variant, recipe in order:
+            shape = SHAPES[model]
+            model_flops_per_token, n_params = flops[model]
+            row = dict(
+                model=model,
+                recipe=recipe,
+                variant=variant,
+                seq_len=shape.seq_len,
+                micro_batch=shape.micro_batch,
+                micro_batches=micro_batches,
+                global_batch=shape.micro_batch * micro_batches,
+                params=n_params,
+                tflops_peak=peak,
+                copy_tb_s=bandwidth / 1e12,
+                qdq_floor_ms=1e3
+                * qdq_floor_s(
+                    shape, recipe, micro_batches, (*extra, *sets[variant]), bandwidth, device_bytes
+                ),
             )
-    rows = []
-    for model, variant, recipe in order:
-        shape = SHAPES[model]
-        model_flops_per_token, n_params = flops[model]
-        row = dict(
-            model=model,
-            recipe=recipe,
-            variant=variant,
-            seq_len=shape.seq_len,
-            micro_batch=shape.micro_batch,
-            micro_batches=micro_batches,
-            global_batch=shape.micro_batch * micro_batches,
-            params=n_params,
-            tflops_peak=peak,
-            copy_tb_s=bandwidth / 1e12,
-            qdq_floor_ms=1e3
-            * qdq_floor_s(
-                shape, recipe, micro_batches, (*extra, *sets[variant]), bandwidth, device_bytes
-            ),
+            tokens = shape.seq_len * shape.micro_batch * micro_batches  # per optimizer step
+            rows.append(
+                row | _aggregate(done[model, variant, recipe], tokens, model_flops_per_token, peak)
+            )
+        _add_ratios(rows)
+        names = [v for v, _ in variants]
+        rows.sort(
+            key=lambda r: (
+                list(models).index(r["model"]),
+                names.index(r["variant"]),
+                list(recipes).index(r["recipe"]),
+            )
         )
-        tokens = shape.seq_len * shape.micro_batch * micro_batches  # per optimizer step
-        rows.append(
-            row | _aggregate(done[model, variant, recipe], tokens, model_flops_per_token, peak)
-        )
-    _add_ratios(rows)
-    names = [v for v, _ in variants]
-    rows.sort(
-        key=lambda r: (
-            list(models).index(r["model"]),
-            names.index(r["variant"]),
-            list(recipes).index(r["recipe"]),
-        )
-    )
-    return rows
+        return rows
 
 
 def _one_run(
