@@ -188,22 +188,22 @@ def test_qdq_floor_counts_each_operand_layout_by_hand():
     """floor.py: per linear (K, N) and micro-batch of T tokens, 2 T (K + N) activation and
     2 N K weight elements, 4 bytes each; kept weights once per step; routed experts see
     top-k / E of the tokens (times the capacity factor when padded)."""
-    from ufp4_megatron.bench.floor import linear_shapes, qdq_bytes_per_step
-    from ufp4_megatron.train.footprint import load_config
+    from ufp4_megatron.bench.floor import qdq_bytes_per_step
+    from ufp4_megatron.train.footprint import load_config, quantized_linears
 
     dense = load_config(["model=small", "train.seq_len=2048", "train.micro_batch=8"])
     h, f, L, T = 768, 2048, 12, 2048 * 8
     layer = [(h, 3 * h), (h, h), (h, 2 * f), (f, h)]  # qkv (12 heads, no GQA), proj, fc1, fc2
-    assert [(k, n) for k, n, _, _ in linear_shapes(dense)] == layer * L
+    assert [(k, n) for k, n, _, _ in quantized_linears(dense)] == layer * L
     act = sum(2 * T * (k + n) for k, n in layer) * L
     w = sum(2 * n * k for k, n in layer) * L
     assert qdq_bytes_per_step(dense, 4, "none") == 4 * (4 * act + 4 * w)
     assert qdq_bytes_per_step(dense, 4, "all") == 4 * (4 * act + w)
     bf16 = load_config(["model=small", "precision=bf16"])
-    assert linear_shapes(bf16) == [] and qdq_bytes_per_step(bf16, 4, "all") == 0
+    assert quantized_linears(bf16) == [] and qdq_bytes_per_step(bf16, 4, "all") == 0
 
     moe = load_config(["model=moe_small", "model.moe_capacity_factor=1.5"])
-    experts = [s for s in linear_shapes(moe) if s[3]]
+    experts = [s for s in quantized_linears(moe) if s[3]]
     assert len(experts) == 2 * 8 * 5  # fc1, fc2 of 8 experts in the 5 MoE layers
     assert {s[2] for s in experts} == {2 / 8 * 1.5}
     kept_experts = qdq_bytes_per_step(moe, 2, "experts")

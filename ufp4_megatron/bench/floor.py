@@ -12,7 +12,8 @@ x column-wise: 2 T (K + N) activation elements and 2 N K weight elements, 4 byte
 read, 2 written). Kept weight operands (train.weight_cache) are quantized once per step, not
 per micro-batch. A routed expert sees its tokens (T x top-k over all experts); padding to
 capacity (factor c) makes that c x T x top-k. Only the decoder's linears are quantized (not
-the router, embeddings or head), outside the layers kept in BF16.
+the router, embeddings or head), outside the layers kept in BF16: train/footprint.py's
+quantized_linears, which the weight cache's memory estimate counts too.
 """
 
 from __future__ import annotations
@@ -20,42 +21,14 @@ from __future__ import annotations
 BYTES_PER_ELEMENT = 4  # a bf16 read and a bf16 write
 
 
-def linear_shapes(cfg) -> list[tuple[int, int, float, bool]]:
-    """(K, N, tokens per token of the micro-batch, routed expert) of each quantized linear
-    of one GPU's model (tp = pp = ep = 1)."""
-    from ..train.precision import recipe_from_config
-
-    if not recipe_from_config(cfg.precision).quantized:
-        return []
-    m = cfg.model
-    h = m.hidden_size
-    d = m.kv_channels or h // m.num_attention_heads
-    attn = [
-        (h, d * (m.num_attention_heads + 2 * m.num_query_groups)),
-        (m.num_attention_heads * d, h),
-    ]
-    bf16 = cfg.precision.bf16_layers
-    out = []
-    for i in range(bf16.start, m.num_layers - bf16.end):
-        out += [(k, n, 1.0, False) for k, n in attn]
-        if m.num_experts is None or i < m.moe_first_dense:
-            out += [(h, 2 * m.ffn_hidden_size, 1.0, False), (m.ffn_hidden_size, h, 1.0, False)]
-            continue
-        if m.moe_shared_expert_size:
-            s = m.moe_shared_expert_size
-            out += [(h, 2 * s, 1.0, False), (s, h, 1.0, False)]
-        share = m.moe_router_topk / m.num_experts * (m.moe_capacity_factor or 1.0)
-        f = m.moe_ffn_hidden_size
-        out += [(h, 2 * f, share, True), (f, h, share, True)] * m.num_experts
-    return out
-
-
 def qdq_bytes_per_step(cfg, micro_batches: int, weight_cache: str) -> float:
     """Bytes the QDQ passes of one optimizer step move at least (module docstring);
     weight_cache: the resolved train.weight_cache (all, experts or none)."""
+    from ..train.footprint import quantized_linears
+
     tokens = cfg.train.seq_len * cfg.train.micro_batch
     total = 0.0
-    for k, n, share, expert in linear_shapes(cfg):
+    for k, n, share, expert in quantized_linears(cfg):
         kept = weight_cache == "all" or (weight_cache == "experts" and expert)
         total += micro_batches * 2 * tokens * share * (k + n)
         total += (1 if kept else micro_batches) * 2 * n * k

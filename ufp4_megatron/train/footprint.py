@@ -80,29 +80,49 @@ def memory_estimate(cfg: Config) -> dict[str, float]:
     return out
 
 
-def quantized_weights(cfg: Config) -> tuple[float, float]:
-    """(dense, routed-expert) weight elements per GPU of the linears the recipe quantizes:
-    every transformer layer's linears (attention, MLP, shared experts, routed experts; not
-    the router, embeddings or head) outside the layers kept in BF16; (0, 0) for a recipe
-    that quantizes nothing."""
+def quantized_linears(cfg: Config) -> list[tuple[int, int, float, bool]]:
+    """(K, N, tokens it sees per token of the batch, routed expert) of each linear the recipe
+    quantizes, for one model replica (tp = pp = ep = 1): every transformer layer's attention,
+    MLP, shared-expert and routed-expert linears (not the router, embeddings or head) outside
+    the layers kept in BF16; none for a recipe that quantizes nothing. A routed expert sees
+    top-k / experts of the tokens, times the capacity factor when its input is padded."""
     from .precision import recipe_from_config
 
     if not recipe_from_config(cfg.precision).quantized:
-        return 0.0, 0.0
-    m, p = cfg.model, cfg.parallel
+        return []
+    m = cfg.model
     h = m.hidden_size
     d = m.kv_channels or h // m.num_attention_heads
-    attn = h * d * (m.num_attention_heads + 2 * m.num_query_groups) + m.num_attention_heads * d * h
+    attn = [
+        (h, d * (m.num_attention_heads + 2 * m.num_query_groups)),
+        (m.num_attention_heads * d, h),
+    ]
     bf16 = cfg.precision.bf16_layers
-    quantized = [i for i in range(m.num_layers) if bf16.start <= i < m.num_layers - bf16.end]
+    out = []
+    for i in range(bf16.start, m.num_layers - bf16.end):
+        out += [(k, n, 1.0, False) for k, n in attn]
+        if m.num_experts is None or i < m.moe_first_dense:  # SwiGLU: fc1 is h -> 2 * ffn
+            out += [(h, 2 * m.ffn_hidden_size, 1.0, False), (m.ffn_hidden_size, h, 1.0, False)]
+            continue
+        if m.moe_shared_expert_size:
+            s = m.moe_shared_expert_size
+            out += [(h, 2 * s, 1.0, False), (s, h, 1.0, False)]
+        share = m.moe_router_topk / m.num_experts * (m.moe_capacity_factor or 1.0)
+        f = m.moe_ffn_hidden_size
+        out += [(h, 2 * f, share, True), (f, h, share, True)] * m.num_experts
+    return out
+
+
+def quantized_weights(cfg: Config) -> tuple[float, float]:
+    """(dense, routed-expert) weight elements per GPU of the linears the recipe quantizes
+    (quantized_linears); (0, 0) for a recipe that quantizes nothing."""
+    p = cfg.parallel
     dense = expert = 0
-    for i in quantized:
-        dense += attn
-        if m.num_experts is None or i < m.moe_first_dense:
-            dense += 3 * h * m.ffn_hidden_size
+    for k, n, _, routed in quantized_linears(cfg):
+        if routed:
+            expert += k * n
         else:
-            dense += 3 * h * (m.moe_shared_expert_size or 0)
-            expert += m.num_experts * 3 * h * m.moe_ffn_hidden_size
+            dense += k * n
     return dense / (p.tp * p.pp), expert / (p.ep * p.tp * p.pp)
 
 
