@@ -76,7 +76,7 @@ def check_cuda_graph(cfg: Config, on_gpu: bool) -> None:
         import torch
 
         raise ValueError(
-            f"train.cuda_graph=full_iteration needs a PyTorch with torch.autograd.graph."
+            "train.cuda_graph=full_iteration needs a PyTorch with torch.autograd.graph."
             f"set_override_stale_capture_stream (torch {torch.__version__} has none, and "
             "Megatron-Core's capture of the backward fails without it); use "
             "train.cuda_graph=local"
