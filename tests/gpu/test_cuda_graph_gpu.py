@@ -133,7 +133,7 @@ def run_matrix(work: Path, log=None) -> list[dict]:
         log(f"{name} (resume)", r)
 
     rows = []
-    for name, (_model, _graph, kill, ref) in CASES.items():
+    for name, (_model, graph, kill, ref) in CASES.items():
         final = resumed.get(name, done[name])
         a, b = _metrics(work / name / "run"), _metrics(work / ref / "run")
         la, lb = [r["loss"] for r in a], [r["loss"] for r in b]
@@ -150,7 +150,7 @@ def run_matrix(work: Path, log=None) -> list[dict]:
             "reference_step_s": _median_step(b),
         }
         ok = final.returncode == 0 and done[ref].returncode == 0 and la == lb and len(la) == STEPS
-        if _graph == "full_iteration" and not _full_iteration_runs():
+        if graph == "full_iteration" and not _full_iteration_runs():
             row["refused"] = True
             said = [
                 line
