@@ -32,8 +32,10 @@
 # counts only if one process trained all its 1000 steps. On an H200 an invocation takes 9-10
 # minutes of wall time and completes about 9 runs where gpu/setup.sh and the corpus start
 # from nothing (BUDGET=420: seed 1's mechanism runs after training), 12-14 where an earlier
-# invocation left them in place (BUDGET=500, PER_DEVICE=14);
-# its archive goes to docs/results/prereg/roundN.tar.gz.
+# invocation left them in place (BUDGET=500, PER_DEVICE=14); measured: BUDGET=470 PER_DEVICE=13
+# from nothing, 12 runs in 512 s; BUDGET=480 PER_DEVICE=14 after it, 13 runs in 467 s. A
+# prereg round writes no loss_gap.* (no interim look, above). Its archive goes to
+# docs/results/prereg/roundN.tar.gz.
 #
 # GRID=main|ablation|depth|small with any round number trains that grid under that number;
 # SEEDS, ARMS, PER_DEVICE then default to the grid's.
@@ -51,6 +53,8 @@
 # their models are new; plots in the archive) and roundN.md (what ran, the measured
 # throughput; printed last). Copy roundN.tar.gz into the archive folder to carry the round to
 # other nodes.
+# NODE_DIR (default /tmp): where the node keeps the study dirs (study, study-pysrc, study-prereg,
+# with their checkpoints) and the pysrc corpus.
 # Env: BUDGET seconds from start to the end of training (default 400), PER_DEVICE, SEEDS, ARMS,
 # AXIS (one grid axis's values, e.g. AXIS=depth=L3,L12: the runner's --axis),
 # GRID, PAUSE=1 (runs longer than one round: the budget pauses them, the next round on the
@@ -62,14 +66,17 @@
 # CORPUS=stdlib (default: the embedded corpus, archives in docs/results/study/) or pysrc (the
 # stdlib plus torch's sources, 46.4 MB with torch 2.11, prepared here by gpu/pysrc_corpus.py: no
 # byte seen twice in a run; a separate study, archived under docs/results/study-pysrc/).
-# STEPS=N: every run trains N steps (cosine to the last), a study of its own (/tmp/study-pysrc-
+# STEPS=N: every run trains N steps (cosine to the last), a study of its own ($NODE_DIR/study-pysrc-
 # Nsteps, archives under docs/results/study-pysrc-Nsteps/). PACKAGES=torch,numpy,... (pysrc):
 # the packages whose sources join the stdlib's, another corpus and so another study (suffix
 # -torch+numpy...). A 1000-step run takes 32.8M tokens: pysrc with torch holds 45.4M training
 # bytes (1380 steps seen once); torch,megatron.core,wandb,pydantic,numpy add ~20 MB.
 # Packing on one H200 (study11m, from the runner's progress lines): 12 runs trained ~36-42
 # steps/s in all, 8-9 runs ~39, 4 runs ~27; a UFP4 step took 0.155-0.195 s packed 12 and
-# 0.142 s packed 8. 12 runs per GPU complete in one wave of ~430 s.
+# 0.142 s packed 8. 12 runs per GPU complete in one wave of ~430 s. The GPU, not the host, is
+# the limit when packed: at the prereg shape 12 UFP4 runs train 36.9 steps/s in all eager and
+# 37.8 with train.cuda_graph=local (16 graphed: 37.8), although one run alone takes 0.097 s per
+# step eager and 0.047 s graphed; so the study runs eager, as designed.
 set -uo pipefail
 T0=$(date +%s)
 ROUND=${1:?usage: gpu/study.sh ROUND (1-9, see the header) or a grid name}
@@ -115,25 +122,30 @@ case $PAUSE in
 esac
 STOP_GRACE=${STOP_GRACE:-$STOP_GRACE_DEFAULT}
 OUT=${OUT:-runs/gpu/study}
+NODE_DIR=${NODE_DIR:-/tmp}  # the node's study dirs and corpus (checkpoints stay there)
+[[ $NODE_DIR =~ ^/[A-Za-z0-9_./-]*$ ]] || {  # it goes into a Hydra list override unquoted
+  echo "gpu/study.sh: NODE_DIR=$NODE_DIR; give an absolute path of letters, digits and _ . / -" >&2; exit 2; }
 CORPUS=${CORPUS:-stdlib}
 PACKAGES=${PACKAGES:-torch}
 case $CORPUS in
-  stdlib) ARCHIVES=docs/results/study; STUDY=/tmp/study ;;
-  pysrc) ARCHIVES=docs/results/study-pysrc; STUDY=/tmp/study-pysrc ;;
+  stdlib) ARCHIVES=docs/results/study; STUDY=$NODE_DIR/study ;;
+  pysrc) ARCHIVES=docs/results/study-pysrc; STUDY=$NODE_DIR/study-pysrc ;;
   *) echo "gpu/study.sh: CORPUS=$CORPUS; give stdlib or pysrc" >&2; exit 2 ;;
 esac
 restart=()  # the prereg study: its own dir and archives; a run counts if one process trained it
-[[ $GRID == prereg ]] && ARCHIVES=docs/results/prereg && STUDY=/tmp/study-prereg \
-  && restart=(--restart-incomplete)
+# and no interim comparison: its stopping rule has no interim look, so a round prints what ran,
+# never an estimate (python -m ufp4_megatron.cli.results tests once, when every run counts)
+[[ $GRID == prereg ]] && ARCHIVES=docs/results/prereg && STUDY=$NODE_DIR/study-prereg \
+  && restart=(--restart-incomplete --no-compare)
 # PACKAGES (pysrc): the installed packages whose sources join the stdlib's (default torch);
 # other packages make another corpus, so another study (its own dir and archive folder)
-CORPUS_PREFIX=/tmp/corpus/pysrc
+CORPUS_PREFIX=$NODE_DIR/corpus/pysrc
 if [[ $PACKAGES != torch ]]; then
   [[ $CORPUS == pysrc ]] || { echo "gpu/study.sh: PACKAGES is for CORPUS=pysrc" >&2; exit 2; }
   [[ $PACKAGES =~ ^[A-Za-z_][A-Za-z0-9_.]*(,[A-Za-z_][A-Za-z0-9_.]*)*$ ]] || {
     echo "gpu/study.sh: PACKAGES=$PACKAGES; give importable names separated by commas, e.g. torch,numpy" >&2; exit 2; }
   tag=${PACKAGES//,/+}
-  CORPUS_PREFIX=/tmp/corpus/pysrc-$tag; ARCHIVES+=-$tag; STUDY+=-$tag
+  CORPUS_PREFIX=$NODE_DIR/corpus/pysrc-$tag; ARCHIVES+=-$tag; STUDY+=-$tag
 fi
 # STEPS: train.steps of every run (default the grid's, 1000; the cosine schedule follows it);
 # runs of another length are another study, with their own dir and archive folder

@@ -338,7 +338,7 @@ def test_host_path_probe_runs_and_finds_the_pair_launch_cacheable():
     assert len(lines) == 6 and all("[('_pair16_kernel', True)]" in line for line in lines), lines
 
 
-def _with_stand_ins(tmp_path, script, **env_extra):
+def _with_stand_ins(tmp_path, script, *args, **env_extra):
     """gpu/`script` with stand-ins for python3 (logs its calls) and nvidia-smi, on an image
     that imports megatron-core/Hydra/W&B already (no wheelhouse): the finished process and
     the python3 calls it made."""
@@ -363,7 +363,12 @@ def _with_stand_ins(tmp_path, script, **env_extra):
         **env_extra,
     }
     out = subprocess.run(
-        ["bash", f"gpu/{script}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        ["bash", f"gpu/{script}", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     return out, log.read_text().splitlines()
 
@@ -413,3 +418,25 @@ def test_perf_graphs_sh_compares_each_variant_and_pads_moe_experts(tmp_path):
     (only,) = [c for c in calls if "--suite step" in c]
     assert only.count("--variant") == 1
     assert "--variant full_iteration:train.cuda_graph=full_iteration" in only
+
+
+def test_study_sh_prereg_rounds_make_no_interim_comparison(tmp_path):
+    # the pre-registered stopping rule has no interim look: a prereg round trains and archives,
+    # and never runs the loss-gap comparison (which would estimate the primary early); other
+    # grids still compare after each round
+    node = tmp_path / "node"
+    _, calls = _with_stand_ins(tmp_path, "study.sh", "1", GRID="prereg", NODE_DIR=str(node))
+    (runner,) = [c for c in calls if c.startswith("-m ufp4_megatron.study")]
+    assert "--no-compare" in runner and "--restart-incomplete" in runner
+    assert f"--out {node}/study-prereg" in runner
+    assert f"data.prefixes=[{node}/corpus/pysrc]" in runner
+    _, calls = _with_stand_ins(tmp_path, "study.sh", "1", CORPUS="pysrc", NODE_DIR=str(node))
+    (runner,) = [c for c in calls if c.startswith("-m ufp4_megatron.study")]
+    assert "--no-compare" not in runner and "--restart-incomplete" not in runner
+
+
+def test_study_sh_refuses_a_node_dir_hydra_cannot_take(tmp_path):
+    for bad in ("relative/dir", "/tmp/a b", "/tmp/a,b"):
+        out, calls = _with_stand_ins(tmp_path, "study.sh", "1", NODE_DIR=bad)
+        assert out.returncode == 2 and "NODE_DIR=" in out.stderr, (bad, out.stderr)
+        assert calls == []  # nothing set up or run
