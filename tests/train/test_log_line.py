@@ -146,7 +146,6 @@ def test_params_line_counts_the_model_and_the_rank():
 
 
 def test_tensorboard_writes_the_logged_scalars(tmp_path):
-    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from ufp4_megatron.train.logs.tensorboard_log import TensorBoard

@@ -19,6 +19,7 @@ Megatron is imported).
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -388,12 +389,16 @@ def test_describe_refuses_with_the_trainers_message(tmp_path, overrides):
 
 
 def test_tensorboard_asked_for_but_missing_is_one_line(tmp_path):
-    import importlib.util
-
-    if importlib.util.find_spec("tensorboard") is not None:
-        pytest.skip("tensorboard is installed here: logging.tensorboard=true runs")
+    # the test extra installs tensorboard; a package of that name that fails to import, first
+    # on the trainer's path, stands for a machine without it
+    missing = tmp_path / "no_tensorboard" / "tensorboard"
+    missing.mkdir(parents=True)
+    (missing / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'tensorboard'\")\n"
+    )
+    path = os.pathsep.join(p for p in (str(missing.parent), os.environ.get("PYTHONPATH")) if p)
     _refused(
-        _train(tmp_path, "logging.tensorboard=true"),
+        _train(tmp_path, "logging.tensorboard=true", PYTHONPATH=path),
         "logging.tensorboard=true needs the tensorboard package, which is not installed",
     )
     assert not (tmp_path / "run").exists()
