@@ -12,11 +12,12 @@
 #       row against the BF16 row of its variant, with the memory floor (QDQ bytes / copy
 #       bandwidth) beside it. About 7 minutes on an H200 (a row: ~90 s, its 19-GiB
 #       checkpoint included). GRAPH_VARIANTS="local full_iteration" adds full-iteration
-#       graphs where the PyTorch has what they need (docs/training.md).
+#       graphs where the PyTorch has what they need (docs/training.md); local_kept: local
+#       graphs with the weights' operands kept in fixed storage (train.weight_cache=all).
 #   PARTS=moe bash gpu/perf_graphs.sh      the same for moe_7p9b (4 of 20 layers) with
 #       drop-and-pad experts (capacity factor 1, as graphs need). About 8 minutes.
 # Knobs: GRAPH_MODELS, GRAPH_RECIPES (comma lists), GRAPH_VARIANTS (space-separated among
-# eager, local, full_iteration), GRAPH_BUDGET (seconds for the step table, default 540),
+# eager, local, local_kept, full_iteration), GRAPH_BUDGET (seconds for the step table, default 540),
 # RUNS_DIR (run dirs; default /dev/shm/ufp4-graph-runs where /dev/shm has 64 GiB free, else
 # $OUT/runs: the checkpoints are 19-26 GiB).
 # Exit status: the checks' (0 iff every case passes); the step parts': the step suite's.
@@ -27,13 +28,19 @@ for part in ${PARTS//,/ }; do
     echo "gpu/perf_graphs.sh: PARTS=$PARTS; give checks, step or moe (comma-separated)" >&2; exit 2 ;;
   esac
 done
+variant() {  # the step suite's --variant of a GRAPH_VARIANTS entry
+  case $1 in
+    eager) echo eager ;;
+    local|full_iteration) echo "$1:train.cuda_graph=$1" ;;
+    local_kept) echo "local_kept:train.cuda_graph=local train.weight_cache=all" ;;
+    *) return 1 ;;
+  esac
+}
 variants=()
 for v in ${GRAPH_VARIANTS:-}; do
-  case $v in
-    eager) variants+=(--variant eager) ;;
-    local|full_iteration) variants+=(--variant "$v:train.cuda_graph=$v") ;;
-    *) echo "gpu/perf_graphs.sh: GRAPH_VARIANTS entry '$v'; give eager, local or full_iteration" >&2; exit 2 ;;
-  esac
+  a=$(variant "$v") || {
+    echo "gpu/perf_graphs.sh: GRAPH_VARIANTS entry '$v'; give eager, local, local_kept or full_iteration" >&2; exit 2; }
+  variants+=(--variant "$a")
 done
 source gpu/setup.sh || exit 1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
@@ -53,9 +60,7 @@ step_table() {  # $1: name of the part, then the default models and variants
   local part=$1 models=$2 defaults=$3 v
   local vs=("${variants[@]}")
   if (( ${#vs[@]} == 0 )); then
-    for v in $defaults; do
-      if [[ $v == eager ]]; then vs+=(--variant eager); else vs+=(--variant "$v:train.cuda_graph=$v"); fi
-    done
+    for v in $defaults; do vs+=(--variant "$(variant "$v")"); done
   fi
   local extra=()
   [[ $part == moe ]] && extra=(--set model.moe_capacity_factor=1.0 --set model.moe_pad_to_capacity=true)

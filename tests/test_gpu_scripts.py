@@ -440,3 +440,10 @@ def test_study_sh_refuses_a_node_dir_hydra_cannot_take(tmp_path):
         out, calls = _with_stand_ins(tmp_path, "study.sh", "1", NODE_DIR=bad)
         assert out.returncode == 2 and "NODE_DIR=" in out.stderr, (bad, out.stderr)
         assert calls == []  # nothing set up or run
+
+
+def test_perf_graphs_sh_local_kept_variant_keeps_the_weight_operands(tmp_path):
+    _, calls = _perf_graphs_sh(tmp_path, PARTS="step", GRAPH_VARIANTS="local local_kept")
+    (only,) = [c for c in calls if "--suite step" in c]
+    assert "--variant local:train.cuda_graph=local --variant" in only
+    assert "--variant local_kept:train.cuda_graph=local train.weight_cache=all" in only

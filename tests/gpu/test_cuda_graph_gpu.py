@@ -14,6 +14,9 @@ equal its eager run's bit for bit:
         checkpoint, rerun: the resumed run warms up and captures again
     test_graphs_equal_eager[moe-local]        moe_small with drop-and-pad experts (static
         shapes), against the eager run with the same capacity
+    test_graphs_equal_eager[local-kept]       local graphs reading the weights' operands kept
+        in fixed storage (train.weight_cache=all), killed after step 6 and resumed
+    test_graphs_equal_eager[moe-local-kept]   the same for moe_small's experts, not killed
 
 All runs go in parallel on the one GPU (OMP_NUM_THREADS=1 each). Run as a script
 (`python tests/gpu/test_cuda_graph_gpu.py --out DIR`) it writes DIR/cuda_graphs.json and
@@ -61,6 +64,10 @@ CASES = {
     "full_iteration": (DENSE, "full_iteration", False, "eager"),
     "local-resume": (DENSE, "local", True, "eager"),
     "moe-local": (MOE, "local", False, "moe-eager"),
+    # the weights' operands kept in fixed storage, re-made after each optimizer step, read by
+    # the graphs (quant/weight_cache.py); killed and resumed: re-made after the load
+    "local-kept": ([*DENSE, "train.weight_cache=all"], "local", True, "eager"),
+    "moe-local-kept": ([*MOE, "train.weight_cache=all"], "local", False, "moe-eager"),
 }
 REFERENCES = {"eager": DENSE, "moe-eager": MOE}
 

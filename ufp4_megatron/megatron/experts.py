@@ -50,7 +50,7 @@ from ..quant import grouped_ops, ops
 from ..quant.recipe import Recipe
 from ..quant.weight_cache import WeightOperands
 from .linear import _UFP4Mixin
-from .parallel_gemm import Shard, _accumulate, _chunks, save_seed
+from .parallel_gemm import Shard, _accumulate, _chunks, chunk_of, save_seed
 from .policy import UFP4Binding
 from .seeds import SRSeeds
 
@@ -347,7 +347,7 @@ class _GroupedExpertsFn(torch.autograd.Function):
                 **keys,
                 x_origin=(0, shard.k),
                 w_origin=(n0, shard.k),
-                qw=_kept(cache, "fprop", c, weight, w, recipe, (n0, shard.k), xp.dtype),
+                qw=_kept(cache, "fprop", c, weight, shard, recipe, (n0, shard.k), xp.dtype),
             )
             for c, (w, n0) in enumerate(_chunks(shard, weight, 1))
         ]
@@ -377,7 +377,7 @@ class _GroupedExpertsFn(torch.autograd.Function):
                 **keys,
                 dy_origin=(0, n0),
                 w_origin=(n0, shard.k),
-                qw=_kept(ctx.cache, "dgrad", c, weight, w, recipe, (n0, shard.k), xp.dtype),
+                qw=_kept(ctx.cache, "dgrad", c, weight, shard, recipe, (n0, shard.k), xp.dtype),
             )
             for c, ((d, n0), (w, _)) in enumerate(
                 zip(_chunks(shard, dyp, 1), _chunks(shard, weight, 1))
@@ -398,15 +398,18 @@ class _GroupedExpertsFn(torch.autograd.Function):
         return dx, grad_weight, grad_bias, None, None, None, None, None, None, None
 
 
-def _kept(cache, gemm: str, chunk: int, weight, w, recipe, origin, dtype):
+def _kept(cache, gemm: str, chunk: int, weight, shard: Shard, recipe, origin, dtype):
     """The stacked weight's operand of `gemm` for one chunk from the module's WeightOperands
-    (keyed by the parameter `weight`), or None: no cache, or not RTNE (quantized per call)."""
+    (keyed by the parameter `weight`), or None: no cache, or not RTNE (quantized per call).
+    Made from the parameter's chunk when made (parallel_gemm.kept_weight says why)."""
     if cache is None or not ops.cacheable(recipe, gemm):
         return None
     return cache.get(
         (gemm, chunk),
         weight,
-        lambda: grouped_ops.weight_operand(gemm, w, recipe, origin=origin, dtype=dtype),
+        lambda: grouped_ops.weight_operand(
+            gemm, chunk_of(shard, weight, 1, chunk), recipe, origin=origin, dtype=dtype
+        ),
     )
 
 

@@ -68,20 +68,30 @@ def _gather_tokens(x: torch.Tensor, group, async_op: bool = False):
     return buf, handle
 
 
+def chunk_of(shard: Shard, t: torch.Tensor, dim: int, index: int) -> torch.Tensor:
+    """Chunk `index` of t along the local N dim (a contiguous copy where it is a slice)."""
+    local, _, width = shard.n[index]
+    return t if width < 0 else t.narrow(dim, local, width).contiguous()
+
+
 def _chunks(shard: Shard, t: torch.Tensor, dim: int):
     """(chunk of t along the local N dim, full N offset) for each chunk."""
-    for local, full, width in shard.n:
-        yield (t if width < 0 else t.narrow(dim, local, width).contiguous()), full
+    for i, (_, full, _) in enumerate(shard.n):
+        yield chunk_of(shard, t, dim, i), full
 
 
-def kept_weight(cache, gemm: str, chunk: int, weight, w, recipe, origin):
-    """The weight operand of `gemm` for chunk `chunk` (w, at `origin` in the full weight) from
-    the module's WeightOperands (quant/weight_cache.py; keyed by the parameter `weight`), or None:
-    no cache, or an operand that is not RTNE (then ops quantizes it every call)."""
+def kept_weight(cache, gemm: str, chunk: int, weight, shard: Shard, recipe, origin):
+    """The weight operand of `gemm` for chunk `chunk` (at `origin` in the full weight) from the
+    module's WeightOperands (quant/weight_cache.py; keyed by the parameter `weight`), or None:
+    no cache, or an operand that is not RTNE (then ops quantizes it every call). The operand
+    is made from the parameter's chunk at the time it is made, never from a copy taken
+    earlier: a static operand is re-made from the same closure after each optimizer step."""
     if cache is None or not ops.cacheable(recipe, gemm):
         return None
     return cache.get(
-        (gemm, chunk), weight, lambda: ops.operand(gemm, "w", w, recipe, origin=origin)
+        (gemm, chunk),
+        weight,
+        lambda: ops.operand(gemm, "w", chunk_of(shard, weight, 0, chunk), recipe, origin=origin),
     )
 
 
@@ -94,7 +104,7 @@ def _fprop(x2d, weight, recipe, seed, shard: Shard, cache=None):
             seed=seed,
             x_origin=(0, shard.k),
             w_origin=(n0, shard.k),
-            qw=kept_weight(cache, "fprop", c, weight, w, recipe, (n0, shard.k)),
+            qw=kept_weight(cache, "fprop", c, weight, shard, recipe, (n0, shard.k)),
         )
         for c, (w, n0) in enumerate(_chunks(shard, weight, 0))
     ]
@@ -110,7 +120,7 @@ def _dgrad(dy2d, weight, recipe, seed, shard: Shard, cache=None):
             seed=seed,
             dy_origin=(0, n0),
             w_origin=(n0, shard.k),
-            qw=kept_weight(cache, "dgrad", c, weight, w, recipe, (n0, shard.k)),
+            qw=kept_weight(cache, "dgrad", c, weight, shard, recipe, (n0, shard.k)),
         )
         for c, ((dy, n0), (w, _)) in enumerate(
             zip(_chunks(shard, dy2d, 1), _chunks(shard, weight, 0))

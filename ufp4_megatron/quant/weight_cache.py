@@ -26,9 +26,24 @@ later uses in the same capture reuse that graph-made operand (a full-iteration g
 several micro-batches quantizes each weight once per replay, i.e. once per step). A capture
 is told from the previous one by the eager use between them (`_capture_epoch`): two graphs
 captured back to back must not share a module's operands (Megatron's per-layer graphs
-capture each layer's forward and backward once, each with its own GEMM's operand). The cost is memory: the kept operands (`nbytes`), two of each
-cached weight's size in the operand dtype (bf16: 4 bytes per weight element); `ufp4-describe`
-prints the estimate for a config (train/footprint.py).
+capture each layer's forward and backward once, each with its own GEMM's operand).
+
+Static operands (`make_static`; the trainer makes its model's static): a per-layer graph
+replays at every micro-batch, so an operand made inside it is made again at every
+micro-batch. Made static,
+a module's operands live in fixed storage: a stale one is re-made into the same storage
+(`Tensor.copy_`), a capture records reads of that storage instead of the quantization, and
+`refresh(module)` re-makes every stale operand eagerly. The owner of the training loop must
+call `refresh` after every optimizer step and checkpoint load, before the next forward:
+a replay reads whatever the storage holds. The trainer does (train/loop.py); a loop that
+gathers parameters during the forward (Megatron's overlap_param_gather) cannot, so nothing
+else makes operands static. An operand found stale inside a capture is made inside the graph
+(correct at every replay, only not kept). Each entry re-derives its operand from the
+parameter itself (its `make` takes no copy of the weight), so a refresh reads the new values.
+
+The cost is memory: the kept operands (`nbytes`), two of each cached weight's size in the
+operand dtype (bf16: 4 bytes per weight element); `ufp4-describe` prints the estimate for a
+config (train/footprint.py).
 """
 
 from __future__ import annotations
@@ -71,39 +86,100 @@ def _ensure_hook() -> None:
         _hook = register_optimizer_step_post_hook(_after_step)
 
 
+class _Entry:
+    __slots__ = ("make", "operand", "stamp", "weight")
+
+    def __init__(self, stamp, operand, make, weight):
+        self.stamp, self.operand, self.make, self.weight = stamp, operand, make, weight
+
+
+def _stamp(weight: torch.Tensor) -> tuple:
+    return (_generation, weight._version, weight.data_ptr())
+
+
 class WeightOperands:
     """One weight's kept GEMM operands, by key (e.g. ("fprop", chunk))."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_entries", "static")
 
     def __init__(self):
         _ensure_hook()
         self._entries: dict = {}
+        self.static = False  # fixed storage, re-made in place (module docstring)
 
     def get(self, key, weight: torch.Tensor, make: Callable[[], torch.Tensor]) -> torch.Tensor:
         """The operand kept under `key` for `weight` (the parameter, whose stamp decides), or
-        make() kept from now on."""
-        stamp = (_generation, weight._version, weight.data_ptr(), _capture_tag())
+        make() kept from now on. make() must derive the operand from `weight` itself."""
+        tag = _capture_tag()
         hit = self._entries.get(key)
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
+        if self.static:
+            return self._get_static(key, weight, make, hit, capturing=tag >= 0)
+        stamp = (*_stamp(weight), tag)
+        if hit is not None and hit.stamp == stamp:
+            return hit.operand
         self._entries.pop(key, None)  # free the stale operand before making the new one
         q = make()
-        self._entries[key] = (stamp, q)
+        self._entries[key] = _Entry(stamp, q, make, weight)
         return q
+
+    def _get_static(self, key, weight, make, hit, capturing: bool) -> torch.Tensor:
+        stamp = _stamp(weight)
+        if hit is not None and hit.stamp == stamp:
+            return hit.operand  # inside a capture: the graph reads this storage
+        if capturing:  # nothing fresh to read: quantize inside the graph, keep nothing
+            return make()
+        if hit is None:
+            self._entries[key] = _Entry(stamp, make(), make, weight)
+            return self._entries[key].operand
+        with torch.no_grad():
+            hit.operand.copy_(make())
+        hit.stamp = stamp
+        return hit.operand
+
+    @torch.no_grad()
+    def refresh(self) -> int:
+        """Re-makes every stale static operand in its storage; returns how many."""
+        if not self.static:
+            return 0
+        n = 0
+        for e in self._entries.values():
+            if e.stamp != (stamp := _stamp(e.weight)):
+                e.operand.copy_(e.make())
+                e.stamp = stamp
+                n += 1
+        return n
 
     def clear(self) -> None:
         self._entries.clear()
 
     @property
     def nbytes(self) -> int:
-        return sum(q.numel() * q.element_size() for _, q in self._entries.values())
+        return sum(e.operand.numel() * e.operand.element_size() for e in self._entries.values())
+
+
+def _kept_in(module: torch.nn.Module):
+    return [
+        m.weight_operands
+        for m in module.modules()
+        if getattr(m, "weight_operands", None) is not None
+    ]
+
+
+def make_static(module: torch.nn.Module) -> int:
+    """Makes the kept operands of `module`'s linears static (module docstring); the caller
+    then owes a `refresh(module)` after every weight change. Returns how many weights."""
+    kept = _kept_in(module)
+    for k in kept:
+        k.clear()
+        k.static = True
+    return len(kept)
+
+
+def refresh(module: torch.nn.Module) -> int:
+    """Re-makes the stale static operands of `module`'s linears in place; returns how many."""
+    return sum(k.refresh() for k in _kept_in(module))
 
 
 def kept_bytes(module: torch.nn.Module) -> int:
     """Bytes of all operands kept by `module`'s UFP4 linears (their `weight_operands`)."""
-    return sum(
-        m.weight_operands.nbytes
-        for m in module.modules()
-        if getattr(m, "weight_operands", None) is not None
-    )
+    return sum(k.nbytes for k in _kept_in(module))
