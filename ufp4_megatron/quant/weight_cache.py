@@ -30,10 +30,9 @@ capture each layer's forward and backward once, each with its own GEMM's operand
 
 Static operands (`make_static`; the trainer makes its model's static): a per-layer graph
 replays at every micro-batch, so an operand made inside it is made again at every
-micro-batch. Made static,
-a module's operands live in fixed storage: a stale one is re-made into the same storage
-(`Tensor.copy_`), a capture records reads of that storage instead of the quantization, and
-`refresh(module)` re-makes every stale operand eagerly. The owner of the training loop must
+micro-batch. Made static, a module's operands live in fixed storage: a stale one is re-made
+into the same storage (`Tensor.copy_`), a capture records reads of that storage instead of
+the quantization, and `refresh(module)` re-makes every stale operand eagerly. The owner of the training loop must
 call `refresh` after every optimizer step and checkpoint load, before the next forward:
 a replay reads whatever the storage holds. The trainer does (train/loop.py); a loop that
 gathers parameters during the forward (Megatron's overlap_param_gather) cannot, so nothing
