@@ -132,11 +132,11 @@ case $CORPUS in
   pysrc) ARCHIVES=docs/results/study-pysrc; STUDY=$NODE_DIR/study-pysrc ;;
   *) echo "gpu/study.sh: CORPUS=$CORPUS; give stdlib or pysrc" >&2; exit 2 ;;
 esac
-restart=()  # the prereg study: its own dir and archives; a run counts if one process trained it
+prereg=()  # the prereg study: its own dir and archives; a run counts if one process trained it
 # and no interim comparison: its stopping rule has no interim look, so a round prints what ran,
 # never an estimate (python -m ufp4_megatron.cli.results tests once, when every run counts)
 [[ $GRID == prereg ]] && ARCHIVES=docs/results/prereg && STUDY=$NODE_DIR/study-prereg \
-  && restart=(--restart-incomplete --no-compare)
+  && prereg=(--restart-incomplete --no-compare)
 # PACKAGES (pysrc): the installed packages whose sources join the stdlib's (default torch);
 # other packages make another corpus, so another study (its own dir and archive folder)
 CORPUS_PREFIX=$NODE_DIR/corpus/pysrc
@@ -225,7 +225,7 @@ echo "round $ROUND: grid $GRID arms ${ARMS:-all} seeds ${SEEDS:-of the grid}${AX
 T_START=$(date +%s)
 extra=(); (( ${#data[@]} )) && extra=(-- "${data[@]}")
 python3 -m ufp4_megatron.study --out "$STUDY" --grid "$GRID" ${SEEDS:+--seeds "$SEEDS"} ${ARMS:+--arms "$ARMS"} \
-  ${AXIS:+--axis "$AXIS"} --per-device "$PER_DEVICE" --time-limit "$LIMIT" "${pause[@]}" "${restart[@]}" --stop-grace "$STOP_GRACE" --wandb-mode disabled \
+  ${AXIS:+--axis "$AXIS"} --per-device "$PER_DEVICE" --time-limit "$LIMIT" "${pause[@]}" "${prereg[@]}" --stop-grace "$STOP_GRACE" --wandb-mode disabled \
   --progress plain "${extra[@]}" 2>&1 | tee "$STUDY/runner-round$ROUND.log"
 T_TRAIN=$(date +%s)
 [[ -f $STUDY/study.json ]] || { echo "gpu_study: the runner wrote no study.json (see above)"; exit 1; }
