@@ -22,6 +22,17 @@ FAST = [
 ]
 
 
+def without_package(tmp: Path, name: str) -> dict:
+    """Environment entries that make `import name` fail in a subprocess: a package of that
+    name that raises ModuleNotFoundError, first on PYTHONPATH. It stands for a machine without
+    a package the test extra installs."""
+    stub = tmp / f"no_{name}" / name
+    stub.mkdir(parents=True, exist_ok=True)
+    (stub / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named '{name}'\")\n")
+    path = os.pathsep.join(p for p in (str(stub.parent), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path}
+
+
 def env(tmp: Path) -> dict:
     e = dict(
         os.environ,

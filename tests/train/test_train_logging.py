@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 
-from _cli import FAST, ROOT, env, run
+from _cli import FAST, ROOT, env, run, without_package
 
 from ufp4_megatron.report.wandb_offline import find_run_file, read_run
 from ufp4_megatron.train.logs.quiet import NOTE
@@ -100,13 +99,8 @@ def test_show_warnings_brings_them_back(tmp_path):
         "hide_megatron_noise()\n"
         "import megatron.core.optimizer, megatron.core.hyper_comm_grid\n"
     )
-    # Megatron warns when absl is missing; the test extra installs it (with tensorboard), so
-    # an absl that fails to import, first on the path, stands for a machine without it
-    no_absl = tmp_path / "no_absl" / "absl"
-    no_absl.mkdir(parents=True)
-    (no_absl / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'absl'\")\n")
-    path = os.pathsep.join(p for p in (str(no_absl.parent), os.environ.get("PYTHONPATH")) if p)
-    warn = {"PYTHONWARNINGS": "default", "PYTHONPATH": path}
+    # Megatron warns when absl is missing; the test extra installs it (with tensorboard)
+    warn = {"PYTHONWARNINGS": "default", **without_package(tmp_path, "absl")}
     quiet = run([sys.executable, "-c", code], tmp_path, env_extra=warn)
     shown = run(
         [sys.executable, "-c", code], tmp_path, env_extra={"UFP4_SHOW_WARNINGS": "1", **warn}

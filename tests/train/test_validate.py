@@ -19,12 +19,11 @@ Megatron is imported).
 
 from __future__ import annotations
 
-import os
 import sys
 
 import pytest
 import torch
-from _cli import run
+from _cli import run, without_package
 from _config import refusal
 
 TINY = [
@@ -389,16 +388,9 @@ def test_describe_refuses_with_the_trainers_message(tmp_path, overrides):
 
 
 def test_tensorboard_asked_for_but_missing_is_one_line(tmp_path):
-    # the test extra installs tensorboard; a package of that name that fails to import, first
-    # on the trainer's path, stands for a machine without it
-    missing = tmp_path / "no_tensorboard" / "tensorboard"
-    missing.mkdir(parents=True)
-    (missing / "__init__.py").write_text(
-        "raise ModuleNotFoundError(\"No module named 'tensorboard'\")\n"
-    )
-    path = os.pathsep.join(p for p in (str(missing.parent), os.environ.get("PYTHONPATH")) if p)
+    # the test extra installs tensorboard: a stand-in that fails to import hides it
     _refused(
-        _train(tmp_path, "logging.tensorboard=true", PYTHONPATH=path),
+        _train(tmp_path, "logging.tensorboard=true", **without_package(tmp_path, "tensorboard")),
         "logging.tensorboard=true needs the tensorboard package, which is not installed",
     )
     assert not (tmp_path / "run").exists()
