@@ -1,9 +1,9 @@
 """The trainer's kept weight operands (train.weight_cache, quant/weight_cache.py), on the CPU:
 the trainer keeps them in fixed storage and re-makes them right after each optimizer step
-and checkpoint load (make_static/refresh). A run with them gives the losses of a run without
-them bit for bit: dense, across a resume, and MoE (the grouped experts' operands). That a
-refresh reads the parameter's new values where a chunk is a copy (TP > 1 with a stride) is
-tests/megatron/test_weight_cache.py's."""
+(make_static/refresh; a resumed run makes them after its load). A run with them gives the
+losses of a run without them bit for bit: dense, across a resume, and MoE (the grouped experts'
+operands). That a refresh reads the parameter's new values where a chunk is a copy (TP > 1 with
+a stride) is tests/megatron/test_weight_cache.py's."""
 
 from __future__ import annotations
 

@@ -84,8 +84,9 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
     train_ds, valid_ds, n_micro = built.train_ds, built.valid_ds, built.n_micro
     train_model = opt.model  # Megatron's DDP wrapper
     # kept weight operands in fixed storage, re-made right after each optimizer step (below):
-    # a CUDA graph that reads them never quantizes the weights (quant/weight_cache.py)
-    weight_cache.make_static(model)
+    # a CUDA graph that reads them never quantizes the weights (quant/weight_cache.py). None
+    # exist before the first forward, so a checkpoint loaded below needs no refresh.
+    kept = weight_cache.make_static(model)
     extra = {"policy": policy, "lr_schedule": opt.scheduler}  # SR-seed stream, LR state
 
     start = 0
@@ -101,7 +102,6 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
             verify=cfg.checkpoint.checksums,
         )
         weight_cache.invalidate()  # loaded weights: kept operands of the built ones are stale
-        weight_cache.refresh(model)
     is_main = env.rank == 0
     if is_main:
         print(rt.describe(), flush=True)
@@ -160,7 +160,8 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
             step_fn=step_fn,
         )
         grad_norm = opt.step()
-        weight_cache.refresh(model)  # the new weights' operands, before any graph replays
+        if kept:
+            weight_cache.refresh(model)  # the new weights' operands, before any graph replays
         loss = _mean_loss(reports, rt)
         step += 1
         _stop_if_not_finite(step, {"loss": loss, "grad_norm": grad_norm}, ckpt_dir)
