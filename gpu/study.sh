@@ -76,7 +76,7 @@
 # 0.142 s packed 8. 12 runs per GPU complete in one wave of ~430 s. The GPU, not the host, is
 # the limit when packed: at the prereg shape 12 UFP4 runs train 36.9 steps/s in all eager and
 # 37.8 with train.cuda_graph=local (16 graphed: 37.8), although one run alone takes 0.097 s per
-# step eager and 0.047 s graphed; so the study runs eager, as designed.
+# step eager and 0.047 s graphed (gpu/study_packing.sh); so the study runs eager, as designed.
 set -uo pipefail
 T0=$(date +%s)
 ROUND=${1:?usage: gpu/study.sh ROUND (1-9, see the header) or a grid name}

@@ -447,3 +447,15 @@ def test_perf_graphs_sh_local_kept_variant_keeps_the_weight_operands(tmp_path):
     (only,) = [c for c in calls if "--suite step" in c]
     assert "--variant local:train.cuda_graph=local --variant" in only
     assert "--variant local_kept:train.cuda_graph=local train.weight_cache=all" in only
+
+
+def test_study_packing_sh_trains_the_pair_and_three_packings(tmp_path):
+    out, calls = _with_stand_ins(tmp_path, "study_packing.sh")
+    assert out.returncode == 0, out.stderr
+    runs = [c for c in calls if c.startswith("-m ufp4_megatron.train")]
+    assert len(runs) == 2 + 12 + 12 + 16
+    assert all("train.micro_batch=64" in c and "train.seq_len=256" in c for c in runs)
+    pair = [c for c in runs if "train.steps=120" in c]
+    assert len(pair) == 2 and {"train.cuda_graph=none" in c for c in pair} == {True, False}
+    graphed = [c for c in runs if "train.steps=1000" in c and "train.cuda_graph=local" in c]
+    assert len(graphed) == 12 + 16
