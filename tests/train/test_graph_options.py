@@ -118,11 +118,12 @@ def test_full_iteration_needs_a_torch_that_captures_the_backward(monkeypatch):
 
 
 @pytest.mark.usefixtures("hydra_configs")
-def test_local_graphs_keep_weight_operands_only_when_asked():
-    """Under local graphs auto keeps none (no step time measured with it yet); all and
-    experts are taken as given (the trainer keeps them static, quant/weight_cache.py)."""
+def test_graphs_keep_weight_operands_where_they_fit():
+    """Under graphs auto decides by fit as in eager (the trainer keeps the operands static,
+    quant/weight_cache.py, so a replay reads them); all and experts are taken as given."""
     local = typed_default("model=moe_small", "train.cuda_graph=local")
-    assert graphs.resolve_weight_cache(local, 10**12) == "none"
+    assert graphs.resolve_weight_cache(local, 10**12) == "all"
+    assert graphs.resolve_weight_cache(local, 1) == "none"  # nothing fits one byte
     full = typed_default("model=moe_small", "train.cuda_graph=full_iteration")
     assert graphs.resolve_weight_cache(full, 10**12) == "all"  # once per replay = per step
     for asked in ("all", "experts", "none"):
