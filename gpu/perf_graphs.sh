@@ -12,12 +12,14 @@
 #       row against the BF16 row of its variant, with the memory floor (QDQ bytes / copy
 #       bandwidth) beside it. About 7 minutes on an H200 (a row: ~90 s, its 19-GiB
 #       checkpoint included). GRAPH_VARIANTS="local full_iteration" adds full-iteration
-#       graphs where the PyTorch has what they need (docs/training.md); local_kept: local
-#       graphs with the weights' operands kept in fixed storage (train.weight_cache=all).
+#       graphs where the PyTorch has what they need (docs/training.md). local is as a run
+#       gets it (train.weight_cache=auto: the weights' operands kept where they fit);
+#       GRAPH_VARIANTS="local_nocache local_kept" sets that apart: local graphs with
+#       train.weight_cache=none against =all (operands kept in fixed storage).
 #   PARTS=moe bash gpu/perf_graphs.sh      the same for moe_7p9b (4 of 20 layers) with
 #       drop-and-pad experts (capacity factor 1, as graphs need). About 8 minutes.
 # Knobs: GRAPH_MODELS, GRAPH_RECIPES (comma lists), GRAPH_VARIANTS (space-separated among
-# eager, local, local_kept, full_iteration), GRAPH_BUDGET (seconds for the step table, default 540),
+# eager, local, local_kept, local_nocache, full_iteration), GRAPH_BUDGET (seconds for the step table, default 540),
 # RUNS_DIR (run dirs; default /dev/shm/ufp4-graph-runs where /dev/shm has 64 GiB free, else
 # $OUT/runs: the checkpoints are 19-26 GiB).
 # Exit status: the checks' (0 iff every case passes); the step parts': the step suite's.
@@ -33,13 +35,14 @@ variant() {  # the step suite's --variant of a GRAPH_VARIANTS entry
     eager) echo eager ;;
     local|full_iteration) echo "$1:train.cuda_graph=$1" ;;
     local_kept) echo "local_kept:train.cuda_graph=local train.weight_cache=all" ;;
+    local_nocache) echo "local_nocache:train.cuda_graph=local train.weight_cache=none" ;;
     *) return 1 ;;
   esac
 }
 variants=()
 for v in ${GRAPH_VARIANTS:-}; do
   a=$(variant "$v") || {
-    echo "gpu/perf_graphs.sh: GRAPH_VARIANTS entry '$v'; give eager, local, local_kept or full_iteration" >&2; exit 2; }
+    echo "gpu/perf_graphs.sh: GRAPH_VARIANTS entry '$v'; give eager, local, local_kept, local_nocache or full_iteration" >&2; exit 2; }
   variants+=(--variant "$a")
 done
 source gpu/setup.sh || exit 1

@@ -442,11 +442,14 @@ def test_study_sh_refuses_a_node_dir_hydra_cannot_take(tmp_path):
         assert calls == []  # nothing set up or run
 
 
-def test_perf_graphs_sh_local_kept_variant_keeps_the_weight_operands(tmp_path):
-    _, calls = _perf_graphs_sh(tmp_path, PARTS="step", GRAPH_VARIANTS="local local_kept")
+def test_perf_graphs_sh_weight_operand_variants(tmp_path):
+    """local is a run's default (auto); local_kept and local_nocache pin the weight cache."""
+    variants = "local local_kept local_nocache"
+    _, calls = _perf_graphs_sh(tmp_path, PARTS="step", GRAPH_VARIANTS=variants)
     (only,) = [c for c in calls if "--suite step" in c]
     assert "--variant local:train.cuda_graph=local --variant" in only
     assert "--variant local_kept:train.cuda_graph=local train.weight_cache=all" in only
+    assert "--variant local_nocache:train.cuda_graph=local train.weight_cache=none" in only
 
 
 def test_study_packing_sh_trains_the_pair_and_three_packings(tmp_path):

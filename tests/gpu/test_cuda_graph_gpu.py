@@ -6,7 +6,8 @@ checkpointing on, two micro-batches per step, 12 steps; every case's whole loss 
 equal its eager run's bit for bit:
 
     test_graphs_equal_eager[local]            per-layer graphs (Megatron's CudaGraphManager,
-        whose throw-away warm-up runs before each capture must not advance the SR stream)
+        whose throw-away warm-up runs before each capture must not advance the SR stream),
+        each quantizing its weights at every replay (train.weight_cache=none)
     test_graphs_equal_eager[full_iteration]   one graph of the step's forward and backward;
         on a PyTorch without set_override_stale_capture_stream the trainer must refuse it in
         one line before step 1 instead (train/graphs.py says why)
@@ -58,12 +59,15 @@ COMMON = [
 ]
 DENSE = ["model=small"]
 MOE = ["model=moe_small", "model.moe_capacity_factor=1.0", "model.moe_pad_to_capacity=true"]
+NO_CACHE = "train.weight_cache=none"
 # case: (model overrides, graph mode, killed after the step-KILL_AT checkpoint, reference run)
 CASES = {
-    "local": (DENSE, "local", False, "eager"),
+    # the weights quantized inside each layer's graph at every replay (no kept operands; the
+    # default, auto, keeps them where they fit: the -kept cases)
+    "local": ([*DENSE, NO_CACHE], "local", False, "eager"),
     "full_iteration": (DENSE, "full_iteration", False, "eager"),
-    "local-resume": (DENSE, "local", True, "eager"),
-    "moe-local": (MOE, "local", False, "moe-eager"),
+    "local-resume": ([*DENSE, NO_CACHE], "local", True, "eager"),
+    "moe-local": ([*MOE, NO_CACHE], "local", False, "moe-eager"),
     # the weights' operands kept in fixed storage, re-made after each optimizer step, read by
     # the graphs (quant/weight_cache.py); killed and resumed: re-made after the load
     "local-kept": ([*DENSE, "train.weight_cache=all"], "local", True, "eager"),
