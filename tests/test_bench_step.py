@@ -27,6 +27,23 @@ def test_model_flops_small_by_hand():
     assert total == 123_587_328  # describe model=small
 
 
+def test_study_shape_is_the_prereg_runs_shape():
+    """--suite profile --model study11m --micro-batches 2 profiles the study's own step."""
+    from importlib.resources import files
+
+    from omegaconf import OmegaConf
+
+    from ufp4_megatron.train.footprint import load_config
+
+    design = files("ufp4_megatron") / "configs" / "study" / "prereg.yaml"
+    overrides = list(OmegaConf.load(str(design)).overrides)
+    prereg = load_config(overrides)
+    bench = load_config(step.shape_overrides(step.SHAPES["study11m"], 2))
+    assert bench.model == prereg.model and bench.optim == prereg.optim
+    for key in ("seq_len", "micro_batch", "global_batch"):
+        assert getattr(bench.train, key) == getattr(prereg.train, key), key
+
+
 def test_model_flops_moe_counts_only_routed_top_k():
     flops, total = step.model_flops(step.SHAPES["moe_7p9b"])
     h, L, d, v, s = 2048, 4, 128, 128256, 4096

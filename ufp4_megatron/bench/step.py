@@ -62,6 +62,8 @@ SHAPES = {
     # 1 of 40 layers (3.0B routed-expert parameters) + embeddings: 4.1B parameters, ~75 GiB
     # of weights, grads and Adam state on one H200
     "moe_124b": Shape(("model=moe_124b", "model.num_layers=1"), 4096, 1),
+    # the pre-registered study's runs (configs/study/prereg.yaml): 2 micro-batches per step
+    "study11m": Shape(("model=study11m", "train=study", "optim=study"), 256, 64),
 }
 
 
