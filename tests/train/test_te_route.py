@@ -110,14 +110,12 @@ def test_trainer_refuses_te_route_cases(tmp_path, overrides, fragment):
 
 
 @pytest.mark.usefixtures("hydra_configs")
-def test_te_route_refuses_grouped_experts_it_cannot_checkpoint():
-    """Megatron-Core's TEGroupedLinear cannot save the extra state of a custom FP4 recipe
-    (its SafeUnpickler lacks CustomRecipe): refused before step 1, not at the first save."""
+def test_te_route_takes_grouped_experts_with_a_4bit_recipe():
+    """Grouped MoE experts run through TE with the custom recipe: the TE route's spec gives
+    them linears that can checkpoint it (megatron/te_experts.py)."""
     from _config import typed_default
 
     from ufp4_megatron.train.te_route import check_config
 
-    with pytest.raises(ValueError, match="use model.transformer_impl=local for MoE models"):
-        check_config(typed_default("model=moe_small", TE, "precision=ufp4"))
-    check_config(typed_default("model=moe_small", TE, "precision=bf16"))  # no FP4 recipe
-    check_config(typed_default("model=moe_small", "precision=ufp4"))  # the local route
+    for recipe in ("ufp4", "e2m1", "bf16"):
+        check_config(typed_default("model=moe_small", TE, f"precision={recipe}"))

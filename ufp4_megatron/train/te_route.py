@@ -12,8 +12,9 @@ model.attention_backend's in both routes, so they differ in their linears only.
 
 Checked before anything is built: TransformerEngine >= 2.19 importable (check_installed), and
 what the TE route refuses (check_config): sequence parallelism, tensor parallelism with
-stochastic rounding, SR on weights, per-layer diagnostics (they hook the local route's linears),
-and grouped MoE experts with a 4-bit recipe (Megatron-Core cannot checkpoint them).
+stochastic rounding, SR on weights, per-layer diagnostics (they hook the local route's linears).
+Grouped MoE experts take the subclasses of megatron/te_experts.py: Megatron-Core 0.19's own
+cannot checkpoint a custom recipe.
 """
 
 from __future__ import annotations
@@ -49,16 +50,6 @@ def check_config(cfg) -> None:
             "linears; set logging.wandb.diagnostics_interval=0 or use "
             "model.transformer_impl=local"
         )
-    if m.num_experts and m.moe_grouped_gemm and recipe.quantized:
-        # Megatron-Core 0.19's TEGroupedLinear decodes its extra state (which holds TE's
-        # CustomRecipe) with an allowlist that lacks CustomRecipe: the first checkpoint save
-        # would fail after the steps before it had trained
-        raise ValueError(
-            "model.transformer_impl=transformer_engine with grouped MoE experts and a 4-bit "
-            "recipe: Megatron-Core cannot save their checkpoint (its SafeUnpickler refuses "
-            "TE's CustomRecipe in TEGroupedLinear's extra state); use "
-            "model.transformer_impl=local for MoE models"
-        )
     check_recipe(recipe)
     check_parallel(recipe, p.tp)
 
@@ -87,14 +78,19 @@ def config_fields(recipe) -> dict:
 
 
 def te_spec(config, *, pp_rank: int | None = None):
-    """Megatron's TE GPT spec for `config` (dense: a layer spec; MoE: this stage's block)."""
+    """Megatron's TE GPT spec for `config` (dense: a layer spec; MoE: this stage's block, its
+    grouped expert linears able to checkpoint the custom recipe: megatron/te_experts.py)."""
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_decoder_block_spec,
         get_gpt_layer_with_transformer_engine_spec,
     )
 
+    from ..megatron.te_experts import checkpointable_experts
+
     if config.num_moe_experts:
-        return get_gpt_decoder_block_spec(
-            config, use_transformer_engine=True, normalization="RMSNorm", pp_rank=pp_rank
+        return checkpointable_experts(
+            get_gpt_decoder_block_spec(
+                config, use_transformer_engine=True, normalization="RMSNorm", pp_rank=pp_rank
+            )
         )
     return get_gpt_layer_with_transformer_engine_spec()

@@ -1,0 +1,104 @@
+"""TE's grouped expert linears for the TransformerEngine route, able to checkpoint a custom recipe.
+
+Megatron-Core 0.19's TEGroupedLinear splits its TE extra state into one record per expert when
+it saves and merges them back when it loads, decoding the state with Megatron's SafeUnpickler
+(megatron/core/safe_globals.py). Under a custom FP4 recipe that state holds TE's CustomRecipe
+with its quantizer factory, and the allowlist has TE's built-in recipes only, so the first
+save of a grouped MoE model fails. The TE route's spec takes these subclasses instead (a spec
+seam, Megatron's classes untouched): they decode with the same allowlist plus
+
+    transformer_engine.common.recipe.CustomRecipe   the recipe (a dataclass of plain fields)
+    ufp4_megatron.te.factories.resolve              how the plugin's factories pickle: a
+                                                    lookup by preset, ablation or registered
+                                                    name, which builds nothing else
+
+so a checkpoint still cannot name any other callable. Everything else (the split, the merge,
+the encoding) is Megatron's. Needs TransformerEngine (the classes are made on first use).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+
+import torch
+from megatron.core.safe_globals import SafeUnpickler
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+CUSTOM_RECIPE_GLOBALS = frozenset(
+    {
+        ("transformer_engine.common.recipe", "CustomRecipe"),
+        ("ufp4_megatron.te.factories", "resolve"),
+    }
+)
+
+
+class ExtraStateUnpickler(SafeUnpickler):
+    """Megatron's extra-state allowlist plus a custom recipe and the plugin's factories."""
+
+    _SAFE_CLASSES = SafeUnpickler._SAFE_CLASSES | CUSTOM_RECIPE_GLOBALS
+
+
+def decode_extra_state(state, fallback):
+    """TEGroupedLinear._decode_extra_state with ExtraStateUnpickler for byte tensors (TE >= 2);
+    any other form goes to `fallback` (Megatron's own decoder)."""
+    if isinstance(state, torch.Tensor):
+        if state.numel() == 0:  # no FP8/FP4 state
+            return None
+        return ExtraStateUnpickler(io.BytesIO(state.detach().cpu().numpy().tobytes())).load()
+    return fallback(state)
+
+
+@functools.cache
+def grouped_linears() -> dict:
+    """{Megatron's TE grouped linear class: its subclass here} for column and row parallel."""
+    from megatron.core.extensions import transformer_engine as te_ext
+
+    class UFP4TEColumnParallelGroupedLinear(te_ext.TEColumnParallelGroupedLinear):
+        def _decode_extra_state(self, state):
+            return decode_extra_state(state, super()._decode_extra_state)
+
+    class UFP4TERowParallelGroupedLinear(te_ext.TERowParallelGroupedLinear):
+        def _decode_extra_state(self, state):
+            return decode_extra_state(state, super()._decode_extra_state)
+
+    return {
+        te_ext.TEColumnParallelGroupedLinear: UFP4TEColumnParallelGroupedLinear,
+        te_ext.TERowParallelGroupedLinear: UFP4TERowParallelGroupedLinear,
+    }
+
+
+def swap_modules(spec, mapping: dict):
+    """`spec` with every class in `mapping` replaced by its value, wherever it sits: module
+    specs, submodule dataclasses, lists and tuples, functools.partial arguments."""
+    if isinstance(spec, type) and spec in mapping:
+        return mapping[spec]
+    if isinstance(spec, ModuleSpec):
+        return dataclasses.replace(
+            spec,
+            module=swap_modules(spec.module, mapping),
+            submodules=swap_modules(spec.submodules, mapping),
+        )
+    if isinstance(spec, functools.partial):
+        return functools.partial(
+            swap_modules(spec.func, mapping),
+            *(swap_modules(a, mapping) for a in spec.args),
+            **{k: swap_modules(v, mapping) for k, v in spec.keywords.items()},
+        )
+    if dataclasses.is_dataclass(spec) and not isinstance(spec, type):
+        changes = {
+            f.name: swap_modules(getattr(spec, f.name), mapping)
+            for f in dataclasses.fields(spec)
+            if f.init
+        }
+        return dataclasses.replace(spec, **changes)
+    if isinstance(spec, (list, tuple)):
+        items = [swap_modules(s, mapping) for s in spec]
+        return type(spec)(*items) if hasattr(spec, "_fields") else type(spec)(items)
+    return spec
+
+
+def checkpointable_experts(spec):
+    """The TE spec `spec` with TE's grouped expert linears replaced by the subclasses above."""
+    return swap_modules(spec, grouped_linears())
