@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# UFP4 inside TransformerEngine models (ufp4_megatron.te) on one CUDA GPU, three parts, each run
+# UFP4 inside TransformerEngine models (ufp4_megatron.te) on one CUDA GPU, four parts, each run
 # even when an earlier one failed, a status table printed last:
 #   parity       gpu/te_parity.py: TE Linear, LayerNormLinear and GroupedLinear with the
 #                factories against the local route's autograd function on the same weights
@@ -12,23 +12,27 @@
 #                the --spec comparison at TE_SEEDS too (default 1235,1236: three seeds in all)
 #   steps        gpu/te_steps.py: the trainer's step time, TE+UFP4 vs TE BF16 vs the local
 #                route, dense_1p5b at 2 layers
+#   moe          tests/gpu/test_checkpoint_gpu.py on moe_small through TE (grouped experts,
+#                UFP4, train.deterministic=true): runs killed after a checkpoint, or stopped
+#                by SIGTERM, and resumed, each loss curve against the unbroken run's, bitwise
 # Needs TransformerEngine from gpu/te_setup.sh (in TE_SITE, default /tmp/te-site), and for
 # megatron_lm and steps the wheelhouse of gpu/setup.sh (parity runs without it, so it can follow
 # gpu/te_setup.sh in the same run). Writes to OUT (default runs/gpu/te_check): te_check.md (the
-# status table), te_check.log, te_parity.json, te_megatron_lm.{md,json,log} and te_steps.json
-# (the runs' own files stay in /tmp).  PARTS=parity,megatron_lm,steps (default all) picks parts.
-# Each part stops at its limit (parity 110 s, megatron_lm 330 s, steps 240 s); all three take
-# more than one 10-minute slot, so PARTS=parity,megatron_lm and PARTS=steps are two runs.
+# status table), te_check.log, te_parity.json, te_megatron_lm.{md,json,log}, te_steps.json and
+# gpu_checkpoint.json (the runs' own files stay in /tmp).  PARTS=parity,megatron_lm,steps,moe
+# (default all) picks parts. Each part stops at its limit (parity 110 s, megatron_lm 330 s,
+# steps 240 s, moe 300 s); together they take more than 10 minutes, so e.g.
+# PARTS=parity,megatron_lm and PARTS=steps,moe are two runs.
 set -uo pipefail
 OUT=${OUT:-runs/gpu/te_check}; mkdir -p "$OUT"
-PARTS=${PARTS:-parity,megatron_lm,steps}
+PARTS=${PARTS:-parity,megatron_lm,steps,moe}
 for p in ${PARTS//,/ }; do
-  case $p in parity|megatron_lm|steps) ;; *)
-    echo "te_check: PARTS entry '$p'; give parity, megatron_lm and/or steps" >&2; exit 2;; esac
+  case $p in parity|megatron_lm|steps|moe) ;; *)
+    echo "te_check: PARTS entry '$p'; give parity, megatron_lm, steps and/or moe" >&2; exit 2;; esac
 done
 TE_SITE=${TE_SITE:-/tmp/te-site}
 exec > >(tee "$OUT/te_check.log") 2>&1
-if [[ ,$PARTS, == *,megatron_lm,* || ,$PARTS, == *,steps,* ]]; then
+if [[ ,$PARTS, == *,megatron_lm,* || ,$PARTS, == *,steps,* || ,$PARTS, == *,moe,* ]]; then
   source gpu/setup.sh || { echo "te_check: gpu/setup.sh failed"; exit 1; }
 else  # parity needs only torch, Triton, TE and the checkout: no wheelhouse
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -49,7 +53,7 @@ run_part() {  # name, time limit (s), command...
 }
 if ! python3 -c 'import ufp4_megatron.te.installed as i; print("te_check: TransformerEngine", i.check_installed())'; then
   echo "te_check: TransformerEngine does not load from $TE_SITE: run gpu/te_setup.sh first"
-  for p in parity megatron_lm steps; do status[$p]="not run (no TransformerEngine)"; done
+  for p in parity megatron_lm steps moe; do status[$p]="not run (no TransformerEngine)"; done
 else
   run_part parity 110 python3 gpu/te_parity.py --out "$OUT"
   TARBALL=${MEGATRON_LM_TARBALL:-wheelhouse/megatron-lm-f8837c04ef.tar.gz}
@@ -60,12 +64,17 @@ else
     status[megatron_lm]="not run (no $TARBALL: see gpu/megatron_lm.sh)"
   fi
   run_part steps 240 python3 gpu/te_steps.py --out "$OUT" --deadline 230 --timeout 90
+  rm -rf /tmp/te_moe_checkpoint
+  run_part moe 300 python3 tests/gpu/test_checkpoint_gpu.py --out "$OUT" \
+    --work /tmp/te_moe_checkpoint --set model=moe_small \
+    --set model.transformer_impl=transformer_engine --set train.deterministic=true
 fi
 {
   echo "| part | result | seconds | details |"
   echo "| --- | --- | --- | --- |"
-  for p in parity megatron_lm steps; do
-    case $p in parity) f=te_parity.json ;; megatron_lm) f=te_megatron_lm.md ;; steps) f=te_steps.json ;; esac
+  for p in parity megatron_lm steps moe; do
+    case $p in parity) f=te_parity.json ;; megatron_lm) f=te_megatron_lm.md ;;
+               steps) f=te_steps.json ;; moe) f=gpu_checkpoint.json ;; esac
     echo "| $p | ${status[$p]:-not run} | ${took[$p]:--} | $OUT/$f |"
   done
 } > "$OUT/te_check.md"

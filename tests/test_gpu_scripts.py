@@ -462,3 +462,21 @@ def test_study_packing_sh_trains_the_pair_and_three_packings(tmp_path):
     assert len(pair) == 2 and {"train.cuda_graph=none" in c for c in pair} == {True, False}
     graphed = [c for c in runs if "train.steps=1000" in c and "train.cuda_graph=local" in c]
     assert len(graphed) == 12 + 16
+
+
+def test_te_check_sh_moe_part_resumes_te_grouped_experts_through_the_matrix(tmp_path):
+    """PARTS=moe: the checkpoint matrix on moe_small through TE, deterministic; nothing else."""
+    out, calls = _with_stand_ins(tmp_path, "te_check.sh", PARTS="moe")
+    assert out.returncode == 0, out.stderr[-2000:]
+    (matrix,) = [c for c in calls if "test_checkpoint_gpu.py" in c]
+    for override in ("model=moe_small", "model.transformer_impl=transformer_engine"):
+        assert f"--set {override}" in matrix, matrix
+    assert "--set train.deterministic=true" in matrix
+    assert not any("te_parity" in c or "te_steps" in c or "te_megatron_lm" in c for c in calls)
+    assert "| moe |" in (tmp_path / "out" / "te_check.md").read_text()
+
+
+def test_te_check_sh_refuses_an_unknown_part(tmp_path):
+    out, calls = _with_stand_ins(tmp_path, "te_check.sh", PARTS="parity,moes")
+    assert out.returncode == 2 and "PARTS entry 'moes'" in out.stderr, out.stderr
+    assert calls == []

@@ -61,9 +61,14 @@ def _env(tmp: Path) -> dict:
     return env(tmp) | {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 
 
-def _cmd(work: Path, name: str, optim: str, device: str) -> list[str]:
+def _cmd(work: Path, name: str, optim: str, device: str, extra=()) -> list[str]:
     return train_cmd(
-        work / name / "run", work / name / "data", *COMMON, *OPTIM[optim], f"train.device={device}"
+        work / name / "run",
+        work / name / "data",
+        *COMMON,
+        *OPTIM[optim],
+        f"train.device={device}",
+        *extra,
     )
 
 
@@ -98,20 +103,22 @@ def _sigterm_run(cmd, tmp: Path) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, rc, "".join(out), "".join(err))
 
 
-def run_matrix(work: Path, log=None, device: str = "cuda") -> list[dict]:
-    """All cases, in parallel: the unbroken runs and first halves, then the resumes."""
+def run_matrix(work: Path, log=None, device: str = "cuda", extra=()) -> list[dict]:
+    """All cases, in parallel: the unbroken runs and first halves, then the resumes; `extra`:
+    trainer overrides for every run (e.g. another model or transformer_impl)."""
     work.mkdir(parents=True, exist_ok=True)
     log = log or (lambda name, r: None)
 
     def first(name):
         how, optim, _ = CASES[name]
-        cmd = _cmd(work, name, optim, device)
+        cmd = _cmd(work, name, optim, device, extra)
         if how == "sigkill":
             return _run(cmd, work / name, {checkpoint.KILL_HOOK: f"latest_written:{KILL_AT}"})
         return _sigterm_run(cmd, work / name)
 
     def unbroken(optim):
-        return _run(_cmd(work, f"unbroken-{optim}", optim, device), work / f"unbroken-{optim}")
+        name = f"unbroken-{optim}"
+        return _run(_cmd(work, name, optim, device, extra), work / name)
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         ref_jobs = {o: pool.submit(unbroken, o) for o in ("distributed", "plain")}
@@ -122,7 +129,7 @@ def run_matrix(work: Path, log=None, device: str = "cuda") -> list[dict]:
             log(name, r)
         stopped = {n: checkpoint.latest_step(work / n / "run" / "checkpoints") for n in CASES}
         resume_jobs = {
-            n: pool.submit(_run, _cmd(work, n, CASES[n][1], device), work / n / "resume")
+            n: pool.submit(_run, _cmd(work, n, CASES[n][1], device, extra), work / n / "resume")
             for n in CASES
         }
         resumed = {n: j.result() for n, j in resume_jobs.items()}
@@ -203,12 +210,19 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpu_checkpoint"))
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the harness")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="trainer override for every run (repeatable), e.g. model=moe_small",
+    )
     args = ap.parse_args()
     return report(
         args.out,
         "gpu_checkpoint",
         "gpu_checkpoint",
-        lambda log: run_matrix(args.work, log, args.device),
+        lambda log: run_matrix(args.work, log, args.device, tuple(args.set)),
         _table,
     )
 
