@@ -11,7 +11,7 @@
 #                BF16, --save/--load resume (needs the Megatron-LM archive of gpu/megatron_lm.sh);
 #                the --spec comparison at TE_SEEDS too (default 1235,1236: three seeds in all)
 #   steps        gpu/te_steps.py: the trainer's step time, TE+UFP4 vs TE BF16 vs the local
-#                route, dense_1p5b at 2 layers
+#                route, dense_1p5b and moe_7p9b at 2 layers
 #   moe          tests/gpu/test_checkpoint_gpu.py on moe_small through TE (grouped experts,
 #                UFP4, train.deterministic=true): runs killed after a checkpoint, or stopped
 #                by SIGTERM, and resumed, each loss curve against the unbroken run's, bitwise
@@ -21,8 +21,8 @@
 # status table), te_check.log, te_parity.json, te_megatron_lm.{md,json,log}, te_steps.json and
 # gpu_checkpoint.json (the runs' own files stay in /tmp).  PARTS=parity,megatron_lm,steps,moe
 # (default all) picks parts. Each part stops at its limit (parity 110 s, megatron_lm 330 s,
-# steps 240 s, moe 300 s); together they take more than 10 minutes, so e.g.
-# PARTS=parity,megatron_lm and PARTS=steps,moe are two runs.
+# steps 420 s, moe 300 s); together they take more than 10 minutes, so PARTS=parity,megatron_lm,
+# PARTS=steps and PARTS=moe are three runs.
 set -uo pipefail
 OUT=${OUT:-runs/gpu/te_check}; mkdir -p "$OUT"
 PARTS=${PARTS:-parity,megatron_lm,steps,moe}
@@ -63,7 +63,7 @@ else
   else
     status[megatron_lm]="not run (no $TARBALL: see gpu/megatron_lm.sh)"
   fi
-  run_part steps 240 python3 gpu/te_steps.py --out "$OUT" --deadline 230 --timeout 90
+  run_part steps 420 python3 gpu/te_steps.py --out "$OUT" --deadline 410 --timeout 90
   rm -rf /tmp/te_moe_checkpoint
   run_part moe 300 python3 tests/gpu/test_checkpoint_gpu.py --out "$OUT" \
     --work /tmp/te_moe_checkpoint --set model=moe_small \

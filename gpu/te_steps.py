@@ -2,9 +2,9 @@
 
 Driver of gpu/te_check.sh (part "steps"); needs TransformerEngine >= 2.19 on PYTHONPATH
 (gpu/te_setup.sh). One `python -m ufp4_megatron.train` per row (ufp4_megatron.bench.step's
-runner), one after another on one GPU, 2-layer dense_1p5b at sequence 4096 (MoE through TE
-with a 4-bit recipe is refused: Megatron-Core cannot checkpoint its grouped experts),
-micro-batch 1, vocabulary 4096 (the layers, not a 128k-row head, set the step time):
+runner), one after another on one GPU, 2-layer dense_1p5b and moe_7p9b (TE's grouped experts)
+at sequence 4096, micro-batch 1, vocabulary 4096 (the layers, not a 128k-row head, set the
+step time):
     te    ufp4   model.transformer_impl=transformer_engine precision=ufp4
     te    bf16   model.transformer_impl=transformer_engine precision=bf16
     local ufp4   precision=ufp4 (the plugin's linears in Megatron's local spec)
@@ -29,6 +29,7 @@ from ufp4_megatron.bench.step import run_trainer
 
 MODELS = {
     "dense_1p5b x2": ["model=dense_1p5b", "model.num_layers=2"],
+    "moe_7p9b x2": ["model=moe_7p9b", "model.num_layers=2"],
 }
 ROUTES = (("te", "ufp4"), ("te", "bf16"), ("local", "ufp4"))
 COMMON = [
