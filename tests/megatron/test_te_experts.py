@@ -17,8 +17,8 @@ from megatron.core.transformer.moe.experts import GroupedMLPSubmodules
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ufp4_megatron.megatron import te_experts
-from ufp4_megatron.te import factory_path, resolve
 from ufp4_megatron.quant.recipe import get_recipe
+from ufp4_megatron.te import factory_path, resolve
 
 
 def _as_tensor(obj) -> torch.Tensor:
