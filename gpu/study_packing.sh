@@ -26,10 +26,9 @@ done
 wait
 echo "eager/graphed pair done $(( $(date +%s) - t0 )) s"
 python3 - "$P" <<'PY'
-import json, statistics, sys
-def rows(name):
-    return [json.loads(line) for line in open(f"{sys.argv[1]}/{name}/metrics.jsonl")]
-a, b = rows("bit-none"), rows("bit-local")
+import statistics, sys
+from ufp4_megatron.train.logs.metrics import read_metrics
+a, b = (read_metrics(f"{sys.argv[1]}/{name}/metrics.jsonl") for name in ("bit-none", "bit-local"))
 key = lambda r: (r["step"], r.get("loss"), r.get("val_loss"), r.get("grad_norm"))
 diff = [(x, y) for x, y in zip(map(key, a), map(key, b)) if x != y]
 print(f"eager vs graphed: {len(a)} and {len(b)} steps, equal: {not diff and len(a) == len(b)}")
@@ -49,12 +48,13 @@ pack() {  # $1 graph mode, $2 runs at once, $3 seconds
   done
   wait
   python3 - "$P" "$g" "$n" <<'PY'
-import json, statistics, sys
+import statistics, sys
+from ufp4_megatron.train.logs.metrics import read_metrics
 out, g, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 medians = []
 for i in range(1, n + 1):
     try:
-        r = [json.loads(line) for line in open(f"{out}/pack-{g}-{n}-{i}/metrics.jsonl")]
+        r = read_metrics(f"{out}/pack-{g}-{n}-{i}/metrics.jsonl")
     except OSError as e:
         print(f"{g} run {i}: no metrics ({e})")
         continue
