@@ -32,10 +32,11 @@ Static operands (`make_static`; the trainer makes its model's static): a per-lay
 replays at every micro-batch, so an operand made inside it is made again at every
 micro-batch. Made static, a module's operands live in fixed storage: a stale one is re-made
 into the same storage (`Tensor.copy_`), a capture records reads of that storage instead of
-the quantization, and `refresh(module)` re-makes every stale operand eagerly. The owner of the training loop must
-call `refresh` after every optimizer step and checkpoint load, before the next forward:
-a replay reads whatever the storage holds. The trainer does (train/loop.py); a loop that
-gathers parameters during the forward (Megatron's overlap_param_gather) cannot, so nothing
+the quantization, and `refresh(module)` re-makes every stale operand eagerly. The owner of
+the training loop must call `refresh` after every optimizer step and checkpoint load, before
+the next forward: a replay reads whatever the storage holds. The trainer does (train/loop.py;
+its load comes before the first forward, when no operand exists yet); a loop that gathers
+parameters during the forward (Megatron's overlap_param_gather) cannot, so nothing
 else makes operands static. An operand found stale inside a capture is made inside the graph
 (correct at every replay, only not kept). Each entry re-derives its operand from the
 parameter itself (its `make` takes no copy of the weight), so a refresh reads the new values.
