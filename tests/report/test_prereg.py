@@ -95,6 +95,16 @@ def test_primary_is_the_mean_relative_difference_and_waits_for_all_68_runs():
     assert lo is not None  # E2M1's gap resolves: a bounded interval
     assert red == pytest.approx(1 - gaps["ufp4"].mean / gaps["e2m1"].mean)
     assert res.ablation is None and len(res.missing["ablation"]) == 10 * 12
+    assert set(gaps) == {"e2m1", "ufp4"}
+    # an ablation arm's gap is not shown while some of its seeds are missing (no interim look)
+    c = curve(0.01)
+    partial = {**runs, **{f"mxfp4-s{s}": run("mxfp4", s, c + 0.07) for s in (1, 2)}}
+    assert set(analyse(partial).gaps.gaps) == {"e2m1", "ufp4"}
+    complete = {
+        **runs,
+        **{f"mxfp4-s{s}": run("mxfp4", s, curve(0.01 * (s % 5)) + 0.07) for s in DESIGN.seeds},
+    }
+    assert analyse(complete).gaps.gaps["mxfp4"].mean == pytest.approx(np.mean(0.07 / b) * 100)
     del runs["ufp4-s28"]  # one run short: no test, no estimate
     short = analyse(runs)
     assert short.primary is None and short.missing["primary"] == ["ufp4-s28"]

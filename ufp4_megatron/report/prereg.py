@@ -334,6 +334,9 @@ def analyse(runs: dict[str, ArchivedRun], design: Design = DESIGN) -> Analysis:
 
     gaps = {}
     for arm in (base, cand, *design.ablation_arms, *design.recipe_arms):
+        # an ablation or recipe arm's gap waits until all its seeds count, as its test does
+        if [n for n in _missing(c, (arm,), design.seeds_of) if n not in diverged]:
+            continue
         seeds = sorted(c.seeds(arm) & c.seeds(ref) & set(design.seeds))
         if len(seeds) > 1:
             gaps[arm] = paired(
