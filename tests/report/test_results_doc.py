@@ -4,6 +4,8 @@ are what they are (`python -m ufp4_megatron.cli.results`, report/results_doc.py)
     test_results_md_tables_equal_the_data   --check on the committed page: every table agrees
     test_the_earlier_designs_audit           SD 2.77 of UFP4 - E2M1, pooled p 0.12 for the
         ablation's "resolved" contrast, Holm 0.06-0.10 for MXFP4, sign flips >= 0.125
+    test_the_primary_from_the_committed_archives   -0.56 [-0.91, -0.21], SD 0.91, by hand
+    test_val_against_train_line_needs_a_spread
     test_cli_says_which_table_differs_and_refuses_bad_paths
 """
 
@@ -59,6 +61,41 @@ def test_the_earlier_designs_audit():
         for f in itertools.product((1, -1), repeat=4)
     ]
     assert np.mean(flips) == 0.125
+
+
+def test_the_primary_from_the_committed_archives():
+    """The pre-registered primary recomputed by hand from the archives' per-step losses."""
+    runs = load_study(ARCHIVES / "prereg")
+    loss = {n: r.loss for n, r in runs.items()}
+    curve = np.mean([loss[f"bf16-s{s}"] for s in range(1, 13)], axis=0)[800:1000]
+    d = {
+        s: float(np.mean((loss[f"ufp4-s{s}"][800:] - loss[f"e2m1-s{s}"][800:]) / curve) * 100)
+        for s in range(1, 29)
+    }
+    got = paired(d)
+    assert (round(got.mean, 2), round(got.lo, 2), round(got.hi, 2), round(got.sd, 2)) == (
+        -0.56,
+        -0.91,
+        -0.21,
+        0.91,
+    )
+    line = rd.prereg_blocks(ARCHIVES / "prereg")["prereg-primary"]
+    assert "correlation 0.92, slope 3.9" in line
+
+
+@pytest.mark.filterwarnings("ignore:Precision loss occurred")  # the constant case below
+def test_val_against_train_line_needs_a_spread():
+    class P:
+        pass
+
+    p = P()
+    p.d = paired({1: 0.1, 2: 0.3, 3: 0.2, 4: -0.1})
+    p.val = paired({1: 0.5, 2: 1.3, 3: 0.9, 4: -0.3})  # 4 x D + 0.1
+    assert "correlation 1.00, slope 4.0, intercept +0.10" in rd._val_against_train(p)
+    p.val = paired({1: 0.5, 2: 0.5, 3: 0.5, 4: 0.5})
+    assert rd._val_against_train(p) == ""
+    p.val = None
+    assert rd._val_against_train(p) == ""
 
 
 def test_cli_says_which_table_differs_and_refuses_bad_paths(tmp_path, capsys):

@@ -194,22 +194,26 @@ def prereg_blocks(folder: Path) -> dict[str, str]:
                     pv(p.val.wilcoxon_p),
                 ]
             )
-        out["prereg-primary"] = table(
-            [
-                "difference",
-                "seeds",
-                "mean [95% CI]",
-                "p (t)",
-                "SD",
-                "seeds below 0",
-                "p (Wilcoxon)",
-            ],
-            rows,
-        ) + (
-            f"\nPer seed (D, points): {per_seed(p.d.values)}. Exploratory: the difference in "
-            f"the step of the loss drop explains R^2 = {p.drop_r2:.2f} of D's variance.\n"
-            if p.drop_r2 is not None
-            else ""
+        out["prereg-primary"] = (
+            table(
+                [
+                    "difference",
+                    "seeds",
+                    "mean [95% CI]",
+                    "p (t)",
+                    "SD",
+                    "seeds below 0",
+                    "p (Wilcoxon)",
+                ],
+                rows,
+            )
+            + (
+                f"\nPer seed (D, points): {per_seed(p.d.values)}. Exploratory: the difference in "
+                f"the step of the loss drop explains R^2 = {p.drop_r2:.2f} of D's variance.\n"
+                if p.drop_r2 is not None
+                else ""
+            )
+            + _val_against_train(p)
         )
         g = a.gaps
         rows = [[arm, str(x.n), iv(x.mean, x.lo, x.hi, "%")] for arm, x in g.gaps.items()]
@@ -261,6 +265,23 @@ def prereg_blocks(folder: Path) -> dict[str, str]:
             f"{ctl.a} - {ctl.b}: {iv(ctl.estimate, ctl.lo, ctl.hi)} points, p = {pv(ctl.p)}.\n"
         )
     return out
+
+
+def _val_against_train(p) -> str:
+    """Exploratory, after the fact: how the validation D follows the training D over seeds."""
+    if p.val is None or len(p.val.values) < 3:
+        return ""
+    seeds = sorted(set(p.val.values) & set(p.d.values))
+    x = np.array([p.d.values[s] for s in seeds])
+    y = np.array([p.val.values[s] for s in seeds])
+    if x.std() == 0 or y.std() == 0:
+        return ""
+    slope, intercept = np.polyfit(x, y, 1)
+    return (
+        f"Exploratory, chosen after the data: validation D against training D over the "
+        f"{len(seeds)} seeds, correlation {np.corrcoef(x, y)[0, 1]:.2f}, slope {slope:.1f}, "
+        f"intercept {intercept:+.2f} points.\n"
+    )
 
 
 def _seeds_text(seeds) -> str:
