@@ -8,7 +8,8 @@
 #   megatron_lm  gpu/te_megatron_lm.py: stock Megatron-LM pretrain_gpt.py with
 #                --fp4-recipe custom --fp4-quantizer-factory ufp4_megatron.te.<recipe>, 30
 #                iterations, 16 of 17 linears quantized, losses against the --spec route and
-#                BF16, --save/--load resume (needs the Megatron-LM archive of gpu/megatron_lm.sh);
+#                BF16, --save/--load resume, dense and MoE (te_experts.te_gpt_spec; needs the
+#                Megatron-LM archive of gpu/megatron_lm.sh);
 #                the --spec comparison at TE_SEEDS too (default 1235,1236: three seeds in all)
 #   steps        gpu/te_steps.py: the trainer's step time, TE+UFP4 vs TE BF16 vs the local
 #                route, dense_1p5b and moe_7p9b at 2 layers

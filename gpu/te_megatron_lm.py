@@ -6,7 +6,8 @@ each, on stock (unpatched) Megatron-LM:
   every block of docs/megatron-lm.md marked `<!-- megatron-lm-te-run: NAME -->`, after its
   `common` block: te-bf16 (--transformer-impl transformer_engine), te-ufp4 and te-e2m1
   (--fp4-format e2m1 --fp4-recipe custom --fp4-quantizer-factory ufp4_megatron.te.<recipe>),
-  te-resume (te-ufp4 saved at 20 and loaded again);
+  te-resume (te-ufp4 saved at 20 and loaded again), te-moe-resume (a MoE model with TE's
+  grouped experts, saved at 20 and loaded again, through te_experts.te_gpt_spec);
   and the comparisons: spec-te-ufp4, the --spec route (the plugin's local linears in
   Megatron's TE spec: the same TE norms and attention), and spec-te-ufp4-sr1, the same with
   another SR stream (UFP4_RECIPE JSON, sr_seed 1): two local-route runs that differ only in
@@ -180,6 +181,17 @@ def evaluate(results: dict[str, dict], iters: int) -> list[tuple[str, bool, str]
                 f"unbroken te-ufp4 ({start + 2}: the mean Megatron-LM logs)",
                 ok and bool(loaded),
                 f"max {mlm._max_diff(r['loss'], want, its)}, loaded: {bool(loaded)}",
+            )
+        )
+    if "te-moe-resume" in results:
+        r = results["te-moe-resume"]
+        loaded = re.search(r"successfully loaded checkpoint from .* at iteration 20", r["log"])
+        checks.append(
+            (
+                "te-moe-resume: TE's grouped experts saved at 20 under the custom recipe and "
+                "loaded again (--spec ufp4_megatron.megatron.te_experts te_gpt_spec)",
+                r["rc"] == 0 and bool(loaded),
+                f"rc={r['rc']}, loaded: {bool(loaded)}",
             )
         )
     return checks

@@ -13,6 +13,7 @@ from collections import namedtuple
 import pytest
 import torch
 from megatron.core.safe_globals import SafeUnpickler
+from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.moe.experts import GroupedMLPSubmodules
 from megatron.core.transformer.spec_utils import ModuleSpec
 
@@ -105,3 +106,57 @@ def test_swap_reaches_the_grouped_linears_wherever_the_spec_puts_them():
     assert out[3] == Pair(_NewRow, (_NewColumn, 3)) and type(out[3]) is Pair
     assert out[0].submodules == {"unchanged": _Column} and out[0].module is dict
     assert experts.submodules.linear_fc1 is _Column  # the input spec is left as it was
+
+
+class _GPTModelConfig:  # the shape of Megatron-LM's GPTModelConfig that te_gpt_spec reads
+    def __init__(self, impl):
+        self.transformer = TransformerConfig(
+            num_layers=2, hidden_size=64, num_attention_heads=4, transformer_impl=impl
+        )
+
+
+def _experts_spec():
+    return ModuleSpec(
+        module=object, submodules=GroupedMLPSubmodules(linear_fc1=_Column, linear_fc2=_Row)
+    )
+
+
+def test_te_gpt_spec_is_megatron_lms_spec_with_checkpointable_experts(monkeypatch):
+    from ufp4_megatron.megatron import spec as spec_mod
+
+    seen = []
+
+    def default_spec(model_config, vp_stage):
+        seen.append((model_config, vp_stage))
+        return [_experts_spec()]
+
+    monkeypatch.setattr(spec_mod, "_megatron_lm_default_spec", default_spec)
+    monkeypatch.setattr(te_experts, "grouped_linears", lambda: {_Column: _NewColumn, _Row: _NewRow})
+    cfg = _GPTModelConfig("transformer_engine")
+    for out in (te_experts.te_gpt_spec(cfg, 1), te_experts.te_gpt_spec("args", cfg, 1)):
+        assert out[0].submodules == GroupedMLPSubmodules(_NewColumn, _NewRow)
+    assert seen == [(cfg, 1), (cfg, 1)]
+
+
+def test_te_gpt_spec_on_a_transformer_config_takes_megatron_cores_te_block(monkeypatch):
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    calls = []
+
+    def block_spec(config, use_transformer_engine, normalization, qk_l2_norm, vp_stage):
+        calls.append((use_transformer_engine, normalization, vp_stage))
+        return [_experts_spec()]
+
+    monkeypatch.setattr(gpt_layer_specs, "get_gpt_decoder_block_spec", block_spec)
+    monkeypatch.setattr(te_experts, "grouped_linears", lambda: {_Column: _NewColumn, _Row: _NewRow})
+    config = _GPTModelConfig("transformer_engine").transformer
+    out = te_experts.te_gpt_spec(config, 0)
+    assert out[0].submodules.linear_fc2 is _NewRow and calls == [(True, "LayerNorm", 0)]
+
+
+@pytest.mark.parametrize("as_model_config", [True, False], ids=["megatron-lm", "mcore"])
+def test_te_gpt_spec_refuses_the_local_implementation(as_model_config):
+    cfg = _GPTModelConfig("local")
+    with pytest.raises(ValueError, match="transformer_engine") as err:
+        te_experts.te_gpt_spec(cfg if as_model_config else cfg.transformer)
+    assert "ufp4_gpt_spec" in str(err.value)

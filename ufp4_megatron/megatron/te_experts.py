@@ -102,3 +102,47 @@ def swap_modules(spec, mapping: dict):
 def checkpointable_experts(spec):
     """The TE spec `spec` with TE's grouped expert linears replaced by the subclasses above."""
     return swap_modules(spec, grouped_linears())
+
+
+def te_gpt_spec(config, vp_stage: int | None = None, *rest):
+    """Megatron-LM entry point for the TE route with grouped MoE experts that checkpoint:
+    `--spec ufp4_megatron.megatron.te_experts te_gpt_spec` beside `--transformer-impl
+    transformer_engine --fp4-format e2m1 --fp4-recipe custom --fp4-quantizer-factory ...`.
+
+    The spec Megatron-LM builds without --spec (its `default_layer_spec` for the config, as
+    ufp4_megatron.megatron.spec rebuilds it) with TE's grouped expert linears replaced by the
+    subclasses above; nothing else changes: the quantizer factory does the quantization, as
+    without --spec. Called with a TransformerConfig (Megatron-Core scripts), it takes
+    Megatron-Core's TE decoder block spec for that config. Also accepts the (args, config,
+    vp_stage) call of forks that call --spec hooks.
+    """
+    if not hasattr(config, "num_moe_experts") and rest:  # (args, config, vp_stage)
+        config, vp_stage = vp_stage, rest[0]
+    if hasattr(config, "transformer"):  # Megatron-LM's GPTModelConfig
+        impl = config.transformer.transformer_impl
+        if impl != "transformer_engine":
+            raise ValueError(
+                f"--spec ufp4_megatron.megatron.te_experts te_gpt_spec is for "
+                f"--transformer-impl transformer_engine, not {impl}; for the local route use "
+                "--spec ufp4_megatron.megatron.spec ufp4_gpt_spec"
+            )
+        from .spec import _megatron_lm_default_spec
+
+        return checkpointable_experts(_megatron_lm_default_spec(config, vp_stage))
+    if getattr(config, "transformer_impl", "transformer_engine") != "transformer_engine":
+        raise ValueError(
+            f"te_gpt_spec builds TransformerEngine layers: set transformer_impl="
+            f"'transformer_engine' (not {config.transformer_impl!r}), or use "
+            "ufp4_megatron.megatron.spec.ufp4_gpt_spec for the local route"
+        )
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    return checkpointable_experts(
+        get_gpt_decoder_block_spec(
+            config,
+            use_transformer_engine=True,
+            normalization=config.normalization,
+            qk_l2_norm=config.qk_l2_norm,
+            vp_stage=vp_stage,
+        )
+    )
