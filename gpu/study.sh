@@ -33,7 +33,8 @@
 # minutes of wall time and completes about 9 runs where gpu/setup.sh and the corpus start
 # from nothing (BUDGET=420: seed 1's mechanism runs after training), 12-14 where an earlier
 # invocation left them in place (BUDGET=500, PER_DEVICE=14); measured: BUDGET=470 PER_DEVICE=13
-# from nothing, 12 runs in 512 s; BUDGET=480 PER_DEVICE=14 after it, 13 runs in 467 s. A
+# from nothing, 10-12 runs in 455-512 s; BUDGET=480 PER_DEVICE=14 after it, 12-13 runs in
+# 460-467 s; BUDGET=420 PER_DEVICE=9 for the last 9 runs, 362 s. A
 # prereg round writes no loss_gap.* (no interim look, above). Its archive goes to
 # docs/results/prereg/roundN.tar.gz.
 #
