@@ -278,7 +278,7 @@ def _val_against_train(p) -> str:
         return ""
     slope, intercept = np.polyfit(x, y, 1)
     return (
-        f"Exploratory, chosen after the data: validation D against training D over the "
+        f"\nExploratory, chosen after the data: validation D against training D over the "
         f"{len(seeds)} seeds, correlation {np.corrcoef(x, y)[0, 1]:.2f}, slope {slope:.1f}, "
         f"intercept {intercept:+.2f} points.\n"
     )
