@@ -10,7 +10,7 @@ shapes. Contracts:
 | prepared_refuses_what_it_does_not_cover           | e4m3, segments, generic-kernel operands: prepare() is None |
 | ops_key_table_equals_host_seed                    | ops.fprop/dgrad/wgrad (ufp4, SR on every operand): a key table [6, 1] == its call seed |
 | sr_seeds_device_draws_are_the_host_stream         | megatron/seeds.py's device draws == operand_keys of its host draws; state continues across both |
-| cached_weight_operand_is_the_pair_launch_bits     | ops.operand / grouped_ops.weight_operand given as qw == quantized in the call (ufp4, nvfp4; e2m1, mxfp4 in make test-slow) |
+| kept_operands_are_the_pair_launch_bits            | ops.operand / grouped_ops.weight_operand given as qw (and x's as qx) == quantized in the call (ufp4, nvfp4; e2m1, mxfp4 in make test-slow) |
 """
 
 import pytest
@@ -190,7 +190,7 @@ def test_ops_key_table_equals_host_seed(gemm):
         pytest.param("mxfp4", marks=pytest.mark.slow),
     ),
 )
-def test_cached_weight_operand_is_the_pair_launch_bits(name):
+def test_kept_operands_are_the_pair_launch_bits(name):
     recipe = get_recipe(name)
     x, w, dy = _data(32, 64, 8), _data(64, 64, 9), _data(32, 64, 10)
     t = dict(backend="triton", seed=77)
@@ -201,6 +201,19 @@ def test_cached_weight_operand_is_the_pair_launch_bits(name):
             fn(a, w, recipe, w_origin=(16, 0), **t),
             f"{name} {gemm}",
         )
+    # x's operands, made once for a strided weight's chunks (megatron/parallel_gemm.py)
+    qx = ops.operand("fprop", "x", x, recipe, origin=(0, 16), backend="triton")
+    assert_bitwise(
+        ops.fprop(x, w, recipe, x_origin=(0, 16), qx=qx, **t),
+        ops.fprop(x, w, recipe, x_origin=(0, 16), **t),
+        f"{name} fprop x",
+    )
+    qx = ops.operand("wgrad", "x", x, recipe, origin=(0, 16), backend="triton")
+    assert_bitwise(
+        ops.wgrad(dy, x, recipe, x_origin=(0, 16), qx=qx, **t),
+        ops.wgrad(dy, x, recipe, x_origin=(0, 16), **t),
+        f"{name} wgrad x",
+    )
     groups = grouped_ops.expert_groups((16, 0, 16), grouped_ops.token_alignment(recipe))
     ws = torch.stack([w, w.flip(0), w * 0.5])
     xp, dyp = groups.pad(x), groups.pad(dy)

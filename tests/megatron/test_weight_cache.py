@@ -9,7 +9,7 @@ Static operands (per-layer CUDA graphs): kept in the same storage, read by a cap
 for by patching the capture check), re-made by refresh() from the parameter's new values,
 and never handed stale to a capture.
 The kernel path's operands equal the pair launch's bits in tests/kernels
-(test_device_keys_and_prepared.py::test_cached_weight_operand_is_the_pair_launch_bits).
+(test_device_keys_and_prepared.py::test_kept_operands_are_the_pair_launch_bits).
 """
 
 import pytest

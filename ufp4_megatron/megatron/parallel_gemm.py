@@ -14,7 +14,8 @@ bits equal those of TP=1. Rows always start at 0 (every rank holds all tokens of
 gathers them first). A column-parallel weight with partition stride s > 1 (the gated fc1 of
 SwiGLU: local rows are [gate_r; up_r]) is s separate chunks of the full N axis; each chunk is
 its own call into ops at its own offset: fprop and wgrad outputs are concatenated, dgrad's
-partial products summed (like a TP reduction). With stride 1 there is one chunk, one call.
+partial products summed (like a TP reduction); x, which every chunk shares, is quantized once
+for all of them where it rounds to nearest. With stride 1 there is one chunk, one call.
 """
 
 from __future__ import annotations
@@ -95,7 +96,17 @@ def kept_weight(cache, gemm: str, chunk: int, weight, shard: Shard, recipe, orig
     )
 
 
+def shared_input(gemm: str, x2d, recipe, shard: Shard):
+    """x's operand of `gemm`, quantized once for all chunks of a strided weight, or None (one
+    chunk, or an operand that is not RTNE). Every chunk's call quantizes the same x at the
+    same origin with the same format, so each would make these same bits again."""
+    if len(shard.n) == 1 or not ops.cacheable(recipe, gemm, "x"):
+        return None
+    return ops.operand(gemm, "x", x2d, recipe, origin=(0, shard.k))
+
+
 def _fprop(x2d, weight, recipe, seed, shard: Shard, cache=None):
+    qx = shared_input("fprop", x2d, recipe, shard)
     ys = [
         ops.fprop(
             x2d,
@@ -105,6 +116,7 @@ def _fprop(x2d, weight, recipe, seed, shard: Shard, cache=None):
             x_origin=(0, shard.k),
             w_origin=(n0, shard.k),
             qw=kept_weight(cache, "fprop", c, weight, shard, recipe, (n0, shard.k)),
+            qx=qx,
         )
         for c, (w, n0) in enumerate(_chunks(shard, weight, 0))
     ]
@@ -130,8 +142,9 @@ def _dgrad(dy2d, weight, recipe, seed, shard: Shard, cache=None):
 
 
 def _wgrad(dy2d, x2d, recipe, seed, shard: Shard):
+    qx = shared_input("wgrad", x2d, recipe, shard)
     dws = [
-        ops.wgrad(dy, x2d, recipe, seed=seed, dy_origin=(0, n0), x_origin=(0, shard.k))
+        ops.wgrad(dy, x2d, recipe, seed=seed, dy_origin=(0, n0), x_origin=(0, shard.k), qx=qx)
         for dy, n0 in _chunks(shard, dy2d, 1)
     ]
     return dws[0] if len(dws) == 1 else torch.cat(dws, dim=0)

@@ -247,14 +247,16 @@ def fprop(
     w_origin=(0, 0),
     backend: str = "auto",
     qw: torch.Tensor | None = None,
+    qx: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Y = Q(X) Q(W)^T: x [M, K], w [N, K] -> [M, N]. qw: Q(W) already made by
-    `operand("fprop", "w", w, ...)` (the weight cache), used as it is."""
+    """Y = Q(X) Q(W)^T: x [M, K], w [N, K] -> [M, N]. qw, qx: Q(W), Q(X) already made by
+    `operand("fprop", "w" or "x", ...)` (the weight cache; one x for a strided weight's
+    chunks), used as they are."""
     w = w.to(x.dtype)
     if recipe.fprop is None:
         return x @ w.t()
     qx, qw = _gemm_operands(
-        "fprop", recipe, (x, w), (x_origin, w_origin), seed=seed, backend=backend, given=(None, qw)
+        "fprop", recipe, (x, w), (x_origin, w_origin), seed=seed, backend=backend, given=(qx, qw)
     )
     return (qx @ qw.t()).to(x.dtype)
 
@@ -296,13 +298,21 @@ def wgrad(
     dy_origin=(0, 0),
     x_origin=(0, 0),
     backend: str = "auto",
+    qx: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """dW = Q(dY)^T Q(X): dy [M, N], x [M, K] -> [N, K]; both quantized along tokens M."""
+    """dW = Q(dY)^T Q(X): dy [M, N], x [M, K] -> [N, K]; both quantized along tokens M.
+    qx: Q(X) already made by `operand("wgrad", "x", x, ...)`, used as it is."""
     x = x.to(dy.dtype)
     if recipe.wgrad is None:
         return dy.t() @ x
     qdy, qx = _gemm_operands(
-        "wgrad", recipe, (dy, x), (dy_origin, x_origin), seed=seed, backend=backend
+        "wgrad",
+        recipe,
+        (dy, x),
+        (dy_origin, x_origin),
+        seed=seed,
+        backend=backend,
+        given=(None, qx),
     )
     return (qdy.t() @ qx).to(dy.dtype)
 
