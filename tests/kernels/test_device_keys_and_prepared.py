@@ -225,6 +225,17 @@ def test_kept_operands_are_the_pair_launch_bits(name):
             fn(a, ws, groups, recipe, **kw),
             f"{name} grouped {gemm}",
         )
+    kw = dict(backend="triton", seed=77, first_expert=2)
+    for gemm, fn, args in (
+        ("fprop", grouped_ops.fprop, (xp, ws, groups, recipe)),
+        ("wgrad", grouped_ops.wgrad, (dyp, xp, groups, recipe)),
+    ):
+        qx = grouped_ops.input_operand(gemm, xp, groups, recipe, **kw)
+        assert_bitwise(
+            fn(*args, **kw, gemm_backend="loop", qx=qx),
+            fn(*args, **kw, gemm_backend="loop"),
+            f"{name} grouped {gemm} x",
+        )
 
 
 def test_sr_seeds_device_draws_are_the_host_stream(monkeypatch):

@@ -1,8 +1,9 @@
 """A strided column-parallel weight (the gated fc1 of SwiGLU at TP > 1) is several chunks of
-the full N axis, one ops call each (megatron/parallel_gemm.py). They share x: its fprop and
-wgrad operands are quantized once for all chunks where they round to nearest, and the
-results are bit for bit those of quantizing x again in every chunk's call (the per-chunk ops
-calls below). On the kernels, `ops.operand` of x is the pair launch's bits:
+the full N axis, one ops call each (megatron/parallel_gemm.py, and grouped experts in
+megatron/experts.py). They share x: its fprop and wgrad operands are quantized once for all
+chunks where they round to nearest, and the results are bit for bit those of quantizing x
+again in every chunk's call (the per-chunk calls below). On the kernels, x's operand made
+apart is the pair launch's bits:
 tests/kernels/test_device_keys_and_prepared.py::test_kept_operands_are_the_pair_launch_bits.
 """
 
@@ -23,9 +24,9 @@ STRIDED = Shard.column(rank=1, world=2, n_local=32, stride=2)
 def _per_chunk(x2d, w, dy2d, recipe, seed, shard):
     """y and dW with x quantized again in every chunk's call (no shared operand)."""
     ys, dws = [], []
-    for (_, n0, width), start in zip(shard.n, range(0, w.shape[0], w.shape[0] // len(shard.n))):
-        wc = w[start : start + width].contiguous()
-        dyc = dy2d[:, start : start + width].contiguous()
+    for local, n0, width in shard.n:
+        wc = w[local : local + width].contiguous()
+        dyc = dy2d[:, local : local + width].contiguous()
         ys.append(ops.fprop(x2d, wc, recipe, seed=seed, x_origin=(0, 0), w_origin=(n0, 0)))
         dws.append(ops.wgrad(dyc, x2d, recipe, seed=seed, dy_origin=(0, n0), x_origin=(0, 0)))
     return torch.cat(ys, 1), torch.cat(dws, 0)
@@ -64,3 +65,36 @@ def test_one_chunk_or_a_stochastic_x_is_left_to_the_gemm_call():
     assert parallel_gemm.shared_input("fprop", x, get_recipe("bf16"), STRIDED) is None
     assert parallel_gemm.shared_input("wgrad", x, sr_x, Shard()) is None
     assert parallel_gemm.shared_input("fprop", x, get_recipe("ufp4"), STRIDED) is not None
+
+
+@pytest.mark.parametrize("name", ["ufp4", "nvfp4"])
+def test_strided_grouped_experts_quantize_x_once_with_the_same_bits(name, monkeypatch):
+    from ufp4_megatron.megatron.experts import _GroupedExpertsFn
+    from ufp4_megatron.quant import grouped_ops
+
+    recipe = get_recipe(name)
+    made = []
+    real = grouped_ops.input_operand
+    monkeypatch.setattr(
+        grouped_ops, "input_operand", lambda gemm, *a, **k: made.append(gemm) or real(gemm, *a, **k)
+    )
+    g = torch.Generator().manual_seed(4)
+    groups = grouped_ops.expert_groups((16, 0, 32), grouped_ops.token_alignment(recipe))
+    x = torch.randn(48, 48, generator=g)
+    w = torch.nn.Parameter(torch.randn(3, 32, 48, generator=g))
+    dy = torch.randn(48, 32, generator=g)
+    xi = x.clone().requires_grad_()
+    y = _GroupedExpertsFn.apply(xi, w, None, recipe, 21, 2, groups, STRIDED, False, None)
+    y.backward(dy)
+    assert made == ["fprop", "wgrad"]  # once each, not once per chunk
+
+    keys = dict(seed=21, first_expert=2, x_origin=(0, 0))
+    xp, dyp = groups.pad(x), groups.pad(dy)
+    ys, dws = [], []
+    for local, n0, width in STRIDED.n:
+        wc = w.detach()[:, local : local + width].contiguous()
+        dyc = dyp[:, local : local + width].contiguous()
+        ys.append(grouped_ops.fprop(xp, wc, groups, recipe, **keys, w_origin=(n0, 0)))
+        dws.append(grouped_ops.wgrad(dyc, xp, groups, recipe, **keys, dy_origin=(0, n0)))
+    assert torch.equal(y.detach(), groups.unpad(torch.cat(ys, 1)))
+    assert torch.equal(w.grad, torch.cat(dws, 1))

@@ -338,6 +338,7 @@ class _GroupedExpertsFn(torch.autograd.Function):
     ):
         xp = groups.pad(x)
         keys = dict(seed=seed, first_expert=first_expert)
+        qx = _shared_input("fprop", xp, groups, recipe, shard, keys)
         ys = [
             grouped_ops.fprop(
                 xp,
@@ -348,6 +349,7 @@ class _GroupedExpertsFn(torch.autograd.Function):
                 x_origin=(0, shard.k),
                 w_origin=(n0, shard.k),
                 qw=_kept(cache, "fprop", c, weight, shard, recipe, (n0, shard.k), xp.dtype),
+                qx=qx,
             )
             for c, (w, n0) in enumerate(_chunks(shard, weight, 1))
         ]
@@ -386,9 +388,10 @@ class _GroupedExpertsFn(torch.autograd.Function):
         dx = groups.unpad(dxs[0] if len(dxs) == 1 else torch.stack(dxs).sum(0))
         grad_weight = None
         if ctx.needs_input_grad[1]:
+            qx = _shared_input("wgrad", xp, groups, recipe, shard, keys)
             dws = [
                 grouped_ops.wgrad(
-                    d, xp, groups, recipe, **keys, dy_origin=(0, n0), x_origin=(0, shard.k)
+                    d, xp, groups, recipe, **keys, dy_origin=(0, n0), x_origin=(0, shard.k), qx=qx
                 )
                 for d, n0 in _chunks(shard, dyp, 1)
             ]
@@ -396,6 +399,14 @@ class _GroupedExpertsFn(torch.autograd.Function):
             grad_weight = _accumulate(weight, dw, ctx.main_grad)
         grad_bias = grouped_ops.per_expert_sum(dy, groups) if ctx.use_bias else None
         return dx, grad_weight, grad_bias, None, None, None, None, None, None, None
+
+
+def _shared_input(gemm: str, xp, groups, recipe, shard: Shard, keys: dict):
+    """x's operand of `gemm` made once for all chunks of a strided (gated fc1) shard, or None
+    (one chunk, or an x that is not RTNE): parallel_gemm.shared_input for grouped experts."""
+    if len(shard.n) == 1 or not ops.cacheable(recipe, gemm, "x"):
+        return None
+    return grouped_ops.input_operand(gemm, xp, groups, recipe, **keys, x_origin=(0, shard.k))
 
 
 def _kept(cache, gemm: str, chunk: int, weight, shard: Shard, recipe, origin, dtype):

@@ -437,9 +437,11 @@ def fprop(
     backend: str = "auto",
     gemm_backend: str = "auto",
     qw: torch.Tensor | None = None,
+    qx: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Y_e = Q(X_e) Q(W_e)^T: x [Mp, K] (padded layout), w [E, N, K] -> [Mp, N]. qw: the
-    weight's operand made by `weight_operand("fprop", ...)` (the weight cache), as it is."""
+    weight's operand made by `weight_operand("fprop", ...)` (the weight cache), as it is;
+    qx: x's made by `input_operand("fprop", ...)` (one x for a strided weight's chunks)."""
     E, N, K = w.shape
     w = w.to(x.dtype)
     _check_layout("fprop", x, groups, recipe)
@@ -449,7 +451,10 @@ def fprop(
     kw = dict(
         rht=rht, seed=seed, first_expert=first_expert, experts=E, dtype=dtype, backend=backend
     )
-    qx = _gemm_operand("fprop", "x", x, spec, origin=x_origin, starts=groups.padded_starts, **kw)
+    if qx is None:
+        qx = _gemm_operand(
+            "fprop", "x", x, spec, origin=x_origin, starts=groups.padded_starts, **kw
+        )
     if qw is None:
         qw = _gemm_operand(
             "fprop",
@@ -519,9 +524,11 @@ def wgrad(
     x_origin=(0, 0),
     backend: str = "auto",
     gemm_backend: str = "auto",
+    qx: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dW_e = Q(dY_e)^T Q(X_e): dy [Mp, N], x [Mp, K] (padded layout) -> [E, N, K]; both
-    quantized along tokens, in blocks that start at each expert's first token."""
+    quantized along tokens, in blocks that start at each expert's first token. qx: x's
+    operand made by `input_operand("wgrad", ...)`, as it is."""
     x = x.to(dy.dtype)
     _check_layout("wgrad", dy, groups, recipe)
     if recipe.wgrad is None:
@@ -538,8 +545,42 @@ def wgrad(
         starts=groups.padded_starts,
     )
     qdy = _gemm_operand("wgrad", "dy", dy, spec, origin=dy_origin, **kw)
-    qx = _gemm_operand("wgrad", "x", x, spec, origin=x_origin, **kw)
+    if qx is None:
+        qx = _gemm_operand("wgrad", "x", x, spec, origin=x_origin, **kw)
     return grouped_mm(qdy.t(), qx, groups, backend=gemm_backend).to(dy.dtype)
+
+
+def input_operand(
+    gemm: str,
+    x: torch.Tensor,
+    groups: ExpertGroups,
+    recipe: Recipe,
+    *,
+    seed=0,
+    first_expert: int = 0,
+    x_origin=(0, 0),
+    backend: str = "auto",
+) -> torch.Tensor:
+    """x's operand of `gemm` ("fprop" or "wgrad"; x [Mp, K] in the padded layout) exactly as
+    that GEMM's call quantizes it with the same keys: made once and passed as `qx` to the
+    calls of a strided weight's chunks, which share x."""
+    if gemm not in ("fprop", "wgrad") or getattr(recipe, gemm) is None:
+        raise ValueError(f"{gemm}: no quantized x operand in {recipe.name}")
+    spec, rht, dtype = _gemm_setup(gemm, recipe, x, x.shape[1] if gemm == "fprop" else None)
+    return _gemm_operand(
+        gemm,
+        "x",
+        x,
+        spec,
+        origin=x_origin,
+        starts=groups.padded_starts,
+        rht=rht,
+        seed=seed,
+        first_expert=first_expert,
+        experts=len(groups.counts),
+        dtype=dtype,
+        backend=backend,
+    )
 
 
 def weight_operand(
