@@ -50,7 +50,7 @@ from ..quant import grouped_ops, ops
 from ..quant.recipe import Recipe
 from ..quant.weight_cache import WeightOperands
 from .linear import _UFP4Mixin
-from .parallel_gemm import Shard, _accumulate, _chunks, chunk_of, save_seed
+from .parallel_gemm import Shard, _accumulate, _chunks, chunk_of, save_seed, shares_input
 from .policy import UFP4Binding
 from .seeds import SRSeeds
 
@@ -402,9 +402,9 @@ class _GroupedExpertsFn(torch.autograd.Function):
 
 
 def _shared_input(gemm: str, xp, groups, recipe, shard: Shard, keys: dict):
-    """x's operand of `gemm` made once for all chunks of a strided (gated fc1) shard, or None
-    (one chunk, or an x that is not RTNE): parallel_gemm.shared_input for grouped experts."""
-    if len(shard.n) == 1 or not ops.cacheable(recipe, gemm, "x"):
+    """x's operand of `gemm` made once for all chunks of a strided (gated fc1) shard where
+    `shares_input`, else None: parallel_gemm.shared_input for grouped experts."""
+    if not shares_input(gemm, recipe, shard):
         return None
     return grouped_ops.input_operand(gemm, xp, groups, recipe, **keys, x_origin=(0, shard.k))
 

@@ -96,11 +96,16 @@ def kept_weight(cache, gemm: str, chunk: int, weight, shard: Shard, recipe, orig
     )
 
 
+def shares_input(gemm: str, recipe, shard: Shard) -> bool:
+    """Whether `gemm`'s chunk calls take one x operand made for all of them: a strided weight
+    (more than one chunk) and an x that rounds to nearest. Every chunk's call quantizes the
+    same x at the same origin with the same format, so each would make those bits again."""
+    return len(shard.n) > 1 and ops.cacheable(recipe, gemm, "x")
+
+
 def shared_input(gemm: str, x2d, recipe, shard: Shard):
-    """x's operand of `gemm`, quantized once for all chunks of a strided weight, or None (one
-    chunk, or an operand that is not RTNE). Every chunk's call quantizes the same x at the
-    same origin with the same format, so each would make these same bits again."""
-    if len(shard.n) == 1 or not ops.cacheable(recipe, gemm, "x"):
+    """x's operand of `gemm`, quantized once for all chunks where `shares_input`, else None."""
+    if not shares_input(gemm, recipe, shard):
         return None
     return ops.operand(gemm, "x", x2d, recipe, origin=(0, shard.k))
 
