@@ -21,7 +21,7 @@
 # gpu/te_setup.sh in the same run). Writes to OUT (default runs/gpu/te_check): te_check.md (the
 # status table), te_check.log, te_parity.json, te_megatron_lm.{md,json,log}, te_steps.json and
 # gpu_checkpoint.json (the runs' own files stay in /tmp).  PARTS=parity,megatron_lm,steps,moe
-# (default all) picks parts. Each part stops at its limit (parity 110 s, megatron_lm 330 s,
+# (default all) picks parts. Each part stops at its limit (parity 110 s, megatron_lm 400 s,
 # steps 420 s, moe 300 s); together they take more than 10 minutes, so PARTS=parity,megatron_lm,
 # PARTS=steps and PARTS=moe are three runs.
 set -uo pipefail
@@ -59,8 +59,8 @@ else
   run_part parity 110 python3 gpu/te_parity.py --out "$OUT"
   TARBALL=${MEGATRON_LM_TARBALL:-wheelhouse/megatron-lm-f8837c04ef.tar.gz}
   if [[ -f $TARBALL ]]; then
-    run_part megatron_lm 330 python3 gpu/te_megatron_lm.py --tarball "$TARBALL" --out "$OUT" \
-      --jobs 7 --timeout 150 --seeds "${TE_SEEDS:-1235,1236}"
+    run_part megatron_lm 400 python3 gpu/te_megatron_lm.py --tarball "$TARBALL" --out "$OUT" \
+      --jobs 7 --timeout 240 --seeds "${TE_SEEDS:-1235,1236}"
   else
     status[megatron_lm]="not run (no $TARBALL: see gpu/megatron_lm.sh)"
   fi

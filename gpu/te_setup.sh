@@ -12,8 +12,8 @@
 # the node's stage and installs once PARTS lists nothing missing (exit 3 until then: "staged").
 # Running it again on an installed node only checks (exit 0). Use TE afterwards with
 #   export PYTHONPATH=/tmp/te-site:$PYTHONPATH      (gpu/te_check.sh does it)
-# On an H200 node (16 cores): staging and install ~20 s, the extension build 82-89 s
-# (measured twice; the script prints its times), the check ~10 s.
+# On an H200 node (16 cores): 66-142 s in all over four nodes, most of it the extension build
+# (82-94 s where timed; the script prints its times), the check 5-11 s.
 set -uo pipefail
 TE_DIR=${1:-${TE_DIR:-te-wheels}}
 STAGE=${TE_STAGE:-/tmp/te-stage}

@@ -5,6 +5,8 @@ Each test is a case tried as an attacker, a typo or a second job would; none run
 
     test_planted_pickle_in_metadata_is_refused_not_run      `.metadata` = pickle of os.system
     test_restricted_unpickling_refuses_code_but_reads_data  pickle, torch.load, numpy objects
+    test_te_extra_state_with_a_custom_recipe_is_read        the TE route's recipe and factory,
+        and no other function of the plugin
     test_garbage_metadata_json_is_damage_and_the_older_step_is_tried
     test_latest_with_a_path_or_a_huge_number_is_ignored     `latest` = "../..", 5000 digits
     test_a_symlinked_step_dir_is_damaged_and_pruning_never_follows_it
@@ -103,6 +105,30 @@ def test_restricted_unpickling_refuses_code_but_reads_data(tmp_path):
     assert torch.equal(back["w"], torch.arange(4.0)) and back["n"] == 3
     assert not marker.exists()
     pickle.loads(pickle.dumps(os.getcwd))  # outside the block nothing is restricted
+
+
+def test_te_extra_state_with_a_custom_recipe_is_read():
+    """A TE module's extra state under the TE route pickles TE's CustomRecipe and the plugin's
+    factory (by name): a resume reads both, as it reads everything Megatron-Core's own
+    extra-state allowlist accepts, and still refuses any other callable of the plugin."""
+    from megatron.core.safe_globals import SafeUnpickler
+
+    from ufp4_megatron.te.factories import factory_path, resolve
+
+    # GLOBAL transformer_engine.common.recipe.CustomRecipe, then NEWOBJ (): built without TE
+    # here, so the import fails after the allowlist passed it
+    custom_recipe = b"\x80\x02ctransformer_engine.common.recipe\nCustomRecipe\n)\x81."
+    with trust.restricted() as scope:
+        back = pickle.loads(pickle.dumps({"qfactory": resolve("ufp4"), "n": 4}))
+        try:
+            pickle.loads(custom_recipe)
+        except ImportError:  # TransformerEngine is not installed here
+            pass
+        assert scope.refused is None
+        with pytest.raises(trust.ForbiddenGlobal, match="factory_path"):
+            pickle.loads(pickle.dumps(factory_path))
+    assert back["qfactory"] is resolve("ufp4")
+    assert SafeUnpickler._SAFE_CLASSES <= trust.ALLOWED
 
 
 def test_garbage_metadata_json_is_damage_and_the_older_step_is_tried(tmp_path):

@@ -26,12 +26,9 @@ import torch
 from megatron.core.safe_globals import SafeUnpickler
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-CUSTOM_RECIPE_GLOBALS = frozenset(
-    {
-        ("transformer_engine.common.recipe", "CustomRecipe"),
-        ("ufp4_megatron.te.factories", "resolve"),
-    }
-)
+from ..te.factories import CHECKPOINT_GLOBALS
+
+CUSTOM_RECIPE_GLOBALS = CHECKPOINT_GLOBALS
 
 
 class ExtraStateUnpickler(SafeUnpickler):

@@ -30,6 +30,13 @@ from ..quant.recipe import ABLATIONS, PRESETS, Recipe, ablation, get_recipe
 from .checks import check_recipe
 
 ENV = "UFP4_RECIPE"
+# The globals a checkpoint holds for a custom recipe: TE pickles the recipe (a dataclass of
+# plain fields) into every TE module's extra state, and a factory pickles as a lookup by name
+# (UFP4QuantizerFactory.__reduce__). A checkpoint reader allows these beside TE's built-in
+# recipes, and no other callable (train/trust.py, megatron/te_experts.py).
+CHECKPOINT_GLOBALS = frozenset(
+    {("transformer_engine.common.recipe", "CustomRecipe"), (__name__, "resolve")}
+)
 _REGISTERED: dict[str, Recipe] = {}
 _FACTORIES: dict[str, UFP4QuantizerFactory] = {}
 

@@ -44,8 +44,11 @@ called. This is the check Python's documentation gives for "restricting globals"
 ALLOWED is what torch's weights-only unpickler accepts for tensors (tensor rebuild functions,
 dtypes, layouts, `torch.Size`, OrderedDict), the DCP metadata classes, the numpy array
 pieces of numpy's RNG state, the ShardedTensor/ShardedObject records Megatron exchanges
-between ranks during a load, and Megatron-Core's own list of checkpoint-safe globals
-(megatron/core/safe_globals.py). Each builds data; none runs a command or opens a file.
+between ranks during a load, Megatron-Core's own list of checkpoint-safe globals
+(megatron/core/safe_globals.py) and the TE modules' recipes in their extra state: TE's built-in
+ones, and for the TransformerEngine route its CustomRecipe and the plugin's factory, which
+unpickles as a lookup by name (te/factories.py). Each builds data; none runs a command or
+opens a file.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ import threading
 from pathlib import Path
 
 import torch
+
+from ..te.factories import CHECKPOINT_GLOBALS
 
 MANIFEST = "integrity.json"  # Megatron-Core's INTEGRITY_FNAME
 ALGORITHM = "sha256"
@@ -253,6 +258,9 @@ _OTHER = {
     ),
     ("megatron.core.extensions.transformer_engine", "TEDelayedScaling"),
     ("megatron.core.safe_globals", "safe_load_from_bytes"),
+    # the TransformerEngine route's custom recipe and the plugin's factory, which pickles as
+    # a lookup by name (te/factories.py)
+    *CHECKPOINT_GLOBALS,
 }
 
 
