@@ -78,6 +78,8 @@ EXPECTED = {
     "te-ufp4": (1, 0, 16, 16, "ufp4"),
     "te-e2m1": (1, 0, 16, 16, "e2m1"),
     "te-resume": (1, 0, 16, 16, "ufp4"),
+    # 4 layers of qkv, proj and the experts' fc1 and fc2 (one TE GroupedLinear each)
+    "te-moe-resume": (1, 0, 16, 16, "ufp4"),
     "spec-te-ufp4": (17, 16, 0, 0, None),
     "spec-te-ufp4-sr1": (17, 16, 0, 0, None),
 }

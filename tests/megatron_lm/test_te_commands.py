@@ -129,7 +129,7 @@ def test_te_check_judges_the_runs():
         "spec-te-ufp4": _run({i: v + (0.01 if i == 1 else 0.011) for i, v in base.items()}, local),
         "spec-te-ufp4-sr1": _run({i: v + 0.012 for i, v in base.items()}, local),
         "te-moe-resume": _run(
-            base, [], log="successfully loaded checkpoint from /m at iteration 20"
+            base, te + te, log="successfully loaded checkpoint from /m at iteration 20"
         ),
     }
     results["te-resume"]["loss"].update({i: ufp4[i] for i in range(1, 21)})
@@ -146,9 +146,20 @@ def test_te_check_judges_the_runs():
     failed = {name for name, ok, _ in tool.evaluate(missing, 30) if not ok}
     assert failed == {"te-ufp4: 17 linears, 16 quantized by ufp4_megatron.te (ufp4)"}
     # the MoE run's save failing (Megatron's allowlist refusing the custom recipe) stops it
-    unsaved = dict(results, **{"te-moe-resume": _run({i: base[i] for i in range(1, 20)}, [], rc=1)})
+    unsaved = dict(results, **{"te-moe-resume": _run({i: base[i] for i in range(1, 20)}, te, rc=1)})
     failed = {name for name, ok, _ in tool.evaluate(unsaved, 30) if not ok}
     assert {n.split(":")[0] for n in failed} == {"te-moe-resume"} and len(failed) == 2
+    # an expert linear left out of the TE route's quantizers is named
+    dense_experts = dict(
+        results,
+        **{
+            "te-moe-resume": dict(
+                results["te-moe-resume"], probes=[dict(te[0], te_ufp4=14, te_recipes={"ufp4": 14})]
+            )
+        },
+    )
+    failed = {name for name, ok, _ in tool.evaluate(dense_experts, 30) if not ok}
+    assert failed == {"te-moe-resume: 17 linears, 16 quantized by ufp4_megatron.te (ufp4)"}
 
 
 def test_te_check_compares_the_routes_over_seeds():
