@@ -12,7 +12,9 @@
 #                Megatron-LM archive of gpu/megatron_lm.sh);
 #                the --spec comparison at TE_SEEDS too (default 1235,1236: three seeds in all)
 #   steps        gpu/te_steps.py: the trainer's step time, TE+UFP4 vs TE BF16 vs the local
-#                route, dense_1p5b and moe_7p9b at 2 layers
+#                route, dense_1p5b and moe_7p9b at 2 layers (TE_STEPS_MODELS=moe_7p9b: one)
+#   profile      gpu/te_profile.py: where the step's GPU time goes on each of those routes
+#                (torch.profiler, kernel families), dense_1p5b at 2 layers
 #   moe          tests/gpu/test_checkpoint_gpu.py on moe_small through TE (grouped experts,
 #                UFP4, train.deterministic=true): runs killed after a checkpoint, or stopped
 #                by SIGTERM, and resumed, each loss curve against the unbroken run's, bitwise
@@ -20,20 +22,23 @@
 # megatron_lm and steps the wheelhouse of gpu/setup.sh (parity runs without it, so it can follow
 # gpu/te_setup.sh in the same run). Writes to OUT (default runs/gpu/te_check): te_check.md (the
 # status table), te_check.log, te_parity.json, te_megatron_lm.{md,json,log}, te_steps.json and
-# gpu_checkpoint.json (the runs' own files stay in /tmp).  PARTS=parity,megatron_lm,steps,moe
-# (default all) picks parts. Each part stops at its limit (parity 110 s, megatron_lm 400 s,
-# steps 420 s, moe 300 s); together they take more than 10 minutes, so PARTS=parity,megatron_lm,
-# PARTS=steps and PARTS=moe are three runs.
+# gpu_checkpoint.json and te_profile.md (the runs' own files stay in /tmp).
+# PARTS=parity,megatron_lm,steps,moe,profile (default: all but profile) picks parts. Each part
+# stops at its limit (parity 110 s, megatron_lm 400 s, steps 420 s, moe 300 s, profile 300 s);
+# together they take more than 10 minutes, so PARTS=parity,megatron_lm, PARTS=steps and
+# PARTS=moe,profile are three runs.
 set -uo pipefail
 OUT=${OUT:-runs/gpu/te_check}; mkdir -p "$OUT"
 PARTS=${PARTS:-parity,megatron_lm,steps,moe}
 for p in ${PARTS//,/ }; do
-  case $p in parity|megatron_lm|steps|moe) ;; *)
-    echo "te_check: PARTS entry '$p'; give parity, megatron_lm, steps and/or moe" >&2; exit 2;; esac
+  case $p in parity|megatron_lm|steps|moe|profile) ;; *)
+    echo "te_check: PARTS entry '$p'; give parity, megatron_lm, steps, moe and/or profile" >&2
+    exit 2;; esac
 done
 TE_SITE=${TE_SITE:-/tmp/te-site}
 exec > >(tee "$OUT/te_check.log") 2>&1
-if [[ ,$PARTS, == *,megatron_lm,* || ,$PARTS, == *,steps,* || ,$PARTS, == *,moe,* ]]; then
+if [[ ,$PARTS, == *,megatron_lm,* || ,$PARTS, == *,steps,* || ,$PARTS, == *,moe,* ||
+      ,$PARTS, == *,profile,* ]]; then
   source gpu/setup.sh || { echo "te_check: gpu/setup.sh failed"; exit 1; }
 else  # parity needs only torch, Triton, TE and the checkout: no wheelhouse
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -54,7 +59,7 @@ run_part() {  # name, time limit (s), command...
 }
 if ! python3 -c 'import ufp4_megatron.te.installed as i; print("te_check: TransformerEngine", i.check_installed())'; then
   echo "te_check: TransformerEngine does not load from $TE_SITE: run gpu/te_setup.sh first"
-  for p in parity megatron_lm steps moe; do status[$p]="not run (no TransformerEngine)"; done
+  for p in parity megatron_lm steps moe profile; do status[$p]="not run (no TransformerEngine)"; done
 else
   run_part parity 110 python3 gpu/te_parity.py --out "$OUT"
   TARBALL=${MEGATRON_LM_TARBALL:-wheelhouse/megatron-lm-f8837c04ef.tar.gz}
@@ -64,18 +69,20 @@ else
   else
     status[megatron_lm]="not run (no $TARBALL: see gpu/megatron_lm.sh)"
   fi
-  run_part steps 420 python3 gpu/te_steps.py --out "$OUT" --deadline 410 --timeout 90
+  run_part steps 420 python3 gpu/te_steps.py --out "$OUT" --deadline 410 --timeout 90 \
+    --models "${TE_STEPS_MODELS:-dense_1p5b,moe_7p9b}"
   rm -rf /tmp/te_moe_checkpoint
   run_part moe 300 python3 tests/gpu/test_checkpoint_gpu.py --out "$OUT" \
     --work /tmp/te_moe_checkpoint --set model=moe_small \
     --set model.transformer_impl=transformer_engine --set train.deterministic=true
+  run_part profile 300 python3 gpu/te_profile.py --out "$OUT" --timeout 95
 fi
 {
   echo "| part | result | seconds | details |"
   echo "| --- | --- | --- | --- |"
-  for p in parity megatron_lm steps moe; do
+  for p in parity megatron_lm steps moe profile; do
     case $p in parity) f=te_parity.json ;; megatron_lm) f=te_megatron_lm.md ;;
-               steps) f=te_steps.json ;; moe) f=gpu_checkpoint.json ;; esac
+               steps) f=te_steps.json ;; moe) f=gpu_checkpoint.json ;; profile) f=te_profile.md ;; esac
     echo "| $p | ${status[$p]:-not run} | ${took[$p]:--} | $OUT/$f |"
   done
 } > "$OUT/te_check.md"

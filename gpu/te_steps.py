@@ -13,6 +13,7 @@ to the TE BF16 row of the same model, and the last loss. The attention kernel is
 all rows (model.attention_backend, sdpa by default).
 
     python3 gpu/te_steps.py --out DIR [--steps 10] [--skip 3] [--deadline 300]
+        [--models dense_1p5b,moe_7p9b]
 """
 
 from __future__ import annotations
@@ -49,12 +50,23 @@ def main() -> int:
     p.add_argument("--skip", type=int, default=3)
     p.add_argument("--deadline", type=float, default=300.0, help="seconds for all rows")
     p.add_argument("--timeout", type=int, default=120, help="seconds for one row")
+    p.add_argument(
+        "--models",
+        default=",".join(m.split()[0] for m in MODELS),
+        help="comma-separated, of: " + ", ".join(m.split()[0] for m in MODELS),
+    )
     a = p.parse_args()
+    known = {m.split()[0]: m for m in MODELS}
+    chosen = [m for m in a.models.split(",") if m]
+    bad = [m for m in chosen if m not in known]
+    if bad or not chosen:
+        p.error(f"--models {a.models!r}: give one or more of {', '.join(known)}")
     a.out.mkdir(parents=True, exist_ok=True)
     a.runs.mkdir(parents=True, exist_ok=True)
     t_end = time.time() + a.deadline
     rows = []
-    for model, model_overrides in MODELS.items():
+    for model in (known[m] for m in dict.fromkeys(chosen)):
+        model_overrides = MODELS[model]
         for route, recipe in ROUTES:
             name = f"{model.split()[0]}-{route}-{recipe}"
             left = t_end - time.time()

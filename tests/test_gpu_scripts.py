@@ -480,3 +480,45 @@ def test_te_check_sh_refuses_an_unknown_part(tmp_path):
     out, calls = _with_stand_ins(tmp_path, "te_check.sh", PARTS="parity,moes")
     assert out.returncode == 2 and "PARTS entry 'moes'" in out.stderr, out.stderr
     assert calls == []
+
+
+def test_te_check_sh_profile_part_and_steps_models(tmp_path):
+    """PARTS=steps,profile: the step rows of the models asked for, then the routes' profiles."""
+    out, calls = _with_stand_ins(
+        tmp_path, "te_check.sh", PARTS="steps,profile", TE_STEPS_MODELS="moe_7p9b"
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    (steps,) = [c for c in calls if "te_steps.py" in c]
+    assert "--models moe_7p9b" in steps, steps
+    (prof,) = [c for c in calls if "te_profile.py" in c]
+    assert "--out" in prof, prof
+    assert not any("test_checkpoint_gpu" in c or "te_parity" in c for c in calls)
+    table = (tmp_path / "out" / "te_check.md").read_text()
+    assert "| profile |" in table and "| moe | skipped (PARTS)" in table
+
+
+def test_te_profile_profiles_each_route_with_the_bench_suite(tmp_path):
+    """gpu/te_profile.py: the bench's profile suite on the TE route (ufp4, bf16) and the local
+    route, the same 2-layer model; a wrong model is refused by argparse."""
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(ROOT / "gpu"))
+    try:
+        import te_profile
+    finally:
+        sys.path.pop(0)
+    cmds = [te_profile.command("dense_1p5b", r, q) for r, q in te_profile.ROUTES]
+    te = [c for c in cmds if "model.transformer_impl=transformer_engine" in c]
+    assert len(te) == 2 and {c[c.index("--recipe") + 1] for c in te} == {"ufp4", "bf16"}
+    for c in cmds:
+        assert c[1:5] == ["-m", "ufp4_megatron.bench", "--suite", "profile"]
+        assert "model.num_layers=2" in c and "model.vocab_size=4096" in c
+    bad = subprocess.run(
+        [sys.executable, "gpu/te_profile.py", "--out", str(tmp_path), "--model", "moe"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "invalid choice: 'moe'" in bad.stderr, bad.stderr
