@@ -24,6 +24,10 @@ with its RECORD updated: 276 MB -> about 40 MB, one part instead of seven. Only 
 such a library loads and runs: gpu/te_setup.sh checks it with a TE linear layer after
 installing it, and --full gives the published wheel, split, for a node where it does not.
 
+The downloads (about 290 MB) are kept in a cache outside --out (${XDG_CACHE_HOME:-~/.cache}/
+ufp4-megatron/te-<version>/, or --downloads DIR), so that copying --out to the node carries
+only what it installs; a second run reuses them.
+
 pip cannot download the extension's sdist on a machine without CUDA PyTorch (its metadata step
 imports torch.version.cuda); pip keeps the unpacked source with --no-clean, and it is packed
 again here, every file and timestamp as published (content-identical, not byte-identical).
@@ -260,6 +264,13 @@ def split(path: Path, part_bytes: int) -> list[Path]:
     return parts
 
 
+def downloads_dir() -> Path:
+    """Where the downloads are kept between runs: a user cache, never inside --out (which is
+    what travels to the node)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "ufp4-megatron" / f"te-{VERSION}"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("te-wheels"))
@@ -276,12 +287,16 @@ def main() -> int:
         "--downloads",
         type=Path,
         default=None,
-        help="reuse a folder with the downloads instead of downloading",
+        help="a folder holding the downloads: reused instead of downloading "
+        f"(default: downloaded into {downloads_dir()})",
     )
     a = p.parse_args()
-    src = a.downloads or a.out / ".downloads"
+    src = a.downloads or downloads_dir()
     if a.downloads is None:
         download(src, a.wheelhouse)
+    stale = a.out / ".downloads"  # where earlier versions of this script kept them
+    if stale.is_dir():
+        print(f"note: {stale} is no longer used; remove it before carrying {a.out}/")
     a.out.mkdir(parents=True, exist_ok=True)
     for old in a.out.glob("*"):
         if old.is_file():

@@ -7,6 +7,8 @@ gpu/te_setup.sh's staging of parts that arrive over several runs (before it inst
     test_prune_refuses_a_fatbinary_without_the_arch      or one it cannot read (the published
                                                          library would be needed)
     test_split_parts_join_to_the_file
+    test_downloads_are_kept_outside_what_travels         the ~290 MB of downloads go to a user
+                                                         cache, not into --out
     test_te_setup_stages_parts_until_all_are_there       exit 3 naming what is missing; a damaged
                                                          file stops it before pip (exit 1)
 Whether a pruned library loads and runs on an H200 only the GPU shows (gpu/te_setup.sh checks it
@@ -132,6 +134,16 @@ def _setup(tmp_path, carried: list[Path]):
         text=True,
         timeout=60,
     )
+
+
+def test_downloads_are_kept_outside_what_travels(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert te_wheels.downloads_dir() == tmp_path / "cache" / "ufp4-megatron" / "te-2.20.2"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    where = te_wheels.downloads_dir()
+    assert where.is_relative_to(tmp_path / "home" / ".cache")
+    assert not where.is_relative_to(Path("te-wheels").resolve())
 
 
 def test_te_setup_stages_parts_until_all_are_there(tmp_path):
