@@ -20,6 +20,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from ufp4_megatron.megatron import te_experts
 from ufp4_megatron.quant.recipe import get_recipe
 from ufp4_megatron.te import factory_path, resolve
+from ufp4_megatron.te.factories import CHECKPOINT_GLOBALS
 
 
 def _as_tensor(obj) -> torch.Tensor:
@@ -45,7 +46,7 @@ def test_megatrons_own_allowlist_refuses_the_factory():
     data = pickle.dumps({"qfactory": resolve("ufp4")})
     with pytest.raises(pickle.UnpicklingError, match="ufp4_megatron.te.factories.resolve"):
         SafeUnpickler(io.BytesIO(data)).load()
-    assert not te_experts.CUSTOM_RECIPE_GLOBALS & SafeUnpickler._SAFE_CLASSES
+    assert not CHECKPOINT_GLOBALS & SafeUnpickler._SAFE_CLASSES
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,9 @@ seam, Megatron's classes untouched): they decode with the same allowlist plus
                                                     lookup by preset, ablation or registered
                                                     name, which builds nothing else
 
-so a checkpoint still cannot name any other callable. Everything else (the split, the merge,
-the encoding) is Megatron's. Needs TransformerEngine (the classes are made on first use).
+(te/factories.py: CHECKPOINT_GLOBALS), so a checkpoint still cannot name any other
+callable. Everything else (the split, the merge, the encoding) is Megatron's. Needs
+TransformerEngine (the classes are made on first use).
 """
 
 from __future__ import annotations
@@ -28,13 +29,11 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ..te.factories import CHECKPOINT_GLOBALS
 
-CUSTOM_RECIPE_GLOBALS = CHECKPOINT_GLOBALS
-
 
 class ExtraStateUnpickler(SafeUnpickler):
     """Megatron's extra-state allowlist plus a custom recipe and the plugin's factories."""
 
-    _SAFE_CLASSES = SafeUnpickler._SAFE_CLASSES | CUSTOM_RECIPE_GLOBALS
+    _SAFE_CLASSES = SafeUnpickler._SAFE_CLASSES | CHECKPOINT_GLOBALS
 
 
 def decode_extra_state(state, fallback):
