@@ -19,35 +19,32 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROUTES = (("te", "ufp4"), ("te", "bf16"), ("local", "ufp4"))
-MODELS = ("dense_1p5b", "moe_7p9b")
+from te_steps import COMMON, ROUTES, TE_IMPL
+from te_steps import MODELS as STEP_MODELS
+
+# te_steps.py's models and vocabulary; the bench's --model gives the rest of the shape
+MODELS = {
+    name.split()[0]: [o for o in overrides if not o.startswith("model=")]
+    for name, overrides in STEP_MODELS.items()
+}
+VOCAB = [o for o in COMMON if o.startswith("model.vocab_size=")]
 
 
 def command(model: str, route: str, recipe: str) -> list[str]:
     """The bench command of one route's profile."""
-    impl = ["--set", "model.transformer_impl=transformer_engine"] if route == "te" else []
+    sets = [*MODELS[model], *VOCAB, *([TE_IMPL] if route == "te" else [])]
     return [
         sys.executable,
-        "-m",
-        "ufp4_megatron.bench",
-        "--suite",
-        "profile",
-        "--model",
-        model,
-        "--recipe",
-        recipe,
-        "--set",
-        "model.num_layers=2",
-        "--set",
-        "model.vocab_size=4096",
-        *impl,
+        *("-m", "ufp4_megatron.bench", "--suite", "profile"),
+        *("--model", model, "--recipe", recipe),
+        *(arg for o in sets for arg in ("--set", o)),
     ]
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--model", choices=MODELS, default="dense_1p5b")
+    p.add_argument("--model", choices=list(MODELS), default="dense_1p5b")
     p.add_argument("--timeout", type=int, default=150, help="seconds for one route")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,7 @@ MODELS = {
     "moe_7p9b x2": ["model=moe_7p9b", "model.num_layers=2"],
 }
 ROUTES = (("te", "ufp4"), ("te", "bf16"), ("local", "ufp4"))
+TE_IMPL = "model.transformer_impl=transformer_engine"  # a "te" route's override
 COMMON = [
     "model.vocab_size=4096",
     "train.seq_len=4096",
@@ -80,7 +81,7 @@ def main() -> int:
                     }
                 )
                 continue
-            impl = ["model.transformer_impl=transformer_engine"] if route == "te" else []
+            impl = [TE_IMPL] if route == "te" else []
             run = run_trainer(
                 name,
                 [*model_overrides, *COMMON, *impl, f"precision={recipe}", f"train.steps={a.steps}"],
