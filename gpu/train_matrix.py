@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import time
 from pathlib import Path
@@ -40,9 +39,8 @@ RUNS = Path(os.environ.get("RUNS_DIR", "/tmp/ufp4-runs"))
 def train(
     name: str, overrides: list[str], *, nproc: int = 1, timeout: int = 240, log: Path
 ) -> dict:
-    # A fresh run dir each time (a stale one would resume or say "already complete"), and
-    # checkpointing as a user's run has it: the save after the last step stays on.
-    shutil.rmtree(RUNS / name, ignore_errors=True)
+    # run_trainer starts each run in a fresh dir; checkpointing stays as a user's run has
+    # it: the save after the last step stays on.
     return run_trainer(name, overrides, runs=RUNS, log=log, nproc=nproc, timeout=timeout)
 
 

@@ -68,6 +68,23 @@ def test_failed_trainer_run_becomes_a_row(tmp_path):
     assert "===== bad" in (tmp_path / "step.log").read_text()
 
 
+def test_a_run_dir_left_by_an_earlier_invocation_is_not_reported(tmp_path):
+    """A second invocation with the same runs dir measures afresh: the old run's checkpoint
+    would make the trainer resume and its metrics would come back as this run's."""
+    old = tmp_path / "again"
+    (old / "checkpoints" / "step_00000010").mkdir(parents=True)
+    (old / "metrics.jsonl").write_text('{"step": 10, "loss": 1.0, "step_time": 0.001}\n')
+    run = step.run_trainer(
+        "again",
+        ["model=tiny", "precision=fp3"],
+        runs=tmp_path,
+        log=tmp_path / "step.log",
+        timeout=120,
+    )
+    assert run["rc"] != 0 and run["metrics"] == []
+    assert not (old / "checkpoints").exists()
+
+
 def test_oom_and_missing_rows_render():
     oom = {
         "rc": 1,

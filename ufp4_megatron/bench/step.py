@@ -85,8 +85,14 @@ CKPT_BYTES_PER_PARAM = 14  # bf16 weights + fp32 master weights + two Adam momen
 def run_trainer(
     name: str, overrides: list[str], *, runs: Path, log: Path, nproc: int = 1, timeout: int = 240
 ) -> dict:
-    """One trainer run in a subprocess; its metrics rows, return code and output tail."""
+    """One trainer run in a subprocess; its metrics rows, return code and output tail.
+
+    The run starts in a fresh `runs/name`: a dir left by an earlier invocation would make the
+    trainer resume (or find the run complete) and its old metrics would come back as this
+    run's measurement. The trainer's defaults (resume, keep) then act as in a user's first run.
+    """
     run_dir = runs / name
+    shutil.rmtree(run_dir, ignore_errors=True)
     cmd = (
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
         if nproc > 1
@@ -388,8 +394,6 @@ def _one_run(
     ]
     name = f"step-{model}-{recipe}" + (f"-{variant}" if variant else "")
     name += f"-r{rep + 1}" if rep else ""
-    # a fresh run dir: the trainer's defaults (resume, keep) then act as in a user's first run
-    shutil.rmtree(runs / name, ignore_errors=True)
     run = run_trainer(name, overrides, runs=runs, log=logfile, timeout=timeout)
     metrics = run["metrics"]
     steady = _steady_values(metrics, "step_time", skip)
