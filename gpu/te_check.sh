@@ -15,6 +15,7 @@
 #                route, dense_1p5b and moe_7p9b at 2 layers (TE_STEPS_MODELS=moe_7p9b: one)
 #   profile      gpu/te_profile.py: where the step's GPU time goes on each of those routes
 #                (torch.profiler, kernel families), dense_1p5b at 2 layers
+#                (TE_PROFILE_MODEL=moe_7p9b: that one)
 #   moe          tests/gpu/test_checkpoint_gpu.py on moe_small through TE (grouped experts,
 #                UFP4, train.deterministic=true): runs killed after a checkpoint, or stopped
 #                by SIGTERM, and resumed, each loss curve against the unbroken run's, bitwise
@@ -24,7 +25,7 @@
 # status table), te_check.log, te_parity.json, te_megatron_lm.{md,json,log}, te_steps.json and
 # gpu_checkpoint.json and te_profile.md (the runs' own files stay in /tmp).
 # PARTS=parity,megatron_lm,steps,moe,profile (default: all but profile) picks parts. Each part
-# stops at its limit (parity 110 s, megatron_lm 400 s, steps 420 s, moe 300 s, profile 300 s);
+# stops at its limit (parity 110 s, megatron_lm 400 s, steps 560 s, moe 300 s, profile 300 s);
 # together they take more than 10 minutes, so PARTS=parity,megatron_lm, PARTS=steps and
 # PARTS=moe,profile are three runs.
 set -uo pipefail
@@ -69,13 +70,15 @@ else
   else
     status[megatron_lm]="not run (no $TARBALL: see gpu/megatron_lm.sh)"
   fi
-  run_part steps 420 python3 gpu/te_steps.py --out "$OUT" --deadline 410 --timeout 90 \
+  # a row takes 70-95 s on an H200 (start-up, 10 steps, the save after the last)
+  run_part steps 560 python3 gpu/te_steps.py --out "$OUT" --deadline 550 --timeout 180 \
     --models "${TE_STEPS_MODELS:-dense_1p5b,moe_7p9b}"
   rm -rf /tmp/te_moe_checkpoint
   run_part moe 300 python3 tests/gpu/test_checkpoint_gpu.py --out "$OUT" \
     --work /tmp/te_moe_checkpoint --set model=moe_small \
     --set model.transformer_impl=transformer_engine --set train.deterministic=true
-  run_part profile 300 python3 gpu/te_profile.py --out "$OUT" --timeout 95
+  run_part profile 300 python3 gpu/te_profile.py --out "$OUT" --timeout 95 \
+    --model "${TE_PROFILE_MODEL:-dense_1p5b}"
 fi
 {
   echo "| part | result | seconds | details |"

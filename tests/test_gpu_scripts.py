@@ -485,13 +485,17 @@ def test_te_check_sh_refuses_an_unknown_part(tmp_path):
 def test_te_check_sh_profile_part_and_steps_models(tmp_path):
     """PARTS=steps,profile: the step rows of the models asked for, then the routes' profiles."""
     out, calls = _with_stand_ins(
-        tmp_path, "te_check.sh", PARTS="steps,profile", TE_STEPS_MODELS="moe_7p9b"
+        tmp_path,
+        "te_check.sh",
+        PARTS="steps,profile",
+        TE_STEPS_MODELS="moe_7p9b",
+        TE_PROFILE_MODEL="moe_7p9b",
     )
     assert out.returncode == 0, out.stderr[-2000:]
     (steps,) = [c for c in calls if "te_steps.py" in c]
     assert "--models moe_7p9b" in steps, steps
     (prof,) = [c for c in calls if "te_profile.py" in c]
-    assert "--out" in prof, prof
+    assert "--out" in prof and "--model moe_7p9b" in prof, prof
     assert not any("test_checkpoint_gpu" in c or "te_parity" in c for c in calls)
     table = (tmp_path / "out" / "te_check.md").read_text()
     assert "| profile |" in table and "| moe | skipped (PARTS)" in table
