@@ -19,7 +19,10 @@ common=(model=study11m train=study optim=study train.seq_len=256 train.micro_bat
         "data.split='98,2,0'" checkpoint.interval=1000 logging.print_interval=50
         logging.wandb.mode=disabled)
 t0=$(date +%s)
+# every run starts in a fresh dir: one left by an earlier invocation with this OUT would
+# resume at its last step and its old metrics would be read as this run's
 for g in none local; do
+  rm -rf "$P/bit-$g"
   python3 -m ufp4_megatron.train "${common[@]}" precision=ufp4 train.seed=3 train.steps=120 \
     train.cuda_graph=$g hydra.run.dir="$P/bit-$g" data.cache_dir="$P/data-$g" > "$P/bit-$g.log" 2>&1 &
 done
@@ -42,6 +45,7 @@ PY
 pack() {  # $1 graph mode, $2 runs at once, $3 seconds
   local g=$1 n=$2 T=$3 i
   for i in $(seq 1 "$n"); do
+    rm -rf "$P/pack-$g-$n-$i"
     timeout "$T" python3 -m ufp4_megatron.train "${common[@]}" precision=ufp4 train.seed="$i" \
       train.steps=1000 train.cuda_graph="$g" hydra.run.dir="$P/pack-$g-$n-$i" \
       data.cache_dir="$P/data-$g" > "$P/pack-$g-$n-$i.log" 2>&1 &

@@ -526,3 +526,44 @@ def test_te_profile_profiles_each_route_with_the_bench_suite(tmp_path):
         timeout=60,
     )
     assert bad.returncode == 2 and "invalid choice: 'moe'" in bad.stderr, bad.stderr
+
+
+def test_study_packing_sh_starts_every_run_in_a_fresh_dir(tmp_path):
+    """Run dirs left in OUT by an earlier invocation are cleared, not resumed: a resumed run
+    would report its old steps as this invocation's."""
+    stale = [tmp_path / "out" / d for d in ("bit-none", "bit-local", "pack-local-12-1")]
+    for d in stale:
+        (d / "checkpoints").mkdir(parents=True)
+        (d / "metrics.jsonl").write_text('{"step": 120, "loss": 1.0, "step_time": 0.001}\n')
+    out, _ = _with_stand_ins(tmp_path, "study_packing.sh")
+    assert out.returncode == 0, out.stderr
+    assert not [d for d in stale if d.exists()]
+
+
+def test_gpu_matrices_refuse_a_work_dir_an_earlier_run_left(tmp_path):
+    """The checkpoint, CUDA-graph and deterministic matrices run their trainers in --work: one
+    holding an earlier run would be resumed and its old curves compared as new. Refused
+    before anything runs; gpu/*.sh clear their own work dirs first."""
+    import subprocess
+    import sys
+
+    used = tmp_path / "work"
+    (used / "unbroken" / "checkpoints").mkdir(parents=True)
+    for script in ("test_checkpoint_gpu.py", "test_cuda_graph_gpu.py", "test_deterministic_gpu.py"):
+        out = subprocess.run(
+            [
+                sys.executable,
+                f"tests/gpu/{script}",
+                "--out",
+                str(tmp_path / "o"),
+                "--work",
+                str(used),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 2, (script, out.stderr[-2000:])
+        assert f"--work {used} holds an earlier run's files" in out.stderr, out.stderr[-2000:]
+        assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())

@@ -3,6 +3,7 @@ run's output to OUT/NAME.log as it ends, the rows to OUT/NAME.json, a table prin
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from collections.abc import Callable
@@ -28,3 +29,13 @@ def report(out: Path, name: str, label: str, run: Callable, table: Callable) -> 
     (out / f"{name}.json").write_text(json.dumps(rows, indent=1))
     print(table(rows))
     return 0 if all(r["pass"] for r in rows) else 1
+
+
+def refuse_used_work(ap: argparse.ArgumentParser, work: Path) -> None:
+    """Refuse a --work dir that holds files: a run there would resume an earlier run's
+    checkpoint (or find it complete) and the matrix would compare old curves as new ones."""
+    if work.exists() and (not work.is_dir() or any(work.iterdir())):
+        ap.error(
+            f"--work {work} holds an earlier run's files, which these runs would resume: "
+            "remove it or give a new dir"
+        )

@@ -31,7 +31,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from _cli import ROOT, env, losses, train_cmd
 from _kill import TAG, kill_tagged, run_to_death
-from _matrix import report
+from _matrix import refuse_used_work, report
 
 from ufp4_megatron.train import checkpoint
 
@@ -218,6 +218,7 @@ def main() -> int:
         help="trainer override for every run (repeatable), e.g. model=moe_small",
     )
     args = ap.parse_args()
+    refuse_used_work(ap, args.work)
     return report(
         args.out,
         "gpu_checkpoint",

@@ -39,7 +39,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from _cli import ROOT, env
 from _kill import run_to_death
-from _matrix import report
+from _matrix import refuse_used_work, report
 
 from ufp4_megatron.train import checkpoint
 
@@ -218,6 +218,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpu_graphs"))
     args = ap.parse_args()
+    refuse_used_work(ap, args.work)
     return report(
         args.out,
         "cuda_graphs",

@@ -47,6 +47,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from _cli import ROOT
 from _kill import TAG, kill_tagged
+from _matrix import refuse_used_work
 
 from ufp4_megatron.train import checkpoint
 
@@ -413,6 +414,7 @@ def main() -> int:
         help=f"of {', '.join(SHAPES)} (tiny: a CPU dry run of the harness)",
     )
     args = ap.parse_args()
+    refuse_used_work(ap, args.work)
     args.out.mkdir(parents=True, exist_ok=True)
     seed = args.seed if args.seed is not None else int(time.time())
     log: list[str] = []
