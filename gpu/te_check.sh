@@ -36,6 +36,15 @@ for p in ${PARTS//,/ }; do
     echo "te_check: PARTS entry '$p'; give parity, megatron_lm, steps, moe and/or profile" >&2
     exit 2;; esac
 done
+# the models gpu/te_steps.py and gpu/te_profile.py know, checked before anything is set up
+STEPS_MODELS=${TE_STEPS_MODELS:-dense_1p5b,moe_7p9b} PROFILE_MODEL=${TE_PROFILE_MODEL:-dense_1p5b}
+set -f  # a '*' in either is a wrong name, not a glob
+for m in ${STEPS_MODELS//,/ } "$PROFILE_MODEL"; do
+  case $m in dense_1p5b|moe_7p9b) ;; *)
+    echo "te_check: model '$m' in TE_STEPS_MODELS or TE_PROFILE_MODEL; give dense_1p5b or moe_7p9b" >&2
+    exit 2;; esac
+done
+set +f
 TE_SITE=${TE_SITE:-/tmp/te-site}
 exec > >(tee "$OUT/te_check.log") 2>&1
 if [[ ,$PARTS, == *,megatron_lm,* || ,$PARTS, == *,steps,* || ,$PARTS, == *,moe,* ||
@@ -72,13 +81,13 @@ else
   fi
   # a row takes 70-95 s on an H200 (start-up, 10 steps, the save after the last)
   run_part steps 560 python3 gpu/te_steps.py --out "$OUT" --deadline 550 --timeout 180 \
-    --models "${TE_STEPS_MODELS:-dense_1p5b,moe_7p9b}"
+    --models "$STEPS_MODELS"
   rm -rf /tmp/te_moe_checkpoint
   run_part moe 300 python3 tests/gpu/test_checkpoint_gpu.py --out "$OUT" \
     --work /tmp/te_moe_checkpoint --set model=moe_small \
     --set model.transformer_impl=transformer_engine --set train.deterministic=true
   run_part profile 300 python3 gpu/te_profile.py --out "$OUT" --timeout 95 \
-    --model "${TE_PROFILE_MODEL:-dense_1p5b}"
+    --model "$PROFILE_MODEL"
 fi
 {
   echo "| part | result | seconds | details |"

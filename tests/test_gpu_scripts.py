@@ -482,6 +482,17 @@ def test_te_check_sh_refuses_an_unknown_part(tmp_path):
     assert calls == []
 
 
+def test_te_check_sh_refuses_an_unknown_model_before_setting_up(tmp_path):
+    for env in (
+        {"TE_STEPS_MODELS": "dense_1p5b,moe_7b9p"},
+        {"TE_STEPS_MODELS": "*"},
+        {"TE_PROFILE_MODEL": "small"},
+    ):
+        out, calls = _with_stand_ins(tmp_path, "te_check.sh", PARTS="steps,profile", **env)
+        assert out.returncode == 2 and "give dense_1p5b or moe_7p9b" in out.stderr, out.stderr
+        assert calls == []
+
+
 def test_te_check_sh_profile_part_and_steps_models(tmp_path):
     """PARTS=steps,profile: the step rows of the models asked for, then the routes' profiles."""
     out, calls = _with_stand_ins(
