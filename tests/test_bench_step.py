@@ -321,6 +321,20 @@ def test_bench_cli_names_what_is_wrong():
     )
     if not torch.cuda.is_available():
         assert run("--suite", "step") == "the benchmarks need a CUDA device"
+        assert run("--suite", "amax") == "the benchmarks need a CUDA device"
+
+
+def test_amax_table_reads_each_pass_against_the_copy():
+    from ufp4_megatron.bench.amax import amax_table
+
+    rows = [
+        dict(
+            shape=(4096, 2048), what="both, one pair pass", ms=0.01, tbs=1.68, pct=45.2, vs_two=0.55
+        )
+    ]
+    assert amax_table(rows).splitlines()[-1] == (
+        "| 4096x2048 | both, one pair pass | 0.0100 | 1.68 | 45% | 0.55 |"
+    )
 
 
 def test_profile_families_name_the_kernels_of_record():

@@ -134,11 +134,10 @@ CASES = {
         lambda s: s.ops.wgrad(s.dy, s.x, s.mxfp4, **s.kw),
     ),
     # nvfp4 fprop, w: 16x16 tiles, e4m3 scales, row layout (launches of a first call: the
-    # tensor amax of x, of w, the amax the prepared-launch attempt takes before it declines
-    # e4m3 tensor scales (ops._OperandsPlan, once per shape), then x through row16, then w)
+    # tensor amax of x, of w, then x through row16, then w)
     "generic nvfp4 fprop w 2d e4m3": (
         "_qdq_kernel",
-        4,
+        3,
         lambda s: s.ops.fprop(s.x, s.w, s.nvfp4, **s.kw),
     ),
     # nvfp4 dgrad, w: 16x16 tiles in the column layout (the transposed tile; a 2D block
@@ -146,7 +145,7 @@ CASES = {
     # thread, for many minutes)
     "generic nvfp4 dgrad w col 2d e4m3": (
         "_qdq_kernel",
-        4,
+        3,
         lambda s: s.ops.dgrad(s.dy, s.w, s.nvfp4, **s.kw),
     ),
     # the e4m3 tensor amax (amax_triton.py): nvfp4's x (1x16, row), its w in the column
@@ -165,6 +164,13 @@ CASES = {
         "_tensor_amax_kernel",
         0,
         lambda s: s.ops.wgrad(s.dy, s.x, s.nvfp4, **s.kw),
+    ),
+    # both layouts' tensor amax of nvfp4's dY in one read: dgrad's row layout, wgrad's
+    # column layout with RHT16 (ops.tensor_amaxes)
+    "amax pair nvfp4 dy row + col rht16": (
+        "_tensor_amax_pair_kernel",
+        0,
+        lambda s: s.ops.tensor_amaxes("dy", s.dy, s.nvfp4, **s.kw),
     ),
     # nvfp4's grouped experts: a tensor scale per expert (segments, SCALE 1 with SEG): the
     # amax per view row (x, row segments) and per block column (w^T in dgrad, dy^T in wgrad),
@@ -321,6 +327,7 @@ def main(argv):
             k16._pair16_kernel,
             dispatch._qdq_kernel,
             dispatch._tensor_amax_kernel,
+            dispatch._tensor_amax_pair_kernel,
             keys_triton._draw_keys_kernel,
             broken_kernel,
         )

@@ -1,6 +1,7 @@
-"""python -m ufp4_megatron.bench [--suite kernels,layer | step | profile] [--out FILE.md]
+"""python -m ufp4_megatron.bench [--suite kernels,layer | amax | step | profile] [--out FILE.md]
 
 --suite kernels,layer   QDQ kernels vs the copy roofline; one linear layer vs BF16
+--suite amax            NVFP4's tensor-amax passes: one per layout vs one pair pass (amax.py)
 --suite step            full trainer steps: every recipe x shape, side by side (step.py)
 --suite profile         one profiled trainer step of --model/--recipe (profile.py)
 """
@@ -68,7 +69,7 @@ def main(argv=None) -> None:
         "--only",
         dest="suite",
         default="kernels,layer",
-        help="comma list: kernels, layer, step, profile",
+        help="comma list: kernels, layer, amax, step, profile",
     )
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile rows")
     step = p.add_argument_group("step")
@@ -118,9 +119,9 @@ def main(argv=None) -> None:
     prof.add_argument("--recipe", default="ufp4")
     args = p.parse_args(argv)
     parts = _csv(args.suite)
-    unknown = set(parts) - {"kernels", "layer", "step", "profile"}
+    unknown = set(parts) - {"kernels", "layer", "amax", "step", "profile"}
     if unknown:
-        sys.exit(f"unknown suite(s) {sorted(unknown)}; valid: kernels, layer, step, profile")
+        sys.exit(f"unknown suite(s) {sorted(unknown)}; valid: kernels, layer, amax, step, profile")
     from ..quant.recipe import list_recipes
     from . import step as step_suite
 
@@ -173,6 +174,16 @@ def main(argv=None) -> None:
                 layer.layer_table(raw["layer"]),
                 "",
             ]
+    if "amax" in parts:
+        from . import amax  # imports triton
+
+        raw["amax"] = amax.amax_rows(log=log)
+        text += [
+            "### NVFP4 tensor amax (bf16, 1x16 blocks, e4m3 scales)",
+            "",
+            amax.amax_table(raw["amax"]),
+            "",
+        ]
     if "step" in parts:
         out = Path(args.json).parent if args.json else Path(".")
         raw["step"] = step_suite.run_suite(

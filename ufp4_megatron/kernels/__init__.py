@@ -12,7 +12,8 @@ launch where it can. Modules, each importing only those above it:
                      specialization (on by default; UFP4_CACHED_LAUNCH=0 turns it off);
   keys_triton        an SR call's key table drawn on the device (the draw counter there);
   dispatch           host side: what the kernels cover, cached launch plans, the launches,
-                     and `prepare`: one or two operands' launch prepared once per shape.
+                     `prepare`: one or two operands' launch prepared once per shape, and
+                     `tensor_amax_pair`: an operand's two e4m3 tensor amaxes in one read.
 """
 
 from .dispatch import (
@@ -24,6 +25,7 @@ from .dispatch import (
     quantize_pair,
     quantize_view,
     supports,
+    tensor_amax_pair,
     unsupported,
 )
 
@@ -36,5 +38,6 @@ __all__ = [
     "prepare",
     "PreparedQDQ",
     "is_device_key",
+    "tensor_amax_pair",
     "INTERPRETED",
 ]

@@ -110,3 +110,36 @@ def _tensor_amax_kernel(
             tl.num_programs(1) * (BB // BLOCK),
             KEEP,
         )
+
+
+@triton.jit
+def _tensor_amax_pair_kernel(
+    x_ptr,
+    stride_a,
+    A,
+    B,
+    row_sign_ptr,
+    row_norm,
+    col_sign_ptr,
+    col_norm,
+    out_ptr,
+    BA: tl.constexpr,
+    BB: tl.constexpr,
+    ROW_BLOCK: tl.constexpr,
+    ROW_LOG_H: tl.constexpr,
+    COL_BLOCK: tl.constexpr,
+    COL_LOG_H: tl.constexpr,
+):
+    """Both layouts' tensor amax of a row-major [A, B] tensor from one read of each BA x BB
+    tile: quantized along B (the row layout: out[program]) and along A (the column layout:
+    out[programs + program]), each with its own 1D blocks and RHT, the same steps as
+    _tensor_amax_kernel's for that layout. A GEMM operand quantized for two GEMMs (x for
+    fprop and wgrad, dY for dgrad and wgrad) then pays one pass for its two tensor scales."""
+    x = load_tile(x_ptr, stride_a, A, B, BA, BB)[0]
+    p = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    n = tl.num_programs(0) * tl.num_programs(1)
+    m_row = _tile_finite_amax(x, row_sign_ptr, row_norm, BA, BB, ROW_BLOCK, False, ROW_LOG_H)
+    tl.store(out_ptr + p, tl.max(m_row))
+    x_t = tl.trans(x)
+    m_col = _tile_finite_amax(x_t, col_sign_ptr, col_norm, BB, BA, COL_BLOCK, False, COL_LOG_H)
+    tl.store(out_ptr + n + p, tl.max(m_col))

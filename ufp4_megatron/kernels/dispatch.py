@@ -45,7 +45,7 @@ from ..numerics.rounding import midpoints, minifloat_mantissa, uniform_step
 from ..numerics.scaling import E4M3_MAX
 from ..numerics.segments import Segments, tensor_scale_segments_problem
 from . import quantize16_triton as k16
-from .amax_triton import _tensor_amax_kernel
+from .amax_triton import _tensor_amax_kernel, _tensor_amax_pair_kernel
 from .launch import Prepared, _spec, launch
 from .quantize_triton import _qdq_kernel
 
@@ -559,6 +559,58 @@ def _tensor_amax(
     return seg.scatter_reduce_(0, owner, per_position, "amax")
 
 
+PAIR_TILE = (64, 64, 4)  # (rows, cols, warps) of _tensor_amax_pair_kernel, widened to units
+
+
+def tensor_amax_pair(
+    t: torch.Tensor, row_fmt: OperandFormat, col_fmt: OperandFormat
+) -> torch.Tensor | None:
+    """The e4m3 tensor amax of a 2-D tensor t for two quantizations in one read: along its
+    rows' length as `row_fmt` (the view t) and along its columns as `col_fmt` (the view
+    t.t()), as fp32 [2]; each bit for bit what quantize_view computes for its view (the
+    `tensor_amax=` to give it). None where the pass does not apply (a format without e4m3
+    scales or with 2D blocks, a layout the kernels do not cover, a strided t): the
+    quantizations then take their own amax passes."""
+    if t.dim() != 2 or t.stride(1) != 1 or t.shape[1] == 1:
+        return None
+    plans = []
+    for fmt, view in ((row_fmt, t), (col_fmt, t.t())):
+        plan = _plan(t.dtype, t.device, fmt, None)
+        if isinstance(plan, str) or plan.g_top is None or plan.block_2d:
+            return None
+        if _call_reason(view, plan.fmt, 0, (0, 0), None, None) is not None:
+            return None
+        plans.append(plan)
+    check_device(t)
+    row, col = plans
+    A, B = t.shape
+    ba, bb, warps = PAIR_TILE
+    ba, bb = max(ba, col.unit), max(bb, row.unit)
+    grid = (_cdiv(A, ba), _cdiv(B, bb))
+    partial = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=t.device)
+    launch(
+        _tensor_amax_pair_kernel,
+        grid,
+        t,
+        t.stride(0),
+        A,
+        B,
+        row.sign,
+        row.scalars[0],
+        col.sign,
+        col.scalars[0],
+        partial,
+        BA=ba,
+        BB=bb,
+        ROW_BLOCK=row.block,
+        ROW_LOG_H=row.consts["LOG_H"],
+        COL_BLOCK=col.block,
+        COL_LOG_H=col.consts["LOG_H"],
+        num_warps=warps,
+    )
+    return partial.amax(1)
+
+
 def quantize_view(
     x: torch.Tensor, grid=None, *, tiles=None, strict: bool = True, **kw
 ) -> torch.Tensor | None:
@@ -664,6 +716,8 @@ class PreparedQDQ:
         self.along_rows = tuple(along_rows)
         jobs, self.kinds = [], []
         for t, rows, kw, seed in zip(tensors, along_rows, kws, seeds):
+            if getattr(kw.get("fmt"), "scale", None) == "e4m3":  # before _layout's amax pass
+                raise ValueError("e4m3 scales")
             view = t.t() if rows else t
             key = seed if isinstance(seed, int) else _key_view(*seed)
             lay = _layout(view, seed=key, **kw)

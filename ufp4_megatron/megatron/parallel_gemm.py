@@ -110,7 +110,19 @@ def shared_input(gemm: str, x2d, recipe, shard: Shard):
     return ops.operand(gemm, "x", x2d, recipe, origin=(0, shard.k))
 
 
-def _fprop(x2d, weight, recipe, seed, shard: Shard, cache=None):
+def input_amaxes(x2d, recipe, shard: Shard, wgrad_runs: bool):
+    """NVFP4's tensor amax of x for fprop and for wgrad from one read (ops.tensor_amaxes),
+    where both GEMMs quantize this x themselves; else (None, None): each takes its own."""
+    if (
+        not wgrad_runs
+        or shares_input("fprop", recipe, shard)
+        or shares_input("wgrad", recipe, shard)
+    ):
+        return None, None
+    return ops.tensor_amaxes("x", x2d, recipe)
+
+
+def _fprop(x2d, weight, recipe, seed, shard: Shard, cache=None, x_amax=None):
     qx = shared_input("fprop", x2d, recipe, shard)
     ys = [
         ops.fprop(
@@ -122,13 +134,14 @@ def _fprop(x2d, weight, recipe, seed, shard: Shard, cache=None):
             w_origin=(n0, shard.k),
             qw=kept_weight(cache, "fprop", c, weight, shard, recipe, (n0, shard.k)),
             qx=qx,
+            x_amax=x_amax,
         )
         for c, (w, n0) in enumerate(_chunks(shard, weight, 0))
     ]
     return ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
 
 
-def _dgrad(dy2d, weight, recipe, seed, shard: Shard, cache=None):
+def _dgrad(dy2d, weight, recipe, seed, shard: Shard, cache=None, dy_amax=None):
     dxs = [
         ops.dgrad(
             dy,
@@ -138,6 +151,7 @@ def _dgrad(dy2d, weight, recipe, seed, shard: Shard, cache=None):
             dy_origin=(0, n0),
             w_origin=(n0, shard.k),
             qw=kept_weight(cache, "dgrad", c, weight, shard, recipe, (n0, shard.k)),
+            dy_amax=dy_amax,
         )
         for c, ((dy, n0), (w, _)) in enumerate(
             zip(_chunks(shard, dy2d, 1), _chunks(shard, weight, 0))
@@ -146,10 +160,20 @@ def _dgrad(dy2d, weight, recipe, seed, shard: Shard, cache=None):
     return dxs[0] if len(dxs) == 1 else torch.stack(dxs).sum(0)
 
 
-def _wgrad(dy2d, x2d, recipe, seed, shard: Shard):
+def _wgrad(dy2d, x2d, recipe, seed, shard: Shard, dy_amax=None, x_amax=None):
     qx = shared_input("wgrad", x2d, recipe, shard)
     dws = [
-        ops.wgrad(dy, x2d, recipe, seed=seed, dy_origin=(0, n0), x_origin=(0, shard.k), qx=qx)
+        ops.wgrad(
+            dy,
+            x2d,
+            recipe,
+            seed=seed,
+            dy_origin=(0, n0),
+            x_origin=(0, shard.k),
+            qx=qx,
+            dy_amax=dy_amax,
+            x_amax=x_amax,
+        )
         for dy, n0 in _chunks(shard, dy2d, 1)
     ]
     return dws[0] if len(dws) == 1 else torch.cat(dws, dim=0)
@@ -162,13 +186,18 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
             total_x, _ = _gather_tokens(x, comm.tp_group)
         else:
             total_x = x
-        y = _fprop(total_x.reshape(-1, total_x.shape[-1]), weight, recipe, seed, shard, cache)
+        x2d = total_x.reshape(-1, total_x.shape[-1])
+        amax = input_amaxes(x2d, recipe, shard, ctx.needs_input_grad[1])
+        y = _fprop(x2d, weight, recipe, seed, shard, cache, x_amax=amax[0])
         y = y.view(*total_x.shape[:-1], weight.shape[0])
         if bias is not None:
             y = y + bias
-        # the shard, as Megatron: SP re-gathers in backward; a device key table too, so that a
-        # CUDA graph runner (Megatron's) keeps its memory to the backward graph
-        ctx.save_for_backward(x, weight, *save_seed(seed))
+        # the shard, as Megatron: SP re-gathers in backward; a device key table and wgrad's
+        # x amax too, so that a CUDA graph runner (Megatron's) keeps their memory to the
+        # backward graph
+        keys = save_seed(seed)
+        ctx.n_keys = len(keys)
+        ctx.save_for_backward(x, weight, *keys, *(() if amax[1] is None else (amax[1],)))
         # main_grad is kept off save_for_backward as Megatron does (modules reused across
         # layers, e.g. MTP, would trip the in-place version check).
         ctx.main_grad = (
@@ -181,7 +210,8 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, *keys = ctx.saved_tensors
+        x, weight, *rest = ctx.saved_tensors
+        keys, x_amax = rest[: ctx.n_keys], (rest[ctx.n_keys :] or [None])[0]
         recipe, shard, comm = ctx.recipe, ctx.shard, ctx.comm
         seed = keys[0] if keys else ctx.seed
         wgrad_needed = ctx.needs_input_grad[1]
@@ -191,7 +221,14 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
         else:
             total_x = x
         dy2d = dy.reshape(-1, dy.shape[-1]).contiguous()
-        dx = _dgrad(dy2d, weight, recipe, seed, shard, ctx.cache).view(
+        # NVFP4: dY's tensor amax for dgrad and wgrad from one read (one chunk: a strided
+        # weight's dY chunks are copies made per GEMM)
+        dy_amax = (
+            ops.tensor_amaxes("dy", dy2d, recipe)
+            if wgrad_needed and len(shard.n) == 1
+            else (None, None)
+        )
+        dx = _dgrad(dy2d, weight, recipe, seed, shard, ctx.cache, dy_amax[0]).view(
             *dy.shape[:-1], weight.shape[1]
         )
         if handle is not None:
@@ -208,7 +245,8 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
 
         grad_weight = None
         if wgrad_needed:
-            dw = _wgrad(dy2d, total_x.reshape(-1, total_x.shape[-1]), recipe, seed, shard)
+            x2d = total_x.reshape(-1, total_x.shape[-1])
+            dw = _wgrad(dy2d, x2d, recipe, seed, shard, dy_amax[1], x_amax)
             grad_weight = _accumulate(weight, dw, ctx.main_grad)
         grad_bias = dy2d.sum(dim=0) if ctx.use_bias else None
 

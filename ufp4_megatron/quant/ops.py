@@ -78,7 +78,15 @@ def _pad(q: torch.Tensor, length: int, rows: bool = False) -> torch.Tensor:
 
 
 def _gemm_operands(
-    gemm: str, recipe: Recipe, tensors, origins, *, seed, backend: str, given=(None, None)
+    gemm: str,
+    recipe: Recipe,
+    tensors,
+    origins,
+    *,
+    seed,
+    backend: str,
+    given=(None, None),
+    amax=(None, None),
 ):
     """`gemm`'s two operands (natural layouts, OPERANDS order) quantized along the GEMM's
     reduction dim as the recipe says, padded to a common length along it, in natural
@@ -86,9 +94,10 @@ def _gemm_operands(
     swapped); the two quantizations run in one kernel launch where the kernels cover both.
     given[i]: operand i already quantized so (the weight cache), used as it is.
     seed: the call's SR seed (an int), or its key table in device memory
-    (numerics.philox.operand_keys: int64 [6, E], the call's column first)."""
+    (numerics.philox.operand_keys: int64 [6, E], the call's column first).
+    amax[i]: operand i's e4m3 tensor amax already taken (`tensor_amaxes`), or None."""
     plan = _operands_plan(gemm, recipe, tensors, origins, seed, backend, given)
-    return plan(tensors, seed, given)
+    return plan(tensors, seed, given, amax)
 
 
 _PLANS: dict = {}
@@ -173,9 +182,9 @@ class _OperandsPlan:
         offset = key_row(self.gid, i) * seed.stride(0)
         return (seed, offset) if prepared else _key_view(seed, offset)
 
-    def __call__(self, tensors, seed, given):
+    def __call__(self, tensors, seed, given, amax=(None, None)):
         q = list(given)
-        if self.prepared is not None:
+        if self.prepared is not None:  # never e4m3 (kernels.prepare): no tensor amax
             outs = self.prepared(
                 [tensors[i] for i in self.todo],
                 [self._seed(seed, i, prepared=True) for i in self.todo],
@@ -184,7 +193,12 @@ class _OperandsPlan:
                 q[i] = out
         elif self.todo:
             views = [t.t() if rows else t for t, rows in zip(tensors, self.along_rows)]
-            keys = [dict(self.kws[i], seed=self._seed(seed, i)) for i in range(2) if i in self.todo]
+            keys = [
+                dict(self.kws[i], seed=self._seed(seed, i))
+                | ({} if amax[i] is None else {"tensor_amax": amax[i]})
+                for i in range(2)
+                if i in self.todo
+            ]
             if len(self.todo) == 2:
                 qs = quantize_pair(views[0], keys[0], views[1], keys[1], backend=self.backend)
             else:
@@ -209,6 +223,46 @@ def cacheable(recipe: Recipe, gemm: str, name: str = "w") -> bool:
     spec = getattr(recipe, gemm)
     op = None if spec is None else getattr(spec, name)
     return op is not None and op.rounding == "rtne"
+
+
+# A tensor quantized for two GEMMs, with the GEMM quantizing it along its rows' length
+# first: x (fprop along K, wgrad along tokens) and dY (dgrad along N, wgrad along tokens).
+SHARED = {"x": ("fprop", "wgrad"), "dy": ("dgrad", "wgrad")}
+assert all(
+    not _ALONG_ROWS[a][OPERANDS[a].index(n)] and _ALONG_ROWS[b][OPERANDS[b].index(n)]
+    for n, (a, b) in SHARED.items()
+)
+
+
+def shared_formats(name: str, t: torch.Tensor, recipe: Recipe):
+    """The two OperandFormats with which the GEMMs of SHARED[name] quantize `t` (operand
+    `name`: "x" [M, K] or "dy" [M, N]; the first along t's rows' length, the second along
+    its columns), or None unless both quantize it with e4m3 scales (their tensor amax)."""
+    gemms = SHARED[name]
+    specs = [getattr(recipe, gemm) for gemm in gemms]
+    ops = [None if spec is None else getattr(spec, name) for spec in specs]
+    if any(op is None or op.scale != "e4m3" for op in ops):
+        return None
+    return tuple(
+        op.format(_gemm_plan(spec, gemm, recipe.rht_seed, t.shape[dim], t.dtype)[0])
+        for op, spec, gemm, dim in zip(ops, specs, gemms, (1, 0))
+    )
+
+
+def tensor_amaxes(name: str, t: torch.Tensor, recipe: Recipe, *, backend: str = "auto"):
+    """The e4m3 tensor amax of `t` for both GEMMs of SHARED[name] (`shared_formats`) from one
+    read of t (kernels.tensor_amax_pair), each what that GEMM's quantization would take
+    itself, bit for bit; pass them as its `x_amax` / `dy_amax`. (None, None) where not both
+    GEMMs quantize t with e4m3 scales on the kernel path (NVFP4 does, on a GPU): each then
+    takes its own, as without this call."""
+    kernels = backend == "triton" or (backend == "auto" and t.is_cuda)
+    fmts = shared_formats(name, t, recipe) if kernels else None
+    if fmts is None:
+        return None, None
+    from .. import kernels as k  # lazy: triton is only needed on the kernel path
+
+    pair = k.tensor_amax_pair(t, *fmts)
+    return (None, None) if pair is None else (pair[0], pair[1])
 
 
 def operand(
@@ -248,15 +302,23 @@ def fprop(
     backend: str = "auto",
     qw: torch.Tensor | None = None,
     qx: torch.Tensor | None = None,
+    x_amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Y = Q(X) Q(W)^T: x [M, K], w [N, K] -> [M, N]. qw, qx: Q(W), Q(X) already made by
     `operand("fprop", "w" or "x", ...)` (the weight cache; one x for a strided weight's
-    chunks), used as they are."""
+    chunks), used as they are. x_amax: x's e4m3 tensor amax (`tensor_amaxes`)."""
     w = w.to(x.dtype)
     if recipe.fprop is None:
         return x @ w.t()
     qx, qw = _gemm_operands(
-        "fprop", recipe, (x, w), (x_origin, w_origin), seed=seed, backend=backend, given=(qx, qw)
+        "fprop",
+        recipe,
+        (x, w),
+        (x_origin, w_origin),
+        seed=seed,
+        backend=backend,
+        given=(qx, qw),
+        amax=(x_amax, None),
     )
     return (qx @ qw.t()).to(x.dtype)
 
@@ -271,9 +333,11 @@ def dgrad(
     w_origin=(0, 0),
     backend: str = "auto",
     qw: torch.Tensor | None = None,
+    dy_amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dX = Q(dY) Q(W): dy [M, N], w [N, K] -> [M, K]; W quantized along N (its columns).
-    qw: Q(W) already made by `operand("dgrad", "w", w, ...)`, used as it is."""
+    qw: Q(W) already made by `operand("dgrad", "w", w, ...)`, used as it is. dy_amax: dY's
+    e4m3 tensor amax (`tensor_amaxes`)."""
     w = w.to(dy.dtype)
     if recipe.dgrad is None:
         return dy @ w
@@ -285,6 +349,7 @@ def dgrad(
         seed=seed,
         backend=backend,
         given=(None, qw),
+        amax=(dy_amax, None),
     )
     return (qdy @ qw).to(dy.dtype)
 
@@ -299,9 +364,14 @@ def wgrad(
     x_origin=(0, 0),
     backend: str = "auto",
     qx: torch.Tensor | None = None,
+    dy_amax: torch.Tensor | None = None,
+    x_amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dW = Q(dY)^T Q(X): dy [M, N], x [M, K] -> [N, K]; both quantized along tokens M.
-    qx: Q(X) already made by `operand("wgrad", "x", x, ...)`, used as it is."""
+    qx: Q(X) already made by `operand("wgrad", "x", x, ...)`, used as it is. dy_amax,
+    x_amax: their e4m3 tensor amaxes (`tensor_amaxes`), x's of x in its own dtype."""
+    if x.dtype != dy.dtype:  # the cast below may change x's amax
+        x_amax = None
     x = x.to(dy.dtype)
     if recipe.wgrad is None:
         return dy.t() @ x
@@ -313,6 +383,7 @@ def wgrad(
         seed=seed,
         backend=backend,
         given=(None, qx),
+        amax=(dy_amax, x_amax),
     )
     return (qdy.t() @ qx).to(dy.dtype)
 
@@ -321,10 +392,14 @@ class _QuantizedLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, recipe: Recipe, seed: int, backend: str):
         x2d = x.reshape(-1, x.shape[-1])
-        y = fprop(x2d, weight, recipe, seed=seed, backend=backend)
+        # NVFP4: x's tensor amax for fprop and wgrad in one read, where wgrad will run
+        wgrad_runs = ctx.needs_input_grad[1]
+        amax = tensor_amaxes("x", x2d, recipe, backend=backend) if wgrad_runs else (None, None)
+        y = fprop(x2d, weight, recipe, seed=seed, backend=backend, x_amax=amax[0])
         if bias is not None:
             y = y + bias.to(y.dtype)
         ctx.save_for_backward(x, weight)
+        ctx.x_amax = amax[1]
         ctx.recipe, ctx.seed, ctx.backend = recipe, seed, backend
         ctx.has_bias = bias is not None
         return y.reshape(*x.shape[:-1], weight.shape[0])
@@ -335,11 +410,24 @@ class _QuantizedLinear(torch.autograd.Function):
         dy2d = dy.reshape(-1, dy.shape[-1]).to(x.dtype)
         x2d = x.reshape(-1, x.shape[-1])
         dx = dw = db = None
+        amax = (None, None)
+        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:  # dY quantized for both
+            amax = tensor_amaxes("dy", dy2d, ctx.recipe, backend=ctx.backend)
         if ctx.needs_input_grad[0]:
-            dx = dgrad(dy2d, weight, ctx.recipe, seed=ctx.seed, backend=ctx.backend)
+            dx = dgrad(
+                dy2d, weight, ctx.recipe, seed=ctx.seed, backend=ctx.backend, dy_amax=amax[0]
+            )
             dx = dx.reshape(x.shape)
         if ctx.needs_input_grad[1]:
-            dw = wgrad(dy2d, x2d, ctx.recipe, seed=ctx.seed, backend=ctx.backend)
+            dw = wgrad(
+                dy2d,
+                x2d,
+                ctx.recipe,
+                seed=ctx.seed,
+                backend=ctx.backend,
+                dy_amax=amax[1],
+                x_amax=ctx.x_amax,
+            )
             dw = dw.to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2d.sum(0)

@@ -1,0 +1,74 @@
+"""NVFP4's tensor amax taken once for two GEMMs in the tensor-parallel linear
+(megatron/parallel_gemm.py): x's for fprop and wgrad in forward, dY's for dgrad and wgrad in
+backward (ops.tensor_amaxes: one kernel read on a GPU, kernels.tensor_amax_pair, tested bit
+for bit against the reference in tests/kernels/test_amax_pair_triton.py). On the CPU the
+GEMMs take the reference path, so tensor_amaxes is replaced by the reference's amax of each
+layout: what reaches each GEMM must give the bits each GEMM gets when it takes its own."""
+
+import pytest
+import torch
+
+from ufp4_megatron import get_recipe
+from ufp4_megatron.megatron.parallel_gemm import Comm, Shard, UFP4ParallelLinearFn
+from ufp4_megatron.numerics.quantize import e4m3_tensor_amax
+from ufp4_megatron.quant import ops
+
+COMM = Comm(
+    sequence_parallel=False, allreduce_dgrad=False, grad_accumulation_fusion=False, tp_group=None
+)
+STRIDED = Shard.column(rank=1, world=2, n_local=32, stride=2)
+
+
+def _reference_amaxes(calls):
+    def amaxes(name, t, recipe, *, backend="auto"):
+        calls.append(name)
+        fmts = ops.shared_formats(name, t, recipe)
+        if fmts is None:
+            return None, None
+        return tuple(
+            e4m3_tensor_amax(view, block=f.block, block_2d=f.block_2d, rht=f.rht)
+            for f, view in zip(fmts, (t, t.t()))
+        )
+
+    return amaxes
+
+
+def _run(recipe, shard, weight_grad=True):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 16, 48, generator=g).requires_grad_()
+    w = torch.nn.Parameter(torch.randn(32, 48, generator=g), requires_grad=weight_grad)
+    dy = torch.randn(2, 16, 32, generator=g)
+    y = UFP4ParallelLinearFn.apply(x, w, None, recipe, 11, shard, COMM, None)
+    y.backward(dy)
+    return y.detach(), x.grad, w.grad
+
+
+@pytest.mark.parametrize(
+    "name, shard, weight_grad, shared",
+    [
+        ("nvfp4", Shard(), True, ["x", "dy"]),
+        ("nvfp4", Shard.row(rank=1, k_local=48), True, ["x", "dy"]),
+        ("nvfp4", Shard(), False, []),  # no wgrad: each GEMM quantizes its tensor once anyway
+        ("nvfp4", STRIDED, True, []),  # x made once for all chunks; dY chunks are copies
+        ("ufp4", Shard(), True, ["x", "dy"]),  # asked, and declined: fp32 scales
+    ],
+)
+def test_each_gemm_gets_the_amax_it_takes_itself(monkeypatch, name, shard, weight_grad, shared):
+    recipe = get_recipe(name)
+    own = _run(recipe, shard, weight_grad)
+    calls = []
+    monkeypatch.setattr(ops, "tensor_amaxes", _reference_amaxes(calls))
+    got = _run(recipe, shard, weight_grad)
+    assert calls == shared
+    for what, a, b in zip(("y", "dx", "dw"), got, own):
+        assert (a is None and b is None) or torch.equal(a, b), what
+
+
+def test_a_swapped_amax_would_be_seen(monkeypatch):
+    """The comparison above can fail: x's two amaxes swapped change the bits."""
+    recipe = get_recipe("nvfp4")
+    own = _run(recipe, Shard())
+    reference = _reference_amaxes([])
+    monkeypatch.setattr(ops, "tensor_amaxes", lambda *a, **k: reference(*a, **k)[::-1])
+    got = _run(recipe, Shard())
+    assert not all(torch.equal(a, b) for a, b in zip(got, own))
