@@ -82,6 +82,19 @@ def test_pair_declines_what_it_does_not_cover():
     assert kernels.tensor_amax_pair(x, asym, _fmt()) is None
 
 
+def test_single_tensor_amax_is_the_pairs_and_refuses_in_one_line():
+    x = _data(32, 64, seed=4)
+    row, col = _fmt(), _fmt(rht=16)
+    singles = torch.stack([kernels.tensor_amax(x, row), kernels.tensor_amax(x.t(), col)])
+    assert torch.equal(singles, kernels.tensor_amax_pair(x, row, col))
+    with pytest.raises(ValueError, match=r"do not implement block=7 \(kernels cover blocks"):
+        kernels.tensor_amax(x, OperandFormat("e2m1", block=7, scale="e4m3"))
+    with pytest.raises(ValueError, match=r"do not implement a 1-D view \(kernels take 2D"):
+        kernels.tensor_amax(x[0], row)
+    with pytest.raises(ValueError, match=r"do not implement an empty tensor"):
+        kernels.tensor_amax(x[:0], row)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_nvfp4_linear_reads_x_and_dy_once_for_their_two_amaxes(monkeypatch, dtype):
     """quantized_linear with NVFP4 on the kernels: x's amax for fprop and wgrad, and dY's for

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import dispatch, tensor_amax_pair
+from ..kernels import tensor_amax, tensor_amax_pair
 from ..numerics.hadamard import RHT
 from ..numerics.quantize import OperandFormat
 from .timing import median_ms, rotating
@@ -20,13 +20,6 @@ from .timing import median_ms, rotating
 SHAPES = ((4096, 2048), (4096, 6144), (16384, 2048), (8192, 8192))  # tokens x features
 ROW = OperandFormat("e2m1", block=16, scale="e4m3")  # fprop's x, dgrad's dY
 COL = OperandFormat("e2m1", block=16, scale="e4m3", rht=RHT(16, 0))  # wgrad's x and dY
-
-
-def _single(view: torch.Tensor, fmt: OperandFormat) -> torch.Tensor:
-    """The amax pass a quantization takes for its own layout (kernels/dispatch.py)."""
-    plan = dispatch._plan(view.dtype, view.device, fmt, None)
-    rows, cols = view.shape
-    return dispatch._tensor_amax(view, plan, -(-cols // plan.unit) * plan.unit, rows)
 
 
 def amax_rows(log=print, *, shapes=SHAPES, device="cuda", timer=median_ms) -> list[dict]:
@@ -40,11 +33,11 @@ def amax_rows(log=print, *, shapes=SHAPES, device="cuda", timer=median_ms) -> li
         copy_bw = 4 * n / copy_ms / 1e9
         x = inputs[0]  # the pair is each single pass's amax, bit for bit
         pair = tensor_amax_pair(x, ROW, COL)
-        singles = torch.stack([_single(x, ROW), _single(x.t(), COL)])
+        singles = torch.stack([tensor_amax(x, ROW), tensor_amax(x.t(), COL)])
         assert torch.equal(pair, singles), (pair, singles)
         timed = {
-            "row pass (fprop x, dgrad dY)": lambda x: _single(x, ROW),
-            "column pass, RHT16 (wgrad)": lambda x: _single(x.t(), COL),
+            "row pass (fprop x, dgrad dY)": lambda x: tensor_amax(x, ROW),
+            "column pass, RHT16 (wgrad)": lambda x: tensor_amax(x.t(), COL),
             "both, one pair pass": lambda x: tensor_amax_pair(x, ROW, COL),
         }
         ms = {what: timer(fn, inputs) for what, fn in timed.items()}

@@ -12,8 +12,9 @@ launch where it can. Modules, each importing only those above it:
                      specialization (on by default; UFP4_CACHED_LAUNCH=0 turns it off);
   keys_triton        an SR call's key table drawn on the device (the draw counter there);
   dispatch           host side: what the kernels cover, cached launch plans, the launches,
-                     `prepare`: one or two operands' launch prepared once per shape, and
-                     `tensor_amax_pair`: an operand's two e4m3 tensor amaxes in one read.
+                     `prepare`: one or two operands' launch prepared once per shape,
+                     `tensor_amax`: a view's e4m3 tensor amax, and `tensor_amax_pair`: an
+                     operand's two e4m3 tensor amaxes in one read.
 """
 
 from .dispatch import (
@@ -25,6 +26,7 @@ from .dispatch import (
     quantize_pair,
     quantize_view,
     supports,
+    tensor_amax,
     tensor_amax_pair,
     unsupported,
 )
@@ -38,6 +40,7 @@ __all__ = [
     "prepare",
     "PreparedQDQ",
     "is_device_key",
+    "tensor_amax",
     "tensor_amax_pair",
     "INTERPRETED",
 ]

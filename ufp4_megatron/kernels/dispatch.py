@@ -151,6 +151,8 @@ def _build_plan(dtype, device, fmt: OperandFormat, out_dtype) -> _Plan | str:
     if g.neg_extra is not None:
         lv = torch.cat([lv, lv.new_tensor([g.neg_extra])])
     d = uniform_step(lv) or 0.0  # the reference's own test, on the same table
+    if d < 2.0**-60:  # SR's u * d would underflow (rounding_triton._round_stepped_sr)
+        d = 0.0
     fp_m = 0 if d else minifloat_mantissa(lv) or 0  # e2m1: rounding within v's binade
     mid = midpoints(lv).to(device)
     lv = torch.cat([lv, lv[-1:]]).to(device)
@@ -285,6 +287,14 @@ def check_device(x: torch.Tensor) -> None:
         )
 
 
+def _extents(plan: _Plan, shape) -> tuple[int, int]:
+    """(length, other) of a [R, C] view: C padded to the plan's unit (blocks, RHT groups),
+    and R, padded to whole 2D blocks where blocks are 2D."""
+    R, C = shape
+    length = -(-C // plan.unit) * plan.unit
+    return length, -(-R // plan.block) * plan.block if plan.block_2d else R
+
+
 def _layout(
     view: torch.Tensor,
     grid=None,
@@ -316,10 +326,8 @@ def _layout(
             "(it runs the reference for such arguments) or backend='torch'"
         )
     check_device(view)
-    rounding, block = plan.fmt.rounding, plan.block
-    R, C = view.shape
-    length = -(-C // plan.unit) * plan.unit
-    other = -(-R // block) * block if plan.block_2d else R
+    rounding = plan.fmt.rounding
+    length, other = _extents(plan, view.shape)
     # segments key SR, and e4m3's tensor scale (one per segment); otherwise they change nothing
     keyed = segments is not None and (rounding == "sr" or plan.g_top is not None)
     seg = 1 + segments.axis if keyed else 0
@@ -349,7 +357,8 @@ def _layout(
         int(origin[1]),
         *tables,
     )
-    return _Layout(plan, args, length, other, length if plan.keep_padding else C, seg, seed_ptr)
+    out_len = length if plan.keep_padding else view.shape[1]
+    return _Layout(plan, args, length, other, out_len, seg, seed_ptr)
 
 
 _SEGMENT_TABLES: dict = {}
@@ -560,6 +569,18 @@ def _tensor_amax(
 
 
 PAIR_TILE = (64, 64, 4)  # (rows, cols, warps) of _tensor_amax_pair_kernel, widened to units
+
+
+def tensor_amax(view: torch.Tensor, fmt: OperandFormat) -> torch.Tensor:
+    """The e4m3 tensor amax a quantization of `view` in format `fmt` takes (one pass of the
+    amax kernel): numerics.quantize.e4m3_tensor_amax's value bit for bit, a fp32 device
+    scalar. A format the kernels do not cover raises ValueError naming what."""
+    plan = _plan(view.dtype, view.device, fmt, None)
+    reason = plan if isinstance(plan, str) else _call_reason(view, plan.fmt, 0, (0, 0), None, None)
+    if reason is not None:
+        raise ValueError(f"the Triton kernels do not implement {reason}")
+    check_device(view)
+    return _tensor_amax(view, plan, *_extents(plan, view.shape))
 
 
 def tensor_amax_pair(

@@ -58,5 +58,5 @@ def clip_round_dequantize(
         v = tl.minimum(v, tl.where(neg, gneg, gmax))
     else:
         v = tl.minimum(v, gmax)
-    mag = round_to_grid(v, u, lv_ptr, mid_ptr, gneg, SR, NLEV, D, INV_D, FP_M) * s
+    mag = round_to_grid(v, u, lv_ptr, mid_ptr, SR, NLEV, D, INV_D, FP_M) * s
     return tl.where(neg, -mag, mag)

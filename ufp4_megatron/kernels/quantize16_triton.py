@@ -30,6 +30,16 @@ from .segments_triton import segment_keys
 
 
 @triton.jit
+def _row_counter_like(x, r):
+    """SR's Philox row counter r made to depend on x, the block's first element, so that the
+    Philox chain takes the data's layout (the other counter words broadcast into it). Left
+    alone, Triton gives that chain its default layout and converts its 16 uniforms to the
+    data's layout through shared memory, two barriers each (32 per program). Where x is NaN
+    the block's output is NaN whatever its uniforms, so the zero there changes nothing."""
+    return tl.where(x == x, r, 0)
+
+
+@triton.jit
 def _qdq16(
     xs,
     c4,
@@ -56,6 +66,8 @@ def _qdq16(
     block in xs[j]). c4: global view column of element 0, over 4 (Philox counter 0 of
     elements 0..3); r: global view row; st_ptr: the e4m3 tensor scale, a pointer per block
     where segments have their own. Returns the 16 dequantized fp32 tensors."""
+    if SR:
+        r = _row_counter_like(xs[0], r)
     if RHT:
         xs = rht16(xs, sign_ptr, norm)
     amax, negative_led = block_amax16(xs, ASYM)

@@ -2,7 +2,7 @@
 
 Uniform grids with a power-of-two step d (e1m2, int4, int4_asym: levels i * d) take a short
 path: v / d is exact, so RTNE is rint(v / d) * d (ties to the even integer = the even code)
-and SR's lo is floor(v / d) * d, hi = min(lo + d, top); the same values the loops find.
+and SR's lo is floor(v / d) * d, hi = lo + d; the same values the loops find.
 Minifloat grids (e2m1) take the same path with d the spacing of v's binade (a power of two
 read from v's exponent): within a binade the grid is uniform, every binade starts at an even
 code and an even multiple of its d (mantissa bits >= 1), so ties and neighbours agree with
@@ -52,7 +52,6 @@ def round_to_grid(
     u,
     lv_ptr,
     mid_ptr,
-    top,
     SR: tl.constexpr,
     NLEV: tl.constexpr,
     D: tl.constexpr,
@@ -60,17 +59,16 @@ def round_to_grid(
     FP_M: tl.constexpr,
 ):
     """v (clipped to the sign's top level) -> its grid level: SR against u (unused for
-    RTNE), else RTNE. top: the largest level (g_max, or the two's-complement extra); D > 0: a
-    uniform grid of power-of-two step D (numerics.rounding.uniform_step); FP_M > 0: a
-    minifloat grid with FP_M mantissa bits (numerics.rounding.minifloat_mantissa); else the
-    tables."""
+    RTNE), else RTNE. D > 0: a uniform grid of power-of-two step D
+    (numerics.rounding.uniform_step); FP_M > 0: a minifloat grid with FP_M mantissa bits
+    (numerics.rounding.minifloat_mantissa); else the tables."""
     if D > 0 or FP_M > 0:  # a power-of-two step: the grid's own, or v's binade's
         if D > 0:
             d, inv_d = D, INV_D
         else:
             d, inv_d = _minifloat_step(v, FP_M)
         if SR:
-            q = _round_stepped_sr(v, u, top, d, inv_d)
+            q = _round_stepped_sr(v, u, d, inv_d)
         else:
             q = _rint(v * inv_d) * d
     elif SR:
@@ -93,11 +91,20 @@ def _minifloat_step(v, M: tl.constexpr):
 
 
 @triton.jit
-def _round_stepped_sr(v, u, top, d, inv_d):
-    """SR where the levels around v are lo = floor(v / d) * d and hi = min(lo + d, top)."""
-    lo = tl.floor(v * inv_d) * d
-    hi = tl.minimum(lo + d, top)
-    return tl.where(u * (hi - lo) < v - lo, hi, lo)
+def _round_stepped_sr(v, u, d, inv_d):
+    """SR where the levels around v are lo = floor(v / d) * d and hi = lo + d: up iff
+    u < frac(v / d), the reference's `u * (hi - lo) < v - lo` divided by d.
+
+    Bit for bit the reference's decision, with fewer instructions: q = v / d is exact (d a
+    power of two, v in normal range or scaled up), so is frac = q - floor(q) (Sterbenz), and
+    u * d and v - lo = frac * d are the exact products of the same comparison by d. hi needs
+    no min(., top): v is clipped to a level of the grid, so lo + d exceeds the top only when
+    v is the top itself, where frac = 0 and nothing rounds up (hi - lo = 0 in the
+    reference). u = k 2^-24 and d >= 2^-M (binades) or the grid's step (dispatch.py takes
+    this path for steps >= 2^-60 only), so u * d never underflows."""
+    q = v * inv_d
+    f = tl.floor(q)
+    return tl.where(u < q - f, f + 1.0, f) * d
 
 
 @triton.jit
