@@ -5,8 +5,8 @@ Writes $OUT/host_overhead.json (OUT defaults to runs/gpu/host_overhead) and prin
 last.
 Without a GPU, `--cpu` times the host glue of the kernel path on CPU tensors with Triton's
 launcher replaced by a no-op (TRITON_INTERPRET=1 so the kernels import), and the torch
-reference path; `--sass` compiles the 16-tensor and pair kernels for sm_90 with Triton's
-ptxas and counts SASS instructions and registers: the numbers in docs/kernel-notes.md.
+reference path. (Static SASS counts of the kernels, on any machine:
+`python tests/kernels/sm90_compile.py --sass`.)
 
 Columns, per call (us):
   host    wall time of 50 back-to-back calls / 50, no synchronisation inside the loop: the
@@ -505,128 +505,9 @@ def cpu_glue(log):
     return rows
 
 
-def sass_counts(log):
-    """Static SASS instruction and register counts of the 16-tensor kernels for sm_90,
-    compiled with Triton's bundled ptxas on any machine (no GPU needed): the numbers quoted
-    in docs/kernel-notes.md (SR instruction budget, pair-kernel registers)."""
-    import collections
-    import re
-    import subprocess
-    import tempfile
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from ufp4_megatron.kernels import quantize16_triton as k16
-    from ufp4_megatron.numerics.grids import get_grid
-    from ufp4_megatron.numerics.rounding import minifloat_mantissa
-
-    ptrs = {"x_ptr", "out_ptr", "lv_ptr", "mid_ptr", "st_ptr", "sign_ptr"}
-    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
-
-    def compile_(kernel, consts):
-        sig = {}
-        for n in kernel.arg_names:
-            base = n[2:] if n[:2] in ("a_", "b_") else n
-            sig[n] = (
-                "constexpr"
-                if n in consts
-                else ("*bf16" if base in ("x", "out", "x_ptr", "out_ptr") else "*fp32")
-                if base in ptrs or base in ("x", "out", "lv", "mid", "st", "sign")
-                else "fp32"
-                if base in ("norm", "gmax", "gneg")
-                else "i64"
-                if base == "seed"
-                else "i32"
-            )
-        attrs = {
-            (i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if sig[n].startswith("*")
-        }
-        src = ASTSource(
-            fn=kernel,
-            signature=sig,
-            attrs=attrs,
-            constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()},
-        )
-        ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(ck.asm["cubin"])
-        sass = subprocess.run(
-            [f"{bin_dir}/cuobjdump", "-sass", f.name], capture_output=True, text=True
-        ).stdout
-        res = subprocess.run(
-            [f"{bin_dir}/cuobjdump", "-res-usage", f.name], capture_output=True, text=True
-        ).stdout
-        os.unlink(f.name)
-        ops = [
-            re.sub(r"^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
-            for line in sass.splitlines()
-            if re.match(r"\s+/\*[0-9a-f]{4}\*/\s+", line)
-        ]
-        regs = re.search(r"REG:(\d+)", res)
-        return collections.Counter(o.split(".")[0] for o in ops), int(regs.group(1))
-
-    base = dict(
-        SCALE=0, NLEV=8, ASYM=False, D=0.25, INV_D=4.0, FP_M=0, EXACT_DIV=False, RHT=True, SEG=0
-    )
-    # E2M1 is not uniform: it rounds within v's binade (FP_M = 1, what dispatch.py passes),
-    # or by searching the level table ("table": FP_M = 0, the generic codebook path); its
-    # fprop and dgrad take no RHT. The operands of the e2m1 recipe next to UFP4's.
-    e2m1 = dict(D=0.0, INV_D=0.0, FP_M=minifloat_mantissa(get_grid("e2m1").levels_tensor()))
-    grids = (
-        ("e1m2 rht16", {}),
-        ("e2m1", dict(e2m1, RHT=False)),
-        ("e2m1 rht16", e2m1),
-        ("e2m1 table", dict(e2m1, FP_M=0, RHT=False)),
-        ("e2m1 table rht16", dict(e2m1, FP_M=0)),
-    )
-    rows = []
-    for name, kernel, tiles in (
-        ("row16", k16._row16_kernel, dict(BR=8, BG=16)),
-        ("col16", k16._col16_kernel, dict(BG=2, BB=128)),
-    ):
-        for grid, consts in grids:
-            for sr in (False, True):
-                ops, regs = compile_(kernel, dict(base, SR=sr, INTERP=False, **tiles, **consts))
-                rows.append(
-                    dict(
-                        what=f"{name} {grid} {'sr' if sr else 'rtne'}",
-                        sass=sum(ops.values()),
-                        regs=regs,
-                        top=dict(ops.most_common(8)),
-                    )
-                )
-                log(rows[-1])
-
-    def job(p, col, sr, consts):
-        d = {p + k: v for k, v in dict(base, SR=sr, **consts).items()}
-        return d | {p + "COL": col, p + "T0": 2 if col else 8, p + "T1": 128 if col else 16}
-
-    for name, a, b, consts in (
-        ("fprop row rtne + row rtne", (False, False), (False, False), {}),
-        ("dgrad row sr + col rtne", (False, True), (True, False), {}),
-        ("wgrad col sr + col rtne", (True, True), (True, False), {}),
-        ("e2m1 fprop", (False, False), (False, False), dict(e2m1, RHT=False)),
-        ("e2m1 dgrad", (False, True), (True, False), dict(e2m1, RHT=False)),
-        ("e2m1 wgrad (rht16)", (True, True), (True, False), e2m1),
-    ):
-        ops, regs = compile_(
-            k16._pair16_kernel, dict(**job("A_", *a, consts), **job("B_", *b, consts), INTERP=False)
-        )
-        rows.append(dict(what=f"pair {name}", sass=sum(ops.values()), regs=regs))
-        log(rows[-1])
-    return rows
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python3 gpu/host_overhead.py")
     p.add_argument("--cpu", action="store_true", help="CPU-only host glue and reference rows")
-    p.add_argument(
-        "--sass",
-        action="store_true",
-        help="CPU-only: sm_90 SASS instruction and register counts of the kernels",
-    )
     p.add_argument(
         "--only",
         default="kernels,layer,direct,cached",
@@ -637,14 +518,6 @@ def main(argv=None):
         {k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()},
         flush=True,
     )
-    if args.sass:
-        rows = sass_counts(log)
-        print(
-            "\n| kernel (sm_90, 4 warps) | SASS instructions | registers |\n| --- | ---: | ---: |"
-        )
-        for r in rows:
-            print(f"| {r['what']} | {r['sass']} | {r['regs']} |")
-        return
     if args.cpu:
         rows = cpu_glue(log)
         print("\n| what | host us per call (CPU) |\n| --- | ---: |")

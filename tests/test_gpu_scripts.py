@@ -493,6 +493,21 @@ def test_te_check_sh_refuses_an_unknown_model_before_setting_up(tmp_path):
         assert calls == []
 
 
+def test_te_check_sh_accepts_the_models_te_steps_knows():
+    # te_check.sh refuses a model before its set-up (no Python packages yet), so it keeps its
+    # own list; it must name exactly gpu/te_steps.py's models (gpu/te_profile.py's are those)
+    import sys
+
+    sys.path.insert(0, str(ROOT / "gpu"))
+    try:
+        from te_steps import MODELS
+    finally:
+        sys.path.remove(str(ROOT / "gpu"))
+    script = (ROOT / "gpu" / "te_check.sh").read_text()
+    (pattern,) = re.findall(r"^\s*case \$m in ([\w|]+)\) ;;", script, re.M)
+    assert sorted(pattern.split("|")) == sorted(m.split()[0] for m in MODELS)
+
+
 def test_te_check_sh_profile_part_and_steps_models(tmp_path):
     """PARTS=steps,profile: the step rows of the models asked for, then the routes' profiles."""
     out, calls = _with_stand_ins(

@@ -15,15 +15,25 @@ GPUTarget("cuda", 90, 32), as a launch on an H200 would. So the constexprs (tile
 SCALE, SR, EXACT_DIV, SEG, ...) are those dispatch.py's plans pass, not a copy. Nothing runs:
 the call ends at the intercepted launch.
 
-    python tests/kernels/sm90_compile.py [CASE ...]    one JSON line per case
+    python tests/kernels/sm90_compile.py [CASE ...]    one JSON line per case (its TTGIR's
+                                     values per thread and layout conversions among them)
+    python tests/kernels/sm90_compile.py --sass [CASE ...]
+                                     the same, each with its SASS instruction, register and
+                                     barrier counts (cuobjdump), then a table; with no CASE,
+                                     also the SASS-only cases (the single-layout kernels of
+                                     UFP4 and E2M1): the static counts docs/kernel-notes.md
+                                     quotes
     python tests/kernels/sm90_compile.py --interpret   run broken_kernel in the interpreter
 """
 
+import collections
 import functools
 import json
 import os
 import re
+import subprocess
 import sys
+import tempfile
 import time
 import types
 
@@ -224,6 +234,53 @@ CASES = {
 }
 
 
+def _view_call(grid, rht, rounding, col):
+    """kernels.quantize_view of s.x (or its transpose: the column layout) in one format."""
+
+    def call(s):
+        from ufp4_megatron.kernels import quantize_view
+        from ufp4_megatron.numerics.hadamard import get_rht
+
+        view = s.x.t() if col else s.x
+        rot = None if rht is None else get_rht(rht, 0)
+        return quantize_view(view, grid, block=16, rht=rot, rounding=rounding, seed=3)
+
+    return call
+
+
+# Compiled only for --sass: the single-layout 16-tensor kernels of UFP4 (e1m2, RHT16) and
+# E2M1 (binade rounding; RHT16 on wgrad's operands only), RTNE and SR, as one quantize_view
+# of a plain operand launches them; the pair kernels of the CASES above are GEMMs' launches.
+SASS_CASES = {
+    f"{kernel[1:-7]} {name} {rounding}": (kernel, 0, _view_call(grid, rht, rounding, col))
+    for kernel, col in (("_row16_kernel", False), ("_col16_kernel", True))
+    for name, grid, rht in (
+        ("e1m2 rht16", "e1m2", 16),
+        ("e2m1", "e2m1", None),
+        ("e2m1 rht16", "e2m1", 16),
+    )
+    for rounding in ("rtne", "sr")
+} | {
+    "pair16 ufp4 fprop x + w rtne": (
+        "_pair16_kernel",
+        0,
+        lambda s: s.ops.fprop(s.x, s.w, s.ufp4, **s.kw),
+    ),
+    "pair16 ufp4 wgrad dy sr + x col rtne": (
+        "_pair16_kernel",
+        0,
+        lambda s: s.ops.wgrad(s.dy, s.x, s.ufp4, **s.kw),
+    ),
+    "pair16 e2m1 fprop": ("_pair16_kernel", 0, lambda s: s.ops.fprop(s.x, s.w, s.e2m1, **s.kw)),
+    "pair16 e2m1 dgrad": ("_pair16_kernel", 0, lambda s: s.ops.dgrad(s.dy, s.w, s.e2m1, **s.kw)),
+    "pair16 e2m1 wgrad (rht16)": (
+        "_pair16_kernel",
+        0,
+        lambda s: s.ops.wgrad(s.dy, s.x, s.e2m1, **s.kw),
+    ),
+}
+
+
 def _setting():
     from ufp4_megatron.megatron import seeds
     from ufp4_megatron.quant import grouped_ops, ops
@@ -249,6 +306,7 @@ def _setting():
         ops=ops,
         grouped=grouped_ops,
         ufp4=ufp4,
+        e2m1=get_recipe("e2m1"),
         mxfp4=get_recipe("mxfp4"),
         nvfp4=get_recipe("nvfp4"),
         groups=groups,
@@ -273,10 +331,10 @@ def values_per_thread(ttgir: str) -> int:
     return max((2 ** (m.group(1).count("[") - 1) for m in LINEAR.finditer(ttgir)), default=1)
 
 
-def run_case(interceptor, setting, name):
+def run_case(interceptor, setting, name, sass=False):
     from ufp4_megatron.quant import ops, weight_cache
 
-    want, index, call = CASES[name]
+    want, index, call = (CASES | SASS_CASES)[name]
     # each case from a cold start: an earlier case's kept weight operands or operand plans
     # (ops._PLANS) would change which launches this call makes, and so launch `index`
     weight_cache.invalidate()
@@ -288,15 +346,44 @@ def run_case(interceptor, setting, name):
     )
     compiled, signature = compile_launch(launch.kernel, launch.args, launch.kwargs)
     consts = {k: v for k, v in launch.kwargs.items() if k in signature}
+    counts = sass_counts(compiled.asm["cubin"]) if sass else {}
     return dict(
         kernel=want,
         cubin_bytes=len(compiled.asm["cubin"]),
         values_per_thread=values_per_thread(compiled.asm["ttgir"]),
+        layout_conversions=compiled.asm["ttgir"].count("ttg.convert_layout"),
         elf=compiled.asm["cubin"][:4] == b"\x7fELF",
         target=compiled.metadata.target.arch,
         num_warps=compiled.metadata.num_warps,
         constexprs={k: v for k, v in consts.items() if isinstance(v, (int, float))},
         seconds=round(time.perf_counter() - t0, 2),
+        **counts,
+    )
+
+
+SASS_LINE = re.compile(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+
+
+def sass_counts(cubin: bytes) -> dict:
+    """Static counts of a cubin (cuobjdump from Triton's wheel): its SASS instructions
+    (NOP padding excluded), the most frequent opcodes (modifiers dropped) and its registers
+    per thread. Static: every branch counts, taken or not (the fast division's scalar
+    fallback, for one, rarely runs)."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass, res = (
+            subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
+            for flag in ("-sass", "-res-usage")
+        )
+    ops = collections.Counter(m.group(1) for m in map(SASS_LINE.match, sass.splitlines()) if m)
+    del ops["NOP"]
+    return dict(
+        sass=sum(ops.values()),
+        barriers=ops["BAR"],
+        regs=int(re.search(r"REG:(\d+)", res).group(1)),
+        top_ops=dict(ops.most_common(10)),
     )
 
 
@@ -334,13 +421,29 @@ def main(argv):
     )
     # Every launch is intercepted before anything runs, so CPU tensors stand in for CUDA ones.
     dispatch.check_device = lambda x: None
+    sass = argv[:1] == ["--sass"]
+    names = argv[1:] if sass else argv
+    names = names or list(CASES) + (list(SASS_CASES) if sass else [])
     setting = _setting()
-    for name in argv or list(CASES):
+    rows = []
+    for name in names:
         try:
-            row = run_case(interceptor, setting, name)
+            row = run_case(interceptor, setting, name, sass=sass)
         except Exception as e:  # reported per case; the test says which failed and why
             row = dict(error=_describe(e))
-        print(json.dumps(dict(case=name, **row)), flush=True)
+        rows.append(dict(case=name, **row))
+        print(json.dumps(rows[-1]), flush=True)
+    if sass:
+        print(
+            "\n| case (sm_90, 4 warps) | SASS instructions | registers | barriers | "
+            "layout conversions |\n| --- | ---: | ---: | ---: | ---: |"
+        )
+        for row in rows:
+            if "sass" in row:
+                print(
+                    f"| {row['case']} | {row['sass']} | {row['regs']} | {row['barriers']} | "
+                    f"{row['layout_conversions']} |"
+                )
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import pytest
 import triton
-from sm90_compile import BROKEN, CASES
+from sm90_compile import BROKEN, CASES, SASS_LINE
 
 HELPER = Path(__file__).with_name("sm90_compile.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -113,6 +113,44 @@ def test_kernel_compiles_to_sm90_cubin(compiled, case):
         f"{case}: a layout holds {row['values_per_thread']} values per thread (the tile "
         "replicated over threads: slow to compile and to run)"
     )
+
+
+@pytest.mark.parametrize(
+    "case",
+    [c for c in COMPILED if CASES[c][0] in ("_row16_kernel", "_col16_kernel", "_pair16_kernel")],
+)
+def test_16_tensor_kernels_convert_no_layout(compiled, case):
+    # Element j of every block lives in its own tensor, all in the data's layout; SR's Philox
+    # chain once took Triton's default layout instead, and its 16 uniforms went through shared
+    # memory with two barriers each (quantize16_triton._row_counter_like).
+    row = compiled[case]
+    assert row.get("layout_conversions") == 0, (
+        f"{case}: {row.get('layout_conversions')} layout conversions in the TTGIR"
+    )
+
+
+def test_sass_counts_of_a_launched_kernel(tmp_path):
+    reason = _ptxas_missing()
+    if reason:
+        pytest.skip(f"cannot compile for sm_90 here: {reason}")
+    cuobjdump = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    if not cuobjdump.exists():
+        pytest.skip(f"the triton wheel has no {cuobjdump} to list SASS with")
+    (row,) = [r for r in _helper(["--sass", "row16 e1m2 rht16 sr"], tmp_path) if "case" in r]
+    assert row["kernel"] == "_row16_kernel" and row["constexprs"]["SR"] is True, row
+    assert row["sass"] > 500 and 0 < row["regs"] <= 255 and row["top_ops"], row
+    # the division guard's program-wide max: one store, one barrier, one load, one barrier
+    assert row["barriers"] == 2 and row["layout_conversions"] == 0, row
+
+
+def test_sass_lines_past_address_ffff_count():
+    # cuobjdump writes an address of more than four hex digits past 64 KiB of code (4096
+    # instructions); a four-digit pattern silently stopped counting there
+    for address in ("0000", "fff0", "10000", "1a2b0"):
+        line = f"        /*{address}*/                   IMAD.HI.U32 R41, R44, -0x2daee0ad, RZ ;"
+        assert SASS_LINE.match(line).group(1) == "IMAD"
+    predicated = "        /*10a0*/              @!P4 FADD R41, R41, 1 ;"
+    assert SASS_LINE.match(predicated).group(1) == "FADD"
 
 
 def test_compile_rejects_annotated_module_constant(compiled, tmp_path):
