@@ -58,7 +58,7 @@
 # with their checkpoints) and the pysrc corpus.
 # Env: BUDGET seconds from start to the end of training (default 400), PER_DEVICE, SEEDS, ARMS,
 # AXIS (one grid axis's values, e.g. AXIS=depth=L3,L12: the runner's --axis),
-# GRID, PAUSE=1 (runs longer than one round: the budget pauses them, the next round on the
+# GRID, MPS (off, auto, on: below), PAUSE=1 (runs longer than one round: the budget pauses them, the next round on the
 # same node continues them from their checkpoints; STOP_GRACE seconds for the checkpoint
 # saves, default 60 with PAUSE=1, else 20).
 # After training: the mechanism (a round whose seed-1 models are new) up to ~120 s, compare
@@ -122,6 +122,13 @@ case $PAUSE in
   *) echo "gpu/study.sh: PAUSE=$PAUSE; give 1 (the budget pauses the runs) or 0" >&2; exit 2 ;;
 esac
 STOP_GRACE=${STOP_GRACE:-$STOP_GRACE_DEFAULT}
+# MPS=auto|on: the runs on the GPU share it through a CUDA MPS server of the runner's own
+# (study/mps.py) instead of taking turns; off (default) until gpu/study_packing.sh has measured it
+MPS=${MPS:-off}
+case $MPS in
+  off|auto|on) ;;
+  *) echo "gpu/study.sh: MPS=$MPS; give off, auto or on" >&2; exit 2 ;;
+esac
 OUT=${OUT:-runs/gpu/study}
 NODE_DIR=${NODE_DIR:-/tmp}  # the node's study dirs and corpus (checkpoints stay there)
 [[ $NODE_DIR =~ ^/[A-Za-z0-9_./-]*$ ]] || {  # it goes into a Hydra list override unquoted
@@ -226,7 +233,7 @@ echo "round $ROUND: grid $GRID arms ${ARMS:-all} seeds ${SEEDS:-of the grid}${AX
 T_START=$(date +%s)
 extra=(); (( ${#data[@]} )) && extra=(-- "${data[@]}")
 python3 -m ufp4_megatron.study --out "$STUDY" --grid "$GRID" ${SEEDS:+--seeds "$SEEDS"} ${ARMS:+--arms "$ARMS"} \
-  ${AXIS:+--axis "$AXIS"} --per-device "$PER_DEVICE" --time-limit "$LIMIT" "${pause[@]}" "${prereg[@]}" --stop-grace "$STOP_GRACE" --wandb-mode disabled \
+  ${AXIS:+--axis "$AXIS"} --per-device "$PER_DEVICE" --mps "$MPS" --time-limit "$LIMIT" "${pause[@]}" "${prereg[@]}" --stop-grace "$STOP_GRACE" --wandb-mode disabled \
   --progress plain "${extra[@]}" 2>&1 | tee "$STUDY/runner-round$ROUND.log"
 T_TRAIN=$(date +%s)
 [[ -f $STUDY/study.json ]] || { echo "gpu_study: the runner wrote no study.json (see above)"; exit 1; }

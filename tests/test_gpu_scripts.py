@@ -338,16 +338,18 @@ def test_host_path_probe_runs_and_finds_the_pair_launch_cacheable():
     assert len(lines) == 6 and all("[('_pair16_kernel', True)]" in line for line in lines), lines
 
 
-def _with_stand_ins(tmp_path, script, *args, **env_extra):
-    """gpu/`script` with stand-ins for python3 (logs its calls) and nvidia-smi, on an image
+def _with_stand_ins(tmp_path, script, *args, tools=(), **env_extra):
+    """gpu/`script` with stand-ins for python3 (logs its calls, "[mps] " first where it
+    would reach an MPS daemon) and nvidia-smi, and tools' (name, bash body), on an image
     that imports megatron-core/Hydra/W&B already (no wheelhouse): the finished process and
-    the python3 calls it made."""
+    the calls logged."""
     import os
     import subprocess
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    for name, body in (("python3", 'echo "$*" >> "$FAKE_LOG"\n'), ("nvidia-smi", "")):
+    python3 = 'echo "${CUDA_MPS_PIPE_DIRECTORY:+[mps] }$*" >> "$FAKE_LOG"\n'
+    for name, body in (("python3", python3), ("nvidia-smi", ""), *tools):
         (bin_dir / name).write_text("#!/usr/bin/env bash\n" + body)
         (bin_dir / name).chmod(0o755)
     log = tmp_path / "log"
@@ -452,16 +454,70 @@ def test_perf_graphs_sh_weight_operand_variants(tmp_path):
     assert "--variant local_nocache:train.cuda_graph=local train.weight_cache=none" in only
 
 
-def test_study_packing_sh_trains_the_pair_and_three_packings(tmp_path):
+# the MPS control tool: -d starts "the daemon", other calls take one command on stdin
+FAKE_MPS_CONTROL = (
+    "nvidia-cuda-mps-control",
+    'if [[ ${1:-} == -d ]]; then echo "daemon $CUDA_MPS_PIPE_DIRECTORY" >> "$FAKE_LOG"; exit 0; fi\n'
+    'read -r cmd; echo "control $cmd" >> "$FAKE_LOG"\n'
+    "[[ $cmd == get_server_list ]] && echo 4242\nexit 0\n",
+)
+
+
+def test_study_packing_sh_trains_the_pair_and_its_packings(tmp_path):
+    """Without MPS on the node: the eager/graphed pair and the eager packing; the MPS parts
+    say they are skipped."""
     out, calls = _with_stand_ins(tmp_path, "study_packing.sh")
     assert out.returncode == 0, out.stderr
-    runs = [c for c in calls if c.startswith("-m ufp4_megatron.train")]
-    assert len(runs) == 2 + 12 + 12 + 16
+    runs = [c for c in calls if "-m ufp4_megatron.train" in c]
+    assert len(runs) == 2 + 12 and not [c for c in runs if c.startswith("[mps]")]
     assert all("train.micro_batch=64" in c and "train.seq_len=256" in c for c in runs)
     pair = [c for c in runs if "train.steps=120" in c]
     assert len(pair) == 2 and {"train.cuda_graph=none" in c for c in pair} == {True, False}
-    graphed = [c for c in runs if "train.steps=1000" in c and "train.cuda_graph=local" in c]
-    assert len(graphed) == 12 + 16
+    assert len([c for c in runs if "train.steps=1000" in c and "graph=none" in c]) == 12
+    assert "MPS parts skipped" in out.stdout
+    assert "12 MPS runs: skipped" in out.stdout and "16 MPS runs: skipped" in out.stdout
+
+
+def test_study_packing_sh_runs_its_mps_packings_through_one_private_daemon(tmp_path):
+    import os
+
+    out, calls = _with_stand_ins(
+        tmp_path, "study_packing.sh", tools=[FAKE_MPS_CONTROL], PACKS="none:2:1 mps:3:1 local:2:1"
+    )
+    assert out.returncode == 0, out.stderr
+    (daemon,) = [c for c in calls if c.startswith("daemon ")]
+    pipe = daemon.split()[1]
+    assert pipe.startswith("/tmp/ufp4-mps.")
+    runs = [c for c in calls if "-m ufp4_megatron.train" in c]
+    through = [c for c in runs if c.startswith("[mps]")]
+    assert len(runs) == 3 + 2 + 3 + 2 and len(through) == 1 + 3
+    assert all("train.cuda_graph=none" in c for c in through)
+    assert len([c for c in through if "train.steps=120" in c]) == 1  # its run beside the pair
+    assert (
+        "control get_server_list" in calls and "MPS servers while 3 runs train: 4242" in out.stdout
+    )
+    assert calls[-1] == "control quit"  # quit at the end
+    assert not os.path.exists(pipe)
+
+
+def test_study_packing_sh_refuses_bad_packs_before_setting_up(tmp_path):
+    for bad in ("mps:0:90", "gpu:12:90", "none:12", "none:12:90;rm"):
+        out, calls = _with_stand_ins(tmp_path, "study_packing.sh", PACKS=f"none:2:1 {bad}")
+        assert out.returncode == 2 and f"PACKS entry '{bad}'" in out.stderr, (bad, out.stderr)
+        assert calls == []
+
+
+def test_study_sh_passes_mps_to_the_runner_and_refuses_other_values(tmp_path):
+    node = tmp_path / "node"
+    _, calls = _with_stand_ins(tmp_path, "study.sh", "1", NODE_DIR=str(node), MPS="auto")
+    (runner,) = [c for c in calls if c.startswith("-m ufp4_megatron.study")]
+    assert "--mps auto" in runner
+    _, calls = _with_stand_ins(tmp_path, "study.sh", "1", NODE_DIR=str(node))
+    (runner,) = [c for c in calls if c.startswith("-m ufp4_megatron.study")]
+    assert "--mps off" in runner
+    out, calls = _with_stand_ins(tmp_path, "study.sh", "1", NODE_DIR=str(node), MPS="yes")
+    assert out.returncode == 2 and "MPS=yes; give off, auto or on" in out.stderr
+    assert calls == []
 
 
 def test_te_check_sh_moe_part_resumes_te_grouped_experts_through_the_matrix(tmp_path):
@@ -557,7 +613,7 @@ def test_te_profile_profiles_each_route_with_the_bench_suite(tmp_path):
 def test_study_packing_sh_starts_every_run_in_a_fresh_dir(tmp_path):
     """Run dirs left in OUT by an earlier invocation are cleared, not resumed: a resumed run
     would report its old steps as this invocation's."""
-    stale = [tmp_path / "out" / d for d in ("bit-none", "bit-local", "pack-local-12-1")]
+    stale = [tmp_path / "out" / d for d in ("bit-none", "bit-local", "pack-none-12-1")]
     for d in stale:
         (d / "checkpoints").mkdir(parents=True)
         (d / "metrics.jsonl").write_text('{"step": 120, "loss": 1.0, "step_time": 0.001}\n')

@@ -387,7 +387,11 @@ def test_restart_incomplete_moves_partial_runs_aside_and_launch_records_the_star
     assert (tmp_path / "discarded" / "ufp4-s1-attempt1.1" / "metrics.jsonl").exists()
     partial.mkdir()
     mf.write_launch(partial, attempt=2, from_step=0)
-    assert json.loads((partial / mf.LAUNCH).read_text()) == {"attempt": 2, "from_step": 0}
+    assert json.loads((partial / mf.LAUNCH).read_text()) == {
+        "attempt": 2,
+        "from_step": 0,
+        "mps": False,
+    }
 
 
 def test_lock_refuses_a_second_runner(tmp_path):

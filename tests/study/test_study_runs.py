@@ -537,7 +537,11 @@ def test_restart_incomplete_trains_a_stopped_run_again_in_one_process(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "starts over from step 0" in done.stdout and "resuming at step" not in done.stdout
-    assert json.loads((run / "launch.json").read_text()) == {"attempt": 2, "from_step": 0}
+    assert json.loads((run / "launch.json").read_text()) == {
+        "attempt": 2,
+        "from_step": 0,
+        "mps": False,  # a CPU run
+    }
     assert len(lines(run / "metrics.jsonl")) == steps
     kept = out / "discarded" / "bf16-s1-attempt1"
     assert int((kept / "checkpoints" / "latest").read_text()) == stopped

@@ -26,6 +26,7 @@ import warnings
 from pathlib import Path
 
 from . import manifest as mf
+from . import mps
 from .grid import StudyGrid, check_grid, expand, load_grid, parse_seeds, select_axis_values
 from .packing import available_cpus, make_slots, visible_gpus
 from .resolve import check_distinct_labels, resolve
@@ -69,6 +70,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         f"{DEFAULT_PER_GPU} per GPU, 1 on CPU)",
     )
     p.add_argument("--gpus", default="auto", help="auto | none | device ids 0,1,...")
+    p.add_argument(
+        "--mps",
+        default="off",
+        choices=mps.MODES,
+        help="CUDA MPS for the runs sharing a GPU (study/mps.py): on, auto (where it "
+        "starts), off (default: the runs on a GPU take turns)",
+    )
     p.add_argument(
         "--threads",
         type=int,
@@ -196,6 +204,7 @@ def study(args) -> int:
     per_device = args.per_device or (DEFAULT_PER_GPU if gpus else 1)
     cpus = available_cpus()
     slots = make_slots(per_device, gpus, cpus)
+    mps.check_request(args.mps, gpus)  # before anything is written
     if len(slots) > len(cpus):
         print(
             f"warning: {len(slots)} concurrent runs on {len(cpus)} CPUs share cores; "
@@ -220,6 +229,7 @@ def study(args) -> int:
         stop_grace=args.stop_grace,
         threads=args.threads,
         hide_gpus=args.gpus == "none",
+        mps=args.mps,
         wandb_mode=args.wandb_mode,
         progress=args.progress,
     )

@@ -147,13 +147,15 @@ def last_step(path: Path) -> int:
 LAUNCH = "launch.json"
 
 
-def write_launch(run: Path, *, attempt: int, from_step: int) -> None:
-    """<run>/launch.json: the trainer process started last, and the step it starts from (0:
-    from scratch). The process that completes a run is the last one started, so a complete
-    run's launch.json says whether one process trained all its steps (from_step 0)."""
+def write_launch(run: Path, *, attempt: int, from_step: int, mps: bool = False) -> None:
+    """<run>/launch.json: the trainer process started last, the step it starts from (0:
+    from scratch) and whether it shared its GPU through CUDA MPS (mps.py). The process that
+    completes a run is the last one started, so a complete run's launch.json says whether
+    one process trained all its steps (from_step 0)."""
     path = Path(run) / LAUNCH
     tmp = path.with_name(f"{LAUNCH}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"attempt": attempt, "from_step": from_step}) + "\n")
+    record = {"attempt": attempt, "from_step": from_step, "mps": mps}
+    tmp.write_text(json.dumps(record) + "\n")
     os.replace(tmp, path)
 
 

@@ -6,7 +6,8 @@ pinned to its own share of the CPUs (os.sched_setaffinity) and runs one OpenMP t
 default: 12 processes with default thread counts on 16 cores ran 100x slower (threads
 oversubscribing the cores), and on two busy cores a tiny-model ufp4 run with 2 threads took
 139 s where the same run with 1 thread took 11-14 s. Slots alternate over the
-GPUs (CUDA_VISIBLE_DEVICES round-robin), so the first runs spread over every GPU.
+GPUs (CUDA_VISIBLE_DEVICES round-robin), so the first runs spread over every GPU. The runs on
+one GPU take turns on it (a context each), unless they share it through MPS (mps.py).
 
 A trainer dies with its runner: PR_SET_PDEATHSIG delivers SIGTERM, on which the trainer saves
 a checkpoint and exits, so a runner killed with SIGKILL leaves no orphan training into a run

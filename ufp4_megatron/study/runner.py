@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import manifest as mf
+from . import mps as mps_daemon
+from .mps import MPS
 from .packing import Slot, child_env, spawn
 from .resolve import RunInfo
 
@@ -60,6 +62,7 @@ class Options:
     stop_grace: float = 90.0  # seconds a stopped trainer has to save before SIGKILL
     threads: int = 1  # OpenMP threads per run (packing.py says why 1)
     hide_gpus: bool = False  # CUDA_VISIBLE_DEVICES="" for CPU slots on a GPU machine
+    mps: str = "off"  # CUDA MPS for the runs sharing a GPU: off | auto | on (mps.py)
     wandb_mode: str | None = None  # logging.wandb.mode of the runs; None: the trainer's
     progress: str = "auto"  # auto (bar on a terminal) | bar | plain
     print_every: float = 30.0  # seconds between plain progress lines
@@ -165,6 +168,7 @@ class Runner:
         self.t0 = time.monotonic()
         self._last_print = 0.0
         self.bar = None
+        self.mps: MPS | None = None
 
     # -- bookkeeping ----------------------------------------------------------------------
     def _records(self) -> list[dict]:
@@ -349,27 +353,26 @@ class Runner:
         log = open(logs / f"{r['name']}.log", "ab")
         argv = self._argv(r)
         start_step = mf.checkpoint_step(d) or 0
-        mf.write_launch(d, attempt=r["attempts"] + 1, from_step=start_step)
+        shared = self.mps is not None and slot.gpu is not None  # its GPU through MPS
+        mf.write_launch(d, attempt=r["attempts"] + 1, from_step=start_step, mps=shared)
         header = (
             f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} attempt {r['attempts'] + 1} "
-            f"slot {slot.index} gpu {slot.gpu} cpus {list(slot.cpus)} from step "
+            f"slot {slot.index} gpu {slot.gpu}{' (MPS)' if shared else ''} cpus "
+            f"{list(slot.cpus)} from step "
             f"{start_step}: {' '.join(argv)}\n"
         )
         log.write(header.encode())
         log.flush()
         threads = self.opt.threads
-        proc = spawn(
-            argv,
-            slot,
-            child_env(os.environ, slot, threads, self.opt.hide_gpus),
-            log,
-            keep_fds=(lock_fd,),
-        )
+        env = child_env(os.environ, slot, threads, self.opt.hide_gpus)
+        if self.mps is not None:
+            env.update(self.mps.client_env(slot))
+        proc = spawn(argv, slot, env, log, keep_fds=(lock_fd,))
         r.update(
             status="running",
             attempts=r["attempts"] + 1,
             returncode=None,
-            slot={"gpu": slot.gpu, "cpus": list(slot.cpus), "threads": threads},
+            slot={"gpu": slot.gpu, "cpus": list(slot.cpus), "threads": threads, "mps": shared},
             started=time.time(),
             ended=None,
         )
@@ -489,6 +492,11 @@ class Runner:
                 self._discard_partial(queue)
             self._save()
             prepare_data(self.study, queue, self.infos)
+            gpus = list(dict.fromkeys(s.gpu for s in self.slots if s.gpu is not None))
+            if queue:
+                self.mps = mps_daemon.start(
+                    self.opt.mps, gpus, self.study / "logs" / "mps", say=self._say
+                )
             if self.opt.progress == "bar" or (self.opt.progress == "auto" and sys.stderr.isatty()):
                 from tqdm import tqdm
 
@@ -504,6 +512,8 @@ class Runner:
                 signal.signal(s, h)
             if self.bar is not None:
                 self.bar.close()
+            if self.mps is not None:  # after the loop, which ends when no trainer is left
+                self.mps.stop()
             self._save()
             lock.release()
         return self.manifest
