@@ -121,6 +121,13 @@ def _plan(dtype, device, fmt: OperandFormat, out_dtype) -> _Plan | str:
     return hit
 
 
+def rht16_constexpr(rht: RHT) -> int:
+    """The 16-tensor kernels' RHT constexpr for an RHT16: 2^16 plus its sign mask (bit j set
+    where sign j is -1), so that the signs fold into the kernel as constants
+    (hadamard_triton.rht16). One sign vector per run (Recipe.rht_seed): one compile."""
+    return (1 << 16) | sum(1 << j for j, s in enumerate(rht.signs.tolist()) if s < 0)
+
+
 def _build_plan(dtype, device, fmt: OperandFormat, out_dtype) -> _Plan | str:
     block, block_2d, scale, rounding = fmt.block, fmt.block_2d, fmt.scale, fmt.rounding
     rht, keep_padding = fmt.rht, fmt.keep_padding
@@ -172,7 +179,7 @@ def _build_plan(dtype, device, fmt: OperandFormat, out_dtype) -> _Plan | str:
     consts = dict(steps, BLOCK=block, BLOCK_2D=block_2d, LOG_H=log_h)
     consts16 = prefixed = None
     if block == 16 and not block_2d and log_h in (0, 4):  # the 16-tensor kernels apply
-        consts16 = dict(steps, RHT=log_h == 4)
+        consts16 = dict(steps, RHT=rht16_constexpr(rht) if log_h == 4 else 0)
         prefixed = {p: {p + k: v for k, v in consts16.items()} for p in ("A_", "B_")}
     return _Plan(
         fmt=fmt,

@@ -46,12 +46,18 @@ def _stage16(xs, h: tl.constexpr):
 
 
 @triton.jit
-def rht16(xs, sign_ptr, norm):
-    """RHT16 of blocks held as a 16-tuple of fp32 tensors; sign_ptr: the 16 signs (+-1);
-    norm: fp32(1/4)."""
+def rht16(xs, SIGNS: tl.constexpr, norm):
+    """RHT16 of blocks held as a 16-tuple of fp32 tensors; SIGNS: the sign vector as a mask
+    (bit j set: sign j is -1; dispatch.rht16_constexpr), so each sign and the 1/H fold into
+    one multiply by the constant +-1/16: (x * s) * (1/16) is x * (s/16) bit for bit, since
+    x * s is exact and rounding is symmetric. Loaded signs took a load and a multiply more
+    per element. norm: fp32(1/4)."""
     sx = ()
     for j in tl.static_range(16):
-        sx = sx + (xs[j] * tl.load(sign_ptr + j) * 0.0625,)
+        if (SIGNS >> j) & 1:
+            sx = sx + (xs[j] * -0.0625,)
+        else:
+            sx = sx + (xs[j] * 0.0625,)
     for i in tl.static_range(4):
         sx = _stage16(sx, 1 << i)
     post = norm * 16.0

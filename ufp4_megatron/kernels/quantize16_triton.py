@@ -8,7 +8,8 @@ B. Same pipeline, same operations as the tile kernel (pipeline_triton.py) and nu
 view is t.t(): view row = b, column = a). Row-wise (along B), each block is loaded as two
 16-byte halves and split in registers into the same 16-tensor form. `_pair16_kernel` runs
 two such jobs (row or column each) in one launch: the two operands of one GEMM. Host side:
-dispatch.py.
+dispatch.py. The RHT16 signs are compile-time constants here (the RHT constexpr), so the
+kernels leave the sign pointer of the launch arguments they share with the tile kernel unused.
 """
 
 import triton
@@ -48,7 +49,6 @@ def _qdq16(
     lv_ptr,
     mid_ptr,
     st_ptr,
-    sign_ptr,
     norm,
     gmax,
     gneg,
@@ -65,11 +65,12 @@ def _qdq16(
     """QDQ of one block held as a 16-tuple of same-shaped fp32 tensors (element j of every
     block in xs[j]). c4: global view column of element 0, over 4 (Philox counter 0 of
     elements 0..3); r: global view row; st_ptr: the e4m3 tensor scale, a pointer per block
-    where segments have their own. Returns the 16 dequantized fp32 tensors."""
+    where segments have their own; RHT: 0 (none), or 2^16 plus the RHT16 sign mask
+    (dispatch.rht16_constexpr). Returns the 16 dequantized fp32 tensors."""
     if SR:
         r = _row_counter_like(xs[0], r)
     if RHT:
-        xs = rht16(xs, sign_ptr, norm)
+        xs = rht16(xs, RHT, norm)
     amax, negative_led = block_amax16(xs, ASYM)
     g = gmax
     if ASYM:  # two's complement: a block led by a negative value may reach -gneg
@@ -165,7 +166,6 @@ def _col16_job(
         lv_ptr,
         mid_ptr,
         st_ptr + i,
-        sign_ptr,
         norm,
         gmax,
         gneg,
@@ -354,7 +354,6 @@ def _row16_job(
         lv_ptr,
         mid_ptr,
         st_ptr + i,
-        sign_ptr,
         norm,
         gmax,
         gneg,
