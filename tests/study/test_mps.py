@@ -112,6 +112,14 @@ def test_a_private_daemon_serves_the_runs_by_uuid_and_quits(tmp_path, fake):
     assert daemon.proc.returncode == 0  # quit, not killed
 
 
+def test_a_gpu_named_by_uuid_keeps_its_name(tmp_path, fake):
+    daemon, _ = _start("on", ["MIG-cccc-3", "1"], tmp_path, fake)
+    try:
+        assert daemon.uuids == {"MIG-cccc-3": "MIG-cccc-3", "1": "GPU-bbbb-2"}
+    finally:
+        daemon.stop()
+
+
 def test_off_and_cpu_only_start_nothing(tmp_path, fake):
     assert _start("off", ["0"], tmp_path, fake) == (None, [])
     assert _start("auto", [], tmp_path, fake) == (None, [])

@@ -201,7 +201,8 @@ def _probe(daemon: MPS, gpus: list[str], env: dict, probe) -> str:
         return f"get_server_list failed ({e})"
     if not servers:
         return f"no server started for the probe ({_last_log(daemon)})"
-    daemon.uuids = dict(zip(gpus, uuids))
+    # a GPU the runner already names by UUID (GPU-..., or a MIG instance's MIG-...) keeps it
+    daemon.uuids = {g: g if g.startswith(("GPU-", "MIG-")) else u for g, u in zip(gpus, uuids)}
     return ""
 
 
