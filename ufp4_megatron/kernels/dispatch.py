@@ -298,8 +298,8 @@ def _extents(plan: _Plan, shape) -> tuple[int, int]:
     """(length, other) of a [R, C] view: C padded to the plan's unit (blocks, RHT groups),
     and R, padded to whole 2D blocks where blocks are 2D."""
     R, C = shape
-    length = -(-C // plan.unit) * plan.unit
-    return length, -(-R // plan.block) * plan.block if plan.block_2d else R
+    other = _cdiv(R, plan.block) * plan.block if plan.block_2d else R
+    return _cdiv(C, plan.unit) * plan.unit, other
 
 
 def _layout(
