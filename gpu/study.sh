@@ -58,9 +58,9 @@
 # with their checkpoints) and the pysrc corpus.
 # Env: BUDGET seconds from start to the end of training (default 400), PER_DEVICE, SEEDS, ARMS,
 # AXIS (one grid axis's values, e.g. AXIS=depth=L3,L12: the runner's --axis),
-# GRID, MPS (off, auto, on: below), PAUSE=1 (runs longer than one round: the budget pauses them, the next round on the
-# same node continues them from their checkpoints; STOP_GRACE seconds for the checkpoint
-# saves, default 60 with PAUSE=1, else 20).
+# GRID, MPS (off, auto, on: below), PAUSE=1 (runs longer than one round: the budget pauses
+# them, the next round on the same node continues them from their checkpoints; STOP_GRACE
+# seconds for the checkpoint saves, default 60 with PAUSE=1, else 20).
 # After training: the mechanism (a round whose seed-1 models are new) up to ~120 s, compare
 # and archives ~25 s. Before training (inside BUDGET): ~115 s on a node that has not run the
 # package yet (set-up, preflight, corpus), ~50 s otherwise.

@@ -41,8 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import manifest as mf
-from . import mps as mps_daemon
-from .mps import MPS
+from . import mps
 from .packing import Slot, child_env, spawn
 from .resolve import RunInfo
 
@@ -168,7 +167,7 @@ class Runner:
         self.t0 = time.monotonic()
         self._last_print = 0.0
         self.bar = None
-        self.mps: MPS | None = None
+        self.mps: mps.MPS | None = None
 
     # -- bookkeeping ----------------------------------------------------------------------
     def _records(self) -> list[dict]:
@@ -492,11 +491,9 @@ class Runner:
                 self._discard_partial(queue)
             self._save()
             prepare_data(self.study, queue, self.infos)
-            gpus = list(dict.fromkeys(s.gpu for s in self.slots if s.gpu is not None))
             if queue:
-                self.mps = mps_daemon.start(
-                    self.opt.mps, gpus, self.study / "logs" / "mps", say=self._say
-                )
+                gpus = list(dict.fromkeys(s.gpu for s in self.slots if s.gpu is not None))
+                self.mps = mps.start(self.opt.mps, gpus, self.study / "logs" / "mps", say=self._say)
             if self.opt.progress == "bar" or (self.opt.progress == "auto" and sys.stderr.isatty()):
                 from tqdm import tqdm
 
