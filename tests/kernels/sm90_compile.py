@@ -355,6 +355,7 @@ def run_case(interceptor, setting, name, sass=False):
         elf=compiled.asm["cubin"][:4] == b"\x7fELF",
         target=compiled.metadata.target.arch,
         num_warps=compiled.metadata.num_warps,
+        fp_fusion=compiled.metadata.enable_fp_fusion,
         constexprs={k: v for k, v in consts.items() if isinstance(v, (int, float))},
         seconds=round(time.perf_counter() - t0, 2),
         **counts,

@@ -104,6 +104,8 @@ def test_kernel_compiles_to_sm90_cubin(compiled, case):
         pytest.fail(f"{case}: the sm_90 compile failed: {row['error']}", pytrace=False)
     assert row["kernel"] == CASES[case][0]
     assert row["target"] == 90 and row["elf"] and row["cubin_bytes"] > 0, row
+    # no multiply fused into the add it feeds: the references round both (kernels/launch.py)
+    assert row["fp_fusion"] is False, f"{case}: compiled with floating-point contraction"
     # the amax stores no output cast and the key draw no float values: no INTERP branch
     if row["kernel"] in ("_tensor_amax_kernel", "_tensor_amax_pair_kernel", "_draw_keys_kernel"):
         assert "INTERP" not in row["constexprs"]

@@ -53,6 +53,13 @@ def _enabled_from_env() -> bool:
 ENABLED = _enabled_from_env()
 SUPPORTED = triton.__version__.split(".")[:2] == ["3", "6"]
 MAX_ENTRIES = 4096  # layouts change with shapes; never grow without bound
+# Every kernel compiles without floating-point contraction: Triton lets the backend fuse a
+# multiply and the add it feeds into one fma (one rounding instead of two), which the
+# references never do. Where the product is exact the two agree; where it is not, they
+# part: RHT's multiply by 1/H rounds on subnormal inputs, and fused into the butterfly's
+# first add it gave other bits than the reference (tests/kernels/test_quantize_triton.py,
+# the subnormal row of the special values). Explicit tl.fma calls are unaffected.
+OPTIONS = {"enable_fp_fusion": False}
 
 _cache: dict = {}
 _UNCACHEABLE = (None, None, None)
@@ -124,7 +131,8 @@ def _cuda() -> bool:
 
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """kernel[grid](*args, **kwargs), with Triton's binding skipped after the first call of
-    a specialization (module docstring)."""
+    a specialization (module docstring). OPTIONS apply unless the call overrides them."""
+    kwargs = {**OPTIONS, **kwargs}
     if (
         not (ENABLED and SUPPORTED)
         or isinstance(kernel, InterpretedFunction)
@@ -187,7 +195,7 @@ class Prepared:
     __slots__ = ("_hit", "grid", "kernel", "kwargs")
 
     def __init__(self, kernel, grid: tuple, kwargs: dict):
-        self.kernel, self.grid, self.kwargs = kernel, tuple(grid), kwargs
+        self.kernel, self.grid, self.kwargs = kernel, tuple(grid), {**OPTIONS, **kwargs}
         self._hit = None  # (compiled, tail, padded grid, device); _NEVER: uncacheable
 
     @property
