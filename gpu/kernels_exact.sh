@@ -8,13 +8,17 @@
 # special values (subnormal and huge scales, NaN/Inf blocks) that exercise its guard.
 # gpu/kernels.sh runs only the `gpu`-marked ones; gpu/validate.sh runs this script.
 #   bash gpu/kernels_exact.sh        (repo root; needs torch + triton + pytest-xdist)
+# A few tests drive the kernels through ufp4_megatron.megatron (the SR key draws, the sm_90
+# compile cases with device keys), so gpu/setup.sh installs the wheelhouse's megatron-core
+# first, as for every other GPU script.
 # Writes to OUT (default runs/gpu/kernels_exact): kernels_exact.log, collected.txt and
 # finished.txt (the tests collected and those that finished) and unfinished.txt; prints
 # pytest's summary, the tests that did not finish (if cut short) and the exit status last.
 #   KERNELS_WORKERS (default 8) xdist workers, KERNELS_TIMEOUT (default 560) seconds,
 #   KERNELS_TESTS (default tests/kernels) the test files.
 set -uo pipefail
-export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
+source gpu/setup.sh > /dev/null || exit 1
+export PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
 OUT=${OUT:-runs/gpu/kernels_exact}
 mkdir -p "$OUT"
