@@ -26,13 +26,16 @@ t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 # pytest_finished.py: names the finished tests, so a cut-short run lists the rest;
 # faulthandler_timeout: a test running past 150 s dumps its threads' stacks (where it hangs);
-# SIGINT at the time limit: pytest then prints its summary of what ran.
+# SIGINT at the time limit: pytest then prints its summary of what ran; --dist loadgroup:
+# tests sharing a costly fixture (the sm_90 compile of every case) run on one worker, which
+# makes it once (tests/conftest.py).
 python3 -m pytest -q -p no:cacheprovider --collect-only ${KERNELS_TESTS:-tests/kernels} 2>/dev/null \
   | grep '::' | LC_ALL=C sort -u > "$OUT/collected.txt"
 rm -f "$OUT/finished.raw"
 FINISHED_TESTS=$OUT/finished.raw PYTHONPATH=$PWD/gpu:$PYTHONPATH \
   timeout -s INT -k 30 "${KERNELS_TIMEOUT:-560}" python3 -m pytest -v -p no:cacheprovider \
-  -n "${KERNELS_WORKERS:-8}" -p pytest_finished -o faulthandler_timeout=150 --durations=12 -rf ${KERNELS_TESTS:-tests/kernels} \
+  -n "${KERNELS_WORKERS:-8}" --dist loadgroup -p pytest_finished -o faulthandler_timeout=150 \
+  --durations=12 -rf ${KERNELS_TESTS:-tests/kernels} \
   > "$OUT/kernels_exact.log" 2>&1
 rc=$?
 LC_ALL=C sort -u "$OUT/finished.raw" > "$OUT/finished.txt" 2>/dev/null || : > "$OUT/finished.txt"

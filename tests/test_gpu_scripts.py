@@ -254,6 +254,32 @@ def test_kernels_exact_names_the_tests_that_did_not_finish(tmp_path):
     assert "finished 1 of 2 tests" in res.stdout and "t.py::b" in res.stdout
 
 
+def test_finished_tests_are_named_as_collected_under_loadgroup(tmp_path, monkeypatch):
+    # --dist loadgroup may append "@<group>" to a grouped test's node id; the collected list
+    # has none, so a finished grouped test would read as unfinished
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location(
+        "pytest_finished", ROOT / "gpu/pytest_finished.py"
+    )
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    monkeypatch.setenv("FINISHED_TESTS", str(tmp_path / "finished"))
+    for nodeid, when in (
+        ("t.py::a[row16 ufp4 fprop x rtne]@tests.kernels.test_compile_sm90", "teardown"),
+        ("t.py::b@mcore", "teardown"),
+        ("t.py::c", "teardown"),
+        ("t.py::d", "call"),
+    ):
+        plugin.pytest_runtest_logreport(types.SimpleNamespace(nodeid=nodeid, when=when))
+    assert (tmp_path / "finished").read_text().splitlines() == [
+        "t.py::a[row16 ufp4 fprop x rtne]",
+        "t.py::b",
+        "t.py::c",
+    ]
+
+
 def test_study_sh_keeps_no_fixed_scratch_files():
     # two studies side by side on one node must not share a scratch file (one would empty the
     # other's list of archived runs, which would then archive them again). Scratch files live
