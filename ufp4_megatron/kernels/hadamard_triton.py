@@ -3,12 +3,13 @@
 Same fp32 operations in the same order as `RHT.rotate_fp32_lastdim`: signs (exact), a
 multiply by 1/H (exact except on subnormal inputs, where it rounds as the reference's does:
 the kernels compile without fusing it into the first add, kernels/launch.py OPTIONS), then
-for h = 1, 2, 4, ..., H/2 the pairs (i, i+h) of each aligned group of 2h become (a + b, a - b), then one multiply by norm * H = fp32(sqrt(H)) (the scaling
-that keeps every sum within the input's range: numerics/hadamard.py). Each step is one IEEE
-operation per element, so the result is bit-identical to the reference. Two layouts of the
-same butterfly: `rht_rows` on a [rows, cols] tile (groups of H along axis 1), `rht16` on a
-block held as 16 same-shaped tensors (element j of every block in the j-th;
-quantize16_triton.py), where every stage is elementwise.
+for h = 1, 2, 4, ..., H/2 the pairs (i, i+h) of each aligned group of 2h become
+(a + b, a - b), then one multiply by norm * H = fp32(sqrt(H)) (the scaling that keeps every
+sum within the input's range: numerics/hadamard.py). Each step is one IEEE operation per
+element, so the result is bit-identical to the reference. Two layouts of the same butterfly:
+`rht_rows` on a [rows, cols] tile (groups of H along axis 1), `rht16` on a block held as 16
+same-shaped tensors (element j of every block in the j-th; quantize16_triton.py), where
+every stage is elementwise.
 """
 
 import triton
