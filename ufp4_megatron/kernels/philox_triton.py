@@ -5,8 +5,9 @@ seed >> 32)), and so `tl.philox`'s words, with each round's products taken from 
 multiply (one IMAD.WIDE where tl.philox issues a high and a low half). Element (r, c) of a
 view takes word c & 3 of counter (c >> 2, r, 0, 0) (`position_bits`), so one call serves
 four neighbouring columns; each word becomes u = (bits >> 8) * 2^-24 (`uniform24`), exact in
-fp32, so kernels and reference agree bit for bit. Two layouts of the same uniforms: four tensors (the 16-tensor kernels hold a block's
-elements in separate tensors) or one [rows, cols] tile (the generic kernel).
+fp32, so kernels and reference agree bit for bit. Two layouts of the same uniforms: four
+tensors (the 16-tensor kernels hold a block's elements in separate tensors) or one
+[rows, cols] tile (the generic kernel).
 """
 
 import triton
