@@ -2,9 +2,9 @@
 
 The kernels' Philox takes each round's 32x32-bit products from one widening multiply
 instead of tl.philox's separate high and low halves; the words must be the reference's (and
-so tl.philox's) for any counter and key: Random123's known answers, counters and seeds
-with every bit pattern, the top of the seed range, and the all-ones words where a carry or
-a sign would show.
+so tl.philox's) for any counter and key: Random123's known answer, random counters, edge
+counters (0, 1, 2^31 - 1, 2^31, all ones: where a carry or a sign would show), the kernels'
+counters (zero upper words) and seeds up to the top of the range.
 """
 
 import pytest
