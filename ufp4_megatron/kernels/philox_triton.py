@@ -39,7 +39,8 @@ def _mulhilo(m: tl.constexpr, x):
 @triton.jit
 def philox4x32_10(seed, c0, c1, c2, c3):
     """tl.philox(seed, c0, c1, c2, c3) for uint32 counters, each round's products taken whole."""
-    seed = seed.to(tl.uint64)
+    # the zero makes a tensor of a constexpr seed: Triton specializes an argument equal to 1
+    seed = seed + tl.zeros((), tl.uint64)
     k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
     k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
     for _ in tl.static_range(10):
