@@ -122,9 +122,11 @@ case $PAUSE in
   *) echo "gpu/study.sh: PAUSE=$PAUSE; give 1 (the budget pauses the runs) or 0" >&2; exit 2 ;;
 esac
 STOP_GRACE=${STOP_GRACE:-$STOP_GRACE_DEFAULT}
-# MPS=auto|on: the runs on the GPU share it through a CUDA MPS server of the runner's own
-# (study/mps.py) instead of taking turns; off (default) until gpu/study_packing.sh has measured it
-MPS=${MPS:-off}
+# MPS=auto (default)|on|off: the runs on the GPU share it through a CUDA MPS server of the
+# runner's own (study/mps.py) instead of taking turns: 1.20x the steps on an H100
+# (gpu/study_packing.sh), about 1.26x on an H200 (docs/results.md); auto runs without it, after
+# one line, where the daemon does not start
+MPS=${MPS:-auto}
 case $MPS in
   off|auto|on) ;;
   *) echo "gpu/study.sh: MPS=$MPS; give off, auto or on" >&2; exit 2 ;;

@@ -535,12 +535,12 @@ def test_study_packing_sh_refuses_bad_packs_before_setting_up(tmp_path):
 
 def test_study_sh_passes_mps_to_the_runner_and_refuses_other_values(tmp_path):
     node = tmp_path / "node"
-    _, calls = _with_stand_ins(tmp_path, "study.sh", "1", NODE_DIR=str(node), MPS="auto")
-    (runner,) = [c for c in calls if c.startswith("-m ufp4_megatron.study")]
-    assert "--mps auto" in runner
-    _, calls = _with_stand_ins(tmp_path, "study.sh", "1", NODE_DIR=str(node))
+    _, calls = _with_stand_ins(tmp_path, "study.sh", "1", NODE_DIR=str(node), MPS="off")
     (runner,) = [c for c in calls if c.startswith("-m ufp4_megatron.study")]
     assert "--mps off" in runner
+    _, calls = _with_stand_ins(tmp_path, "study.sh", "1", NODE_DIR=str(node))
+    (runner,) = [c for c in calls if c.startswith("-m ufp4_megatron.study")]
+    assert "--mps auto" in runner  # the default
     out, calls = _with_stand_ins(tmp_path, "study.sh", "1", NODE_DIR=str(node), MPS="yes")
     assert out.returncode == 2 and "MPS=yes; give off, auto or on" in out.stderr
     assert calls == []
