@@ -227,6 +227,13 @@ CASES = {
         0,
         lambda s: s.ops.wgrad(s.dy, s.x, s.mxfp4, seed=s.keys, **s.kw),
     ),
+    # a host seed of 1: Triton's binder passes an integer argument equal to 1 as a constexpr
+    # (the interpreter never does), and the Philox rounds must take that seed too
+    "row16 ufp4 dy sr seed 1": (
+        "_row16_kernel",
+        0,
+        lambda s: s.quantize_view(s.dy, "e1m2", block=16, rht=s.rht16, rounding="sr", seed=1),
+    ),
     "draw keys 64 experts": ("_draw_keys_kernel", 0, lambda s: s.draw(64)),
     "draw keys plain linear": ("_draw_keys_kernel", 0, lambda s: s.draw(None)),
     # the failure class, compiled the same way: must raise
@@ -282,7 +289,9 @@ SASS_CASES = {
 
 
 def _setting():
+    from ufp4_megatron.kernels import quantize_view
     from ufp4_megatron.megatron import seeds
+    from ufp4_megatron.numerics.hadamard import get_rht
     from ufp4_megatron.quant import grouped_ops, ops
     from ufp4_megatron.quant.recipe import get_recipe
 
@@ -317,6 +326,8 @@ def _setting():
         w3=torch.randn(2, N, K, **bf),
         keys=torch.arange(6, dtype=torch.int64)[:, None],
         draw=draw,
+        quantize_view=quantize_view,
+        rht16=get_rht(16, 0),
     )
 
 

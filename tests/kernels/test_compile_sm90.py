@@ -30,6 +30,7 @@ pass (sm90_compile.py intercepts the launch), one representative setting per fam
 | col16 nvfp4 grouped wgrad dy sr e4m3 segments | _col16_kernel | e2m1, SR, RHT16, e4m3 per expert, column segments |
 | pair16 ufp4 dgrad dy sr device key + w col rtne | _pair16_kernel | dY's SR key read from a key table (SEED_PTR) |
 | generic mxfp4 wgrad dy col sr device key | _qdq_kernel  | 1x32, e8m0, SR key from a key table |
+| row16 ufp4 dy sr seed 1                  | _row16_kernel   | a host seed of 1 (Triton passes it as a constexpr) |
 | draw keys 64 experts / plain linear      | _draw_keys_kernel | a call's key table drawn on the device (uint64 splitmix) |
 
 Each compiled kernel also keeps its tile spread over the threads: no layout of its TTGIR
