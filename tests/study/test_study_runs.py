@@ -435,6 +435,58 @@ def test_warm_up_and_shed_do_not_cascade(tmp_path):
             p.wait()
 
 
+def test_an_exit_makes_the_survivors_rate_measured_afresh(tmp_path):
+    """When packed runs end, the survivors speed up, but their steps of the last WINDOW were
+    taken beside the others: measured over them, two runs at step 500 look like 10 steps/s in
+    all (1000 steps left need 115 s with the margin, 90 s are left) and one would be stopped
+    late in its run. The exit, seen by _poll, makes the rate wait SETTLE seconds of fresh steps
+    (no shed meanwhile); then it is 16 steps/s and both runs fit."""
+    from ufp4_megatron.study.packing import Slot
+    from ufp4_megatron.study.runner import Active
+
+    records = [
+        {"name": f"nvfp4-s{s}", "seed": s, "steps": 1000, "status": "running"} for s in (1, 2)
+    ]
+    ended = {"name": "mxfp4-s1", "seed": 1, "steps": 1000, "status": "running", "started": 0}
+    runner, procs = _sleeping_runner(tmp_path, records, (500, 500), left_s=90)
+    now = time.monotonic()
+    for a in runner.active.values():  # 100 steps in 34 s beside the others, 200 in 25 s alone
+        a.warm_at, a.history = now - 300, [(now - 59, 200), (now - 25, 300), (now, 500)]
+    assert runner._aggregate_rate() == pytest.approx(10.2, rel=0.02)  # the stale window
+    runner.manifest["runs"].append(ended)
+    metrics = tmp_path / "runs" / "mxfp4-s1" / "metrics.jsonl"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text(json.dumps({"step": 1000}) + "\n")
+    done = subprocess.Popen(["true"])
+    done.wait()
+    runner.active[2] = Active(
+        record=ended,
+        proc=done,
+        slot=Slot(2, None, (0,)),
+        log=open(os.devnull, "w"),
+        launched=now - 400,
+        start_step=0,
+        warm_at=now - 380,
+        step=1000,
+    )
+    try:
+        runner._poll()  # sees the exit
+        assert ended["status"] == "done" and 2 not in runner.active
+        assert runner._aggregate_rate() is None
+        runner._shed()
+        assert not any(a.stop_sent for a in runner.active.values())
+        runner._ended_at = now - 25  # SETTLE seconds later: measured from the exit on
+        assert runner._aggregate_rate() == pytest.approx(16.0, rel=0.02)
+        runner._shed()
+        time.sleep(0.2)
+        assert [p.poll() for p in procs] == [None, None]
+        assert not any(a.stop_sent for a in runner.active.values())
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 # slow (kept out of make test's 20 minutes): in make test a study resumes in
 # test_killed_study_resumes_and_skips_complete_runs, the runner's SIGTERM to its trainers is
 # the shed tests' and a trainer saves on SIGTERM and stops in test_train_run.py

@@ -162,6 +162,7 @@ class Runner:
         self.startups: list[float] = []  # seconds from launch to the first new step
         self.stop_reason: str | None = None
         self._shed_at: float | None = None  # when the last run was shed
+        self._ended_at: float | None = None  # when the last trainer exited
         self._last_rate: float | None = None  # the latest aggregate steps/s measured
         self._stop_deadline: float | None = None
         self.t0 = time.monotonic()
@@ -218,13 +219,15 @@ class Runner:
     # (measured now, over each trainer's recent steady steps), and keeps that rate as runs
     # end (their share goes to the others: optimistic, hence the margin). A set of runs then
     # ends after sum(steps left) / aggregate, plus one start-up for a new run.
-    # Two things make a measurement lie low, and a low rate sheds runs that would have fit
+    # Three things make a measurement lie low, and a low rate sheds runs that would have fit
     # (packed trainers compiling kernels at once all look slow, and the runner would shed
-    # nearly all of them): a trainer's first steps (kernel compiles, data-loader start) and the
+    # nearly all of them): a trainer's first steps (kernel compiles, data-loader start), the
     # seconds right after a shed (the stopped trainers still hold their CPUs and the GPU while
-    # they save). So a trainer's rate counts only after WARMUP_STEPS new steps, and after a
-    # shed the rate is measured afresh, from SETTLE seconds of steps after it, before anything
-    # else is shed. While nothing is measurable (all runs starting, or none running), the
+    # they save), and the steps from before other trainers exited (the survivors then shared
+    # the GPU with more runs; measured over them, a run that the others' exit has made fast
+    # enough to finish looks as if it would not, late in its run). So a trainer's rate counts only
+    # after WARMUP_STEPS new steps, and after a shed or an exit the rate is measured afresh,
+    # from SETTLE seconds of steps after it, before anything else is shed. While nothing is measurable (all runs starting, or none running), the
     # latest rate measured stands in, so that runs are not started just before the limit only
     # to be stopped at it. What is shed: the runs of the highest seed first (then the most
     # steps left), so that what completes is whole seeds, paired across recipes. Shedding the
@@ -239,14 +242,15 @@ class Runner:
 
     def _aggregate_rate(self) -> float | None:
         """Steps/s of all running trainers together over their recent steady steps; None
-        until every one of them has trained SETTLE seconds past its warm-up and past the last
-        shed (one still starting would make the machine look slower or faster than it is)."""
+        until every one of them has trained SETTLE seconds past its warm-up, the last shed
+        and the last trainer's exit (one still starting would make the machine look slower or
+        faster than it is; steps from before an exit, slower than it is)."""
         now, total = time.monotonic(), 0.0
         running = [a for a in self.active.values() if not a.stop_sent]
         for a in running:
             if a.warm_at is None:
                 return None
-            start = max(a.warm_at, self._shed_at or 0.0)
+            start = max(a.warm_at, self._shed_at or 0.0, self._ended_at or 0.0)
             if now - start < self.SETTLE:
                 return None
             since = max(start, now - self.WINDOW)
@@ -410,6 +414,7 @@ class Runner:
                 continue
             self._finished(a, rc)
             del self.active[index]
+            self._ended_at = time.monotonic()  # the survivors' rate is measured afresh
 
     def _finished(self, a: Active, rc: int) -> None:
         r = a.record
