@@ -221,7 +221,8 @@ def test_ratios_and_floors_are_to_bf16_of_the_same_variant():
 def test_qdq_floor_counts_each_operand_layout_by_hand():
     """floor.py: per linear (K, N) and micro-batch of T tokens, 2 T (K + N) activation and
     2 N K weight elements, 4 bytes each; kept weights once per step; routed experts see
-    top-k / E of the tokens (times the capacity factor when padded)."""
+    top-k / E of the tokens (times the capacity factor when padded); e4m3 tensor scales add
+    one 2-byte read of each operand."""
     from ufp4_megatron.bench.floor import qdq_bytes_per_step
     from ufp4_megatron.train.footprint import load_config, quantized_linears
 
@@ -233,6 +234,18 @@ def test_qdq_floor_counts_each_operand_layout_by_hand():
     w = sum(2 * n * k for k, n in layer) * L
     assert qdq_bytes_per_step(dense, 4, "none") == 4 * (4 * act + 4 * w)
     assert qdq_bytes_per_step(dense, 4, "all") == 4 * (4 * act + w)
+    # NVFP4's e4m3 tensor scales: one more bf16 read of x, dY and w (T (K + N) and N K
+    # elements, 2 bytes: act and w over again), per micro-batch, w's once when kept
+    nv = load_config(
+        ["model=small", "train.seq_len=2048", "train.micro_batch=8", "precision=nvfp4"]
+    )
+    assert qdq_bytes_per_step(nv, 4, "none") == 4 * (4 * act + 4 * w) + 4 * act + 4 * w
+    assert qdq_bytes_per_step(nv, 4, "all") == 4 * (4 * act + w) + 4 * act + w
+    for name in ("mxfp4", "e2m1", "ufp4_int4"):  # fp32 or e8m0 block scales: no amax pass
+        other = load_config(
+            ["model=small", "train.seq_len=2048", "train.micro_batch=8", f"precision={name}"]
+        )
+        assert qdq_bytes_per_step(other, 4, "none") == 4 * (4 * act + 4 * w), name
     bf16 = load_config(["model=small", "precision=bf16"])
     assert quantized_linears(bf16) == [] and qdq_bytes_per_step(bf16, 4, "all") == 0
 

@@ -14,25 +14,49 @@ per micro-batch. A routed expert sees its tokens (T x top-k over all experts); p
 capacity (factor c) makes that c x T x top-k. Only the decoder's linears are quantized (not
 the router, embeddings or head), outside the layers kept in BF16: train/footprint.py's
 quantized_linears, which the weight cache's memory estimate counts too.
+
+A recipe with e4m3 tensor scales (NVFP4) needs each operand's tensor amax before its QDQ
+pass: one more read of it, 2 bytes per element, once whatever the layouts it is quantized in
+(one read gives both of x's or dY's amaxes, kernels.tensor_amax_pair; w's as well).
 """
 
 from __future__ import annotations
 
 BYTES_PER_ELEMENT = 4  # a bf16 read and a bf16 write
+AMAX_BYTES_PER_ELEMENT = 2  # a bf16 read: an e4m3-scaled operand's tensor amax, taken first
+
+
+def amax_bytes(recipe) -> dict[str, int]:
+    """Per operand (x, w, dy): bytes per element of its tensor amax pass, 0 where no GEMM
+    of `recipe` quantizes it with e4m3 scales."""
+    from ..quant.recipe import GEMMS, OPERAND_NAMES, OPERANDS
+
+    def e4m3(name):
+        specs = [getattr(recipe, g) for g in GEMMS if name in OPERANDS[g]]
+        ops = [getattr(spec, name) for spec in specs if spec is not None]
+        return any(op is not None and op.scale == "e4m3" for op in ops)
+
+    return {name: AMAX_BYTES_PER_ELEMENT * e4m3(name) for name in OPERAND_NAMES}
 
 
 def qdq_bytes_per_step(cfg, micro_batches: int, weight_cache: str) -> float:
     """Bytes the QDQ passes of one optimizer step move at least (module docstring);
     weight_cache: the resolved train.weight_cache (all, experts or none)."""
     from ..train.footprint import quantized_linears
+    from ..train.precision import recipe_from_config
 
+    linears = quantized_linears(cfg)
+    amax = amax_bytes(recipe_from_config(cfg.precision)) if linears else {}
     tokens = cfg.train.seq_len * cfg.train.micro_batch
     total = 0.0
-    for k, n, share, expert in quantized_linears(cfg):
+    for k, n, share, expert in linears:
         kept = weight_cache == "all" or (weight_cache == "experts" and expert)
-        total += micro_batches * 2 * tokens * share * (k + n)
-        total += (1 if kept else micro_batches) * 2 * n * k
-    return BYTES_PER_ELEMENT * total
+        t = tokens * share
+        total += micro_batches * (
+            BYTES_PER_ELEMENT * 2 * t * (k + n) + amax["x"] * t * k + amax["dy"] * t * n
+        )
+        total += (1 if kept else micro_batches) * (BYTES_PER_ELEMENT * 2 + amax["w"]) * n * k
+    return total
 
 
 def copy_bandwidth(n: int = 8192) -> float:
