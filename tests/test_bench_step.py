@@ -335,6 +335,7 @@ def test_bench_cli_names_what_is_wrong():
     if not torch.cuda.is_available():
         assert run("--suite", "step") == "the benchmarks need a CUDA device"
         assert run("--suite", "amax") == "the benchmarks need a CUDA device"
+        assert run("--suite", "formats") == "the benchmarks need a CUDA device"
 
 
 def test_amax_table_reads_each_pass_against_the_copy():

@@ -1,6 +1,8 @@
-"""python -m ufp4_megatron.bench [--suite kernels,layer | amax | step | profile] [--out FILE.md]
+"""python -m ufp4_megatron.bench [--suite kernels,layer | formats | amax | step | profile]
+[--out FILE.md]
 
 --suite kernels,layer   QDQ kernels vs the copy roofline; one linear layer vs BF16
+--suite formats         each recipe's QDQ pass of each GEMM operand vs the copy (formats.py)
 --suite amax            NVFP4's tensor-amax passes: one per layout vs one pair pass (amax.py)
 --suite step            full trainer steps: every recipe x shape, side by side (step.py)
 --suite profile         one profiled trainer step of --model/--recipe (profile.py)
@@ -69,7 +71,7 @@ def main(argv=None) -> None:
         "--only",
         dest="suite",
         default="kernels,layer",
-        help="comma list: kernels, layer, amax, step, profile",
+        help="comma list: kernels, layer, formats, amax, step, profile",
     )
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile rows")
     step = p.add_argument_group("step")
@@ -119,9 +121,12 @@ def main(argv=None) -> None:
     prof.add_argument("--recipe", default="ufp4")
     args = p.parse_args(argv)
     parts = _csv(args.suite)
-    unknown = set(parts) - {"kernels", "layer", "amax", "step", "profile"}
+    unknown = set(parts) - {"kernels", "layer", "formats", "amax", "step", "profile"}
     if unknown:
-        sys.exit(f"unknown suite(s) {sorted(unknown)}; valid: kernels, layer, amax, step, profile")
+        sys.exit(
+            f"unknown suite(s) {sorted(unknown)}; valid: kernels, layer, formats, amax, step, "
+            "profile"
+        )
     from ..quant.recipe import list_recipes
     from . import step as step_suite
 
@@ -174,6 +179,17 @@ def main(argv=None) -> None:
                 layer.layer_table(raw["layer"]),
                 "",
             ]
+    if "formats" in parts:
+        from . import formats  # imports triton
+
+        raw["formats"] = formats.format_rows(log=log)
+        text += [
+            f"### Each recipe's operands ({formats.SHAPE[0]}x{formats.SHAPE[1]} bf16 in and "
+            "out; e4m3 tensor amax taken beforehand)",
+            "",
+            formats.format_table(raw["formats"]),
+            "",
+        ]
     if "amax" in parts:
         from . import amax  # imports triton
 
