@@ -225,14 +225,15 @@ class Runner:
     # seconds right after a shed (the stopped trainers still hold their CPUs and the GPU while
     # they save), and the steps from before other trainers exited (the survivors then shared
     # the GPU with more runs; measured over them, a run that the others' exit has made fast
-    # enough to finish looks as if it would not, late in its run). So a trainer's rate counts only
-    # after WARMUP_STEPS new steps, and after a shed or an exit the rate is measured afresh,
-    # from SETTLE seconds of steps after it, before anything else is shed. While nothing is measurable (all runs starting, or none running), the
-    # latest rate measured stands in, so that runs are not started just before the limit only
-    # to be stopped at it. What is shed: the runs of the highest seed first (then the most
-    # steps left), so that what completes is whole seeds, paired across recipes. Shedding the
-    # most steps left first would always stop the recipe whose kernels compile longest (it is
-    # furthest behind early), leaving that recipe's seeds unpaired with the others'.
+    # enough to finish looks as if it would not, late in its run). So a trainer's rate counts
+    # only after WARMUP_STEPS new steps, and after a shed or an exit the rate is measured
+    # afresh, from SETTLE seconds of steps after it, before anything else is shed. While
+    # nothing is measurable (all runs starting, or none running), the latest rate measured
+    # stands in, so that runs are not started just before the limit only to be stopped at it.
+    # What is shed: the runs of the highest seed first (then the most steps left), so that
+    # what completes is whole seeds, paired across recipes. Shedding the most steps left first
+    # would always stop the recipe whose kernels compile longest (it is furthest behind
+    # early), leaving that recipe's seeds unpaired with the others'.
     MARGIN = 1.15
 
     WINDOW = 60.0  # seconds of recent progress a trainer's rate is measured over
