@@ -32,10 +32,12 @@
 # counts only if one process trained all its 1000 steps. On an H200 an invocation takes 9-10
 # minutes of wall time and completes about 9 runs where gpu/setup.sh and the corpus start
 # from nothing (BUDGET=420: seed 1's mechanism runs after training), 12-14 where an earlier
-# invocation left them in place (BUDGET=500, PER_DEVICE=14); measured: BUDGET=470 PER_DEVICE=13
-# from nothing, 10-12 runs in 455-512 s; BUDGET=480 PER_DEVICE=14 after it, 12-13 runs in
-# 460-467 s; BUDGET=420 PER_DEVICE=9 for the last 9 runs, 362 s. A
-# prereg round writes no loss_gap.* (no interim look, above). Its archive goes to
+# invocation left them in place (BUDGET=500, PER_DEVICE=14); measured without MPS:
+# BUDGET=470 PER_DEVICE=13 from nothing, 10-12 runs in 455-512 s; BUDGET=480 PER_DEVICE=14
+# after it, 12-13 runs in 460-467 s; BUDGET=420 PER_DEVICE=9 for the last 9, 362 s.
+# Through MPS (MPS=auto, the default) more fit: BUDGET=470 PER_DEVICE=14 from nothing, 14
+# runs in 472 s; BUDGET=530 PER_DEVICE=16 after it, 16 runs in 478 s (NVFP4's runs step
+# ~1.4x slower). A prereg round writes no loss_gap.* (no interim look, above). Its archive goes to
 # docs/results/prereg/roundN.tar.gz.
 #
 # GRID=main|ablation|depth|small with any round number trains that grid under that number;
