@@ -32,8 +32,7 @@ def amax_bytes(recipe) -> dict[str, int]:
     from ..quant.recipe import GEMMS, OPERAND_NAMES, OPERANDS
 
     def e4m3(name):
-        specs = [getattr(recipe, g) for g in GEMMS if name in OPERANDS[g]]
-        ops = [getattr(spec, name) for spec in specs if spec is not None]
+        ops = (recipe.operand(g, name) for g in GEMMS if name in OPERANDS[g])
         return any(op is not None and op.scale == "e4m3" for op in ops)
 
     return {name: AMAX_BYTES_PER_ELEMENT * e4m3(name) for name in OPERAND_NAMES}

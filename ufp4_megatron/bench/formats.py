@@ -18,7 +18,7 @@ import torch
 
 from ..kernels import quantize_view, tensor_amax
 from ..numerics.hadamard import get_rht
-from ..quant.recipe import GEMMS, OPERANDS, get_recipe, reduction_dim
+from ..quant.recipe import GEMMS, get_recipe, reduction_dim
 from .timing import median_ms, rotating
 
 SHAPE = (8192, 8192)
@@ -35,8 +35,7 @@ def operand_formats(recipe_name: str):
         if spec is None:
             continue
         rht = get_rht(spec.rht, recipe.rht_seed) if spec.rht else None
-        for name in OPERANDS[gemm]:
-            op = getattr(spec, name)
+        for name, op in recipe.operands(gemm):
             if op is not None:
                 out.append((gemm, name, op.format(rht), reduction_dim(gemm, name) == 0))
     return out
