@@ -1,6 +1,6 @@
 """kernels.tensor_amax_pair against the reference, bit for bit: one read of a tensor gives the
-e4m3 tensor amax of both its layouts (NVFP4's x for fprop and wgrad, dY for dgrad and wgrad),
-each equal to numerics.quantize.e4m3_tensor_amax of that layout's view. Runs on a GPU when
+e4m3 tensor amax of both its layouts (NVFP4's x for fprop and wgrad, dY for dgrad and wgrad,
+w for fprop and dgrad), each equal to numerics.quantize.e4m3_tensor_amax of that layout's view. Runs on a GPU when
 there is one, else in Triton's CPU interpreter (conftest.py)."""
 
 import pytest
@@ -58,23 +58,25 @@ def _bits(t: torch.Tensor) -> int:
     return t.cpu().float().reshape(()).view(torch.int32).item()
 
 
-@pytest.mark.parametrize("formats", list(FORMATS))
+@pytest.mark.parametrize("formats", [*FORMATS, "nvfp4 w: 16x16 tiles"])
 def test_pair_is_each_layouts_reference_amax_bit_for_bit(formats):
-    row, col = FORMATS[formats]
+    row, col = FORMATS.get(formats) or (_fmt(block_2d=True), _fmt(block_2d=True))
     for name, make in TENSORS.items():
         x = make()
         got = kernels.tensor_amax_pair(x, row, col)
         assert got is not None and got.dtype == torch.float32 and got.shape == (2,), name
         for i, (fmt, view) in enumerate(((row, x), (col, x.t()))):
-            want = e4m3_tensor_amax(view, block=fmt.block, block_2d=False, rht=fmt.rht)
+            want = e4m3_tensor_amax(view, block=fmt.block, block_2d=fmt.block_2d, rht=fmt.rht)
             assert _bits(got[i]) == _bits(want), f"{formats} {name} layout {i}: {got} vs {want}"
 
 
 def test_pair_declines_what_it_does_not_cover():
     x = _data(32, 64, seed=3)
     fp32_scaled = OperandFormat("e1m2", block=16, scale="fp32")
-    tiles_2d = _fmt(block_2d=True)
-    for row, col in ((fp32_scaled, _fmt()), (_fmt(), tiles_2d), (_fmt(), fp32_scaled)):
+    tiles_2d, tiles_2d_32 = _fmt(block_2d=True), _fmt(32, block_2d=True)
+    pairs = [(fp32_scaled, _fmt()), (_fmt(), fp32_scaled), (_fmt(), tiles_2d)]
+    pairs += [(tiles_2d, _fmt()), (tiles_2d, tiles_2d_32)]  # not the same blocks
+    for row, col in pairs:
         assert kernels.tensor_amax_pair(x, row, col) is None
     assert kernels.tensor_amax_pair(x[:, ::2], _fmt(), _fmt()) is None  # strided columns
     assert kernels.tensor_amax_pair(x[0], _fmt(), _fmt()) is None  # not 2-D
@@ -98,8 +100,9 @@ def test_single_tensor_amax_is_the_pairs_and_refuses_in_one_line():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_nvfp4_linear_reads_x_and_dy_once_for_their_two_amaxes(monkeypatch, dtype):
     """quantized_linear with NVFP4 on the kernels: x's amax for fprop and wgrad, and dY's for
-    dgrad and wgrad, each from one pair pass (the weight's two 16x16-tile amaxes stay two
-    passes); outputs and gradients bit for bit those of one amax pass per quantization."""
+    dgrad and wgrad, and w's for fprop and dgrad, each from one pair call (w's is one amax
+    pass: its 16x16 tiles are the same in both layouts); outputs and gradients bit for bit
+    those of one amax pass per quantization."""
     import ufp4_megatron.kernels.dispatch as dispatch
     from ufp4_megatron import get_recipe, quantized_linear
     from ufp4_megatron.quant import ops
@@ -119,7 +122,7 @@ def test_nvfp4_linear_reads_x_and_dy_once_for_their_two_amaxes(monkeypatch, dtyp
     monkeypatch.setattr(dispatch, "_tensor_amax", lambda *a: singles.append(a) or real_single(*a))
     monkeypatch.setattr(kernels, "tensor_amax_pair", lambda *a: pairs.append(a) or real_pair(*a))
     shared = run()
-    assert (len(singles), len(pairs)) == (2, 2)  # w for fprop and dgrad; x; dY
+    assert (len(singles), len(pairs)) == (1, 3)  # x, w (its single pass), dY
 
     monkeypatch.setattr(ops, "tensor_amaxes", lambda *a, **k: (None, None))
     singles.clear()

@@ -597,20 +597,26 @@ def tensor_amax_pair(
     rows' length as `row_fmt` (the view t) and along its columns as `col_fmt` (the view
     t.t()), as fp32 [2]; each bit for bit what quantize_view computes for its view (the
     `tensor_amax=` to give it). None where the pass does not apply (a format without e4m3
-    scales or with 2D blocks, a layout the kernels do not cover, a strided t): the
-    quantizations then take their own amax passes."""
+    scales, a layout the kernels do not cover, a strided t): the quantizations then take
+    their own amax passes. Square 2D tiles of one size, unrotated, in both layouts (NVFP4's
+    weight for fprop and dgrad) are the same tiles, so the same amax: one pass of the amax
+    kernel gives it for both."""
     if t.dim() != 2 or t.stride(1) != 1 or t.shape[1] == 1:
         return None
     plans = []
     for fmt, view in ((row_fmt, t), (col_fmt, t.t())):
         plan = _plan(t.dtype, t.device, fmt, None)
-        if isinstance(plan, str) or plan.g_top is None or plan.block_2d:
+        if isinstance(plan, str) or plan.g_top is None:
             return None
         if _call_reason(view, plan.fmt, 0, (0, 0), None, None) is not None:
             return None
         plans.append(plan)
     check_device(t)
     row, col = plans
+    if row.block_2d or col.block_2d:
+        if not _same_tiles(row, col):
+            return None
+        return _tensor_amax(t, row, *_extents(row, t.shape)).expand(2)
     A, B = t.shape
     ba, bb, warps = PAIR_TILE
     ba, bb = max(ba, col.unit), max(bb, row.unit)
@@ -637,6 +643,17 @@ def tensor_amax_pair(
         num_warps=warps,
     )
     return partial.amax(1)
+
+
+def _same_tiles(row: _Plan, col: _Plan) -> bool:
+    """Whether two layouts' blocks hold the same elements: square 2D tiles of one size, with
+    no rotation (a rotation mixes a tile's elements along one layout's rows only)."""
+    return (
+        row.block_2d
+        and col.block_2d
+        and row.block == col.block
+        and row.consts["LOG_H"] == col.consts["LOG_H"] == 0
+    )
 
 
 def quantize_view(

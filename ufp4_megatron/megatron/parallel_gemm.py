@@ -122,7 +122,23 @@ def input_amaxes(x2d, recipe, shard: Shard, wgrad_runs: bool):
     return ops.tensor_amaxes("x", x2d, recipe)
 
 
-def _fprop(x2d, weight, recipe, seed, shard: Shard, cache=None, x_amax=None):
+def weight_amaxes(weight, x2d, recipe, shard: Shard, cache, dgrad_runs: bool):
+    """NVFP4's tensor amax of w for fprop and for dgrad from one read (ops.tensor_amaxes),
+    where both GEMMs quantize this weight themselves: one chunk, no kept operand, w in x's
+    dtype (the GEMMs' cast would change its amax); else (None, None): each takes its own."""
+    if (
+        not dgrad_runs
+        or len(shard.n) > 1
+        or weight.dtype != x2d.dtype
+        or (
+            cache is not None and (ops.cacheable(recipe, "fprop") or ops.cacheable(recipe, "dgrad"))
+        )
+    ):
+        return None, None
+    return ops.tensor_amaxes("w", weight, recipe)
+
+
+def _fprop(x2d, weight, recipe, seed, shard: Shard, cache=None, x_amax=None, w_amax=None):
     qx = shared_input("fprop", x2d, recipe, shard)
     ys = [
         ops.fprop(
@@ -135,13 +151,14 @@ def _fprop(x2d, weight, recipe, seed, shard: Shard, cache=None, x_amax=None):
             qw=kept_weight(cache, "fprop", c, weight, shard, recipe, (n0, shard.k)),
             qx=qx,
             x_amax=x_amax,
+            w_amax=w_amax,
         )
         for c, (w, n0) in enumerate(_chunks(shard, weight, 0))
     ]
     return ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
 
 
-def _dgrad(dy2d, weight, recipe, seed, shard: Shard, cache=None, dy_amax=None):
+def _dgrad(dy2d, weight, recipe, seed, shard: Shard, cache=None, dy_amax=None, w_amax=None):
     dxs = [
         ops.dgrad(
             dy,
@@ -152,6 +169,7 @@ def _dgrad(dy2d, weight, recipe, seed, shard: Shard, cache=None, dy_amax=None):
             w_origin=(n0, shard.k),
             qw=kept_weight(cache, "dgrad", c, weight, shard, recipe, (n0, shard.k)),
             dy_amax=dy_amax,
+            w_amax=w_amax,
         )
         for c, ((dy, n0), (w, _)) in enumerate(
             zip(_chunks(shard, dy2d, 1), _chunks(shard, weight, 0))
@@ -188,16 +206,20 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
             total_x = x
         x2d = total_x.reshape(-1, total_x.shape[-1])
         amax = input_amaxes(x2d, recipe, shard, ctx.needs_input_grad[1])
-        y = _fprop(x2d, weight, recipe, seed, shard, cache, x_amax=amax[0])
+        # backward always runs dgrad (as Megatron's function does)
+        w_amax = weight_amaxes(weight, x2d, recipe, shard, cache, any(ctx.needs_input_grad))
+        y = _fprop(x2d, weight, recipe, seed, shard, cache, x_amax=amax[0], w_amax=w_amax[0])
         y = y.view(*total_x.shape[:-1], weight.shape[0])
         if bias is not None:
             y = y + bias
-        # the shard, as Megatron: SP re-gathers in backward; a device key table and wgrad's
-        # x amax too, so that a CUDA graph runner (Megatron's) keeps their memory to the
-        # backward graph
+        # the shard, as Megatron: SP re-gathers in backward; a device key table and the
+        # backward GEMMs' amaxes (wgrad's of x, dgrad's of w) too, so that a CUDA graph
+        # runner (Megatron's) keeps their memory to the backward graph
         keys = save_seed(seed)
         ctx.n_keys = len(keys)
-        ctx.save_for_backward(x, weight, *keys, *(() if amax[1] is None else (amax[1],)))
+        ctx.amax_given = (amax[1] is not None, w_amax[1] is not None)
+        given = tuple(a for a in (amax[1], w_amax[1]) if a is not None)
+        ctx.save_for_backward(x, weight, *keys, *given)
         # main_grad is kept off save_for_backward as Megatron does (modules reused across
         # layers, e.g. MTP, would trip the in-place version check).
         ctx.main_grad = (
@@ -211,7 +233,8 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, *rest = ctx.saved_tensors
-        keys, x_amax = rest[: ctx.n_keys], (rest[ctx.n_keys :] or [None])[0]
+        keys, given = rest[: ctx.n_keys], iter(rest[ctx.n_keys :])
+        x_amax, w_amax = (next(given) if saved else None for saved in ctx.amax_given)
         recipe, shard, comm = ctx.recipe, ctx.shard, ctx.comm
         seed = keys[0] if keys else ctx.seed
         wgrad_needed = ctx.needs_input_grad[1]
@@ -228,9 +251,8 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
             if wgrad_needed and len(shard.n) == 1
             else (None, None)
         )
-        dx = _dgrad(dy2d, weight, recipe, seed, shard, ctx.cache, dy_amax[0]).view(
-            *dy.shape[:-1], weight.shape[1]
-        )
+        dx = _dgrad(dy2d, weight, recipe, seed, shard, ctx.cache, dy_amax[0], w_amax)
+        dx = dx.view(*dy.shape[:-1], weight.shape[1])
         if handle is not None:
             handle.wait()
 

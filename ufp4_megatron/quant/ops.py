@@ -226,8 +226,9 @@ def cacheable(recipe: Recipe, gemm: str, name: str = "w") -> bool:
 
 
 # A tensor quantized for two GEMMs, with the GEMM quantizing it along its rows' length
-# first: x (fprop along K, wgrad along tokens) and dY (dgrad along N, wgrad along tokens).
-SHARED = {"x": ("fprop", "wgrad"), "dy": ("dgrad", "wgrad")}
+# first: x (fprop along K, wgrad along tokens), dY (dgrad along N, wgrad along tokens) and
+# w (fprop along K, dgrad along N).
+SHARED = {"x": ("fprop", "wgrad"), "dy": ("dgrad", "wgrad"), "w": ("fprop", "dgrad")}
 assert all(
     not _ALONG_ROWS[a][OPERANDS[a].index(n)] and _ALONG_ROWS[b][OPERANDS[b].index(n)]
     for n, (a, b) in SHARED.items()
@@ -236,8 +237,9 @@ assert all(
 
 def shared_formats(name: str, t: torch.Tensor, recipe: Recipe):
     """The two OperandFormats with which the GEMMs of SHARED[name] quantize `t` (operand
-    `name`: "x" [M, K] or "dy" [M, N]; the first along t's rows' length, the second along
-    its columns), or None unless both quantize it with e4m3 scales (their tensor amax)."""
+    `name`: "x" [M, K], "dy" [M, N] or "w" [N, K]; the first along t's rows' length, the
+    second along its columns), or None unless both quantize it with e4m3 scales (their
+    tensor amax)."""
     gemms = SHARED[name]
     specs = [getattr(recipe, gemm) for gemm in gemms]
     ops = [None if spec is None else getattr(spec, name) for spec in specs]
@@ -303,10 +305,14 @@ def fprop(
     qw: torch.Tensor | None = None,
     qx: torch.Tensor | None = None,
     x_amax: torch.Tensor | None = None,
+    w_amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Y = Q(X) Q(W)^T: x [M, K], w [N, K] -> [M, N]. qw, qx: Q(W), Q(X) already made by
     `operand("fprop", "w" or "x", ...)` (the weight cache; one x for a strided weight's
-    chunks), used as they are. x_amax: x's e4m3 tensor amax (`tensor_amaxes`)."""
+    chunks), used as they are. x_amax, w_amax: their e4m3 tensor amaxes (`tensor_amaxes`),
+    w's of w in its own dtype."""
+    if w.dtype != x.dtype:  # the cast below may change w's amax
+        w_amax = None
     w = w.to(x.dtype)
     if recipe.fprop is None:
         return x @ w.t()
@@ -318,7 +324,7 @@ def fprop(
         seed=seed,
         backend=backend,
         given=(qx, qw),
-        amax=(x_amax, None),
+        amax=(x_amax, w_amax),
     )
     return (qx @ qw.t()).to(x.dtype)
 
@@ -334,10 +340,13 @@ def dgrad(
     backend: str = "auto",
     qw: torch.Tensor | None = None,
     dy_amax: torch.Tensor | None = None,
+    w_amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dX = Q(dY) Q(W): dy [M, N], w [N, K] -> [M, K]; W quantized along N (its columns).
-    qw: Q(W) already made by `operand("dgrad", "w", w, ...)`, used as it is. dy_amax: dY's
-    e4m3 tensor amax (`tensor_amaxes`)."""
+    qw: Q(W) already made by `operand("dgrad", "w", w, ...)`, used as it is. dy_amax,
+    w_amax: their e4m3 tensor amaxes (`tensor_amaxes`), w's of w in its own dtype."""
+    if w.dtype != dy.dtype:  # the cast below may change w's amax
+        w_amax = None
     w = w.to(dy.dtype)
     if recipe.dgrad is None:
         return dy @ w
@@ -349,7 +358,7 @@ def dgrad(
         seed=seed,
         backend=backend,
         given=(None, qw),
-        amax=(dy_amax, None),
+        amax=(dy_amax, w_amax),
     )
     return (qdy @ qw).to(dy.dtype)
 
@@ -392,14 +401,21 @@ class _QuantizedLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, recipe: Recipe, seed: int, backend: str):
         x2d = x.reshape(-1, x.shape[-1])
-        # NVFP4: x's tensor amax for fprop and wgrad in one read, where wgrad will run
-        wgrad_runs = ctx.needs_input_grad[1]
-        amax = tensor_amaxes("x", x2d, recipe, backend=backend) if wgrad_runs else (None, None)
-        y = fprop(x2d, weight, recipe, seed=seed, backend=backend, x_amax=amax[0])
+        # NVFP4: x's tensor amax for fprop and wgrad in one read where wgrad will run, w's
+        # for fprop and dgrad where dgrad will (and fprop quantizes w in its own dtype)
+        none = (None, None)
+        x_amax = (
+            tensor_amaxes("x", x2d, recipe, backend=backend) if ctx.needs_input_grad[1] else none
+        )
+        dgrad_runs = ctx.needs_input_grad[0] and weight.dtype == x.dtype
+        w_amax = tensor_amaxes("w", weight, recipe, backend=backend) if dgrad_runs else none
+        y = fprop(
+            x2d, weight, recipe, seed=seed, backend=backend, x_amax=x_amax[0], w_amax=w_amax[0]
+        )
         if bias is not None:
             y = y + bias.to(y.dtype)
         ctx.save_for_backward(x, weight)
-        ctx.x_amax = amax[1]
+        ctx.x_amax, ctx.w_amax = x_amax[1], w_amax[1]
         ctx.recipe, ctx.seed, ctx.backend = recipe, seed, backend
         ctx.has_bias = bias is not None
         return y.reshape(*x.shape[:-1], weight.shape[0])
@@ -415,7 +431,13 @@ class _QuantizedLinear(torch.autograd.Function):
             amax = tensor_amaxes("dy", dy2d, ctx.recipe, backend=ctx.backend)
         if ctx.needs_input_grad[0]:
             dx = dgrad(
-                dy2d, weight, ctx.recipe, seed=ctx.seed, backend=ctx.backend, dy_amax=amax[0]
+                dy2d,
+                weight,
+                ctx.recipe,
+                seed=ctx.seed,
+                backend=ctx.backend,
+                dy_amax=amax[0],
+                w_amax=ctx.w_amax,
             )
             dx = dx.reshape(x.shape)
         if ctx.needs_input_grad[1]:
