@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import quantize_view, tensor_amax
-from ..numerics.hadamard import get_rht
+from ..numerics.hadamard import as_rht
 from ..quant.recipe import GEMMS, get_recipe, reduction_dim
 from .timing import median_ms, rotating
 
@@ -34,7 +34,7 @@ def operand_formats(recipe_name: str):
         spec = getattr(recipe, gemm)
         if spec is None:
             continue
-        rht = get_rht(spec.rht, recipe.rht_seed) if spec.rht else None
+        rht = as_rht(spec.rht, recipe.rht_seed)
         for name, op in recipe.operands(gemm):
             if op is not None:
                 out.append((gemm, name, op.format(rht), reduction_dim(gemm, name) == 0))

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..numerics.checks import check_int, check_seed
-from ..numerics.hadamard import RHT, get_rht, rotated_dtype
+from ..numerics.hadamard import RHT, as_rht, rotated_dtype
 from ..numerics.philox import key_row, mix_seed, mix_seeds
 from ..numerics.quantize import padded_length
 from ..numerics.segments import Segments, tensor_scale_segments_problem
@@ -391,7 +391,7 @@ def _gemm_operand(
 def _gemm_setup(gemm: str, recipe: Recipe, x: torch.Tensor, reduction: int | None = None):
     """(spec, rht, operand dtype): fp32 for fp16 with an RHT, as in ops."""
     spec: GemmSpec = getattr(recipe, gemm)
-    rht = get_rht(spec.rht, recipe.rht_seed) if spec.rht else None
+    rht = as_rht(spec.rht, recipe.rht_seed)
     if reduction is not None:
         _check_shapes(gemm, reduction, spec, rht)
     return spec, rht, rotated_dtype(x.dtype) if rht is not None else x.dtype

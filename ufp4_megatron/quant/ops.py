@@ -29,7 +29,7 @@ import functools
 import torch
 
 from ..numerics.checks import check_float_tensor, check_seed
-from ..numerics.hadamard import RHT, get_rht, rotated_dtype
+from ..numerics.hadamard import RHT, as_rht, rotated_dtype
 from ..numerics.philox import key_row, mix_seed
 from ..numerics.quantize import padded_length
 from .fake_quant import BACKENDS, quantize_pair, quantize_view
@@ -47,7 +47,7 @@ def _gemm_plan(spec: GemmSpec, gemm: str, rht_seed: int, reduction: int, dtype: 
     reduction length and the dtype, built once (host time shows in small layers): the RHT,
     the common padded length and the operands' dtype (fp32 for rotated fp16: a rotated block
     can exceed fp16's range)."""
-    rht = get_rht(spec.rht, rht_seed) if spec.rht else None
+    rht = as_rht(spec.rht, rht_seed)
     length = max(
         padded_length(reduction, op.block if op else 1, rht)
         for op in (getattr(spec, name) for name in OPERANDS[gemm])

@@ -37,7 +37,7 @@ from types import MappingProxyType
 
 import torch
 
-from ..numerics.hadamard import get_rht, rotated_dtype
+from ..numerics.hadamard import as_rht, rotated_dtype
 from ..numerics.philox import mix_seed
 from ..quant.fake_quant import quantize_view
 from ..quant.recipe import GEMMS, OPERANDS, OperandSpec, Recipe, reduction_dim
@@ -120,7 +120,7 @@ def quantize_layout(
     t2 = t.reshape(-1, t.shape[-1])
     view = t2.t() if plan.along_rows else t2
     spec, op = plan.spec, plan.op
-    rht = get_rht(spec.rht, plan.recipe.rht_seed) if spec.rht else None
+    rht = as_rht(spec.rht, plan.recipe.rht_seed)
     dtype = rotated_dtype(t.dtype) if rht is not None else t.dtype
     length = view.shape[1]
     if rht is not None and length % rht.size:
