@@ -182,6 +182,13 @@ CASES = {
         0,
         lambda s: s.ops.tensor_amaxes("dy", s.dy, s.nvfp4, **s.kw),
     ),
+    # both layouts' tensor amax of nvfp4's w in one pass: its 16x16 tiles, the same in both,
+    # read in the row layout (ops.tensor_amaxes)
+    "amax pair nvfp4 w 2d": (
+        "_tensor_amax_kernel",
+        0,
+        lambda s: s.ops.tensor_amaxes("w", s.w, s.nvfp4, **s.kw),
+    ),
     # nvfp4's grouped experts: a tensor scale per expert (segments, SCALE 1 with SEG): the
     # amax per view row (x, row segments) and per block column (w^T in dgrad, dy^T in wgrad),
     # and the QDQ kernels reading each block's segment scale
