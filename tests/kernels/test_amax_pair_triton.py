@@ -142,15 +142,20 @@ def test_amax_bench_rows_compare_the_passes():
     def timer(fn, inputs):
         fn(inputs[0])
         ran.append(fn)
-        return 2.0 if len(ran) % 4 == 1 else 1.0  # the copy, then each pass
+        return 2.0 if len(ran) % 7 == 1 else 1.0  # the copy, then each pass
 
     rows = amax_rows(log=lambda r: None, shapes=((48, 64),), device=DEVICE, timer=timer)
+    assert len(ran) == 7
     assert [r["what"] for r in rows] == [
         "row pass (fprop x, dgrad dY)",
         "column pass, RHT16 (wgrad)",
-        "both, one pair pass",
-        "both, two passes",
+        "both (x, dY), one pair pass",
+        "both (x, dY), two passes",
+        "w row pass, 16x16 (fprop)",
+        "w column pass, 16x16 (dgrad)",
+        "both (w), one pair pass",
+        "both (w), two passes",
     ]
-    assert [r["vs_two"] for r in rows] == [0.5, 0.5, 0.5, 1.0]
+    assert [r["vs_two"] for r in rows] == [0.5, 0.5, 0.5, 1.0] * 2
     # the copy moves 4 bytes an element in 2 ms, a pass reads 2 in 1 ms: the same bandwidth
     assert rows[0]["pct"] == rows[-1]["pct"] == 100.0

@@ -3,7 +3,7 @@
 
 --suite kernels,layer   QDQ kernels vs the copy roofline; one linear layer vs BF16
 --suite formats         each recipe's QDQ pass of each GEMM operand vs the copy (formats.py)
---suite amax            NVFP4's tensor-amax passes: one per layout vs one pair pass (amax.py)
+--suite amax            NVFP4's tensor-amax passes: one per layout vs one for both (amax.py)
 --suite step            full trainer steps: every recipe x shape, side by side (step.py)
 --suite profile         one profiled trainer step of --model/--recipe (profile.py)
 """
@@ -195,7 +195,7 @@ def main(argv=None) -> None:
 
         raw["amax"] = amax.amax_rows(log=log)
         text += [
-            "### NVFP4 tensor amax (bf16, 1x16 blocks, e4m3 scales)",
+            "### NVFP4 tensor amax (bf16, e4m3 scales; x and dY 1x16 blocks, w 16x16 tiles)",
             "",
             amax.amax_table(raw["amax"]),
             "",

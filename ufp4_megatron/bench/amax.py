@@ -1,11 +1,13 @@
 """Tensor-amax table: NVFP4's e4m3 tensor scales, one pass per layout against one pass for two.
 
 NVFP4 quantizes x for fprop (1x16 blocks along K) and for wgrad (1x16 along the tokens, after
-RHT16), and dY for dgrad and wgrad alike; each of those quantizations needs the tensor amax
-of its layout first, a read of the whole operand. `kernels.tensor_amax_pair` takes both
-layouts' amax from one read (ops.tensor_amaxes). Per shape: the two single passes, the pair
-pass, and the read bandwidth each reaches (2 bytes per bf16 element read per pass) as a share
-of a device-to-device copy's (read and write) measured in the same run.
+RHT16), dY for dgrad and wgrad alike, and w for fprop and dgrad (16x16 tiles, the same tiles in
+both layouts); each of those quantizations needs the tensor amax of its layout first, a read
+of the whole operand. `kernels.tensor_amax_pair` takes both layouts' amax from one read
+(ops.tensor_amaxes): the pair kernel for x and dY, one pass of the amax kernel for w. Per
+shape and operand: the two single passes, the pair pass, and the read bandwidth each reaches
+(2 bytes per bf16 element read per pass) as a share of a device-to-device copy's (read and
+write) measured in the same run.
 """
 
 from __future__ import annotations
@@ -17,9 +19,24 @@ from ..numerics.hadamard import RHT
 from ..numerics.quantize import OperandFormat
 from .timing import median_ms, rotating
 
-SHAPES = ((4096, 2048), (4096, 6144), (16384, 2048), (8192, 8192))  # tokens x features
+SHAPES = ((4096, 2048), (4096, 6144), (16384, 2048), (8192, 8192))  # rows x columns
 ROW = OperandFormat("e2m1", block=16, scale="e4m3")  # fprop's x, dgrad's dY
 COL = OperandFormat("e2m1", block=16, scale="e4m3", rht=RHT(16, 0))  # wgrad's x and dY
+TILES = OperandFormat("e2m1", block=16, scale="e4m3", block_2d=True)  # w, fprop and dgrad
+# operand: (row layout's format, its pass's name, column layout's, its pass's name)
+PASSES = {
+    "x, dY": (ROW, "row pass (fprop x, dgrad dY)", COL, "column pass, RHT16 (wgrad)"),
+    "w": (TILES, "w row pass, 16x16 (fprop)", TILES, "w column pass, 16x16 (dgrad)"),
+}
+
+
+def _passes(row, col) -> tuple:
+    """The three timed passes of one operand: its row layout, its column layout, the pair."""
+    return (
+        lambda x: tensor_amax(x, row),
+        lambda x: tensor_amax(x.t(), col),
+        lambda x: tensor_amax_pair(x, row, col),
+    )
 
 
 def amax_rows(log=print, *, shapes=SHAPES, device="cuda", timer=median_ms) -> list[dict]:
@@ -31,24 +48,20 @@ def amax_rows(log=print, *, shapes=SHAPES, device="cuda", timer=median_ms) -> li
         out = torch.empty_like(inputs[0])
         copy_ms = timer(lambda x: out.copy_(x), inputs)
         copy_bw = 4 * n / copy_ms / 1e9
-        x = inputs[0]  # the pair is each single pass's amax, bit for bit
-        pair = tensor_amax_pair(x, ROW, COL)
-        singles = torch.stack([tensor_amax(x, ROW), tensor_amax(x.t(), COL)])
-        assert torch.equal(pair, singles), (pair, singles)
-        timed = {
-            "row pass (fprop x, dgrad dY)": lambda x: tensor_amax(x, ROW),
-            "column pass, RHT16 (wgrad)": lambda x: tensor_amax(x.t(), COL),
-            "both, one pair pass": lambda x: tensor_amax_pair(x, ROW, COL),
-        }
-        ms = {what: timer(fn, inputs) for what, fn in timed.items()}
-        two = ms["row pass (fprop x, dgrad dY)"] + ms["column pass, RHT16 (wgrad)"]
-        for what, t in [*ms.items(), ("both, two passes", two)]:
-            reads = 2 if what == "both, two passes" else 1
-            bw = reads * 2 * n / t / 1e9
-            rows.append(
-                dict(shape=shape, what=what, ms=t, tbs=bw, pct=100 * bw / copy_bw, vs_two=t / two)
-            )
-            log(rows[-1])
+        for operand, (row, row_name, col, col_name) in PASSES.items():
+            x = inputs[0]  # the pair is each single pass's amax, bit for bit
+            pair = tensor_amax_pair(x, row, col)
+            singles = torch.stack([tensor_amax(x, row), tensor_amax(x.t(), col)])
+            assert torch.equal(pair, singles), (operand, pair, singles)
+            names = (row_name, col_name, f"both ({operand}), one pair pass")
+            ms = [timer(fn, inputs) for fn in _passes(row, col)]
+            two = ms[0] + ms[1]
+            reads = (1, 1, 1, 2)  # the passes' reads of the operand
+            for what, t, k in zip((*names, f"both ({operand}), two passes"), (*ms, two), reads):
+                bw = k * 2 * n / t / 1e9
+                pct = 100 * bw / copy_bw
+                rows.append(dict(shape=shape, what=what, ms=t, tbs=bw, pct=pct, vs_two=t / two))
+                log(rows[-1])
     return rows
 
 
