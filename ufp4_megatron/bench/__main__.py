@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -35,6 +36,25 @@ def write_between_markers(path: str, body: str, tag: str = "bench") -> None:
     tail = rest.split(end, 1)[1]
     with open(path, "w") as f:
         f.write(f"{head}{begin}\n{body}\n{end}{tail}")
+
+
+def block_tag(suite: str) -> str:
+    """The markers a suite's tables go between in --out: kernels and layer share `bench`."""
+    return "bench" if suite in ("kernels", "layer") else f"bench-{suite}"
+
+
+def writable_problem(path: str | None, what: str) -> str | None:
+    """Why `path` cannot be written at the end of a run, or None: checked before it starts."""
+    if path is None:
+        return None
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"{what} {path} is a directory; give a file"
+    if not os.path.isdir(parent):
+        return f"{what} {path}: its directory {parent} does not exist; create it first"
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return f"{what} {path} is not writable; give a path you can write"
+    return None
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -147,6 +167,9 @@ def main(argv=None) -> None:
         sys.exit(str(e))
     if len({name for name, _ in variants}) < len(variants):
         sys.exit(f"--variant names repeat: {[name for name, _ in variants]}; give each its own")
+    for path, what in ((args.out, "--out"), (args.json, "--json")):
+        if problem := writable_problem(path, what):
+            sys.exit(problem)
     if not torch.cuda.is_available():
         sys.exit("the benchmarks need a CUDA device")
     log = lambda row: print(
@@ -157,7 +180,11 @@ def main(argv=None) -> None:
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     cmd = "python -m ufp4_megatron.bench " + " ".join(argv if argv is not None else sys.argv[1:])
     header = f"Device: {dev}; torch {torch.__version__}; {stamp}; command: `{cmd}`"
-    raw, text = {}, [header, ""]
+    raw, blocks = {}, {}  # block tag -> its lines (block_tag), each under the header
+
+    def add(suite: str, *lines: str) -> None:
+        blocks.setdefault(block_tag(suite), [header, ""]).extend(lines)
+
     if "kernels" in parts or "layer" in parts:
         from . import kernels, layer  # imports triton
 
@@ -165,41 +192,45 @@ def main(argv=None) -> None:
             raw["kernels"] = kernels.kernel_rows(
                 compile_shapes=() if args.no_compile else ((8192, 8192),), log=log
             )
-            text += [
+            add(
+                "kernels",
                 "### Kernels (bf16 in and out, grid e1m2, 1x16 fp32 scales)",
                 "",
                 kernels.kernel_table(raw["kernels"]),
                 "",
-            ]
+            )
         if "layer" in parts:
             raw["layer"] = layer.layer_rows(log=log)
-            text += [
+            add(
+                "layer",
                 f"### Layer ({layer.TOKENS} tokens, forward + backward, dense_1p5b shapes)",
                 "",
                 layer.layer_table(raw["layer"]),
                 "",
-            ]
+            )
     if "formats" in parts:
         from . import formats  # imports triton
 
         raw["formats"] = formats.format_rows(log=log)
-        text += [
+        add(
+            "formats",
             f"### Each recipe's operands ({formats.SHAPE[0]}x{formats.SHAPE[1]} bf16 in and "
             "out; e4m3 tensor amax taken beforehand)",
             "",
             formats.format_table(raw["formats"]),
             "",
-        ]
+        )
     if "amax" in parts:
         from . import amax  # imports triton
 
         raw["amax"] = amax.amax_rows(log=log)
-        text += [
+        add(
+            "amax",
             "### NVFP4 tensor amax (bf16, e4m3 scales; x and dY 1x16 blocks, w 16x16 tiles)",
             "",
             amax.amax_table(raw["amax"]),
             "",
-        ]
+        )
     if "step" in parts:
         out = Path(args.json).parent if args.json else Path(".")
         raw["step"] = step_suite.run_suite(
@@ -224,7 +255,8 @@ def main(argv=None) -> None:
             if args.repeats > 1
             else ""
         )
-        text += [
+        add(
+            "step",
             f"### Step (trainer, one GPU; BF16 GEMM rate measured in the same run: "
             f"{peak:.0f} TFLOP/s; median of steps {args.skip + 1}-{args.steps}{runs}; "
             f"checkpoint: {args.checkpoint}; {args.micro_batches} micro-batch(es) per "
@@ -232,7 +264,7 @@ def main(argv=None) -> None:
             "",
             step_suite.table(raw["step"]),
             "",
-        ]
+        )
     if "profile" in parts:
         from . import profile
 
@@ -245,11 +277,11 @@ def main(argv=None) -> None:
             *args.set,
         ]
         raw["profile"] = profile.profile_step(overrides)
-        text += [f"### Profile: {args.model} {args.recipe}", "", raw["profile"], ""]
-    print("\n".join(text), flush=True)
-    if args.out:
-        tag = "bench" if "kernels" in parts or "layer" in parts else f"bench-{parts[0]}"
-        write_between_markers(args.out, "\n".join(text), tag)
+        add("profile", f"### Profile: {args.model} {args.recipe}", "", raw["profile"], "")
+    for tag, lines in blocks.items():
+        print("\n".join(lines), flush=True)
+        if args.out:  # each suite's tables between its own markers
+            write_between_markers(args.out, "\n".join(lines), tag)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(raw, f, indent=1, default=str)
