@@ -98,7 +98,7 @@ def test_single_tensor_amax_is_the_pairs_and_refuses_in_one_line():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_nvfp4_linear_reads_x_and_dy_once_for_their_two_amaxes(monkeypatch, dtype):
+def test_nvfp4_linear_reads_x_dy_and_w_once_for_their_two_amaxes(monkeypatch, dtype):
     """quantized_linear with NVFP4 on the kernels: x's amax for fprop and wgrad, and dY's for
     dgrad and wgrad, and w's for fprop and dgrad, each from one pair call (w's is one amax
     pass: its 16x16 tiles are the same in both layouts); outputs and gradients bit for bit
