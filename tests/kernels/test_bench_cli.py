@@ -79,3 +79,21 @@ def test_an_unwritable_output_is_refused_before_the_run(suites, tmp_path, flag, 
         bench.main(["--suite", "amax", flag, str(tmp_path / where)])
     assert flag in str(e.value) and says in str(e.value)
     assert suites == []  # nothing ran
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--steps", "0"], "give steps >= 1 and 0 <= skip < steps"),
+        (["--steps", "12", "--skip", "12"], "give steps >= 1 and 0 <= skip < steps"),
+        (["--skip", "-1"], "give steps >= 1 and 0 <= skip < steps"),
+        (["--timeout", "0"], "--timeout 0: give 30 seconds or more"),
+        (["--deadline", "-5"], "--deadline -5.0: give 30 seconds or more"),
+    ],
+)
+def test_step_options_that_would_time_nothing_are_refused(suites, args, says):
+    """A skip past the last step would leave every row's median empty (NaN), a timeout or
+    deadline under 30 s would start no run: refused before the suite, in one line."""
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--suite", "step", *args])
+    assert says in str(e.value)

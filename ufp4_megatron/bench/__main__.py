@@ -159,6 +159,14 @@ def main(argv=None) -> None:
             sys.exit(f"unknown {what}(s) {bad}; valid: {', '.join(valid)}")
     if args.repeats < 1:
         sys.exit(f"--repeats {args.repeats}: give 1 or more runs per row")
+    if args.steps < 1 or not 0 <= args.skip < args.steps:
+        sys.exit(
+            f"--steps {args.steps} --skip {args.skip}: give steps >= 1 and 0 <= skip < steps "
+            "(the median is of the steps after skip)"
+        )
+    for flag, seconds in (("--timeout", args.timeout), ("--deadline", args.deadline)):
+        if seconds is not None and seconds < 30:  # step.py starts no run with less left
+            sys.exit(f"{flag} {seconds}: give 30 seconds or more (a run's start-up alone)")
     if args.micro_batches < 1:
         sys.exit(f"--micro-batches {args.micro_batches}: give 1 or more micro-batches per step")
     try:
