@@ -89,11 +89,13 @@ def test_an_unwritable_output_is_refused_before_the_run(suites, tmp_path, flag, 
         (["--skip", "-1"], "give steps >= 1 and 0 <= skip < steps"),
         (["--timeout", "0"], "--timeout 0: give 30 seconds or more"),
         (["--deadline", "-5"], "--deadline -5.0: give 30 seconds or more"),
+        (["--set", "train.seq_len"], "--set 'train.seq_len': give KEY=VALUE"),
     ],
 )
-def test_step_options_that_would_time_nothing_are_refused(suites, args, says):
+def test_step_options_that_would_time_nothing_are_refused_first(suites, args, says):
     """A skip past the last step would leave every row's median empty (NaN), a timeout or
-    deadline under 30 s would start no run: refused before the suite, in one line."""
+    deadline under 30 s would start no run, an override without '=' would fail every run:
+    refused before the suite, in one line."""
     with pytest.raises(SystemExit) as e:
         bench.main(["--suite", "step", *args])
     assert says in str(e.value)

@@ -164,6 +164,9 @@ def main(argv=None) -> None:
             f"--steps {args.steps} --skip {args.skip}: give steps >= 1 and 0 <= skip < steps "
             "(the median is of the steps after skip)"
         )
+    bad_sets = [kv for kv in args.set if "=" not in kv or kv.startswith("=")]
+    if bad_sets:
+        sys.exit(f"--set {bad_sets[0]!r}: give KEY=VALUE, a trainer override")
     for flag, seconds in (("--timeout", args.timeout), ("--deadline", args.deadline)):
         if seconds is not None and seconds < 30:  # step.py starts no run with less left
             sys.exit(f"{flag} {seconds}: give 30 seconds or more (a run's start-up alone)")
