@@ -41,7 +41,7 @@ How to read this
   finding about the size, not about the recipes. The paper's 20-23% smaller gap for UFP4 is
   measured at 1.5B-124B parameters over billions of tokens; docs/results.md has the project's
   own pre-registered study on an 11M model (28 paired seeds: UFP4's training loss below
-  E2M1's; on held-out text, not resolved).
+  E2M1's; on held-out text, and which part of the recipe does it, not resolved).
 - Mechanism: alpha = <Q(t), t> / ||t||^2 is the share of the signal a quantizer keeps. E2M1's
   bins are asymmetric where its spacing doubles (at 2 and 4), so values round low on average
   (shrinkage bias); a uniform grid (E1M2, INT4: the same grid up to scale) has no such bins.
