@@ -66,6 +66,32 @@ def test_each_suite_writes_between_its_own_markers(suites, tmp_path, capsys):
     assert '"amax"' in raw.read_text() and '"formats"' in raw.read_text()
 
 
+def test_the_kernel_and_layer_suites_each_keep_the_others_table(suites, tmp_path, monkeypatch):
+    from ufp4_megatron.bench import kernels, layer
+
+    krow = dict(shape=(32, 48), what="copy (roofline)", ms=1.0, tbs=1.0, pct=100.0)
+    lrow = dict(layer="fc1", k=32, n=48, recipe="ufp4", ms=1.0, ratio=1.0, mem=1.0, mem_ratio=1.0)
+    monkeypatch.setattr(kernels, "kernel_rows", lambda compile_shapes, log: [krow])
+    monkeypatch.setattr(layer, "layer_rows", lambda log: [lrow])
+    page = tmp_path / "performance.md"
+    page.write_text(
+        "<!-- bench:begin -->\nold kernels\n<!-- bench:end -->\n"
+        "<!-- bench-layer:begin -->\nold layer\n<!-- bench-layer:end -->\n"
+    )
+
+    def blocks():
+        kernel_block, layer_block = page.read_text().split("<!-- bench:end -->")
+        return kernel_block, layer_block
+
+    bench.main(["--suite", "layer", "--out", str(page)])
+    kernel_block, layer_block = blocks()
+    assert "\nold kernels\n" in kernel_block and "| fc1 | 32x48 | ufp4 |" in layer_block
+    bench.main(["--suite", "kernels", "--out", str(page)])
+    kernel_block, layer_block = blocks()
+    assert "| 32x48 | copy (roofline) |" in kernel_block and "old kernels" not in kernel_block
+    assert "| fc1 | 32x48 | ufp4 |" in layer_block
+
+
 @pytest.mark.parametrize(
     "where, says",
     [

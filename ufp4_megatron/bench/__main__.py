@@ -39,8 +39,9 @@ def write_between_markers(path: str, body: str, tag: str = "bench") -> None:
 
 
 def block_tag(suite: str) -> str:
-    """The markers a suite's tables go between in --out: kernels and layer share `bench`."""
-    return "bench" if suite in ("kernels", "layer") else f"bench-{suite}"
+    """The markers a suite's tables go between in --out, one pair per suite (so a suite run
+    alone leaves the others' tables as they are): `bench` for kernels, `bench-SUITE` else."""
+    return "bench" if suite == "kernels" else f"bench-{suite}"
 
 
 def writable_problem(path: str | None, what: str) -> str | None:
