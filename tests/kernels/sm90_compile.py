@@ -176,11 +176,17 @@ CASES = {
         lambda s: s.ops.wgrad(s.dy, s.x, s.nvfp4, **s.kw),
     ),
     # both layouts' tensor amax of nvfp4's dY in one read: dgrad's row layout, wgrad's
-    # column layout with RHT16 (ops.tensor_amaxes)
-    "amax pair nvfp4 dy row + col rht16": (
-        "_tensor_amax_pair_kernel",
+    # column layout with RHT16 (ops.tensor_amaxes), through the 16-tensor layout
+    "amax pair16 nvfp4 dy row + col rht16": (
+        "_tensor_amax_pair16_kernel",
         0,
         lambda s: s.ops.tensor_amaxes("dy", s.dy, s.nvfp4, **s.kw),
+    ),
+    # the generic pair kernel: a rotated row layout (no recipe's; an operand format of one)
+    "amax pair generic row rht16 + col": (
+        "_tensor_amax_pair_kernel",
+        0,
+        lambda s: s.amax_pair(s.dy, s.e4m3_fmt(rht=s.rht16), s.e4m3_fmt()),
     ),
     # both layouts' tensor amax of nvfp4's w in one pass: its 16x16 tiles, the same in both,
     # read in the row layout (ops.tensor_amaxes)
@@ -296,9 +302,10 @@ SASS_CASES = {
 
 
 def _setting():
-    from ufp4_megatron.kernels import quantize_view
+    from ufp4_megatron.kernels import quantize_view, tensor_amax_pair
     from ufp4_megatron.megatron import seeds
     from ufp4_megatron.numerics.hadamard import get_rht
+    from ufp4_megatron.numerics.quantize import OperandFormat
     from ufp4_megatron.quant import grouped_ops, ops
     from ufp4_megatron.quant.recipe import get_recipe
 
@@ -335,6 +342,8 @@ def _setting():
         draw=draw,
         quantize_view=quantize_view,
         rht16=get_rht(16, 0),
+        amax_pair=tensor_amax_pair,
+        e4m3_fmt=lambda **kw: OperandFormat("e2m1", block=16, scale="e4m3", **kw),
     )
 
 
@@ -434,6 +443,7 @@ def main(argv):
             dispatch._qdq_kernel,
             dispatch._tensor_amax_kernel,
             dispatch._tensor_amax_pair_kernel,
+            dispatch._tensor_amax_pair16_kernel,
             keys_triton._draw_keys_kernel,
             broken_kernel,
         )

@@ -36,8 +36,19 @@ def _special():
     return x.to(DEVICE)
 
 
+def _nan_beside_the_max():
+    """Three tiles of the 16-tensor pass across: the largest value sits in a tile whose other
+    row block holds a NaN, the next in a tile with an Inf, the rest finite."""
+    x = _data(70, 300, seed=12, dtype=torch.float32).cpu()
+    x[40, 250], x[41, 140] = float("nan"), 1e6  # rows 32-63, columns 128-255: one tile
+    x[5, 20], x[6, 40] = float("-inf"), -5e5
+    return x.to(torch.bfloat16).to(DEVICE)
+
+
 FORMATS = {  # (row layout, column layout): nvfp4's x and dY first
     "nvfp4": (_fmt(), _fmt(rht=16)),
+    "1x16 / 1x16, no RHT": (_fmt(), _fmt()),
+    "1x32 / 1x16 rht16": (_fmt(32), _fmt(rht=16)),
     "rht on rows": (_fmt(rht=16), _fmt()),
     "1x32 rht32 / 1x16": (_fmt(32, 32), _fmt()),
     "1x16 / 1x32 rht64": (_fmt(), _fmt(32, 64)),
@@ -51,6 +62,7 @@ TENSORS = {
     "huge, fp32": lambda: _data(20, 48, seed=10, dtype=torch.float32) * 1e30,
     "expanded rows": lambda: _data(1, 64, seed=13).expand(18, 64),
     "row slice": lambda: _data(80, 64, seed=14)[7:61],
+    "NaN beside the max": _nan_beside_the_max,
 }
 
 
@@ -68,6 +80,29 @@ def test_pair_is_each_layouts_reference_amax_bit_for_bit(formats):
         for i, (fmt, view) in enumerate(((row, x), (col, x.t()))):
             want = e4m3_tensor_amax(view, block=fmt.block, block_2d=fmt.block_2d, rht=fmt.rht)
             assert _bits(got[i]) == _bits(want), f"{formats} {name} layout {i}: {got} vs {want}"
+
+
+@pytest.mark.parametrize(
+    "formats, kernel",
+    [
+        ("nvfp4", "_tensor_amax_pair16_kernel"),
+        ("1x32 / 1x16 rht16", "_tensor_amax_pair16_kernel"),
+        ("rht on rows", "_tensor_amax_pair_kernel"),
+        ("1x16 / 1x32 rht64", "_tensor_amax_pair_kernel"),
+    ],
+)
+def test_pair_takes_the_16_tensor_pass_where_it_applies(monkeypatch, formats, kernel):
+    """An unrotated row layout with a 1x16 column layout (NVFP4's x and dY) is read by the
+    16-tensor pass, anything else by the generic pair kernel: the tests above cover both."""
+    import ufp4_megatron.kernels.dispatch as dispatch
+
+    launched = []
+    real = dispatch.launch
+    monkeypatch.setattr(
+        dispatch, "launch", lambda k, *a, **kw: launched.append(k) or real(k, *a, **kw)
+    )
+    kernels.tensor_amax_pair(_data(37, 70, seed=8), *FORMATS[formats])
+    assert [getattr(k, "__name__", None) or k.fn.__name__ for k in launched] == [kernel]
 
 
 def test_pair_declines_what_it_does_not_cover():

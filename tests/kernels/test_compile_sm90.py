@@ -21,7 +21,8 @@ pass (sm90_compile.py intercepts the launch), one representative setting per fam
 | amax nvfp4 fprop x row                   | _tensor_amax_kernel | 1x16, row                    |
 | amax nvfp4 dgrad w col 2d                | _tensor_amax_kernel | 16x16 tiles, col             |
 | amax nvfp4 wgrad dy col rht16            | _tensor_amax_kernel | 1x16, RHT16, col             |
-| amax pair nvfp4 dy row + col rht16       | _tensor_amax_pair_kernel | 1x16 row and 1x16 RHT16 col, one read |
+| amax pair16 nvfp4 dy row + col rht16     | _tensor_amax_pair16_kernel | 1x16 row and 1x16 RHT16 col, one read |
+| amax pair generic row rht16 + col        | _tensor_amax_pair_kernel | 1x16 RHT16 row and 1x16 col, one read |
 | amax nvfp4 grouped fprop x per row       | _tensor_amax_kernel | 1x16, row, a max per view row (row segments) |
 | row16 nvfp4 grouped fprop x e4m3 segments | _row16_kernel  | e2m1, e4m3 per expert, row segments |
 | generic nvfp4 grouped fprop w 2d e4m3 segments | _qdq_kernel | 16x16, e4m3 per expert, row segments |
@@ -108,7 +109,12 @@ def test_kernel_compiles_to_sm90_cubin(compiled, case):
     # no multiply fused into the add it feeds: the references round both (kernels/launch.py)
     assert row["fp_fusion"] is False, f"{case}: compiled with floating-point contraction"
     # the amax stores no output cast and the key draw no float values: no INTERP branch
-    if row["kernel"] in ("_tensor_amax_kernel", "_tensor_amax_pair_kernel", "_draw_keys_kernel"):
+    if row["kernel"] in (
+        "_tensor_amax_kernel",
+        "_tensor_amax_pair_kernel",
+        "_tensor_amax_pair16_kernel",
+        "_draw_keys_kernel",
+    ):
         assert "INTERP" not in row["constexprs"]
     else:  # the GPU code path, not the interpreter's
         assert row["constexprs"]["INTERP"] is False

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .fp32_triton import load_tile
-from .hadamard_triton import rht_rows
+from .hadamard_triton import rht16, rht_rows
 from .scaling_triton import block_amax
 
 
@@ -143,3 +143,62 @@ def _tensor_amax_pair_kernel(
     x_t = tl.trans(x)
     m_col = _tile_finite_amax(x_t, col_sign_ptr, col_norm, BB, BA, COL_BLOCK, False, COL_LOG_H)
     tl.store(out_ptr + n + p, tl.max(m_col))
+
+
+@triton.jit
+def _tensor_amax_pair16_kernel(
+    x_ptr,
+    stride_a,
+    A,
+    B,
+    row_sign_ptr,
+    row_norm,
+    col_norm,
+    out_ptr,
+    BG: tl.constexpr,
+    BB: tl.constexpr,
+    ROW_BLOCK: tl.constexpr,
+    COL_RHT: tl.constexpr,
+):
+    """_tensor_amax_pair_kernel's two amaxes where the row layout is unrotated 1D blocks and
+    the column layout 1x16 blocks, RHT16 or none (NVFP4's x and dY), from the tile held as 16
+    register tensors as the col16 QDQ kernel holds it (quantize16_triton.py): xs[j] holds rows
+    16 g + j of the BG groups of 16 rows, so a column block is element j of each tensor, its
+    RHT16 and its amax elementwise (no data moves between threads). A row block is 16 or 32
+    consecutive columns of one tensor: where the whole tile is finite every row block is, and
+    the row layout's amax is the tile's max |x|; a tile holding NaN or Inf reloads it as the
+    generic kernel's tile and leaves those blocks out as that kernel does. out[program] is the
+    row layout's maximum, out[programs + program] the column layout's."""
+    p0, p1 = tl.program_id(0), tl.program_id(1)
+    p = p0 * tl.num_programs(1) + p1
+    n = tl.num_programs(0) * tl.num_programs(1)
+    g = p0 * BG + tl.arange(0, BG)[:, None]
+    b = p1 * BB + tl.arange(0, BB)[None, :]
+    xs = ()
+    for j in tl.static_range(16):
+        a = g * 16 + j
+        x = tl.load(x_ptr + a.to(tl.int64) * stride_a + b, mask=(a < A) & (b < B), other=0.0)
+        xs = xs + (x.to(tl.float32),)
+    amax = tl.abs(xs[0])
+    finite = amax < float("inf")  # false for NaN too
+    for j in tl.static_range(1, 16):
+        a_j = tl.abs(xs[j])
+        amax = tl.maximum(amax, a_j)
+        finite = finite & (a_j < float("inf"))
+    if tl.min(finite.to(tl.int32)) == 1:
+        m_row = tl.max(amax)
+    else:  # rare: the generic tile, blocks holding NaN or Inf left out
+        t = load_tile(x_ptr, stride_a, A, B, BG * 16, BB)[0]
+        m_row = tl.max(
+            _tile_finite_amax(t, row_sign_ptr, row_norm, BG * 16, BB, ROW_BLOCK, False, 0)
+        )
+    tl.store(out_ptr + p, m_row)
+    if COL_RHT:
+        xs = rht16(xs, COL_RHT, col_norm)
+    amax = tl.abs(xs[0])
+    finite = amax < float("inf")
+    for j in tl.static_range(1, 16):
+        a_j = tl.abs(xs[j])
+        amax = tl.maximum(amax, a_j)
+        finite = finite & (a_j < float("inf"))
+    tl.store(out_ptr + n + p, tl.max(tl.where(finite, amax, 0.0)))

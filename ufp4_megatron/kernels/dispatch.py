@@ -45,7 +45,7 @@ from ..numerics.rounding import midpoints, minifloat_mantissa, uniform_step
 from ..numerics.scaling import E4M3_MAX
 from ..numerics.segments import Segments, tensor_scale_segments_problem
 from . import quantize16_triton as k16
-from .amax_triton import _tensor_amax_kernel, _tensor_amax_pair_kernel
+from .amax_triton import _tensor_amax_kernel, _tensor_amax_pair16_kernel, _tensor_amax_pair_kernel
 from .launch import Prepared, _spec, launch
 from .quantize_triton import _qdq_kernel
 
@@ -576,6 +576,7 @@ def _tensor_amax(
 
 
 PAIR_TILE = (64, 64, 4)  # (rows, cols, warps) of _tensor_amax_pair_kernel, widened to units
+PAIR16_TILE = TILES16["col16"]  # (groups of 16 rows, cols, warps) of _tensor_amax_pair16_kernel
 
 
 def tensor_amax(view: torch.Tensor, fmt: OperandFormat) -> torch.Tensor:
@@ -617,6 +618,8 @@ def tensor_amax_pair(
         if not _same_tiles(row, col):
             return None
         return _tensor_amax(t, row, *_extents(row, t.shape)).expand(2)
+    if row.rht is None and col.consts16 is not None:  # NVFP4's x and dY
+        return _tensor_amax_pair16(t, row, col)
     A, B = t.shape
     ba, bb, warps = PAIR_TILE
     ba, bb = max(ba, col.unit), max(bb, row.unit)
@@ -640,6 +643,34 @@ def tensor_amax_pair(
         ROW_LOG_H=row.consts["LOG_H"],
         COL_BLOCK=col.block,
         COL_LOG_H=col.consts["LOG_H"],
+        num_warps=warps,
+    )
+    return partial.amax(1)
+
+
+def _tensor_amax_pair16(t: torch.Tensor, row: _Plan, col: _Plan) -> torch.Tensor:
+    """tensor_amax_pair's two amaxes of t through the 16-tensor layout: an unrotated row
+    layout and a column layout of 1x16 blocks, RHT16 or none (amax_triton.py)."""
+    A, B = t.shape
+    bg, bb, warps = PAIR16_TILE
+    bb = max(bb, row.unit)
+    grid = (_cdiv(_cdiv(A, 16), bg), _cdiv(B, bb))
+    partial = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=t.device)
+    launch(
+        _tensor_amax_pair16_kernel,
+        grid,
+        t,
+        t.stride(0),
+        A,
+        B,
+        row.sign,
+        row.scalars[0],
+        col.scalars[0],
+        partial,
+        BG=bg,
+        BB=bb,
+        ROW_BLOCK=row.block,
+        COL_RHT=col.consts16["RHT"],
         num_warps=warps,
     )
     return partial.amax(1)
