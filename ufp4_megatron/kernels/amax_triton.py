@@ -17,9 +17,9 @@ gives 0.
 import triton
 import triton.language as tl
 
-from .fp32_triton import load_tile
+from .fp32_triton import load_groups16, load_tile
 from .hadamard_triton import rht16, rht_rows
-from .scaling_triton import block_amax
+from .scaling_triton import block_amax, block_amax16
 
 
 @triton.jit
@@ -174,18 +174,9 @@ def _tensor_amax_pair16_kernel(
     n = tl.num_programs(0) * tl.num_programs(1)
     g = p0 * BG + tl.arange(0, BG)[:, None]
     b = p1 * BB + tl.arange(0, BB)[None, :]
-    xs = ()
-    for j in tl.static_range(16):
-        a = g * 16 + j
-        x = tl.load(x_ptr + a.to(tl.int64) * stride_a + b, mask=(a < A) & (b < B), other=0.0)
-        xs = xs + (x.to(tl.float32),)
-    amax = tl.abs(xs[0])
-    finite = amax < float("inf")  # false for NaN too
-    for j in tl.static_range(1, 16):
-        a_j = tl.abs(xs[j])
-        amax = tl.maximum(amax, a_j)
-        finite = finite & (a_j < float("inf"))
-    if tl.min(finite.to(tl.int32)) == 1:
+    xs = load_groups16(x_ptr, stride_a, A, B, g, b)
+    amax = block_amax16(xs, False)[0]  # NaN-propagating: not < inf where a block is not finite
+    if tl.min((amax < float("inf")).to(tl.int32)) == 1:
         m_row = tl.max(amax)
     else:  # rare: the generic tile, blocks holding NaN or Inf left out
         t = load_tile(x_ptr, stride_a, A, B, BG * 16, BB)[0]
@@ -195,10 +186,5 @@ def _tensor_amax_pair16_kernel(
     tl.store(out_ptr + p, m_row)
     if COL_RHT:
         xs = rht16(xs, COL_RHT, col_norm)
-    amax = tl.abs(xs[0])
-    finite = amax < float("inf")
-    for j in tl.static_range(1, 16):
-        a_j = tl.abs(xs[j])
-        amax = tl.maximum(amax, a_j)
-        finite = finite & (a_j < float("inf"))
-    tl.store(out_ptr + n + p, tl.max(tl.where(finite, amax, 0.0)))
+    amax = block_amax16(xs, False)[0]
+    tl.store(out_ptr + n + p, tl.max(tl.where(amax < float("inf"), amax, 0.0)))

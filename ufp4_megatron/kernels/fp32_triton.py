@@ -83,3 +83,16 @@ def load_tile(x_ptr, stride_a, A, B, BA: tl.constexpr, BB: tl.constexpr):
     b = b0 + tl.arange(0, BB)[None, :]
     x = tl.load(x_ptr + a.to(tl.int64) * stride_a + b, mask=(a < A) & (b < B), other=0.0)
     return x.to(tl.float32), a0, b0, a, b
+
+
+@triton.jit
+def load_groups16(x_ptr, stride_a, A, B, g, b):
+    """Rows 16 g + j of a row-major [A, B] tensor at columns b ([BG, 1] and [1, BB] index
+    grids) as a 16-tuple of fp32 tensors, element j of every 16-row column block in the j-th,
+    padding as zeros: the tile of the col16 kernels (quantize16_triton, amax_triton)."""
+    xs = ()
+    for j in tl.static_range(16):
+        a = g * 16 + j
+        x = tl.load(x_ptr + a.to(tl.int64) * stride_a + b, mask=(a < A) & (b < B), other=0.0)
+        xs = xs + (x.to(tl.float32),)
+    return xs

@@ -21,6 +21,7 @@ from .fp32_triton import (
     div_fast,
     fast_div_unsafe_quotient,
     fast_div_unsafe_scale,
+    load_groups16,
     reciprocal,
 )
 from .hadamard_triton import rht16
@@ -152,11 +153,7 @@ def _col16_job(
     SR per segment (segments_triton.py)."""
     g = p0 * BG + tl.arange(0, BG)[:, None]
     b = p1 * BB + tl.arange(0, BB)[None, :]
-    xs = ()
-    for j in tl.static_range(16):
-        a = g * 16 + j
-        x = tl.load(x_ptr + a.to(tl.int64) * stride_a + b, mask=(a < A) & (b < B), other=0.0)
-        xs = xs + (x.to(tl.float32),)
+    xs = load_groups16(x_ptr, stride_a, A, B, g, b)
     sd, vr, vc, i = segment_keys(seed, b, g * 16, sg_idx, sg_n16, sg_seed, sg_start, SEG, SEED_PTR)
     ys = _qdq16(
         xs,
