@@ -101,8 +101,12 @@ def test_pair_takes_the_16_tensor_pass_where_it_applies(monkeypatch, formats, ke
     monkeypatch.setattr(
         dispatch, "launch", lambda k, *a, **kw: launched.append(k) or real(k, *a, **kw)
     )
-    kernels.tensor_amax_pair(_data(37, 70, seed=8), *FORMATS[formats])
-    assert [getattr(k, "__name__", None) or k.fn.__name__ for k in launched] == [kernel]
+    x = _data(37, 70, seed=8)
+    auto = kernels.tensor_amax_pair(x, *FORMATS[formats])
+    generic = kernels.tensor_amax_pair(x, *FORMATS[formats], generic=True)  # the bench's A/B
+    names = [getattr(k, "__name__", None) or k.fn.__name__ for k in launched]
+    assert names == [kernel, "_tensor_amax_pair_kernel"]
+    assert torch.equal(auto, generic)
 
 
 def test_pair_declines_what_it_does_not_cover():
@@ -177,20 +181,21 @@ def test_amax_bench_rows_compare_the_passes():
     def timer(fn, inputs):
         fn(inputs[0])
         ran.append(fn)
-        return 2.0 if len(ran) % 7 == 1 else 1.0  # the copy, then each pass
+        return 2.0 if len(ran) % 8 == 1 else 1.0  # the copy, then each pass
 
     rows = amax_rows(log=lambda r: None, shapes=((48, 64),), device=DEVICE, timer=timer)
-    assert len(ran) == 7
+    assert len(ran) == 8
     assert [r["what"] for r in rows] == [
         "row pass (fprop x, dgrad dY)",
         "column pass, RHT16 (wgrad)",
         "both (x, dY), one pair pass",
+        "both (x, dY), generic pair kernel",
         "both (x, dY), two passes",
         "w row pass, 16x16 (fprop)",
         "w column pass, 16x16 (dgrad)",
         "both (w), one pair pass",
         "both (w), two passes",
     ]
-    assert [r["vs_two"] for r in rows] == [0.5, 0.5, 0.5, 1.0] * 2
+    assert [r["vs_two"] for r in rows] == [0.5, 0.5, 0.5, 0.5, 1.0, 0.5, 0.5, 0.5, 1.0]
     # the copy moves 4 bytes an element in 2 ms, a pass reads 2 in 1 ms: the same bandwidth
     assert rows[0]["pct"] == rows[-1]["pct"] == 100.0

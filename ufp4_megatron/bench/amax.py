@@ -4,8 +4,9 @@ NVFP4 quantizes x for fprop (1x16 blocks along K) and for wgrad (1x16 along the 
 RHT16), dY for dgrad and wgrad alike, and w for fprop and dgrad (16x16 tiles, the same tiles in
 both layouts); each of those quantizations needs the tensor amax of its layout first, a read
 of the whole operand. `kernels.tensor_amax_pair` takes both layouts' amax from one read
-(ops.tensor_amaxes): the pair kernel for x and dY, one pass of the amax kernel for w. Per
-shape and operand: the two single passes, the pair pass, and the read bandwidth each reaches
+(ops.tensor_amaxes): the 16-tensor pair kernel for x and dY, one pass of the amax kernel for
+w. Per shape and operand: the two single passes, the pair pass (for x and dY also the generic
+pair kernel the 16-tensor one replaced, the same values), and the read bandwidth each reaches
 (2 bytes per bf16 element read per pass) as a share of a device-to-device copy's (read and
 write) measured in the same run.
 """
@@ -28,6 +29,7 @@ PASSES = {
     "x, dY": (ROW, "row pass (fprop x, dgrad dY)", COL, "column pass, RHT16 (wgrad)"),
     "w": (TILES, "w row pass, 16x16 (fprop)", TILES, "w column pass, 16x16 (dgrad)"),
 }
+GENERIC = {"x, dY"}  # operands whose pair the generic pair kernel is also timed for
 
 
 def _passes(row, col) -> tuple:
@@ -53,10 +55,16 @@ def amax_rows(log=print, *, shapes=SHAPES, device="cuda", timer=median_ms) -> li
             pair = tensor_amax_pair(x, row, col)
             singles = torch.stack([tensor_amax(x, row), tensor_amax(x.t(), col)])
             assert torch.equal(pair, singles), (operand, pair, singles)
-            names = (row_name, col_name, f"both ({operand}), one pair pass")
-            ms = [timer(fn, inputs) for fn in _passes(row, col)]
+            names = [row_name, col_name, f"both ({operand}), one pair pass"]
+            fns = list(_passes(row, col))
+            if operand in GENERIC:
+                generic = tensor_amax_pair(x, row, col, generic=True)
+                assert torch.equal(generic, pair), (operand, generic, pair)
+                names.append(f"both ({operand}), generic pair kernel")
+                fns.append(lambda x, row=row, col=col: tensor_amax_pair(x, row, col, generic=True))
+            ms = [timer(fn, inputs) for fn in fns]
             two = ms[0] + ms[1]
-            reads = (1, 1, 1, 2)  # the passes' reads of the operand
+            reads = (1,) * len(ms) + (2,)  # the passes' reads of the operand
             for what, t, k in zip((*names, f"both ({operand}), two passes"), (*ms, two), reads):
                 bw = k * 2 * n / t / 1e9
                 pct = 100 * bw / copy_bw

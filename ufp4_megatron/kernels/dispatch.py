@@ -592,7 +592,7 @@ def tensor_amax(view: torch.Tensor, fmt: OperandFormat) -> torch.Tensor:
 
 
 def tensor_amax_pair(
-    t: torch.Tensor, row_fmt: OperandFormat, col_fmt: OperandFormat
+    t: torch.Tensor, row_fmt: OperandFormat, col_fmt: OperandFormat, *, generic: bool = False
 ) -> torch.Tensor | None:
     """The e4m3 tensor amax of a 2-D tensor t for two quantizations in one read: along its
     rows' length as `row_fmt` (the view t) and along its columns as `col_fmt` (the view
@@ -601,7 +601,8 @@ def tensor_amax_pair(
     scales, a layout the kernels do not cover, a strided t): the quantizations then take
     their own amax passes. Square 2D tiles of one size, unrotated, in both layouts (NVFP4's
     weight for fprop and dgrad) are the same tiles, so the same amax: one pass of the amax
-    kernel gives it for both."""
+    kernel gives it for both. generic: the generic pair kernel even where the 16-tensor one
+    applies (the same values; the amax benchmark times one against the other)."""
     if t.dim() != 2 or t.stride(1) != 1 or t.shape[1] == 1:
         return None
     plans = []
@@ -618,7 +619,7 @@ def tensor_amax_pair(
         if not _same_tiles(row, col):
             return None
         return _tensor_amax(t, row, *_extents(row, t.shape)).expand(2)
-    if row.rht is None and col.consts16 is not None:  # NVFP4's x and dY
+    if row.rht is None and col.consts16 is not None and not generic:  # NVFP4's x and dY
         return _tensor_amax_pair16(t, row, col)
     A, B = t.shape
     ba, bb, warps = PAIR_TILE
