@@ -32,13 +32,17 @@ PASSES = {
 GENERIC = {"x, dY"}  # operands whose pair the generic pair kernel is also timed for
 
 
-def _passes(row, col) -> tuple:
-    """The three timed passes of one operand: its row layout, its column layout, the pair."""
-    return (
+def _passes(row, col, generic: bool) -> list:
+    """The timed passes of one operand: its row layout, its column layout, the pair, and with
+    `generic` the generic pair kernel's pair."""
+    fns = [
         lambda x: tensor_amax(x, row),
         lambda x: tensor_amax(x.t(), col),
         lambda x: tensor_amax_pair(x, row, col),
-    )
+    ]
+    if generic:
+        fns.append(lambda x: tensor_amax_pair(x, row, col, generic=True))
+    return fns
 
 
 def amax_rows(log=print, *, shapes=SHAPES, device="cuda", timer=median_ms) -> list[dict]:
@@ -51,17 +55,15 @@ def amax_rows(log=print, *, shapes=SHAPES, device="cuda", timer=median_ms) -> li
         copy_ms = timer(lambda x: out.copy_(x), inputs)
         copy_bw = 4 * n / copy_ms / 1e9
         for operand, (row, row_name, col, col_name) in PASSES.items():
-            x = inputs[0]  # the pair is each single pass's amax, bit for bit
-            pair = tensor_amax_pair(x, row, col)
-            singles = torch.stack([tensor_amax(x, row), tensor_amax(x.t(), col)])
-            assert torch.equal(pair, singles), (operand, pair, singles)
+            generic = operand in GENERIC
+            fns = _passes(row, col, generic)
             names = [row_name, col_name, f"both ({operand}), one pair pass"]
-            fns = list(_passes(row, col))
-            if operand in GENERIC:
-                generic = tensor_amax_pair(x, row, col, generic=True)
-                assert torch.equal(generic, pair), (operand, generic, pair)
+            if generic:
                 names.append(f"both ({operand}), generic pair kernel")
-                fns.append(lambda x, row=row, col=col: tensor_amax_pair(x, row, col, generic=True))
+            x = inputs[0]  # every pair is each single pass's amax, bit for bit
+            singles = torch.stack([fns[0](x), fns[1](x)])
+            for name, fn in zip(names[2:], fns[2:]):
+                assert torch.equal(fn(x), singles), (operand, name, fn(x), singles)
             ms = [timer(fn, inputs) for fn in fns]
             two = ms[0] + ms[1]
             reads = (1,) * len(ms) + (2,)  # the passes' reads of the operand
