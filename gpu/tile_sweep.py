@@ -7,10 +7,13 @@ from ufp4_megatron.bench.timing import median_ms, rotating
 from ufp4_megatron.kernels import quantize_view
 from ufp4_megatron.numerics.hadamard import RHT
 
-CONFIGS = {  # row16: (rows, blocks, warps); col16: (groups of 16 rows, columns, warps)
+CONFIGS = {  # row16: (rows, blocks, warps); col16: (groups of 16 rows, columns, warps);
+    # col32: (blocks of 32 rows, columns, warps), MXFP4's format
     "row16": [(8, 16, 4), (16, 16, 4), (4, 32, 4)],
     "col16": [(2, 128, 4), (1, 256, 4), (4, 64, 4)],
+    "col32": [(1, 128, 4), (1, 64, 2), (1, 256, 8), (2, 128, 8), (2, 64, 4)],
 }
+MXFP4 = dict(grid="e2m1", block=32, scale="e8m0")
 n = 8192 * 8192
 xs = rotating(lambda: torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16), 2 * n)
 o = torch.empty_like(xs[0])
@@ -18,12 +21,15 @@ copy = median_ms(lambda x: o.copy_(x), xs)
 print(f"copy {copy:.4f} ms")
 for mode, cfgs in CONFIGS.items():
     for rounding, rht in (("sr", RHT(16, 0)),):
-        spec = dict(grid="e1m2", rounding=rounding, rht=rht, seed=1)
+        spec = dict(
+            MXFP4 if mode == "col32" else dict(grid="e1m2"), rounding=rounding, rht=rht, seed=1
+        )
         for cfg in cfgs:
             tiles = {mode: cfg}
             fn = {
                 "row16": lambda x: quantize_view(x, tiles=tiles, **spec),
                 "col16": lambda x: quantize_view(x.t(), tiles=tiles, **spec),
+                "col32": lambda x: quantize_view(x.t(), tiles=tiles, **spec),
             }[mode]
             ms = median_ms(fn, xs)
             print(

@@ -137,11 +137,23 @@ CASES = {
         0,
         lambda s: s.ops.dgrad(s.dy, s.w, s.ufp4, **s.kw),
     ),
-    # mxfp4 wgrad, dy^T: 1x32 blocks, e8m0 scales, RHT16, SR, column layout
-    "generic mxfp4 wgrad dy col sr": (
-        "_qdq_kernel",
+    # mxfp4 wgrad, dy^T and x^T: 1x32 blocks (two groups of 16), e8m0 scales, RHT16, SR on
+    # dy, column layout, one launch
+    "pair16 mxfp4 wgrad dy col32 sr + x col32": (
+        "_pair16_kernel",
         0,
         lambda s: s.ops.wgrad(s.dy, s.x, s.mxfp4, **s.kw),
+    ),
+    # mxfp4 dgrad: dy's 1x32 rows (generic, SR), then w^T's 1x32 columns (16-tensor, RTNE)
+    "generic mxfp4 dgrad dy row sr": (
+        "_qdq_kernel",
+        0,
+        lambda s: s.ops.dgrad(s.dy, s.w, s.mxfp4, **s.kw),
+    ),
+    "col32 mxfp4 dgrad w col rtne": (
+        "_col16_kernel",
+        1,
+        lambda s: s.ops.dgrad(s.dy, s.w, s.mxfp4, **s.kw),
     ),
     # nvfp4 fprop, w: 16x16 tiles, e4m3 scales, row layout (launches of a first call: the
     # tensor amax of x, of w, then x through row16, then w)
@@ -235,8 +247,13 @@ CASES = {
         0,
         lambda s: s.ops.dgrad(s.dy, s.w, s.ufp4, seed=s.keys, **s.kw),
     ),
-    "generic mxfp4 wgrad dy col sr device key": (
+    "generic mxfp4 dgrad dy row sr device key": (
         "_qdq_kernel",
+        0,
+        lambda s: s.ops.dgrad(s.dy, s.w, s.mxfp4, seed=s.keys, **s.kw),
+    ),
+    "pair16 mxfp4 wgrad col32 device key": (
+        "_pair16_kernel",
         0,
         lambda s: s.ops.wgrad(s.dy, s.x, s.mxfp4, seed=s.keys, **s.kw),
     ),

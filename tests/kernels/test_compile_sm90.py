@@ -15,7 +15,9 @@ pass (sm90_compile.py intercepts the launch), one representative setting per fam
 | row16 ufp4 grouped dgrad dy sr segments  | _row16_kernel   | e1m2, SR, RHT16, row segments    |
 | col16 ufp4 grouped wgrad dy sr segments  | _col16_kernel   | e1m2, SR, RHT16, column segments |
 | pair16 ufp4 dgrad dy sr + w col rtne     | _pair16_kernel  | row SR + column RTNE, one launch |
-| generic mxfp4 wgrad dy col sr            | _qdq_kernel     | e2m1 1x32, e8m0, RHT16, SR, col  |
+| pair16 mxfp4 wgrad dy col32 sr + x col32 | _pair16_kernel  | e2m1 1x32 (two groups of 16), e8m0, RHT16, SR + RTNE, col + col |
+| generic mxfp4 dgrad dy row sr            | _qdq_kernel     | e2m1 1x32, e8m0, SR, row         |
+| col32 mxfp4 dgrad w col rtne             | _col16_kernel   | e2m1 1x32, e8m0, RTNE, col       |
 | generic nvfp4 fprop w 2d e4m3            | _qdq_kernel     | e2m1 16x16, e4m3, RTNE, row      |
 | generic nvfp4 dgrad w col 2d e4m3        | _qdq_kernel     | e2m1 16x16, e4m3, RTNE, col      |
 | amax nvfp4 fprop x row                   | _tensor_amax_kernel | 1x16, row                    |
@@ -30,7 +32,8 @@ pass (sm90_compile.py intercepts the launch), one representative setting per fam
 | generic nvfp4 grouped dgrad w col 2d e4m3 segments | _qdq_kernel | 16x16, e4m3 per expert, column segments |
 | col16 nvfp4 grouped wgrad dy sr e4m3 segments | _col16_kernel | e2m1, SR, RHT16, e4m3 per expert, column segments |
 | pair16 ufp4 dgrad dy sr device key + w col rtne | _pair16_kernel | dY's SR key read from a key table (SEED_PTR) |
-| generic mxfp4 wgrad dy col sr device key | _qdq_kernel  | 1x32, e8m0, SR key from a key table |
+| generic mxfp4 dgrad dy row sr device key | _qdq_kernel  | 1x32, e8m0, SR key from a key table |
+| pair16 mxfp4 wgrad col32 device key      | _pair16_kernel  | 1x32 columns, SR key from a key table |
 | row16 ufp4 dy sr seed 1                  | _row16_kernel   | a host seed of 1 (Triton passes it as a constexpr) |
 | draw keys 64 experts / plain linear      | _draw_keys_kernel | a call's key table drawn on the device (uint64 splitmix) |
 

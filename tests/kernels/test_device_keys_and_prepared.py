@@ -66,6 +66,7 @@ def test_draw_kernel_is_operand_keys_of_the_stream(experts, salt):
 CASES = {
     "row16": ("row", dict(rht=RHT(16, 1))),
     "col16": ("col", dict(rht=RHT(16, 1))),
+    "col32": ("col", dict(block=32, rht=RHT(16, 1))),
     "generic_row": ("row", dict(block=32)),
     "generic_col": ("col", dict(rht=RHT(32, 1))),
 }
@@ -111,22 +112,27 @@ def test_segments_read_a_key_row_in_place():
     )
 
 
-# (along_rows of each job, keyword arguments of each job): fprop, dgrad, wgrad shapes, one job
+# (along_rows of each job, rounding of each job, format options of both): fprop, dgrad, wgrad
+# shapes, one job; MXFP4's wgrad (1x32 column blocks, e8m0 scales)
 JOBS = {
-    "fprop": ((False, False), ("rtne", "rtne")),
-    "dgrad": ((False, True), ("sr", "rtne")),
-    "wgrad": ((True, True), ("sr", "rtne")),
-    "single_col_sr": ((True,), ("sr",)),
+    "fprop": ((False, False), ("rtne", "rtne"), {}),
+    "dgrad": ((False, True), ("sr", "rtne"), {}),
+    "wgrad": ((True, True), ("sr", "rtne"), {}),
+    "single_col_sr": ((True,), ("sr",), {}),
+    "mxfp4_wgrad": ((True, True), ("sr", "rtne"), dict(grid="e2m1", block=32, scale="e8m0")),
 }
 
 
 @pytest.mark.parametrize("keyed", (False, True))
 @pytest.mark.parametrize("job", JOBS)
 def test_prepared_launch_matches_quantize_pair(job, keyed):
-    rows, roundings = JOBS[job]
+    rows, roundings, fmt = JOBS[job]
     table = torch.tensor([[2**62 + 3], [17], [2**40 + 1], [9]], dtype=torch.int64, device=DEVICE)
     kws = [
-        dict(grid="e1m2", rounding=r, rht=RHT(16, 2), keep_padding=True, origin=(0, 16 * i))
+        dict(
+            dict(grid="e1m2", rounding=r, rht=RHT(16, 2), keep_padding=True, origin=(0, 16 * i)),
+            **fmt,
+        )
         for i, r in enumerate(roundings)
     ]
     prepared = None
@@ -158,7 +164,7 @@ def test_prepared_refuses_what_it_does_not_cover():
     t = _data(32, 64, 4)
     base = dict(grid="e2m1", keep_padding=True)
     assert prepare([t], [False], [dict(base, scale="e4m3")], [0]) is None
-    assert prepare([t], [False], [dict(base, block=32)], [0]) is None
+    assert prepare([t], [False], [dict(base, block=32)], [0]) is None  # 1x32 rows: generic
     seg = Segments(0, (0, 16), (1, 2))
     assert prepare([t], [False], [dict(base, rounding="sr", segments=seg)], [0]) is None
 

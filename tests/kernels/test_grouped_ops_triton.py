@@ -52,6 +52,7 @@ STARTS, SEEDS = (0, 16, 16, 48), (11, 2**62 + 5, 33, 7)  # segment 1 is empty
 FAMILIES = {
     "row16": ("row", dict(rht=RHT(16, 1))),
     "col16": ("col", dict(rht=RHT(16, 1))),
+    "col32": ("col", dict(block=32, rht=RHT(16, 1))),  # axis 1: generic (segments along blocks)
     "row16_plain": ("row", {}),
     "generic_block32": ("row", dict(block=32)),
     "generic_rht32_col": ("col", dict(rht=RHT(32, 2))),

@@ -146,6 +146,7 @@ def test_special_values_match(grid, scale, layout):
         dict(rht=None),
         dict(rht=RHT(16, 0)),
         dict(rht=RHT(16, 0), rounding="sr", seed=5),
+        dict(block=32, rht=RHT(16, 0), rounding="sr", seed=6),
         dict(block=32, block_2d=True, rounding="sr", seed=8),
     ):
         ran = _check(x, grid, layout, scale=scale, **kw)
@@ -234,6 +235,18 @@ PAIRS = {  # (a spec, b spec, a layout, b layout): the GEMMs of the presets and 
         "row",
         "col",
     ),
+    "mxfp4 wgrad (1x32 columns, one launch)": (
+        dict(grid="e2m1", block=32, scale="e8m0", rht=RHT(16, 4), rounding="sr", seed=9),
+        dict(grid="e2m1", block=32, scale="e8m0", rht=RHT(16, 4)),
+        "col",
+        "col",
+    ),
+    "mxfp4 dgrad (generic 1x32 rows, 16-tensor 1x32 columns)": (
+        dict(grid="e2m1", block=32, scale="e8m0", rounding="sr", seed=9),
+        dict(grid="e2m1", block=32, scale="e8m0"),
+        "row",
+        "col",
+    ),
     "generic kernel (two launches)": (
         dict(grid="e1m2", block=32),
         dict(grid="e2m1", block_2d=True),
@@ -259,6 +272,73 @@ def test_pair_matches_two_single_launches(name):
     qa, qb = kernels.quantize_pair(views[0], dict(a_kw), views[1], dict(b_kw))
     assert_bitwise(qa, reference(views[0], **a_kw), f"{name} a")
     assert_bitwise(qb, reference(views[1], **b_kw), f"{name} b")
+
+
+MX = dict(grid="e2m1", block=32, scale="e8m0")
+
+
+@pytest.mark.parametrize(
+    "case,launched",
+    [
+        ("column", [("_col16_kernel", 2)]),
+        ("column, row segments", [("_col16_kernel", 2)]),
+        ("column, segments along the blocks", [("_qdq_kernel", None)]),
+        ("row", [("_qdq_kernel", None)]),
+        ("wgrad pair", [("_pair16_kernel", (2, 2))]),
+        ("dgrad pair", [("_qdq_kernel", None), ("_col16_kernel", 2)]),
+        ("column, generic forced", [("_qdq_kernel", None)]),
+    ],
+)
+def test_1x32_columns_take_the_16_tensor_kernel(monkeypatch, case, launched):
+    """MXFP4's 1x32 blocks run the 16-tensor kernel in the column layout (two groups of 16 a
+    block), unless segments split the quantized dim; rows take the generic kernel. Values:
+    the reference, bit for bit, and the generic kernel's."""
+    import ufp4_megatron.kernels.dispatch as dispatch
+    from ufp4_megatron.numerics.segments import Segments
+
+    seen = []
+    real = dispatch.launch
+
+    def spy(k, *a, **kw):
+        name = getattr(k, "__name__", None) or k.fn.__name__
+        groups = kw.get("GROUPS") if "GROUPS" in kw else None
+        if name == "_pair16_kernel":
+            groups = (kw["A_GROUPS"], kw["B_GROUPS"])
+        seen.append((name, groups))
+        return real(k, *a, **kw)
+
+    monkeypatch.setattr(dispatch, "launch", spy)
+    x, y = _data(45, 40, seed=21), _data(38, 72, seed=22)
+    col, row = x.t().contiguous().t(), y
+    sr = dict(MX, rht=RHT(16, 3), rounding="sr", seed=4, origin=(2, 8))
+    seg = dict(sr, origin=(0, 0))
+    calls = {
+        "column": [(col, sr)],
+        "column, row segments": [(col, dict(seg, segments=Segments(0, (0, 16), (5, 6))))],
+        "column, segments along the blocks": [
+            (col, dict(seg, segments=Segments(1, (0, 32), (5, 6))))
+        ],
+        "row": [(row, sr)],
+        "column, generic forced": [(col, dict(sr, tiles={"col": TILES["col"]}))],
+    }
+    if case in calls:
+        ((view, kw),) = calls[case]
+        tiles = kw.pop("tiles", None)
+        got = kernels.quantize_view(view, tiles=tiles, **kw)
+        assert_bitwise(got, reference(view, **kw), case)
+        if tiles:
+            seen_before = list(seen)
+            assert_bitwise(got, kernels.quantize_view(view, **kw), "16-tensor vs generic")
+            seen[:] = seen_before
+    else:
+        a = col if case == "wgrad pair" else row
+        a_kw, b_kw = dict(sr), dict(MX, rht=sr["rht"])
+        if case == "dgrad pair":
+            a_kw.pop("rht")
+        qa, qb = kernels.quantize_pair(a, dict(a_kw), col, dict(b_kw))
+        assert_bitwise(qa, reference(a, **a_kw), f"{case} a")
+        assert_bitwise(qb, reference(col, **b_kw), f"{case} b")
+    assert seen == launched
 
 
 def test_pair_takes_each_e4m3_tensor_amax_once(monkeypatch):

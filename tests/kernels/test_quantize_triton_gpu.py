@@ -3,6 +3,7 @@ GPU (and, for the UFP4 operand specs, on the CPU too). Run with `make test-gpu`.
 
 | test                                        | what                                           |
 | gpu_ufp4_operands_match_reference           | e1m2 rht16 rtne/sr, row/col (16-tensor and generic kernels), 4096x6144 and odd 3000x2000, vs GPU and CPU reference |
+| gpu_mxfp4_columns_match_reference           | MXFP4's three column passes (1x32, e8m0; RHT16 and SR on wgrad's), 16-tensor vs generic kernel vs GPU reference, and the wgrad pair |
 | gpu_all_grids_and_scales_match              | 5 grids x 3 scales, SR + rht16 (the longest path), row, 1024x1536 |
 | gpu_block_options_and_special_values_match  | blocks 16/32, 2D tiles, keep_padding, NaN/Inf/zero/subnormal rows, row fp32 and col e8m0+rht32 |
 | gpu_pair_matches_reference                  | the pair kernel (both operands of fprop/dgrad/wgrad in one launch), UFP4 specs, 4096x6144 and odd shapes, vs GPU reference |
@@ -45,6 +46,26 @@ def test_gpu_ufp4_operands_match_reference(shape, rounding):
     assert_bitwise(kernels.quantize_view(x.t(), tiles=TILES, **col_spec), col, "generic col")
     small = x[:256, :512]
     assert_bitwise(kernels.quantize_view(small, **spec), reference(small.cpu(), **spec), "cpu")
+
+
+@needs_cuda
+@pytest.mark.parametrize("shape", [(4096, 6144), (3000, 2000)])
+def test_gpu_mxfp4_columns_match_reference(shape):
+    x, dy = _data(*shape, seed=3), _data(shape[0], shape[1] // 2, seed=4)
+    mx = dict(grid="e2m1", block=32, scale="e8m0")
+    sr = dict(mx, rounding="sr", rht=RHT(16, 2), seed=2**40 + 3, origin=(0, 64))
+    for name, view, kw in (
+        ("dgrad w", x.t(), mx),
+        ("wgrad dy", dy.t(), sr),
+        ("wgrad x", x.t(), dict(mx, rht=RHT(16, 2))),
+    ):  # column layouts: transposed views of row-major tensors
+        got = kernels.quantize_view(view, **kw)
+        assert_bitwise(got, reference(view, **kw), name)
+        assert_bitwise(kernels.quantize_view(view, tiles=TILES, **kw), got, f"{name} generic")
+    x_kw = dict(mx, rht=RHT(16, 2))
+    qa, qb = kernels.quantize_pair(dy.t(), sr, x.t(), x_kw)  # one launch
+    assert_bitwise(qa, reference(dy.t(), **sr), "pair dy")
+    assert_bitwise(qb, reference(x.t(), **x_kw), "pair x")
 
 
 @needs_cuda

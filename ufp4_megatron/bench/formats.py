@@ -2,8 +2,10 @@
 
 The kernel table (kernels.py) times UFP4's format alone. The recipes differ in what their
 operands take: E2M1's binade rounding, MXFP4's 1x32 blocks with e8m0 scales (the generic
-kernel), NVFP4's e4m3 block scales under a tensor scale and its weights' 16x16 tiles (the
-generic kernel in both layouts). Per recipe and (GEMM, operand), one quantize_view of a
+kernel along rows, the 16-tensor kernel along columns: each column row is timed through the
+generic kernel too, the same values, so the table shows what that kernel gains), NVFP4's
+e4m3 block scales under a tensor scale and its weights' 16x16 tiles (the generic kernel in
+both layouts). Per recipe and (GEMM, operand), one quantize_view of a
 bf16 tensor in the layout and format that GEMM uses (recipe.operand: grid, block, scale, RHT,
 rounding; a column layout is the transposed view, as ops.py passes it), timed like the kernel
 table: bytes = one read and one write of the tensor, "% copy" = its share of a device copy's
@@ -17,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import quantize_view, tensor_amax
+from ..kernels.dispatch import TILES
 from ..numerics.hadamard import as_rht
 from ..quant.recipe import GEMMS, get_recipe, reduction_dim
 from .timing import median_ms, rotating
@@ -41,12 +44,18 @@ def operand_formats(recipe_name: str):
     return out
 
 
-def _call(fmt, along_rows: bool, amax):
+def _call(fmt, along_rows: bool, amax, tiles=None):
     def run(x):
         view = x.t() if along_rows else x
-        return quantize_view(view, fmt=fmt, seed=SEED, tensor_amax=amax)
+        return quantize_view(view, fmt=fmt, seed=SEED, tensor_amax=amax, tiles=tiles)
 
     return run
+
+
+def _two_kernels(fmt, along_rows: bool) -> bool:
+    """Whether a layout has both a 16-tensor and a generic kernel worth comparing: 1x32
+    column blocks (MXFP4's), new to the 16-tensor kernel."""
+    return along_rows and fmt.block == 32 and not fmt.block_2d
 
 
 def format_rows(
@@ -69,6 +78,13 @@ def format_rows(
             what = f"{gemm} {name}: {layout}, {describe(fmt)}"
             rows.append(dict(shape=shape, recipe=recipe, what=what, ms=ms, tbs=4 * n / ms / 1e9))
             log(rows[-1])
+            if _two_kernels(fmt, along_rows):
+                ms = timer(_call(fmt, along_rows, amax, {"col": TILES["col"]}), inputs)
+                what = f"{what}, generic kernel"
+                rows.append(
+                    dict(shape=shape, recipe=recipe, what=what, ms=ms, tbs=4 * n / ms / 1e9)
+                )
+                log(rows[-1])
     for r in rows:
         r["pct"] = 100 * r["tbs"] / copy_bw
     return rows

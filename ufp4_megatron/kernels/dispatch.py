@@ -6,7 +6,9 @@ Entry points (re-exported by kernels/__init__.py):
   quantize_pair            two views (the two operands of one GEMM): one launch when both
                            take the 16-tensor kernels, else two.
 Which kernel runs: 1x16 blocks with RHT16 or none take the 16-tensor kernels
-(quantize16_triton.py), everything else the generic tile kernel (quantize_triton.py); both
+(quantize16_triton.py), and so do 1x32 blocks (RHT16 or none) in the column layout without
+column segments (MXFP4's dgrad and wgrad operands: two groups of 16 a block); everything
+else takes the generic tile kernel (quantize_triton.py); both
 run the steps of pipeline_triton.py. One layout per launch: a fused both-layouts kernel was
 measured slower than two passes (docs/kernel-notes.md) and is gone.
 
@@ -55,8 +57,9 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # (rows, cols, warps) of a generic-kernel tile of the [A, B] input per layout; widened to the
 # spec's unit.
 TILES = {"row": (16, 128, 4), "col": (128, 16, 4)}  # H200 sweep
-# per program: col16 (groups of 16 rows, columns, warps), row16 (rows, blocks, warps)
-TILES16 = {"col16": (2, 128, 4), "row16": (8, 16, 4)}
+# per program: col16 (groups of 16 rows, columns, warps), col32 (blocks of 32 rows, columns,
+# warps: the same 32 rows a program), row16 (rows, blocks, warps)
+TILES16 = {"col16": (2, 128, 4), "col32": (1, 128, 4), "row16": (8, 16, 4)}
 # Kernels decorated under TRITON_INTERPRET=1 run in Triton's CPU interpreter (the CPU tests).
 INTERPRETED = isinstance(_qdq_kernel, InterpretedFunction)
 
@@ -178,8 +181,8 @@ def _build_plan(dtype, device, fmt: OperandFormat, out_dtype) -> _Plan | str:
     )
     consts = dict(steps, BLOCK=block, BLOCK_2D=block_2d, LOG_H=log_h)
     consts16 = prefixed = None
-    if block == 16 and not block_2d and log_h in (0, 4):  # the 16-tensor kernels apply
-        consts16 = dict(steps, RHT=rht16_constexpr(rht) if log_h == 4 else 0)
+    if not block_2d and log_h in (0, 4):  # the 16-tensor kernels apply (1x32: columns only)
+        consts16 = dict(steps, RHT=rht16_constexpr(rht) if log_h == 4 else 0, GROUPS=block // 16)
         prefixed = {p: {p + k: v for k, v in consts16.items()} for p in ("A_", "B_")}
     return _Plan(
         fmt=fmt,
@@ -413,21 +416,37 @@ def _orient(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return (x if x.stride(1) == 1 or x.shape[1] == 1 else x.contiguous()), False
 
 
+def _takes16(lay: _Layout, along_rows: bool) -> bool:
+    """Whether a layout runs the 16-tensor kernels: 1x16 blocks (RHT16 or none) in either
+    layout; 1x32 blocks in the column layout, unless segments split it along the blocks."""
+    if lay.plan.consts16 is None:
+        return False
+    return lay.plan.block == 16 or (along_rows and lay.seg != 2)
+
+
+def _tile16_name(plan: _Plan, along_rows: bool) -> str:
+    """The TILES16 entry (and `tiles=` key) of a 16-tensor job."""
+    return ("col16" if plan.block == 16 else "col32") if along_rows else "row16"
+
+
+def _grid16(lay: _Layout, along_rows: bool, shape, tile) -> tuple[tuple[int, int], int, int, int]:
+    """((n0, n1) programs, t0, t1, warps) of a 16-tensor job on row-major [A, B]."""
+    A, B = shape
+    t0, t1, warps = tile or TILES16[_tile16_name(lay.plan, along_rows)]
+    blocks = lay.length // lay.plan.block
+    n = (_cdiv(blocks, t0), _cdiv(B, t1)) if along_rows else (_cdiv(A, t0), _cdiv(blocks, t1))
+    return n, t0, t1, warps
+
+
 def _job16(t: torch.Tensor, lay: _Layout, along_rows: bool, tile):
     """(output, its returned view, program grid (n0, n1), warps, runtime args, tile) of one
     16-tensor job on row-major t [A, B]: along_rows=False quantizes along B ([A, B'] out),
     True along A ([B, A'] view out)."""
     A, B = t.shape
-    if along_rows:
-        t0, t1, warps = tile or TILES16["col16"]
-        out = torch.empty(lay.out_len, B, dtype=lay.plan.out_dtype, device=t.device)
-        n = (_cdiv(lay.length // 16, t0), _cdiv(B, t1))
-        view = out.t()
-    else:
-        t0, t1, warps = tile or TILES16["row16"]
-        out = torch.empty(A, lay.out_len, dtype=lay.plan.out_dtype, device=t.device)
-        n = (_cdiv(A, t0), _cdiv(lay.length // 16, t1))
-        view = out
+    n, t0, t1, warps = _grid16(lay, along_rows, t.shape, tile)
+    shape = (lay.out_len, B) if along_rows else (A, lay.out_len)
+    out = torch.empty(shape, dtype=lay.plan.out_dtype, device=t.device)
+    view = out.t() if along_rows else out
     return out, view, n, warps, (t, t.stride(0), A, B, out, lay.out_len, *lay.args), (t0, t1)
 
 
@@ -619,7 +638,8 @@ def tensor_amax_pair(
         if not _same_tiles(row, col):
             return None
         return _tensor_amax(t, row, *_extents(row, t.shape)).expand(2)
-    if row.rht is None and col.consts16 is not None and not generic:  # NVFP4's x and dY
+    if row.rht is None and col.consts16 is not None and col.block == 16 and not generic:
+        # NVFP4's x and dY
         return _tensor_amax_pair16(t, row, col)
     A, B = t.shape
     ba, bb, warps = PAIR_TILE
@@ -713,8 +733,8 @@ def _quantize_laid_out(x: torch.Tensor, lay: _Layout, tiles=None) -> torch.Tenso
     t, along_rows = _orient(x)
     tiles = tiles or {}
     generic = "col" if along_rows else "row"
-    if lay.plan.consts16 is not None and generic not in tiles:
-        return _launch16(t, lay, along_rows, tiles.get(generic + "16"))
+    if _takes16(lay, along_rows) and generic not in tiles:
+        return _launch16(t, lay, along_rows, tiles.get(_tile16_name(lay.plan, along_rows)))
     return _launch(t, lay, along_rows, tiles.get(generic))
 
 
@@ -735,13 +755,13 @@ def quantize_pair(
     tb, b_rows = _orient(b)
     tiles = tiles or {}
     forced = "row" in tiles or "col" in tiles
-    if la.plan.consts16 is None or lb.plan.consts16 is None or forced:
+    if not (_takes16(la, a_rows) and _takes16(lb, b_rows)) or forced:
         return _quantize_laid_out(a, la, tiles), _quantize_laid_out(b, lb, tiles)
     _, va, na, wa, args_a, (a0, a1) = _job16(
-        ta, la, a_rows, tiles.get("col16" if a_rows else "row16")
+        ta, la, a_rows, tiles.get(_tile16_name(la.plan, a_rows))
     )
     _, vb, nb, wb, args_b, (b0, b1) = _job16(
-        tb, lb, b_rows, tiles.get("col16" if b_rows else "row16")
+        tb, lb, b_rows, tiles.get(_tile16_name(lb.plan, b_rows))
     )
     if wa != wb:  # one launch has one warp count
         return _quantize_laid_out(a, la, tiles), _quantize_laid_out(b, lb, tiles)
@@ -798,15 +818,10 @@ class PreparedQDQ:
             view = t.t() if rows else t
             key = seed if isinstance(seed, int) else _key_view(*seed)
             lay = _layout(view, seed=key, **kw)
-            if lay.plan.consts16 is None or lay.seg or lay.plan.g_top is not None:
+            if not _takes16(lay, rows) or lay.seg or lay.plan.g_top is not None:
                 raise ValueError("not a 16-tensor job without segments or e4m3 scales")
-            t0, t1, warps = TILES16["col16" if rows else "row16"]
+            n, t0, t1, warps = _grid16(lay, rows, t.shape, None)
             A, B = t.shape
-            n = (
-                (_cdiv(lay.length // 16, t0), _cdiv(B, t1))
-                if rows
-                else (_cdiv(A, t0), _cdiv(lay.length // 16, t1))
-            )
             shape = (lay.out_len, B) if rows else (A, lay.out_len)
             args = [None, t.stride(0), A, B, None, lay.out_len, *lay.args]
             args[13] = None  # the seed: per call

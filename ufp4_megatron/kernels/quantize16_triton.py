@@ -5,8 +5,10 @@ blocks and RHT16 (or none): element j of a group is row 16 g + j, held in its ow
 tensor with every tensor in the same layout, so the butterfly, the block amax and the
 rounding are elementwise across the 16 tensors and every load and store is coalesced along
 B. Same pipeline, same operations as the tile kernel (pipeline_triton.py) and numerics/ (the
-view is t.t(): view row = b, column = a). Row-wise (along B), each block is loaded as two
-16-byte halves and split in registers into the same 16-tensor form. `_pair16_kernel` runs
+view is t.t(): view row = b, column = a). 1x32 column blocks (MXFP4's) are two such groups
+of 16 rows (GROUPS = 2): 32 tensors, an RHT16 on each half, one amax over both. Row-wise
+(along B, 1x16 blocks only), each block is loaded as two 16-byte halves and split in
+registers into the same 16-tensor form. `_pair16_kernel` runs
 two such jobs (row or column each) in one launch: the two operands of one GEMM. Host side:
 dispatch.py. The RHT16 signs are compile-time constants here (the RHT constexpr), so the
 kernels leave the sign pointer of the launch arguments they share with the tile kernel unused.
@@ -62,29 +64,37 @@ def _qdq16(
     INV_D: tl.constexpr,
     FP_M: tl.constexpr,
     EXACT_DIV: tl.constexpr,
+    GROUPS: tl.constexpr,
 ):
-    """QDQ of one block held as a 16-tuple of same-shaped fp32 tensors (element j of every
-    block in xs[j]). c4: global view column of element 0, over 4 (Philox counter 0 of
-    elements 0..3); r: global view row; st_ptr: the e4m3 tensor scale, a pointer per block
-    where segments have their own; RHT: 0 (none), or 2^16 plus the RHT16 sign mask
-    (dispatch.rht16_constexpr). Returns the 16 dequantized fp32 tensors."""
+    """QDQ of one block of 16 GROUPS elements held as a tuple of same-shaped fp32 tensors
+    (element j of every block in xs[j]; GROUPS 2: the 1x32 blocks of MXFP4, an RHT16 rotating
+    each half). c4: global view column of element 0, over 4 (Philox counter 0 of elements
+    0..3); r: global view row; st_ptr: the e4m3 tensor scale, a pointer per block where
+    segments have their own; RHT: 0 (none), or 2^16 plus the RHT16 sign mask
+    (dispatch.rht16_constexpr). Returns the 16 GROUPS dequantized fp32 tensors."""
     if SR:
         r = _row_counter_like(xs[0], r)
     if RHT:
-        xs = rht16(xs, RHT, norm)
-    amax, negative_led = block_amax16(xs, ASYM)
+        rotated = ()
+        for k in tl.static_range(GROUPS):
+            group = ()
+            for j in tl.static_range(16):
+                group = group + (xs[16 * k + j],)
+            rotated = rotated + rht16(group, RHT, norm)
+        xs = rotated
+    amax, negative_led = block_amax16(xs, ASYM, 16 * GROUPS)
     g = gmax
     if ASYM:  # two's complement: a block led by a negative value may reach -gneg
         g = tl.where(negative_led, gneg, gmax)
     s = block_scales(amax, g, st_ptr, SCALE)
     vs = ()
     if EXACT_DIV:
-        for j in tl.static_range(16):
+        for j in tl.static_range(16 * GROUPS):
             vs = vs + (div_exact(tl.abs(xs[j]), s),)
     else:  # one exact reciprocal per block
         y = reciprocal(s)
         bad = fast_div_unsafe_scale(s)
-        for j in tl.static_range(16):
+        for j in tl.static_range(16 * GROUPS):
             a_j = tl.abs(xs[j])
             v = div_fast(a_j, s, y)
             if SR:
@@ -92,10 +102,10 @@ def _qdq16(
             vs = vs + (v,)
         if tl.max(bad.to(tl.int32)) > 0:  # the whole program, so the branch is uniform
             vs = ()
-            for j in tl.static_range(16):
+            for j in tl.static_range(16 * GROUPS):
                 vs = vs + (div_exact(tl.abs(xs[j]), s),)
     out = ()
-    for j in tl.static_range(16):
+    for j in tl.static_range(16 * GROUPS):
         u = s  # SR only
         if SR:
             if j % 4 == 0:  # one Philox call serves 4 consecutive view columns
@@ -147,14 +157,21 @@ def _col16_job(
     SEG: tl.constexpr,
     INTERP: tl.constexpr,
     SEED_PTR: tl.constexpr,
+    GROUPS: tl.constexpr,
 ):
-    """Program (p0, p1) of a column job: out [out_len, B] row-major, rows 16 g .. 16 g + 15
-    of x quantized as one block. The view is x.t(): view row b, view column 16 g + j; SEG keys
-    SR per segment (segments_triton.py)."""
+    """Program (p0, p1) of a column job: out [out_len, B] row-major, rows n g .. n g + n - 1
+    of x quantized as one block (n = 16 GROUPS; BG blocks by BB columns a program). The view
+    is x.t(): view row b, view column n g + j; SEG keys SR per segment (segments_triton.py;
+    with GROUPS 2 segments along the blocks, SEG 2, are not implemented)."""
+    tl.static_assert(GROUPS == 1 or SEG != 2, "column segments take 1x16 blocks")
     g = p0 * BG + tl.arange(0, BG)[:, None]
     b = p1 * BB + tl.arange(0, BB)[None, :]
-    xs = load_groups16(x_ptr, stride_a, A, B, g, b)
-    sd, vr, vc, i = segment_keys(seed, b, g * 16, sg_idx, sg_n16, sg_seed, sg_start, SEG, SEED_PTR)
+    xs = ()
+    for k in tl.static_range(GROUPS):
+        xs = xs + load_groups16(x_ptr, stride_a, A, B, g * GROUPS + k, b)
+    sd, vr, vc, i = segment_keys(
+        seed, b, g * 16 * GROUPS, sg_idx, sg_n16, sg_seed, sg_start, SEG, SEED_PTR
+    )
     ys = _qdq16(
         xs,
         (vc + org1) >> 2,
@@ -175,9 +192,10 @@ def _col16_job(
         INV_D,
         FP_M,
         EXACT_DIV,
+        GROUPS,
     )
-    for j in tl.static_range(16):
-        a = g * 16 + j
+    for j in tl.static_range(16 * GROUPS):
+        a = g * 16 * GROUPS + j
         tl.store(
             out_ptr + a.to(tl.int64) * B + b,
             cast_out(ys[j], out_ptr, INTERP),
@@ -221,6 +239,7 @@ def _col16_kernel(
     INTERP: tl.constexpr,
     SEG: tl.constexpr = 0,
     SEED_PTR: tl.constexpr = 0,
+    GROUPS: tl.constexpr = 1,
 ):
     """One column job on a 2D grid of programs."""
     _col16_job(
@@ -260,6 +279,7 @@ def _col16_kernel(
         SEG,
         INTERP,
         SEED_PTR,
+        GROUPS,
     )
 
 
@@ -326,10 +346,12 @@ def _row16_job(
     SEG: tl.constexpr,
     INTERP: tl.constexpr,
     SEED_PTR: tl.constexpr,
+    GROUPS: tl.constexpr,
 ):
     """Program (p0, p1) of a row job: out [A, out_len] row-major, quantized along B in blocks
     of 16. Each block is loaded as two 16-byte halves and split in registers into 16
     tensors, then as in _col16_job."""
+    tl.static_assert(GROUPS == 1, "the row kernel takes 1x16 blocks")
     r = p0 * BR + tl.arange(0, BR)[:, None, None]
     g = p1 * BG + tl.arange(0, BG)[None, :, None]
     j8 = tl.arange(0, 8)[None, None, :]
@@ -363,6 +385,7 @@ def _row16_job(
         INV_D,
         FP_M,
         EXACT_DIV,
+        GROUPS,
     )
     out = out_ptr + r.to(tl.int64) * out_len
     tl.store(
@@ -413,6 +436,7 @@ def _row16_kernel(
     INTERP: tl.constexpr,
     SEG: tl.constexpr = 0,
     SEED_PTR: tl.constexpr = 0,
+    GROUPS: tl.constexpr = 1,
 ):
     """One row job on a 2D grid of programs."""
     _row16_job(
@@ -452,6 +476,7 @@ def _row16_kernel(
         SEG,
         INTERP,
         SEED_PTR,
+        GROUPS,
     )
 
 
@@ -494,6 +519,7 @@ def _job(
     SEG: tl.constexpr,
     INTERP: tl.constexpr,
     SEED_PTR: tl.constexpr,
+    GROUPS: tl.constexpr,
 ):
     """Program p of a job whose 2D program grid has n1 columns, on a 1D launch. Not inlined:
     inlined, both jobs of a pair share one register allocation that exceeds either's (sm_90,
@@ -536,6 +562,7 @@ def _job(
             SEG,
             INTERP,
             SEED_PTR,
+            GROUPS,
         )
     else:
         _row16_job(
@@ -575,6 +602,7 @@ def _job(
             SEG,
             INTERP,
             SEED_PTR,
+            GROUPS,
         )
 
 
@@ -652,6 +680,8 @@ def _pair16_kernel(
     B_SEG: tl.constexpr = 0,
     A_SEED_PTR: tl.constexpr = 0,
     B_SEED_PTR: tl.constexpr = 0,
+    A_GROUPS: tl.constexpr = 1,
+    B_GROUPS: tl.constexpr = 1,
 ):
     """Two jobs (the two operands of one GEMM) in one launch: programs [0, a_programs) run
     job a, the rest job b. Each program runs exactly the code of its single-job kernel, so
@@ -697,6 +727,7 @@ def _pair16_kernel(
             A_SEG,
             INTERP,
             A_SEED_PTR,
+            A_GROUPS,
         )
     else:
         _job(
@@ -737,4 +768,5 @@ def _pair16_kernel(
             B_SEG,
             INTERP,
             B_SEED_PTR,
+            B_GROUPS,
         )

@@ -65,14 +65,14 @@ def block_negative_extreme(
 
 
 @triton.jit
-def block_amax16(xs, ASYM: tl.constexpr):
-    """(amax, negative-led) of blocks held as a 16-tuple: amax NaN-propagating as in
-    block_amax; negative-led as block_negative_extreme, meaningful only with ASYM (the max/min
-    it compares are taken only then)."""
+def block_amax16(xs, ASYM: tl.constexpr, N: tl.constexpr = 16):
+    """(amax, negative-led) of blocks held as an N-tuple (16, or 32: two groups of 16): amax
+    NaN-propagating as in block_amax; negative-led as block_negative_extreme, meaningful only
+    with ASYM (the max/min it compares are taken only then)."""
     amax = tl.abs(xs[0])
     mx = xs[0]
     mn = xs[0]
-    for j in tl.static_range(1, 16):
+    for j in tl.static_range(1, N):
         amax = tl.maximum(amax, tl.abs(xs[j]), propagate_nan=tl.PropagateNan.ALL)
         if ASYM:
             mx = tl.maximum(mx, xs[j])
