@@ -131,6 +131,13 @@ CASES = {
         0,
         lambda s: s.grouped.wgrad(s.dy, s.x, s.groups, s.ufp4, **s.kw),
     ),
+    # mxfp4's grouped wgrad dy: 1x32 column blocks keyed per expert (segments start at
+    # multiples of 32: the experts' tokens are padded to the wgrad unit)
+    "col32 mxfp4 grouped wgrad dy sr segments": (
+        "_col16_kernel",
+        0,
+        lambda s: s.grouped.wgrad(s.dy_mx, s.x_mx, s.groups_mx, s.mxfp4, **s.kw),
+    ),
     # ufp4 dgrad, dy (row, SR) and w (column, RTNE) in one launch
     "pair16 ufp4 dgrad dy sr + w col rtne": (
         "_pair16_kernel",
@@ -341,15 +348,20 @@ def _setting():
     ufp4 = get_recipe("ufp4")
     groups = grouped_ops.ExpertGroups((16, 32), align=grouped_ops.token_alignment(ufp4))
     M, N, K = groups.padded_total, 64, 64
+    mxfp4 = get_recipe("mxfp4")
+    groups_mx = grouped_ops.ExpertGroups((16, 32), align=grouped_ops.token_alignment(mxfp4))
     bf = dict(dtype=torch.bfloat16)
     return types.SimpleNamespace(
         ops=ops,
         grouped=grouped_ops,
         ufp4=ufp4,
         e2m1=get_recipe("e2m1"),
-        mxfp4=get_recipe("mxfp4"),
+        mxfp4=mxfp4,
         nvfp4=get_recipe("nvfp4"),
         groups=groups,
+        groups_mx=groups_mx,
+        x_mx=torch.randn(groups_mx.padded_total, K, **bf),
+        dy_mx=torch.randn(groups_mx.padded_total, N, **bf),
         kw=dict(backend="triton"),
         x=torch.randn(M, K, **bf),
         dy=torch.randn(M, N, **bf),

@@ -14,6 +14,7 @@ pass (sm90_compile.py intercepts the launch), one representative setting per fam
 | row16 ufp4 fprop x rtne                  | _row16_kernel   | e1m2, RTNE, RHT16, row           |
 | row16 ufp4 grouped dgrad dy sr segments  | _row16_kernel   | e1m2, SR, RHT16, row segments    |
 | col16 ufp4 grouped wgrad dy sr segments  | _col16_kernel   | e1m2, SR, RHT16, column segments |
+| col32 mxfp4 grouped wgrad dy sr segments | _col16_kernel   | e2m1 1x32, e8m0, SR, RHT16, column segments |
 | pair16 ufp4 dgrad dy sr + w col rtne     | _pair16_kernel  | row SR + column RTNE, one launch |
 | pair16 mxfp4 wgrad dy col32 sr + x col32 | _pair16_kernel  | e2m1 1x32 (two groups of 16), e8m0, RHT16, SR + RTNE, col + col |
 | generic mxfp4 dgrad dy row sr            | _qdq_kernel     | e2m1 1x32, e8m0, SR, row         |

@@ -17,7 +17,7 @@ bf16 with SR on dY, and the e4m3 launch count (make test's 20-minute budget).
 | test                                          | what                             | device |
 | segment_kernels_match_reference               | segment-keyed SR, row and column segments x row16, col16, generic (block 32, RHT32), pair launches vs numerics.quantize_view(segments=) | interpreter / CUDA |
 | kernels_refuse_segments_off_16                | strict names it; auto falls back to the reference | interpreter / CUDA |
-| grouped_kernel_path_matches_per_expert_twin   | ufp4 (16-tensor kernels, SR on dY / on every operand, bf16 and fp16), e2m1, nvfp4 (e4m3 per expert, 2D weight tiles), mxfp4 (block 32, generic kernel) | interpreter / CUDA |
+| grouped_kernel_path_matches_per_expert_twin   | ufp4 (16-tensor kernels, SR on dY / on every operand, bf16 and fp16), e2m1, nvfp4 (e4m3 per expert, 2D weight tiles), mxfp4 (block 32: generic rows, 16-tensor columns with expert segments) | interpreter / CUDA |
 | e4m3_segments_match_reference                 | nvfp4's per-expert tensor scales in one launch (row, col x 1x16, 16x16 tiles, RHT16, SR) vs numerics.quantize_view(segments=) | interpreter / CUDA |
 | grouped_e4m3_launches_do_not_grow_with_experts | nvfp4 grouped fprop/dgrad/wgrad: the same launches for 2 experts as for 6 | interpreter / CUDA |
 | grouped_e4m3_tiles_over_two_experts_fall_back | N = 24: a 16x16 weight tile would span two experts; per-expert calls, equal to the twin | interpreter / CUDA |
@@ -52,7 +52,7 @@ STARTS, SEEDS = (0, 16, 16, 48), (11, 2**62 + 5, 33, 7)  # segment 1 is empty
 FAMILIES = {
     "row16": ("row", dict(rht=RHT(16, 1))),
     "col16": ("col", dict(rht=RHT(16, 1))),
-    "col32": ("col", dict(block=32, rht=RHT(16, 1))),  # axis 1: generic (segments along blocks)
+    "col32": ("col", dict(block=32, rht=RHT(16, 1))),
     "row16_plain": ("row", {}),
     "generic_block32": ("row", dict(block=32)),
     "generic_rht32_col": ("col", dict(rht=RHT(32, 2))),

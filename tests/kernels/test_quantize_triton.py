@@ -282,7 +282,8 @@ MX = dict(grid="e2m1", block=32, scale="e8m0")
     [
         ("column", [("_col16_kernel", 2)]),
         ("column, row segments", [("_col16_kernel", 2)]),
-        ("column, segments along the blocks", [("_qdq_kernel", None)]),
+        ("column, segments along the blocks", [("_col16_kernel", 2)]),
+        ("column, a segment starting inside a block", [("_qdq_kernel", None)]),
         ("row", [("_qdq_kernel", None)]),
         ("wgrad pair", [("_pair16_kernel", (2, 2))]),
         ("dgrad pair", [("_qdq_kernel", None), ("_col16_kernel", 2)]),
@@ -291,7 +292,7 @@ MX = dict(grid="e2m1", block=32, scale="e8m0")
 )
 def test_1x32_columns_take_the_16_tensor_kernel(monkeypatch, case, launched):
     """MXFP4's 1x32 blocks run the 16-tensor kernel in the column layout (two groups of 16 a
-    block), unless segments split the quantized dim; rows take the generic kernel. Values:
+    block), unless a segment starts inside a block; rows take the generic kernel. Values:
     the reference, bit for bit, and the generic kernel's."""
     import ufp4_megatron.kernels.dispatch as dispatch
     from ufp4_megatron.numerics.segments import Segments
@@ -317,6 +318,9 @@ def test_1x32_columns_take_the_16_tensor_kernel(monkeypatch, case, launched):
         "column, row segments": [(col, dict(seg, segments=Segments(0, (0, 16), (5, 6))))],
         "column, segments along the blocks": [
             (col, dict(seg, segments=Segments(1, (0, 32), (5, 6))))
+        ],
+        "column, a segment starting inside a block": [
+            (col, dict(seg, segments=Segments(1, (0, 16), (5, 6))))
         ],
         "row": [(row, sr)],
         "column, generic forced": [(col, dict(sr, tiles={"col": TILES["col"]}))],

@@ -6,9 +6,9 @@ Entry points (re-exported by kernels/__init__.py):
   quantize_pair            two views (the two operands of one GEMM): one launch when both
                            take the 16-tensor kernels, else two.
 Which kernel runs: 1x16 blocks with RHT16 or none take the 16-tensor kernels
-(quantize16_triton.py), and so do 1x32 blocks (RHT16 or none) in the column layout without
-column segments (MXFP4's dgrad and wgrad operands: two groups of 16 a block); everything
-else takes the generic tile kernel (quantize_triton.py); both
+(quantize16_triton.py), and so do 1x32 blocks (RHT16 or none) in the column layout unless a
+segment starts inside a block (MXFP4's dgrad and wgrad operands, grouped experts' too: two
+groups of 16 a block); everything else takes the generic tile kernel (quantize_triton.py); both
 run the steps of pipeline_triton.py. One layout per launch: a fused both-layouts kernel was
 measured slower than two passes (docs/kernel-notes.md) and is gone.
 
@@ -101,6 +101,7 @@ class _Layout(NamedTuple):
     #           column segment
     seed_ptr: int  # 1: the SR seed is read from device memory (args' seed is a 1-element
     #                int64 tensor, a key table's entry), 0: a host integer
+    whole_blocks: bool  # no segment starts inside a block along the quantized dim
 
 
 _PLANS: dict = {}
@@ -368,7 +369,8 @@ def _layout(
         *tables,
     )
     out_len = length if plan.keep_padding else view.shape[1]
-    return _Layout(plan, args, length, other, out_len, seg, seed_ptr)
+    whole_blocks = seg != 2 or all(s % plan.block == 0 for s in segments.starts)
+    return _Layout(plan, args, length, other, out_len, seg, seed_ptr, whole_blocks)
 
 
 _SEGMENT_TABLES: dict = {}
@@ -418,10 +420,11 @@ def _orient(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 def _takes16(lay: _Layout, along_rows: bool) -> bool:
     """Whether a layout runs the 16-tensor kernels: 1x16 blocks (RHT16 or none) in either
-    layout; 1x32 blocks in the column layout, unless segments split it along the blocks."""
+    layout; 1x32 blocks in the column layout, unless a segment starts inside a block (the
+    kernel keys a block's SR bits by the segment of its first element)."""
     if lay.plan.consts16 is None:
         return False
-    return lay.plan.block == 16 or (along_rows and lay.seg != 2)
+    return lay.plan.block == 16 or (along_rows and lay.whole_blocks)
 
 
 def _tile16_name(plan: _Plan, along_rows: bool) -> str:

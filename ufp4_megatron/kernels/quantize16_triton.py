@@ -161,9 +161,9 @@ def _col16_job(
 ):
     """Program (p0, p1) of a column job: out [out_len, B] row-major, rows n g .. n g + n - 1
     of x quantized as one block (n = 16 GROUPS; BG blocks by BB columns a program). The view
-    is x.t(): view row b, view column n g + j; SEG keys SR per segment (segments_triton.py;
-    with GROUPS 2 segments along the blocks, SEG 2, are not implemented)."""
-    tl.static_assert(GROUPS == 1 or SEG != 2, "column segments take 1x16 blocks")
+    is x.t(): view row b, view column n g + j; SEG keys SR per segment (segments_triton.py),
+    a block by its first element's: the host passes column segments (SEG 2) that start at
+    multiples of n only."""
     g = p0 * BG + tl.arange(0, BG)[:, None]
     b = p1 * BB + tl.arange(0, BB)[None, :]
     xs = ()
