@@ -720,8 +720,9 @@ def quantize_view(
     A transposed view of a row-major tensor (x.t() with stride (1, n)) runs the column
     layout on the tensor itself, so column-wise quantization reads and writes coalesced; the
     result is then a transposed view too. 1x16 blocks with RHT16 (or none) take the
-    16-tensor kernels; `tiles` overrides tile shapes per layout ("row", "col" force the
-    generic kernel, "row16", "col16" shape the others). Arguments the kernels do not
+    16-tensor kernels, and 1x32 blocks do in the column layout; `tiles` overrides tile shapes
+    per layout ("row", "col" force the generic kernel, "row16", "col16", "col32" shape the
+    others). Arguments the kernels do not
     implement (`unsupported` says which) raise ValueError, or return None with strict=False.
     """
     lay = _layout(x, grid, strict=strict, **kw)
