@@ -13,7 +13,11 @@ CONFIGS = {  # row16: (rows, blocks, warps); col16: (groups of 16 rows, columns,
     "col16": [(2, 128, 4), (1, 256, 4), (4, 64, 4)],
     "col32": [(1, 128, 4), (1, 64, 2), (1, 256, 8), (2, 128, 8), (2, 64, 4)],
 }
-MXFP4 = dict(grid="e2m1", block=32, scale="e8m0")
+FORMATS = {  # UFP4's grid; MXFP4's format for col32
+    "row16": dict(grid="e1m2"),
+    "col16": dict(grid="e1m2"),
+    "col32": dict(grid="e2m1", block=32, scale="e8m0"),
+}
 n = 8192 * 8192
 xs = rotating(lambda: torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16), 2 * n)
 o = torch.empty_like(xs[0])
@@ -21,16 +25,13 @@ copy = median_ms(lambda x: o.copy_(x), xs)
 print(f"copy {copy:.4f} ms")
 for mode, cfgs in CONFIGS.items():
     for rounding, rht in (("sr", RHT(16, 0)),):
-        spec = dict(
-            MXFP4 if mode == "col32" else dict(grid="e1m2"), rounding=rounding, rht=rht, seed=1
-        )
+        spec = dict(FORMATS[mode], rounding=rounding, rht=rht, seed=1)
         for cfg in cfgs:
             tiles = {mode: cfg}
-            fn = {
-                "row16": lambda x: quantize_view(x, tiles=tiles, **spec),
-                "col16": lambda x: quantize_view(x.t(), tiles=tiles, **spec),
-                "col32": lambda x: quantize_view(x.t(), tiles=tiles, **spec),
-            }[mode]
+            if mode == "row16":
+                fn = lambda x: quantize_view(x, tiles=tiles, **spec)
+            else:  # a column layout: the transposed view
+                fn = lambda x: quantize_view(x.t(), tiles=tiles, **spec)
             ms = median_ms(fn, xs)
             print(
                 f"{mode:4s} {rounding:4s} rht={rht is not None:d} tile={cfg} {ms:.4f} ms "

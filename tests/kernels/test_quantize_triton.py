@@ -302,7 +302,7 @@ def test_1x32_columns_take_the_16_tensor_kernel(monkeypatch, case, launched):
 
     def spy(k, *a, **kw):
         name = getattr(k, "__name__", None) or k.fn.__name__
-        groups = kw.get("GROUPS") if "GROUPS" in kw else None
+        groups = kw.get("GROUPS")
         if name == "_pair16_kernel":
             groups = (kw["A_GROUPS"], kw["B_GROUPS"])
         seen.append((name, groups))
@@ -313,36 +313,38 @@ def test_1x32_columns_take_the_16_tensor_kernel(monkeypatch, case, launched):
     col, row = x.t().contiguous().t(), y
     sr = dict(MX, rht=RHT(16, 3), rounding="sr", seed=4, origin=(2, 8))
     seg = dict(sr, origin=(0, 0))
-    calls = {
-        "column": [(col, sr)],
-        "column, row segments": [(col, dict(seg, segments=Segments(0, (0, 16), (5, 6))))],
-        "column, segments along the blocks": [
-            (col, dict(seg, segments=Segments(1, (0, 32), (5, 6))))
-        ],
-        "column, a segment starting inside a block": [
-            (col, dict(seg, segments=Segments(1, (0, 16), (5, 6))))
-        ],
-        "row": [(row, sr)],
-        "column, generic forced": [(col, dict(sr, tiles={"col": TILES["col"]}))],
+    views = {  # (view, its quantize_view arguments, tiles)
+        "column": (col, sr, None),
+        "column, row segments": (col, dict(seg, segments=Segments(0, (0, 16), (5, 6))), None),
+        "column, segments along the blocks": (
+            col,
+            dict(seg, segments=Segments(1, (0, 32), (5, 6))),
+            None,
+        ),
+        "column, a segment starting inside a block": (
+            col,
+            dict(seg, segments=Segments(1, (0, 16), (5, 6))),
+            None,
+        ),
+        "row": (row, sr, None),
+        "column, generic forced": (col, sr, {"col": TILES["col"]}),
     }
-    if case in calls:
-        ((view, kw),) = calls[case]
-        tiles = kw.pop("tiles", None)
+    if case in views:
+        view, kw, tiles = views[case]
         got = kernels.quantize_view(view, tiles=tiles, **kw)
+        assert seen == launched
         assert_bitwise(got, reference(view, **kw), case)
         if tiles:
-            seen_before = list(seen)
             assert_bitwise(got, kernels.quantize_view(view, **kw), "16-tensor vs generic")
-            seen[:] = seen_before
     else:
         a = col if case == "wgrad pair" else row
         a_kw, b_kw = dict(sr), dict(MX, rht=sr["rht"])
         if case == "dgrad pair":
             a_kw.pop("rht")
         qa, qb = kernels.quantize_pair(a, dict(a_kw), col, dict(b_kw))
+        assert seen == launched
         assert_bitwise(qa, reference(a, **a_kw), f"{case} a")
         assert_bitwise(qb, reference(col, **b_kw), f"{case} b")
-    assert seen == launched
 
 
 def test_pair_takes_each_e4m3_tensor_amax_once(monkeypatch):

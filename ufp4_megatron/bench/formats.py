@@ -67,8 +67,13 @@ def format_rows(
     out = torch.empty_like(inputs[0])
     copy_ms = timer(lambda x: out.copy_(x), inputs)
     copy_bw = 4 * n / copy_ms / 1e9
-    rows = [dict(shape=shape, recipe="-", what="copy (roofline)", ms=copy_ms, tbs=copy_bw)]
-    log(rows[-1])
+    rows = []
+
+    def add(recipe, what, ms):
+        rows.append(dict(shape=shape, recipe=recipe, what=what, ms=ms, tbs=4 * n / ms / 1e9))
+        log(rows[-1])
+
+    add("-", "copy (roofline)", copy_ms)
     for recipe in recipes:
         for gemm, name, fmt, along_rows in operand_formats(recipe):
             view = inputs[0].t() if along_rows else inputs[0]
@@ -76,15 +81,10 @@ def format_rows(
             ms = timer(_call(fmt, along_rows, amax), inputs)
             layout = "col" if along_rows else "row"
             what = f"{gemm} {name}: {layout}, {describe(fmt)}"
-            rows.append(dict(shape=shape, recipe=recipe, what=what, ms=ms, tbs=4 * n / ms / 1e9))
-            log(rows[-1])
+            add(recipe, what, ms)
             if _two_kernels(fmt, along_rows):
                 ms = timer(_call(fmt, along_rows, amax, {"col": TILES["col"]}), inputs)
-                what = f"{what}, generic kernel"
-                rows.append(
-                    dict(shape=shape, recipe=recipe, what=what, ms=ms, tbs=4 * n / ms / 1e9)
-                )
-                log(rows[-1])
+                add(recipe, f"{what}, generic kernel", ms)
     for r in rows:
         r["pct"] = 100 * r["tbs"] / copy_bw
     return rows
