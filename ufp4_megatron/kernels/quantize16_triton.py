@@ -194,13 +194,12 @@ def _col16_job(
         EXACT_DIV,
         GROUPS,
     )
+    a = g * 16 * GROUPS
+    out = out_ptr + a.to(tl.int64) * B + b
+    in_b = b < B
     for j in tl.static_range(16 * GROUPS):
-        a = g * 16 * GROUPS + j
-        tl.store(
-            out_ptr + a.to(tl.int64) * B + b,
-            cast_out(ys[j], out_ptr, INTERP),
-            mask=(a < out_len) & (b < B),
-        )
+        tl.store(out, cast_out(ys[j], out_ptr, INTERP), mask=(a + j < out_len) & in_b)
+        out += B
 
 
 @triton.jit
