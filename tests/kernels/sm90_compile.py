@@ -189,8 +189,8 @@ CASES = {
         1,
         lambda s: s.ops.dgrad(s.dy, s.w, s.nvfp4, **s.kw),
     ),
-    "amax nvfp4 wgrad dy col rht16": (
-        "_tensor_amax_kernel",
+    "amax16 nvfp4 wgrad dy col rht16": (
+        "_tensor_amax16_kernel",
         0,
         lambda s: s.ops.wgrad(s.dy, s.x, s.nvfp4, **s.kw),
     ),
@@ -241,6 +241,11 @@ CASES = {
         "_qdq_kernel",
         3,
         lambda s: s.grouped.dgrad(s.dy, s.w3, s.groups, s.nvfp4, **s.kw),
+    ),
+    "amax16 nvfp4 grouped wgrad dy col rht16 per block column": (
+        "_tensor_amax16_kernel",
+        0,
+        lambda s: s.grouped.wgrad(s.dy, s.x, s.groups, s.nvfp4, **s.kw),
     ),
     "col16 nvfp4 grouped wgrad dy sr e4m3 segments": (
         "_col16_kernel",
@@ -473,6 +478,7 @@ def main(argv):
             dispatch._tensor_amax_kernel,
             dispatch._tensor_amax_pair_kernel,
             dispatch._tensor_amax_pair16_kernel,
+            dispatch._tensor_amax16_kernel,
             keys_triton._draw_keys_kernel,
             broken_kernel,
         )

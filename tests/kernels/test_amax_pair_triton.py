@@ -181,21 +181,53 @@ def test_amax_bench_rows_compare_the_passes():
     def timer(fn, inputs):
         fn(inputs[0])
         ran.append(fn)
-        return 2.0 if len(ran) % 8 == 1 else 1.0  # the copy, then each pass
+        return 2.0 if len(ran) == 1 else 1.0  # the copy, then each pass
 
     rows = amax_rows(log=lambda r: None, shapes=((48, 64),), device=DEVICE, timer=timer)
-    assert len(ran) == 8
+    assert len(ran) == 9
     assert [r["what"] for r in rows] == [
         "row pass (fprop x, dgrad dY)",
         "column pass, RHT16 (wgrad)",
         "both (x, dY), one pair pass",
         "both (x, dY), generic pair kernel",
+        "column pass, RHT16 (wgrad), generic kernel",
         "both (x, dY), two passes",
         "w row pass, 16x16 (fprop)",
         "w column pass, 16x16 (dgrad)",
         "both (w), one pair pass",
         "both (w), two passes",
     ]
-    assert [r["vs_two"] for r in rows] == [0.5, 0.5, 0.5, 0.5, 1.0, 0.5, 0.5, 0.5, 1.0]
+    assert [r["vs_two"] for r in rows] == [0.5, 0.5, 0.5, 0.5, 0.5, 1.0, 0.5, 0.5, 0.5, 1.0]
     # the copy moves 4 bytes an element in 2 ms, a pass reads 2 in 1 ms: the same bandwidth
     assert rows[0]["pct"] == rows[-1]["pct"] == 100.0
+
+
+@pytest.mark.parametrize(
+    "fmt, kernel",
+    [
+        (_fmt(rht=16), "_tensor_amax16_kernel"),  # wgrad's x and dY alone (grouped experts)
+        (_fmt(), "_tensor_amax16_kernel"),
+        (_fmt(32), "_tensor_amax_kernel"),
+        (_fmt(rht=32), "_tensor_amax_kernel"),
+        (_fmt(block_2d=True), "_tensor_amax_kernel"),
+    ],
+)
+def test_single_column_amax_takes_the_16_tensor_pass_where_it_applies(monkeypatch, fmt, kernel):
+    """A column layout of 1x16 blocks, RHT16 or none, is read by the 16-tensor amax kernel:
+    on every tensor above, the reference's value bit for bit and the generic kernel's."""
+    import ufp4_megatron.kernels.dispatch as dispatch
+
+    launched = []
+    real = dispatch.launch
+    monkeypatch.setattr(
+        dispatch, "launch", lambda k, *a, **kw: launched.append(k) or real(k, *a, **kw)
+    )
+    for name, make in TENSORS.items():
+        view = make().t()
+        launched.clear()
+        got = kernels.tensor_amax(view, fmt)
+        generic = kernels.tensor_amax(view, fmt, generic=True)
+        names = [getattr(k, "__name__", None) or k.fn.__name__ for k in launched]
+        assert names == [kernel, "_tensor_amax_kernel"], name
+        want = e4m3_tensor_amax(view, block=fmt.block, block_2d=fmt.block_2d, rht=fmt.rht)
+        assert _bits(got) == _bits(want) == _bits(generic), f"{name}: {got} vs {want}"

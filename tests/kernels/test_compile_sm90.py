@@ -23,7 +23,7 @@ pass (sm90_compile.py intercepts the launch), one representative setting per fam
 | generic nvfp4 dgrad w col 2d e4m3        | _qdq_kernel     | e2m1 16x16, e4m3, RTNE, col      |
 | amax nvfp4 fprop x row                   | _tensor_amax_kernel | 1x16, row                    |
 | amax nvfp4 dgrad w col 2d                | _tensor_amax_kernel | 16x16 tiles, col             |
-| amax nvfp4 wgrad dy col rht16            | _tensor_amax_kernel | 1x16, RHT16, col             |
+| amax16 nvfp4 wgrad dy col rht16          | _tensor_amax16_kernel | 1x16, RHT16, col, 16 register tensors |
 | amax pair16 nvfp4 dy row + col rht16     | _tensor_amax_pair16_kernel | 1x16 row and 1x16 RHT16 col, one read |
 | amax pair generic row rht16 + col        | _tensor_amax_pair_kernel | 1x16 RHT16 row and 1x16 col, one read |
 | amax nvfp4 grouped fprop x per row       | _tensor_amax_kernel | 1x16, row, a max per view row (row segments) |
@@ -31,6 +31,7 @@ pass (sm90_compile.py intercepts the launch), one representative setting per fam
 | generic nvfp4 grouped fprop w 2d e4m3 segments | _qdq_kernel | 16x16, e4m3 per expert, row segments |
 | amax nvfp4 grouped dgrad w col 2d per block column | _tensor_amax_kernel | 16x16, col, a max per block column |
 | generic nvfp4 grouped dgrad w col 2d e4m3 segments | _qdq_kernel | 16x16, e4m3 per expert, column segments |
+| amax16 nvfp4 grouped wgrad dy col rht16 per block column | _tensor_amax16_kernel | 1x16, RHT16, col, a max per block column |
 | col16 nvfp4 grouped wgrad dy sr e4m3 segments | _col16_kernel | e2m1, SR, RHT16, e4m3 per expert, column segments |
 | pair16 ufp4 dgrad dy sr device key + w col rtne | _pair16_kernel | dY's SR key read from a key table (SEED_PTR) |
 | generic mxfp4 dgrad dy row sr device key | _qdq_kernel  | 1x32, e8m0, SR key from a key table |
@@ -117,6 +118,7 @@ def test_kernel_compiles_to_sm90_cubin(compiled, case):
         "_tensor_amax_kernel",
         "_tensor_amax_pair_kernel",
         "_tensor_amax_pair16_kernel",
+        "_tensor_amax16_kernel",
         "_draw_keys_kernel",
     ):
         assert "INTERP" not in row["constexprs"]

@@ -5,8 +5,10 @@ RHT16), dY for dgrad and wgrad alike, and w for fprop and dgrad (16x16 tiles, th
 both layouts); each of those quantizations needs the tensor amax of its layout first, a read
 of the whole operand. `kernels.tensor_amax_pair` takes both layouts' amax from one read
 (ops.tensor_amaxes): the 16-tensor pair kernel for x and dY, one pass of the amax kernel for
-w. Per shape and operand: the two single passes, the pair pass (for x and dY also the generic
-pair kernel the 16-tensor one replaced, the same values), and the read bandwidth each reaches
+w; the column layout alone (grouped experts) takes the 16-tensor amax kernel. Per shape and
+operand: the two single passes, the pair pass (for x and dY also the generic pair kernel the
+16-tensor one replaced, and the column pass on the generic kernel: the same values), and the
+read bandwidth each reaches
 (2 bytes per bf16 element read per pass) as a share of a device-to-device copy's (read and
 write) measured in the same run.
 """
@@ -34,7 +36,7 @@ GENERIC = {"x, dY"}  # operands whose pair the generic pair kernel is also timed
 
 def _passes(row, col, generic: bool) -> list:
     """The timed passes of one operand: its row layout, its column layout, the pair, and with
-    `generic` the generic pair kernel's pair."""
+    `generic` the generic pair kernel's pair and the column layout on the generic kernel."""
     fns = [
         lambda x: tensor_amax(x, row),
         lambda x: tensor_amax(x.t(), col),
@@ -42,6 +44,7 @@ def _passes(row, col, generic: bool) -> list:
     ]
     if generic:
         fns.append(lambda x: tensor_amax_pair(x, row, col, generic=True))
+        fns.append(lambda x: tensor_amax(x.t(), col, generic=True))
     return fns
 
 
@@ -59,11 +62,13 @@ def amax_rows(log=print, *, shapes=SHAPES, device="cuda", timer=median_ms) -> li
             fns = _passes(row, col, generic)
             names = [row_name, col_name, f"both ({operand}), one pair pass"]
             if generic:
-                names.append(f"both ({operand}), generic pair kernel")
+                names += [f"both ({operand}), generic pair kernel", f"{col_name}, generic kernel"]
             x = inputs[0]  # every pair is each single pass's amax, bit for bit
             singles = torch.stack([fns[0](x), fns[1](x)])
-            for name, fn in zip(names[2:], fns[2:]):
+            for name, fn in zip(names[2:4], fns[2:4]):
                 assert torch.equal(fn(x), singles), (operand, name, fn(x), singles)
+            if generic:  # the column layout through the generic kernel: the same value
+                assert torch.equal(fns[4](x), singles[1]), (operand, names[4])
             ms = [timer(fn, inputs) for fn in fns]
             two = ms[0] + ms[1]
             reads = (1,) * len(ms) + (2,)  # the passes' reads of the operand

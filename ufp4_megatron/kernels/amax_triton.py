@@ -11,7 +11,9 @@ reference's bit for bit. With segments (numerics/segments.py: the experts of a g
 each with its own tensor scale) it writes one maximum per view row or per block column
 instead, which the host reduces per segment (dispatch.py). A block holding NaN or Inf has a
 non-finite amax and is left out, as in the reference's finite_tensor_amax; none finite
-gives 0.
+gives 0. Layouts of 1x16 column blocks (RHT16 or none) are read as 16 register tensors
+instead, as the col16 QDQ kernel reads them (quantize16_triton.py): alone
+(_tensor_amax16_kernel) or with an unrotated row layout (_tensor_amax_pair16_kernel).
 """
 
 import triton
@@ -184,7 +186,48 @@ def _tensor_amax_pair16_kernel(
             _tile_finite_amax(t, row_sign_ptr, row_norm, BG * 16, BB, ROW_BLOCK, False, 0)
         )
     tl.store(out_ptr + p, m_row)
+    tl.store(out_ptr + n + p, tl.max(_col_finite_amax16(xs, COL_RHT, col_norm)))
+
+
+@triton.jit
+def _col_finite_amax16(xs, COL_RHT: tl.constexpr, col_norm):
+    """The finite amax of the column layout's 1x16 blocks (RHT16 or none) of a tile held as
+    16 register tensors (load_groups16): [BG, BB], block (g, b) at [g, b], 0 where a block
+    holds NaN or Inf."""
     if COL_RHT:
         xs = rht16(xs, COL_RHT, col_norm)
     amax = block_amax16(xs, False)[0]
-    tl.store(out_ptr + n + p, tl.max(tl.where(amax < float("inf"), amax, 0.0)))
+    return tl.where(amax < float("inf"), amax, 0.0)
+
+
+@triton.jit
+def _tensor_amax16_kernel(
+    x_ptr,
+    stride_a,
+    A,
+    B,
+    col_norm,
+    out_ptr,
+    BG: tl.constexpr,
+    BB: tl.constexpr,
+    COL_RHT: tl.constexpr,
+    KEEP: tl.constexpr = 0,
+):
+    """_tensor_amax_kernel's column layout (COL) for 1x16 blocks, RHT16 or none, from the
+    tile held as 16 register tensors, as _tensor_amax_pair16_kernel's column half: the
+    rotation and the block amax elementwise, where the generic tile goes through transposes.
+    Its maxima as _store_max keeps them: per program (KEEP 0), per view row, which is a
+    column b of x (KEEP 1: out[p0, b]), or per view block column, which is a group g of 16
+    rows of x (KEEP 2: out[p1, g])."""
+    p0, p1 = tl.program_id(0), tl.program_id(1)
+    g = p0 * BG + tl.arange(0, BG)[:, None]
+    b = p1 * BB + tl.arange(0, BB)[None, :]
+    m = _col_finite_amax16(load_groups16(x_ptr, stride_a, A, B, g, b), COL_RHT, col_norm)
+    if KEEP == 0:
+        tl.store(out_ptr + p0 * tl.num_programs(1) + p1, tl.max(m))
+    elif KEEP == 1:
+        rows = p1 * BB + tl.arange(0, BB)
+        tl.store(out_ptr + p0 * (tl.num_programs(1) * BB) + rows, tl.max(m, axis=0))
+    else:
+        bcols = p0 * BG + tl.arange(0, BG)
+        tl.store(out_ptr + p1 * (tl.num_programs(0) * BG) + bcols, tl.max(m, axis=1))

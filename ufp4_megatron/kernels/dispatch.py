@@ -47,7 +47,12 @@ from ..numerics.rounding import midpoints, minifloat_mantissa, uniform_step
 from ..numerics.scaling import E4M3_MAX
 from ..numerics.segments import Segments, tensor_scale_segments_problem
 from . import quantize16_triton as k16
-from .amax_triton import _tensor_amax_kernel, _tensor_amax_pair16_kernel, _tensor_amax_pair_kernel
+from .amax_triton import (
+    _tensor_amax16_kernel,
+    _tensor_amax_kernel,
+    _tensor_amax_pair16_kernel,
+    _tensor_amax_pair_kernel,
+)
 from .launch import Prepared, _spec, launch
 from .quantize_triton import _qdq_kernel
 
@@ -542,16 +547,24 @@ def _tensor_amax(
     other: int,
     segments: Segments | None = None,
     tables=None,
+    generic: bool = False,
 ) -> torch.Tensor:
     """e4m3's tensor amax of a view in one read (amax_triton.py), bit for bit the
     reference's: a fp32 device scalar (numerics.quantize.e4m3_tensor_amax), or with segments
     one per segment (numerics.segments.segment_tensor_amax; `tables` are the layout's
     segment tables): the kernel then keeps a maximum per view row (row segments) or per
     block column (column segments), reduced per segment by one scatter, a few launches
-    whatever the number of segments."""
+    whatever the number of segments. The column layout of 1x16 blocks (RHT16 or none) takes
+    the 16-tensor kernel, unless `generic`."""
     t, along_rows = _orient(view)
-    ba, bb, warps, grid = _generic_grid(t.shape, plan, length, other, along_rows)
     keep = 0 if segments is None else 1 + segments.axis
+    col16 = along_rows and plan.consts16 is not None and plan.block == 16 and not generic
+    if col16:
+        bg, bb, warps = TILES16["col16"]
+        grid = (_cdiv(_cdiv(t.shape[0], 16), bg), _cdiv(t.shape[1], bb))
+        ba = 16 * bg
+    else:
+        ba, bb, warps, grid = _generic_grid(t.shape, plan, length, other, along_rows)
     # the view's extent the programs cover: (programs, tile) along its rows and its columns
     (n_r, tile_r), (n_c, tile_c) = (
         ((grid[1], bb), (grid[0], ba)) if along_rows else ((grid[0], ba), (grid[1], bb))
@@ -562,24 +575,31 @@ def _tensor_amax(
         2: (n_c * tile_c // plan.block, n_r),
     }[keep]
     partial = torch.empty(n_other * n_pos, dtype=torch.float32, device=t.device)
+    if col16:
+        kernel, scalars = _tensor_amax16_kernel, (plan.scalars[0],)
+        consts = dict(BG=bg, BB=bb, COL_RHT=plan.consts16["RHT"])
+    else:
+        kernel, scalars = _tensor_amax_kernel, (plan.sign, plan.scalars[0])
+        consts = dict(
+            BA=ba,
+            BB=bb,
+            COL=along_rows,
+            BLOCK=plan.block,
+            BLOCK_2D=plan.block_2d,
+            LOG_H=plan.consts["LOG_H"],
+        )
     launch(
-        _tensor_amax_kernel,
+        kernel,
         grid,
         t,
         t.stride(0),
         t.shape[0],
         t.shape[1],
-        plan.sign,
-        plan.scalars[0],
+        *scalars,
         partial,
-        BA=ba,
-        BB=bb,
-        COL=along_rows,
-        BLOCK=plan.block,
-        BLOCK_2D=plan.block_2d,
-        LOG_H=plan.consts["LOG_H"],
         KEEP=keep,
         num_warps=warps,
+        **consts,
     )
     if segments is None:
         return partial.amax()
@@ -601,16 +621,18 @@ PAIR_TILE = (64, 64, 4)  # (rows, cols, warps) of _tensor_amax_pair_kernel, wide
 PAIR16_TILE = TILES16["col16"]  # (groups of 16 rows, cols, warps) of _tensor_amax_pair16_kernel
 
 
-def tensor_amax(view: torch.Tensor, fmt: OperandFormat) -> torch.Tensor:
+def tensor_amax(view: torch.Tensor, fmt: OperandFormat, *, generic: bool = False) -> torch.Tensor:
     """The e4m3 tensor amax a quantization of `view` in format `fmt` takes (one pass of the
     amax kernel): numerics.quantize.e4m3_tensor_amax's value bit for bit, a fp32 device
-    scalar. A format the kernels do not cover raises ValueError naming what."""
+    scalar. A format the kernels do not cover raises ValueError naming what. generic: the
+    generic kernel even where the 16-tensor one applies (1x16 column blocks; the same value,
+    the amax benchmark times one against the other)."""
     plan = _plan(view.dtype, view.device, fmt, None)
     reason = plan if isinstance(plan, str) else _call_reason(view, plan.fmt, 0, (0, 0), None, None)
     if reason is not None:
         raise ValueError(f"the Triton kernels do not implement {reason}")
     check_device(view)
-    return _tensor_amax(view, plan, *_extents(plan, view.shape))
+    return _tensor_amax(view, plan, *_extents(plan, view.shape), generic=generic)
 
 
 def tensor_amax_pair(
