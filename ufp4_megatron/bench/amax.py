@@ -8,9 +8,8 @@ of the whole operand. `kernels.tensor_amax_pair` takes both layouts' amax from o
 w; the column layout alone (grouped experts) takes the 16-tensor amax kernel. Per shape and
 operand: the two single passes, the pair pass (for x and dY also the generic pair kernel the
 16-tensor one replaced, and the column pass on the generic kernel: the same values), and the
-read bandwidth each reaches
-(2 bytes per bf16 element read per pass) as a share of a device-to-device copy's (read and
-write) measured in the same run.
+read bandwidth each reaches (2 bytes per bf16 element read per pass) as a share of a
+device-to-device copy's (read and write) measured in the same run.
 """
 
 from __future__ import annotations
