@@ -538,6 +538,15 @@ def _launch(t: torch.Tensor, lay: _Layout, along_rows: bool, tile=None) -> torch
 
 
 _SEGMENT_POSITIONS: dict = {}
+AMAX16_TILE = TILES16["col16"]  # (groups of 16 rows, cols, warps) of the 16-tensor amax kernels
+
+
+def _amax16_grid(shape, unit: int = 1):
+    """(BG, BB, warps, program grid) of the 16-tensor amax kernels on row-major [A, B]: the
+    col16 QDQ kernel's tile, its columns widened to `unit` (the pair's row blocks)."""
+    bg, bb, warps = AMAX16_TILE
+    bb = max(bb, unit)
+    return bg, bb, warps, (_cdiv(_cdiv(shape[0], 16), bg), _cdiv(shape[1], bb))
 
 
 def _tensor_amax(
@@ -560,8 +569,7 @@ def _tensor_amax(
     keep = 0 if segments is None else 1 + segments.axis
     col16 = along_rows and plan.consts16 is not None and plan.block == 16 and not generic
     if col16:
-        bg, bb, warps = TILES16["col16"]
-        grid = (_cdiv(_cdiv(t.shape[0], 16), bg), _cdiv(t.shape[1], bb))
+        bg, bb, warps, grid = _amax16_grid(t.shape)
         ba = 16 * bg
     else:
         ba, bb, warps, grid = _generic_grid(t.shape, plan, length, other, along_rows)
@@ -618,7 +626,6 @@ def _tensor_amax(
 
 
 PAIR_TILE = (64, 64, 4)  # (rows, cols, warps) of _tensor_amax_pair_kernel, widened to units
-PAIR16_TILE = TILES16["col16"]  # (groups of 16 rows, cols, warps) of _tensor_amax_pair16_kernel
 
 
 def tensor_amax(view: torch.Tensor, fmt: OperandFormat, *, generic: bool = False) -> torch.Tensor:
@@ -698,9 +705,7 @@ def _tensor_amax_pair16(t: torch.Tensor, row: _Plan, col: _Plan) -> torch.Tensor
     """tensor_amax_pair's two amaxes of t through the 16-tensor layout: an unrotated row
     layout and a column layout of 1x16 blocks, RHT16 or none (amax_triton.py)."""
     A, B = t.shape
-    bg, bb, warps = PAIR16_TILE
-    bb = max(bb, row.unit)
-    grid = (_cdiv(_cdiv(A, 16), bg), _cdiv(B, bb))
+    bg, bb, warps, grid = _amax16_grid(t.shape, row.unit)
     partial = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=t.device)
     launch(
         _tensor_amax_pair16_kernel,
