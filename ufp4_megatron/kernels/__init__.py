@@ -13,8 +13,9 @@ launch where it can. Modules, each importing only those above it:
   keys_triton        an SR call's key table drawn on the device (the draw counter there);
   dispatch           host side: what the kernels cover, cached launch plans, the launches,
                      `prepare`: one or two operands' launch prepared once per shape,
-                     `tensor_amax`: a view's e4m3 tensor amax, and `tensor_amax_pair`: an
-                     operand's two e4m3 tensor amaxes in one read.
+                     `tensor_amax`: a view's e4m3 tensor amax (one per segment with
+                     segments), and `tensor_amax_pair`: an operand's two e4m3 tensor
+                     amaxes in one read.
 """
 
 from .dispatch import (

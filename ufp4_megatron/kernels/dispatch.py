@@ -387,6 +387,16 @@ def _segment_tables(segments: Segments, length: int, device) -> tuple:
     past it), each segment's seed (int64) and start (int32). The first two and the last
     depend on the layout only and are cached; the seeds change every call (copied from the
     host, or a device key table's row used in place)."""
+    idx, n16, starts = _static_segment_tables(segments, length, device)
+    if isinstance(segments.seeds, torch.Tensor):  # a key table's row: read in place
+        seeds = segments.seeds.to(device)
+    else:
+        seeds = _to_device(torch.tensor(segments.seeds, dtype=torch.int64), device)
+    return idx, n16, seeds, starts
+
+
+def _static_segment_tables(segments: Segments, length: int, device) -> tuple:
+    """(idx, n16, starts): _segment_tables' parts that depend on the layout only, cached."""
     n16 = max(1, -(-length // 16))
     key = (segments.starts, n16, str(device))
     static = _SEGMENT_TABLES.get(key)
@@ -396,11 +406,7 @@ def _segment_tables(segments: Segments, length: int, device) -> tuple:
         idx = segments.index(torch.arange(n16, dtype=torch.int64) * 16).to(torch.int32)
         starts = torch.tensor(segments.starts, dtype=torch.int32)
         static = _SEGMENT_TABLES[key] = (_to_device(idx, device), _to_device(starts, device))
-    if isinstance(segments.seeds, torch.Tensor):  # a key table's row: read in place
-        seeds = segments.seeds.to(device)
-    else:
-        seeds = _to_device(torch.tensor(segments.seeds, dtype=torch.int64), device)
-    return static[0], n16, seeds, static[1]
+    return static[0], n16, static[1]
 
 
 def _to_device(t: torch.Tensor, device) -> torch.Tensor:
@@ -628,18 +634,34 @@ def _tensor_amax(
 PAIR_TILE = (64, 64, 4)  # (rows, cols, warps) of _tensor_amax_pair_kernel, widened to units
 
 
-def tensor_amax(view: torch.Tensor, fmt: OperandFormat, *, generic: bool = False) -> torch.Tensor:
+def tensor_amax(
+    view: torch.Tensor,
+    fmt: OperandFormat,
+    *,
+    segments: Segments | None = None,
+    generic: bool = False,
+) -> torch.Tensor:
     """The e4m3 tensor amax a quantization of `view` in format `fmt` takes (one pass of the
     amax kernel): numerics.quantize.e4m3_tensor_amax's value bit for bit, a fp32 device
-    scalar. A format the kernels do not cover raises ValueError naming what. generic: the
-    generic kernel even where the 16-tensor one applies (1x16 column blocks; the same value,
-    the amax benchmark times one against the other)."""
+    scalar; with `segments` one per segment, fp32 [segments], what quantize_view(view,
+    fmt=fmt, segments=segments) takes (the `tensor_amax=` to give it). A format or segments
+    the kernels do not cover raise ValueError naming what. generic: the generic kernel even
+    where the 16-tensor one applies (1x16 column blocks; the same value, the amax benchmark
+    times one against the other)."""
     plan = _plan(view.dtype, view.device, fmt, None)
-    reason = plan if isinstance(plan, str) else _call_reason(view, plan.fmt, 0, (0, 0), None, None)
+    reason = (
+        plan if isinstance(plan, str) else _call_reason(view, plan.fmt, 0, (0, 0), segments, None)
+    )
     if reason is not None:
         raise ValueError(f"the Triton kernels do not implement {reason}")
     check_device(view)
-    return _tensor_amax(view, plan, *_extents(plan, view.shape), generic=generic)
+    length, other = _extents(plan, view.shape)
+    tables = (
+        None
+        if segments is None
+        else _static_segment_tables(segments, other if segments.axis == 0 else length, view.device)
+    )  # as _layout's: idx and n16 over the segmented axis
+    return _tensor_amax(view, plan, length, other, segments, tables, generic=generic)
 
 
 def tensor_amax_pair(

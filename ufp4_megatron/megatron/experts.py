@@ -339,24 +339,34 @@ class _GroupedExpertsFn(torch.autograd.Function):
         xp = groups.pad(x)
         keys = dict(seed=seed, first_expert=first_expert)
         qx = _shared_input("fprop", xp, groups, recipe, shard, keys)
-        ys = [
-            grouped_ops.fprop(
-                xp,
-                w,
-                groups,
-                recipe,
-                **keys,
-                x_origin=(0, shard.k),
-                w_origin=(n0, shard.k),
-                qw=_kept(cache, "fprop", c, weight, shard, recipe, (n0, shard.k), xp.dtype),
-                qx=qx,
+        # backward always runs dgrad: each chunk's w amax, where taken, serves both GEMMs
+        dgrad_runs = any(ctx.needs_input_grad)
+        ys, w_amaxes = [], []
+        for c, (w, n0) in enumerate(_chunks(shard, weight, 1)):
+            w_amaxes.append(_weight_amax(w, xp.dtype, recipe, cache, dgrad_runs))
+            ys.append(
+                grouped_ops.fprop(
+                    xp,
+                    w,
+                    groups,
+                    recipe,
+                    **keys,
+                    x_origin=(0, shard.k),
+                    w_origin=(n0, shard.k),
+                    qw=_kept(cache, "fprop", c, weight, shard, recipe, (n0, shard.k), xp.dtype),
+                    qx=qx,
+                    w_amax=w_amaxes[-1],
+                )
             )
-            for c, (w, n0) in enumerate(_chunks(shard, weight, 1))
-        ]
         y = groups.unpad(ys[0] if len(ys) == 1 else torch.cat(ys, dim=1))
         if bias is not None:
             y = y + bias.index_select(0, groups.token_experts(y.device)).to(y.dtype)
-        ctx.save_for_backward(xp, weight, *save_seed(seed))
+        # the key table and the amaxes saved, not kept on ctx, so that a CUDA graph runner
+        # (Megatron's) keeps their memory to the backward graph
+        keys_saved = save_seed(seed)
+        ctx.n_keys = len(keys_saved)
+        ctx.amax_given = tuple(a is not None for a in w_amaxes)
+        ctx.save_for_backward(xp, weight, *keys_saved, *(a for a in w_amaxes if a is not None))
         ctx.main_grad = getattr(weight, "main_grad", None) if fuse_wgrad else None
         ctx.recipe, ctx.groups, ctx.shard, ctx.cache = recipe, groups, shard, cache
         ctx.first_expert, ctx.seed = first_expert, seed if isinstance(seed, int) else 0
@@ -365,7 +375,9 @@ class _GroupedExpertsFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        xp, weight, *table = ctx.saved_tensors
+        xp, weight, *rest = ctx.saved_tensors
+        table, given = rest[: ctx.n_keys], iter(rest[ctx.n_keys :])
+        w_amaxes = [next(given) if saved else None for saved in ctx.amax_given]
         recipe, groups, shard = ctx.recipe, ctx.groups, ctx.shard
         keys = dict(seed=table[0] if table else ctx.seed, first_expert=ctx.first_expert)
         dy = dy.contiguous().to(xp.dtype)
@@ -380,6 +392,7 @@ class _GroupedExpertsFn(torch.autograd.Function):
                 dy_origin=(0, n0),
                 w_origin=(n0, shard.k),
                 qw=_kept(ctx.cache, "dgrad", c, weight, shard, recipe, (n0, shard.k), xp.dtype),
+                w_amax=w_amaxes[c],
             )
             for c, ((d, n0), (w, _)) in enumerate(
                 zip(_chunks(shard, dyp, 1), _chunks(shard, weight, 1))
@@ -407,6 +420,22 @@ def _shared_input(gemm: str, xp, groups, recipe, shard: Shard, keys: dict):
     if not shares_input(gemm, recipe, shard):
         return None
     return grouped_ops.input_operand(gemm, xp, groups, recipe, **keys, x_origin=(0, shard.k))
+
+
+def _weight_amax(w, dtype, recipe, cache, dgrad_runs: bool):
+    """NVFP4's per-expert tensor amax of one chunk w [E, N, K] of the stacked weight for fprop
+    and dgrad from one read (grouped_ops.weight_amax), where both GEMMs quantize this chunk
+    themselves: dgrad runs, neither keeps its operand, w in the activations' `dtype` (the
+    GEMMs' cast would change its amax); else None: each takes its own."""
+    if (
+        not dgrad_runs
+        or w.dtype != dtype
+        or (
+            cache is not None and (ops.cacheable(recipe, "fprop") or ops.cacheable(recipe, "dgrad"))
+        )
+    ):
+        return None
+    return grouped_ops.weight_amax(w, recipe)
 
 
 def _kept(cache, gemm: str, chunk: int, weight, shard: Shard, recipe, origin, dtype):

@@ -33,7 +33,8 @@ time through `ops`, on each expert's padded segment with that seed: the twin eve
 result equals bit for bit on CPU. Operand dtypes follow ops: float16 with an RHT quantizes
 into float32 (a rotated block can exceed fp16's range) and the product is cast to float16
 once. E4M3 (NVFP4) operands keep a per-expert tensor scale: segments give each expert its
-own in the same one launch per operand (its amax in one read for all experts).
+own in the same one launch per operand (its amax in one read for all experts); the stacked
+weight's serves fprop and dgrad both (`weight_amax`: the same 16x16 tiles in both layouts).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import torch
 from ..numerics.checks import check_int, check_seed
 from ..numerics.hadamard import RHT, as_rht, rotated_dtype
 from ..numerics.philox import key_row, mix_seed, mix_seeds
-from ..numerics.quantize import padded_length
+from ..numerics.quantize import OperandFormat, padded_length
 from ..numerics.segments import Segments, tensor_scale_segments_problem
 from . import ops
 from .fake_quant import quantize_view
@@ -306,6 +307,7 @@ def _operand(
     along_columns: bool,
     dtype: torch.dtype,
     backend: str,
+    tensor_amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A [R, C] view quantized along C, in the view's orientation and `dtype`. The experts'
     segments start at `starts` along the rows (along the columns with along_columns); blocks
@@ -315,7 +317,8 @@ def _operand(
     E4M3 scales carry a tensor-level amax: that tensor is one expert's operand (as in a
     per-expert GEMM), so each segment takes its own (segments do that in one launch); only
     where a 16x16 weight tile would span two experts (N not a multiple of 16) is each segment
-    quantized on its own call."""
+    quantized on its own call. tensor_amax: the segments' amaxes already taken (fp32 [E],
+    `weight_amax`), for the one launch only (weight_amax gives none elsewhere)."""
     if spec is None:  # high precision, still rotated so the RHT cancels
         out = view.to(torch.float32)
         return (rht.rotate_fp32_lastdim(out) if rht is not None else out).to(dtype)
@@ -341,7 +344,9 @@ def _operand(
         )
         is None
     ):
-        return quantize_view(view, fmt=fmt, seed=0, segments=segments, **kw)
+        return quantize_view(
+            view, fmt=fmt, seed=0, segments=segments, tensor_amax=tensor_amax, **kw
+        )
     parts = []
     ends = (*starts[1:], view.shape[1 if along_columns else 0])
     for s, t, seed in zip(starts, ends, seeds):
@@ -368,11 +373,13 @@ def _gemm_operand(
     starts: tuple[int, ...],
     dtype: torch.dtype,
     backend: str,
+    tensor_amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Operand `name` of `gemm` (natural layout; experts' segments start at `starts` along
     its rows) quantized along the GEMM's reduction dim, in natural orientation. An operand
     reduced along its rows is quantized as its transpose (the kernels' column layout; origin
-    swapped, segments then along the columns)."""
+    swapped, segments then along the columns). tensor_amax: its per-expert e4m3 tensor amax
+    already taken (`weight_amax`), or None."""
     rows = reduction_dim(gemm, name) == 0
     q = _operand(
         t.t() if rows else t,
@@ -384,6 +391,7 @@ def _gemm_operand(
         along_columns=rows,
         dtype=dtype,
         backend=backend,
+        tensor_amax=tensor_amax,
     )
     return q.t() if rows else q
 
@@ -438,11 +446,16 @@ def fprop(
     gemm_backend: str = "auto",
     qw: torch.Tensor | None = None,
     qx: torch.Tensor | None = None,
+    w_amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Y_e = Q(X_e) Q(W_e)^T: x [Mp, K] (padded layout), w [E, N, K] -> [Mp, N]. qw: the
     weight's operand made by `weight_operand("fprop", ...)` (the weight cache), as it is;
-    qx: x's made by `input_operand("fprop", ...)` (one x for a strided weight's chunks)."""
+    qx: x's made by `input_operand("fprop", ...)` (one x for a strided weight's chunks);
+    w_amax: w's per-expert e4m3 tensor amax from `weight_amax` (same backend), of w in its
+    own dtype."""
     E, N, K = w.shape
+    if w.dtype != x.dtype:  # the cast below may change w's amax
+        w_amax = None
     w = w.to(x.dtype)
     _check_layout("fprop", x, groups, recipe)
     if recipe.fprop is None:
@@ -463,6 +476,7 @@ def fprop(
             spec,
             origin=w_origin,
             starts=_weight_starts(E, N),
+            tensor_amax=w_amax,
             **kw,
         )
     y = grouped_mm(qx, qw.view(E, N, K).transpose(1, 2), groups, backend=gemm_backend)
@@ -482,10 +496,15 @@ def dgrad(
     backend: str = "auto",
     gemm_backend: str = "auto",
     qw: torch.Tensor | None = None,
+    w_amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dX_e = Q(dY_e) Q(W_e): dy [Mp, N] (padded layout), w [E, N, K] -> [Mp, K]; W
-    quantized along N. qw: the weight's operand made by `weight_operand("dgrad", ...)`."""
+    quantized along N. qw: the weight's operand made by `weight_operand("dgrad", ...)`;
+    w_amax: w's per-expert e4m3 tensor amax from `weight_amax` (same backend), of w in its
+    own dtype."""
     E, N, K = w.shape
+    if w.dtype != dy.dtype:  # the cast below may change w's amax
+        w_amax = None
     w = w.to(dy.dtype)
     _check_layout("dgrad", dy, groups, recipe)
     if recipe.dgrad is None:
@@ -506,6 +525,7 @@ def dgrad(
             spec,
             origin=w_origin,
             starts=_weight_starts(E, N),
+            tensor_amax=w_amax,
             **kw,
         )
     dx = grouped_mm(qdy, qw.reshape(E, N, K), groups, backend=gemm_backend)
@@ -614,6 +634,40 @@ def weight_operand(
         dtype=dtype,
         backend=backend,
     )
+
+
+def weight_amax(w: torch.Tensor, recipe: Recipe, *, backend: str = "auto") -> torch.Tensor | None:
+    """The per-expert e4m3 tensor amax of a stacked weight w [E, N, K] for fprop and dgrad
+    from one read (kernels.tensor_amax with the experts' segments), fp32 [E]: bit for bit
+    what each GEMM's quantization of w takes itself; pass it to both as `w_amax`. Only on
+    the kernel path, where both GEMMs quantize w with e4m3 scales in the same square tiles,
+    unrotated (NVFP4's weight: the tiles of both layouts hold the same elements), each in one
+    segmented launch; else None (each GEMM takes its own, as without this call)."""
+    E, N, K = w.shape
+    w2d = w.reshape(E * N, K)
+    on_kernels = backend == "triton" or (backend == "auto" and w.is_cuda)
+    fmts = ops.shared_formats("w", w2d, recipe) if on_kernels and w.numel() else None
+    if fmts is None or not _same_tiles(*fmts):
+        return None
+    from .. import kernels  # lazy: triton is only needed on the kernel path
+
+    starts, seeds = _weight_starts(E, N), (0,) * E
+    segments = [Segments(axis, starts, seeds) for axis in (0, 1)]
+    views = (w2d, w2d.t())
+    # both quantizations in one segmented kernel launch: neither the per-expert calls nor
+    # the reference (where backend "auto" falls back to it) take an amax per segment
+    if any(
+        kernels.unsupported(view, fmt=fmt, segments=seg) is not None
+        for view, fmt, seg in zip(views, fmts, segments)
+    ):
+        return None
+    return kernels.tensor_amax(w2d, fmts[0], segments=segments[0])
+
+
+def _same_tiles(a: OperandFormat, b: OperandFormat) -> bool:
+    """Whether two layouts' blocks hold the same elements: square 2D tiles of one size, with
+    no rotation (a rotation mixes a tile's elements along one layout's rows only)."""
+    return a.block_2d and b.block_2d and a.block == b.block and a.rht is None and b.rht is None
 
 
 # ----------------------------------------------------------------------------- the twin
