@@ -689,7 +689,7 @@ def tensor_amax_pair(
     check_device(t)
     row, col = plans
     if row.block_2d or col.block_2d:
-        if not _same_tiles(row, col):
+        if not row.fmt.same_tiles(col.fmt):
             return None
         return _tensor_amax(t, row, *_extents(row, t.shape)).expand(2)
     if row.rht is None and col.consts16 is not None and col.block == 16 and not generic:
@@ -747,17 +747,6 @@ def _tensor_amax_pair16(t: torch.Tensor, row: _Plan, col: _Plan) -> torch.Tensor
         num_warps=warps,
     )
     return partial.amax(1)
-
-
-def _same_tiles(row: _Plan, col: _Plan) -> bool:
-    """Whether two layouts' blocks hold the same elements: square 2D tiles of one size, with
-    no rotation (a rotation mixes a tile's elements along one layout's rows only)."""
-    return (
-        row.block_2d
-        and col.block_2d
-        and row.block == col.block
-        and row.consts["LOG_H"] == col.consts["LOG_H"] == 0
-    )
 
 
 def quantize_view(

@@ -58,6 +58,19 @@ class OperandFormat:
         """quantize_view's keywords for this format, grid left out (its positional)."""
         return {f: getattr(self, f) for f in FORMAT_OPTIONS}
 
+    def same_tiles(self, other: OperandFormat) -> bool:
+        """Whether this format's blocks and `other`'s, each along its own view of one tensor
+        (the tensor and its transpose), hold the same elements: square 2D tiles of one size,
+        unrotated (a rotation mixes a tile's elements along one layout's rows only). Their
+        e4m3 tensor amaxes are then the same value."""
+        return (
+            self.block_2d
+            and other.block_2d
+            and self.block == other.block
+            and self.rht is None
+            and other.rht is None
+        )
+
 
 FORMAT_OPTIONS = tuple(f.name for f in dataclasses.fields(OperandFormat) if f.name != "grid")
 

@@ -49,7 +49,7 @@ import torch
 from ..numerics.checks import check_int, check_seed
 from ..numerics.hadamard import RHT, as_rht, rotated_dtype
 from ..numerics.philox import key_row, mix_seed, mix_seeds
-from ..numerics.quantize import OperandFormat, padded_length
+from ..numerics.quantize import padded_length
 from ..numerics.segments import Segments, tensor_scale_segments_problem
 from . import ops
 from .fake_quant import quantize_view
@@ -647,7 +647,7 @@ def weight_amax(w: torch.Tensor, recipe: Recipe, *, backend: str = "auto") -> to
     w2d = w.reshape(E * N, K)
     on_kernels = backend == "triton" or (backend == "auto" and w.is_cuda)
     fmts = ops.shared_formats("w", w2d, recipe) if on_kernels and w.numel() else None
-    if fmts is None or not _same_tiles(*fmts):
+    if fmts is None or not fmts[0].same_tiles(fmts[1]):
         return None
     from .. import kernels  # lazy: triton is only needed on the kernel path
 
@@ -662,12 +662,6 @@ def weight_amax(w: torch.Tensor, recipe: Recipe, *, backend: str = "auto") -> to
     ):
         return None
     return kernels.tensor_amax(w2d, fmts[0], segments=segments[0])
-
-
-def _same_tiles(a: OperandFormat, b: OperandFormat) -> bool:
-    """Whether two layouts' blocks hold the same elements: square 2D tiles of one size, with
-    no rotation (a rotation mixes a tile's elements along one layout's rows only)."""
-    return a.block_2d and b.block_2d and a.block == b.block and a.rht is None and b.rht is None
 
 
 # ----------------------------------------------------------------------------- the twin
