@@ -353,12 +353,17 @@ def test_amax_table_reads_each_pass_against_the_copy():
 
 def test_profile_families_name_the_kernels_of_record():
     """Kernel names from H200 profiles (docs/performance.md): the pair kernel counts as QDQ,
-    not as "other", or the QDQ share of a dense step would read as zero."""
+    not as "other", or the QDQ share of a dense step would read as zero; NVFP4's amax
+    kernels (one of them named *_pair16*) as their own family, not as QDQ."""
     from ufp4_megatron.bench.profile import _family
 
     assert _family("_pair16_kernel") == "QDQ (Triton)"
     assert _family("_row16_kernel") == "QDQ (Triton)"
     assert _family("_col16_kernel") == "QDQ (Triton)"
+    assert _family("_qdq_kernel") == "QDQ (Triton)"
+    assert _family("_draw_keys_kernel") == "QDQ (Triton)"
+    for amax in ("_tensor_amax_kernel", "_tensor_amax16_kernel", "_tensor_amax_pair16_kernel"):
+        assert _family(amax) == "e4m3 tensor amax (Triton)", amax  # NVFP4's own passes
     assert _family("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT") == "GEMM (cuBLAS)"
     assert _family("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16") == "attention"
     assert (

@@ -3,9 +3,9 @@
     python -m ufp4_megatron.bench --suite profile --model moe_7p9b --recipe ufp4
 
 Builds the trainer's own model, optimizer and data (train/build.py, then train.schedule:
-the step the trainer runs), runs `warmup` steps, profiles one step, and
-prints GPU time per kernel family (GEMM, grouped GEMM, QDQ, attention, optimizer, other)
-and the top kernels. GPU time is kernel time: idle gaps (host-bound stretches) show as the
+the step the trainer runs), runs `warmup` steps, profiles one step, and prints GPU time per
+kernel family (GEMM, grouped GEMM, e4m3 tensor amax, QDQ, attention, optimizer, other) and
+the top kernels. GPU time is kernel time: idle gaps (host-bound stretches) show as the
 difference between the step's wall time and the sum.
 """
 
@@ -20,9 +20,13 @@ import torch
 FAMILIES = (
     ("grouped GEMM (CUTLASS)", ("cutlass", "grouped")),
     ("GEMM (cuBLAS)", ("gemm", "nvjet", "xmma", "cublas")),
+    # NVFP4's e4m3 tensor amax passes (single, pair, 16-tensor), before QDQ: their names
+    # carry "_pair16" too
+    ("e4m3 tensor amax (Triton)", ("_tensor_amax",)),
     # our Triton kernels: the row/column QDQ, the pair kernel (both operands of a GEMM in one
-    # launch) and the segment-aware grouped variants all carry one of these fragments
-    ("QDQ (Triton)", ("_row16", "_col16", "_pair16", "_qdq", "segment")),
+    # launch) and the segment-aware grouped variants all carry one of these fragments; the
+    # SR key table the QDQ launches read counts with them
+    ("QDQ (Triton)", ("_row16", "_col16", "_pair16", "_qdq", "segment", "_draw_keys")),
     ("attention", ("flash", "fmha", "sdpa", "attention", "cudnn")),
     ("optimizer", ("multi_tensor", "adam")),
     ("copies and casts", ("copy", "cast", "fill", "memcpy", "memset", "cat", "index")),
