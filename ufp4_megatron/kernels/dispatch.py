@@ -348,7 +348,7 @@ def _layout(
     keyed = segments is not None and (rounding == "sr" or plan.g_top is not None)
     seg = 1 + segments.axis if keyed else 0
     tables = (
-        _segment_tables(segments, other if seg == 1 else length, view.device)
+        _segment_tables(segments, _segmented_extent(segments, length, other), view.device)
         if seg
         else (plan.lv, 1, plan.lv, plan.lv)
     )  # unused without segments
@@ -393,6 +393,12 @@ def _segment_tables(segments: Segments, length: int, device) -> tuple:
     else:
         seeds = _to_device(torch.tensor(segments.seeds, dtype=torch.int64), device)
     return idx, n16, seeds, starts
+
+
+def _segmented_extent(segments: Segments, length: int, other: int) -> int:
+    """The extent of the axis segments cut, of a view with `length` along its blocks and
+    `other` across them: row segments (axis 0) cut across the blocks."""
+    return other if segments.axis == 0 else length
 
 
 def _static_segment_tables(segments: Segments, length: int, device) -> tuple:
@@ -659,8 +665,10 @@ def tensor_amax(
     tables = (
         None
         if segments is None
-        else _static_segment_tables(segments, other if segments.axis == 0 else length, view.device)
-    )  # as _layout's: idx and n16 over the segmented axis
+        else _static_segment_tables(
+            segments, _segmented_extent(segments, length, other), view.device
+        )
+    )  # _layout's tables (idx and n16), without the seeds an amax does not read
     return _tensor_amax(view, plan, length, other, segments, tables, generic=generic)
 
 

@@ -50,7 +50,15 @@ from ..quant import grouped_ops, ops
 from ..quant.recipe import Recipe
 from ..quant.weight_cache import WeightOperands
 from .linear import _UFP4Mixin
-from .parallel_gemm import Shard, _accumulate, _chunks, chunk_of, save_seed, shares_input
+from .parallel_gemm import (
+    Shard,
+    _accumulate,
+    _chunks,
+    chunk_of,
+    quantizes_weight_twice,
+    save_seed,
+    shares_input,
+)
 from .policy import UFP4Binding
 from .seeds import SRSeeds
 
@@ -425,15 +433,9 @@ def _shared_input(gemm: str, xp, groups, recipe, shard: Shard, keys: dict):
 def _weight_amax(w, dtype, recipe, cache, dgrad_runs: bool):
     """NVFP4's per-expert tensor amax of one chunk w [E, N, K] of the stacked weight for fprop
     and dgrad from one read (grouped_ops.weight_amax), where both GEMMs quantize this chunk
-    themselves: dgrad runs, neither keeps its operand, w in the activations' `dtype` (the
-    GEMMs' cast would change its amax); else None: each takes its own."""
-    if (
-        not dgrad_runs
-        or w.dtype != dtype
-        or (
-            cache is not None and (ops.cacheable(recipe, "fprop") or ops.cacheable(recipe, "dgrad"))
-        )
-    ):
+    themselves (parallel_gemm.quantizes_weight_twice, with the activations' `dtype`); else
+    None: each takes its own."""
+    if not quantizes_weight_twice(w.dtype, dtype, recipe, cache, dgrad_runs):
         return None
     return grouped_ops.weight_amax(w, recipe)
 

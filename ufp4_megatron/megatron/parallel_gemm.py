@@ -122,17 +122,20 @@ def input_amaxes(x2d, recipe, shard: Shard, wgrad_runs: bool):
     return ops.tensor_amaxes("x", x2d, recipe)
 
 
+def quantizes_weight_twice(w_dtype, x_dtype, recipe, cache, dgrad_runs: bool) -> bool:
+    """Whether fprop and dgrad both quantize the weight themselves, so that one read can give
+    both their tensor amax: dgrad runs, neither keeps its operand, and w is in x's dtype (the
+    GEMMs' cast would change its amax)."""
+    kept = cache is not None and (ops.cacheable(recipe, "fprop") or ops.cacheable(recipe, "dgrad"))
+    return dgrad_runs and w_dtype == x_dtype and not kept
+
+
 def weight_amaxes(weight, x2d, recipe, shard: Shard, cache, dgrad_runs: bool):
     """NVFP4's tensor amax of w for fprop and for dgrad from one read (ops.tensor_amaxes),
-    where both GEMMs quantize this weight themselves: one chunk, no kept operand, w in x's
-    dtype (the GEMMs' cast would change its amax); else (None, None): each takes its own."""
-    if (
-        not dgrad_runs
-        or len(shard.n) > 1
-        or weight.dtype != x2d.dtype
-        or (
-            cache is not None and (ops.cacheable(recipe, "fprop") or ops.cacheable(recipe, "dgrad"))
-        )
+    where both GEMMs quantize this weight themselves (`quantizes_weight_twice`) in one chunk;
+    else (None, None): each takes its own."""
+    if len(shard.n) > 1 or not quantizes_weight_twice(
+        weight.dtype, x2d.dtype, recipe, cache, dgrad_runs
     ):
         return None, None
     return ops.tensor_amaxes("w", weight, recipe)

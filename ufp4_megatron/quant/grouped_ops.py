@@ -645,8 +645,9 @@ def weight_amax(w: torch.Tensor, recipe: Recipe, *, backend: str = "auto") -> to
     segmented launch; else None (each GEMM takes its own, as without this call)."""
     E, N, K = w.shape
     w2d = w.reshape(E * N, K)
-    on_kernels = backend == "triton" or (backend == "auto" and w.is_cuda)
-    fmts = ops.shared_formats("w", w2d, recipe) if on_kernels and w.numel() else None
+    fmts = (
+        ops.shared_formats("w", w2d, recipe) if ops.on_kernels(backend, w) and w.numel() else None
+    )
     if fmts is None or not fmts[0].same_tiles(fmts[1]):
         return None
     from .. import kernels  # lazy: triton is only needed on the kernel path

@@ -160,8 +160,7 @@ class _OperandsPlan:
         # the operands this plan quantizes: quantized by the recipe and not given
         self.todo = tuple(i for i, op in enumerate(self.ops) if op is not None and given[i] is None)
         self.prepared = None
-        kernels = backend == "triton" or (backend == "auto" and first.is_cuda)
-        if kernels and self.todo:
+        if on_kernels(backend, first) and self.todo:
             from ..kernels import prepare  # lazy: triton is only needed on the kernel path
 
             self.prepared = prepare(
@@ -251,14 +250,19 @@ def shared_formats(name: str, t: torch.Tensor, recipe: Recipe):
     )
 
 
+def on_kernels(backend: str, t: torch.Tensor) -> bool:
+    """Whether a call with `backend` quantizes `t` through the Triton kernels: "triton", or
+    "auto" on a CUDA tensor (elsewhere "auto" takes the reference)."""
+    return backend == "triton" or (backend == "auto" and t.is_cuda)
+
+
 def tensor_amaxes(name: str, t: torch.Tensor, recipe: Recipe, *, backend: str = "auto"):
     """The e4m3 tensor amax of `t` for both GEMMs of SHARED[name] (`shared_formats`) from one
     read of t (kernels.tensor_amax_pair), each what that GEMM's quantization would take
     itself, bit for bit; pass them as its `x_amax` / `dy_amax`. (None, None) where not both
     GEMMs quantize t with e4m3 scales on the kernel path (NVFP4 does, on a GPU): each then
     takes its own, as without this call."""
-    kernels = backend == "triton" or (backend == "auto" and t.is_cuda)
-    fmts = shared_formats(name, t, recipe) if kernels else None
+    fmts = shared_formats(name, t, recipe) if on_kernels(backend, t) else None
     if fmts is None:
         return None, None
     from .. import kernels as k  # lazy: triton is only needed on the kernel path
