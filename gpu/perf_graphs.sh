@@ -11,16 +11,18 @@
 #       8 micro-batches per step), bf16 and ufp4, with local CUDA graphs and eager, every 4-bit
 #       row against the BF16 row of its variant, with the memory floor (QDQ bytes / copy
 #       bandwidth) beside it. About 7 minutes on an H200 (a row: ~90 s, its 19-GiB
-#       checkpoint included; 110-130 s where the Triton cache is cold). GRAPH_VARIANTS="local full_iteration" adds full-iteration
-#       graphs where the PyTorch has what they need (docs/training.md). local is as a run
-#       gets it (train.weight_cache=auto: the weights' operands kept where they fit);
+#       checkpoint included; 110-130 s where the Triton cache is cold).
+#       GRAPH_VARIANTS="local full_iteration" adds full-iteration graphs where the PyTorch
+#       has what they need (docs/training.md). local is as a run gets it
+#       (train.weight_cache=auto: the weights' operands kept where they fit);
 #       GRAPH_VARIANTS="local_nocache local_kept" sets that apart: local graphs with
 #       train.weight_cache=none against =all (operands kept in fixed storage).
 #   PARTS=moe bash gpu/perf_graphs.sh      the same for moe_7p9b (4 of 20 layers) with
 #       drop-and-pad experts (capacity factor 1, as graphs need). About 8 minutes.
 # Knobs: GRAPH_MODELS, GRAPH_RECIPES (comma lists), GRAPH_VARIANTS (space-separated among
-# eager, local, local_kept, local_nocache, full_iteration), GRAPH_BUDGET (seconds for the step table, default 540; rows past it are
-# marked "not run (time budget)": give about 130 s a row, e.g. 660 for four recipes),
+# eager, local, local_kept, local_nocache, full_iteration), GRAPH_BUDGET (seconds for the
+# step table, default 540; rows past it are marked "not run (time budget)": give about
+# 130 s a row, e.g. 660 for four recipes),
 # RUNS_DIR (run dirs; default /dev/shm/ufp4-graph-runs where /dev/shm has 64 GiB free, else
 # $OUT/runs: the checkpoints are 19-26 GiB).
 # Exit status: the checks' (0 iff every case passes); the step parts': the step suite's.
