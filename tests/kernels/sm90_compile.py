@@ -222,6 +222,13 @@ CASES = {
         0,
         lambda s: s.grouped.fprop(s.x, s.w3, s.groups, s.nvfp4, **s.kw),
     ),
+    # x's per-expert amax for fprop and wgrad in one read, reduced per expert by atomic max
+    # (grouped_ops.input_amaxes)
+    "amax pair16 nvfp4 grouped x per expert": (
+        "_tensor_amax_pair16_kernel",
+        0,
+        lambda s: s.grouped.input_amaxes("x", s.x, s.groups, s.nvfp4, **s.kw),
+    ),
     "row16 nvfp4 grouped fprop x e4m3 segments": (
         "_row16_kernel",
         1,

@@ -9,7 +9,8 @@ block amax (hadamard_triton.rht_rows, scaling_triton.block_amax), and writes one
 program; the host takes the max of those. Max is exact in any order, so the result is the
 reference's bit for bit. With segments (numerics/segments.py: the experts of a grouped GEMM,
 each with its own tensor scale) it writes one maximum per view row or per block column
-instead, which the host reduces per segment (dispatch.py). A block holding NaN or Inf has a
+instead, which the host reduces per segment (dispatch.py); the pair kernel of x and dY
+reduces its segments itself, by atomic max. A block holding NaN or Inf has a
 non-finite amax and is left out, as in the reference's finite_tensor_amax; none finite
 gives 0. Layouts of 1x16 column blocks (RHT16 or none) are read as 16 register tensors
 instead, as the col16 QDQ kernel reads them (quantize16_triton.py): alone
@@ -157,10 +158,14 @@ def _tensor_amax_pair16_kernel(
     row_norm,
     col_norm,
     out_ptr,
+    idx_ptr,
+    n16,
+    n_seg,
     BG: tl.constexpr,
     BB: tl.constexpr,
     ROW_BLOCK: tl.constexpr,
     COL_RHT: tl.constexpr,
+    SEG: tl.constexpr = False,
 ):
     """_tensor_amax_pair_kernel's two amaxes where the row layout is unrotated 1D blocks and
     the column layout 1x16 blocks, RHT16 or none (NVFP4's x and dY), from the tile held as 16
@@ -170,7 +175,14 @@ def _tensor_amax_pair16_kernel(
     consecutive columns of one tensor: where the whole tile is finite every row block is, and
     the row layout's amax is the tile's max |x|; a tile holding NaN or Inf reloads it as the
     generic kernel's tile and leaves those blocks out as that kernel does. out[program] is the
-    row layout's maximum, out[programs + program] the column layout's."""
+    row layout's maximum, out[programs + program] the column layout's.
+
+    SEG: one amax per segment of rows (the experts' tokens of a grouped GEMM, each with its
+    own tensor scale; segments start at multiples of 16, so a group of 16 rows lies in one):
+    each group's maxima go to its segment idx_ptr[g] (the segment of every 16 rows, n16 of
+    them; rows past them are padding, zeros) by an atomic max into out[segment] (row layout)
+    and out[n_seg + segment] (column layout), zeroed beforehand. The maxima are >= 0, and
+    max is exact in any order: the same bits as the per-segment reduction of the reference."""
     p0, p1 = tl.program_id(0), tl.program_id(1)
     p = p0 * tl.num_programs(1) + p1
     n = tl.num_programs(0) * tl.num_programs(1)
@@ -179,14 +191,32 @@ def _tensor_amax_pair16_kernel(
     xs = load_groups16(x_ptr, stride_a, A, B, g, b)
     amax = block_amax16(xs, False)[0]  # NaN-propagating: not < inf where a block is not finite
     if tl.min((amax < float("inf")).to(tl.int32)) == 1:
-        m_row = tl.max(amax)
+        m_row = _max_per_group(amax, BG, 1, SEG)
     else:  # rare: the generic tile, blocks holding NaN or Inf left out
         t = load_tile(x_ptr, stride_a, A, B, BG * 16, BB)[0]
-        m_row = tl.max(
-            _tile_finite_amax(t, row_sign_ptr, row_norm, BG * 16, BB, ROW_BLOCK, False, 0)
-        )
-    tl.store(out_ptr + p, m_row)
-    tl.store(out_ptr + n + p, tl.max(_col_finite_amax16(xs, COL_RHT, col_norm)))
+        m_row = _tile_finite_amax(t, row_sign_ptr, row_norm, BG * 16, BB, ROW_BLOCK, False, 0)
+        m_row = _max_per_group(m_row, BG, 16, SEG)
+    m_col = _max_per_group(_col_finite_amax16(xs, COL_RHT, col_norm), BG, 1, SEG)
+    if SEG:
+        seg = tl.load(idx_ptr + tl.minimum(p0 * BG + tl.arange(0, BG), n16 - 1))
+        tl.atomic_max(out_ptr + seg, m_row, sem="relaxed")
+        tl.atomic_max(out_ptr + n_seg + seg, m_col, sem="relaxed")
+    else:
+        tl.store(out_ptr + p, m_row)
+        tl.store(out_ptr + n + p, m_col)
+
+
+@triton.jit
+def _max_per_group(m, BG: tl.constexpr, ROWS: tl.constexpr, SEG: tl.constexpr):
+    """The maximum of m, whose ROWS rows per group of 16 rows of x make BG groups: [BG], one
+    per group, with SEG; else over all of m (a scalar)."""
+    if SEG:
+        if ROWS > 1:
+            m = tl.reshape(tl.max(m, axis=1), (BG, ROWS))
+        out = tl.max(m, axis=1)
+    else:
+        out = tl.max(m)
+    return out
 
 
 @triton.jit

@@ -348,7 +348,12 @@ def _layout(
     keyed = segments is not None and (rounding == "sr" or plan.g_top is not None)
     seg = 1 + segments.axis if keyed else 0
     tables = (
-        _segment_tables(segments, _segmented_extent(segments, length, other), view.device)
+        _segment_tables(
+            segments,
+            _segmented_extent(segments, length, other),
+            view.device,
+            sr=rounding == "sr",
+        )
         if seg
         else (plan.lv, 1, plan.lv, plan.lv)
     )  # unused without segments
@@ -379,17 +384,27 @@ def _layout(
 
 
 _SEGMENT_TABLES: dict = {}
+_UNREAD_SEEDS: dict = {}
 
 
-def _segment_tables(segments: Segments, length: int, device) -> tuple:
+def _segment_tables(segments: Segments, length: int, device, *, sr: bool = True) -> tuple:
     """(idx, n16, seeds, starts) of segments over `length` positions along their axis: the
     segment of every 16 positions (int32, n16 entries; segments_triton.py clamps positions
     past it), each segment's seed (int64) and start (int32). The first two and the last
-    depend on the layout only and are cached; the seeds change every call (copied from the
-    host, or a device key table's row used in place)."""
+    depend on the layout only and are cached; the seeds change every call under SR (copied
+    from the host, or a device key table's row used in place). Without SR (segments there
+    only pick e4m3 tensor scales) no kernel reads a seed: a cached table of zeros stands in,
+    with no copy from the host per call."""
     idx, n16, starts = _static_segment_tables(segments, length, device)
     if isinstance(segments.seeds, torch.Tensor):  # a key table's row: read in place
         seeds = segments.seeds.to(device)
+    elif not sr:
+        key = (len(segments.starts), str(device))
+        seeds = _UNREAD_SEEDS.get(key)
+        if seeds is None:
+            if len(_UNREAD_SEEDS) > 256:
+                _UNREAD_SEEDS.clear()
+            seeds = _UNREAD_SEEDS[key] = torch.zeros(key[0], dtype=torch.int64, device=device)
     else:
         seeds = _to_device(torch.tensor(segments.seeds, dtype=torch.int64), device)
     return idx, n16, seeds, starts
@@ -673,7 +688,12 @@ def tensor_amax(
 
 
 def tensor_amax_pair(
-    t: torch.Tensor, row_fmt: OperandFormat, col_fmt: OperandFormat, *, generic: bool = False
+    t: torch.Tensor,
+    row_fmt: OperandFormat,
+    col_fmt: OperandFormat,
+    *,
+    starts: tuple[int, ...] | None = None,
+    generic: bool = False,
 ) -> torch.Tensor | None:
     """The e4m3 tensor amax of a 2-D tensor t for two quantizations in one read: along its
     rows' length as `row_fmt` (the view t) and along its columns as `col_fmt` (the view
@@ -683,19 +703,32 @@ def tensor_amax_pair(
     their own amax passes. Square 2D tiles of one size, unrotated, in both layouts (NVFP4's
     weight for fprop and dgrad) are the same tiles, so the same amax: one pass of the amax
     kernel gives it for both. generic: the generic pair kernel even where the 16-tensor one
-    applies (the same values; the amax benchmark times one against the other)."""
+    applies (the same values; the amax benchmark times one against the other).
+
+    starts: t's rows cut into segments starting there (a grouped GEMM's experts' tokens):
+    fp32 [2, segments], one amax per segment for each quantization, what quantize_view takes
+    with Segments(0, starts, ...) on t and Segments(1, starts, ...) on t.t(). Only the
+    16-tensor pass takes segments (NVFP4's x and dY, segments starting at multiples of 16);
+    elsewhere None."""
     if t.dim() != 2 or t.stride(1) != 1 or t.shape[1] == 1:
         return None
+    if starts is not None and (generic or any(s % 16 for s in starts)):
+        return None
     plans = []
-    for fmt, view in ((row_fmt, t), (col_fmt, t.t())):
+    for axis, fmt, view in ((0, row_fmt, t), (1, col_fmt, t.t())):
         plan = _plan(t.dtype, t.device, fmt, None)
         if isinstance(plan, str) or plan.g_top is None:
             return None
-        if _call_reason(view, plan.fmt, 0, (0, 0), None, None) is not None:
+        segments = None if starts is None else Segments(axis, starts, (0,) * len(starts))
+        if _call_reason(view, plan.fmt, 0, (0, 0), segments, None) is not None:
             return None
         plans.append(plan)
     check_device(t)
     row, col = plans
+    if starts is not None:
+        if row.rht is not None or col.consts16 is None or col.block != 16 or row.block_2d:
+            return None
+        return _tensor_amax_pair16(t, row, col, starts)
     if row.block_2d or col.block_2d:
         if not row.fmt.same_tiles(col.fmt):
             return None
@@ -731,12 +764,22 @@ def tensor_amax_pair(
     return partial.amax(1)
 
 
-def _tensor_amax_pair16(t: torch.Tensor, row: _Plan, col: _Plan) -> torch.Tensor:
+def _tensor_amax_pair16(
+    t: torch.Tensor, row: _Plan, col: _Plan, starts: tuple[int, ...] | None = None
+) -> torch.Tensor:
     """tensor_amax_pair's two amaxes of t through the 16-tensor layout: an unrotated row
-    layout and a column layout of 1x16 blocks, RHT16 or none (amax_triton.py)."""
+    layout and a column layout of 1x16 blocks, RHT16 or none (amax_triton.py); with
+    `starts`, per segment of rows ([2, segments], reduced in the kernel)."""
     A, B = t.shape
     bg, bb, warps, grid = _amax16_grid(t.shape, row.unit)
-    partial = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=t.device)
+    if starts is None:
+        partial = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=t.device)
+        seg_args = (partial, 1, 0)  # the index table is not read
+    else:  # the atomic maxima start from 0, every amax's least value
+        partial = torch.zeros((2, len(starts)), dtype=torch.float32, device=t.device)
+        segments = Segments(0, starts, (0,) * len(starts))
+        idx16, n16, _ = _static_segment_tables(segments, A, t.device)
+        seg_args = (idx16, n16, len(starts))
     launch(
         _tensor_amax_pair16_kernel,
         grid,
@@ -748,13 +791,15 @@ def _tensor_amax_pair16(t: torch.Tensor, row: _Plan, col: _Plan) -> torch.Tensor
         row.scalars[0],
         col.scalars[0],
         partial,
+        *seg_args,
         BG=bg,
         BB=bb,
         ROW_BLOCK=row.block,
         COL_RHT=col.consts16["RHT"],
+        SEG=starts is not None,
         num_warps=warps,
     )
-    return partial.amax(1)
+    return partial.amax(1) if starts is None else partial
 
 
 def quantize_view(

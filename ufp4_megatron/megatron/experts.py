@@ -347,6 +347,7 @@ class _GroupedExpertsFn(torch.autograd.Function):
         xp = groups.pad(x)
         keys = dict(seed=seed, first_expert=first_expert)
         qx = _shared_input("fprop", xp, groups, recipe, shard, keys)
+        x_amax = _input_amaxes(xp, groups, recipe, shard, ctx.needs_input_grad[1])
         # backward always runs dgrad: each chunk's w amax, where taken, serves both GEMMs
         dgrad_runs = any(ctx.needs_input_grad)
         ys, w_amaxes = [], []
@@ -364,6 +365,7 @@ class _GroupedExpertsFn(torch.autograd.Function):
                     qw=_kept(cache, "fprop", c, weight, shard, recipe, (n0, shard.k), xp.dtype),
                     qx=qx,
                     w_amax=w_amaxes[-1],
+                    x_amax=x_amax[0],
                 )
             )
         y = groups.unpad(ys[0] if len(ys) == 1 else torch.cat(ys, dim=1))
@@ -373,8 +375,9 @@ class _GroupedExpertsFn(torch.autograd.Function):
         # (Megatron's) keeps their memory to the backward graph
         keys_saved = save_seed(seed)
         ctx.n_keys = len(keys_saved)
-        ctx.amax_given = tuple(a is not None for a in w_amaxes)
-        ctx.save_for_backward(xp, weight, *keys_saved, *(a for a in w_amaxes if a is not None))
+        amaxes = (x_amax[1], *w_amaxes)  # wgrad's of x, dgrad's of each chunk of w
+        ctx.amax_given = tuple(a is not None for a in amaxes)
+        ctx.save_for_backward(xp, weight, *keys_saved, *(a for a in amaxes if a is not None))
         ctx.main_grad = getattr(weight, "main_grad", None) if fuse_wgrad else None
         ctx.recipe, ctx.groups, ctx.shard, ctx.cache = recipe, groups, shard, cache
         ctx.first_expert, ctx.seed = first_expert, seed if isinstance(seed, int) else 0
@@ -385,11 +388,18 @@ class _GroupedExpertsFn(torch.autograd.Function):
     def backward(ctx, dy):
         xp, weight, *rest = ctx.saved_tensors
         table, given = rest[: ctx.n_keys], iter(rest[ctx.n_keys :])
-        w_amaxes = [next(given) if saved else None for saved in ctx.amax_given]
+        x_amax, *w_amaxes = [next(given) if saved else None for saved in ctx.amax_given]
         recipe, groups, shard = ctx.recipe, ctx.groups, ctx.shard
         keys = dict(seed=table[0] if table else ctx.seed, first_expert=ctx.first_expert)
         dy = dy.contiguous().to(xp.dtype)
         dyp = groups.pad(dy)
+        # NVFP4: dY's per-expert amaxes for dgrad and wgrad from one read (one chunk: a
+        # strided weight's dY chunks are copies made per GEMM)
+        dy_amax = (
+            grouped_ops.input_amaxes("dy", dyp, groups, recipe)
+            if ctx.needs_input_grad[1] and len(shard.n) == 1
+            else (None, None)
+        )
         dxs = [
             grouped_ops.dgrad(
                 d,
@@ -401,6 +411,7 @@ class _GroupedExpertsFn(torch.autograd.Function):
                 w_origin=(n0, shard.k),
                 qw=_kept(ctx.cache, "dgrad", c, weight, shard, recipe, (n0, shard.k), xp.dtype),
                 w_amax=w_amaxes[c],
+                dy_amax=dy_amax[0],
             )
             for c, ((d, n0), (w, _)) in enumerate(
                 zip(_chunks(shard, dyp, 1), _chunks(shard, weight, 1))
@@ -412,7 +423,16 @@ class _GroupedExpertsFn(torch.autograd.Function):
             qx = _shared_input("wgrad", xp, groups, recipe, shard, keys)
             dws = [
                 grouped_ops.wgrad(
-                    d, xp, groups, recipe, **keys, dy_origin=(0, n0), x_origin=(0, shard.k), qx=qx
+                    d,
+                    xp,
+                    groups,
+                    recipe,
+                    **keys,
+                    dy_origin=(0, n0),
+                    x_origin=(0, shard.k),
+                    qx=qx,
+                    dy_amax=dy_amax[1],
+                    x_amax=x_amax,
                 )
                 for d, n0 in _chunks(shard, dyp, 1)
             ]
@@ -428,6 +448,16 @@ def _shared_input(gemm: str, xp, groups, recipe, shard: Shard, keys: dict):
     if not shares_input(gemm, recipe, shard):
         return None
     return grouped_ops.input_operand(gemm, xp, groups, recipe, **keys, x_origin=(0, shard.k))
+
+
+def _input_amaxes(xp, groups, recipe, shard: Shard, wgrad_runs: bool):
+    """NVFP4's per-expert tensor amaxes of x for fprop and for wgrad from one read
+    (grouped_ops.input_amaxes), where both GEMMs quantize this x themselves (the rule of
+    parallel_gemm.input_amaxes: wgrad runs, and neither takes x's operand made once for a
+    strided shard's chunks); else (None, None): each takes its own."""
+    if any(shares_input(gemm, recipe, shard) for gemm in ("fprop", "wgrad")) or not wgrad_runs:
+        return None, None
+    return grouped_ops.input_amaxes("x", xp, groups, recipe)
 
 
 def _weight_amax(w, dtype, recipe, cache, dgrad_runs: bool):

@@ -447,12 +447,13 @@ def fprop(
     qw: torch.Tensor | None = None,
     qx: torch.Tensor | None = None,
     w_amax: torch.Tensor | None = None,
+    x_amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Y_e = Q(X_e) Q(W_e)^T: x [Mp, K] (padded layout), w [E, N, K] -> [Mp, N]. qw: the
     weight's operand made by `weight_operand("fprop", ...)` (the weight cache), as it is;
     qx: x's made by `input_operand("fprop", ...)` (one x for a strided weight's chunks);
     w_amax: w's per-expert e4m3 tensor amax from `weight_amax` (same backend), of w in its
-    own dtype."""
+    own dtype; x_amax: x's from `input_amaxes("x", ...)[0]`."""
     E, N, K = w.shape
     if w.dtype != x.dtype:  # the cast below may change w's amax
         w_amax = None
@@ -466,7 +467,14 @@ def fprop(
     )
     if qx is None:
         qx = _gemm_operand(
-            "fprop", "x", x, spec, origin=x_origin, starts=groups.padded_starts, **kw
+            "fprop",
+            "x",
+            x,
+            spec,
+            origin=x_origin,
+            starts=groups.padded_starts,
+            tensor_amax=x_amax,
+            **kw,
         )
     if qw is None:
         qw = _gemm_operand(
@@ -497,11 +505,12 @@ def dgrad(
     gemm_backend: str = "auto",
     qw: torch.Tensor | None = None,
     w_amax: torch.Tensor | None = None,
+    dy_amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dX_e = Q(dY_e) Q(W_e): dy [Mp, N] (padded layout), w [E, N, K] -> [Mp, K]; W
     quantized along N. qw: the weight's operand made by `weight_operand("dgrad", ...)`;
     w_amax: w's per-expert e4m3 tensor amax from `weight_amax` (same backend), of w in its
-    own dtype."""
+    own dtype; dy_amax: dy's from `input_amaxes("dy", ...)[0]`."""
     E, N, K = w.shape
     if w.dtype != dy.dtype:  # the cast below may change w's amax
         w_amax = None
@@ -514,7 +523,14 @@ def dgrad(
         rht=rht, seed=seed, first_expert=first_expert, experts=E, dtype=dtype, backend=backend
     )
     qdy = _gemm_operand(
-        "dgrad", "dy", dy, spec, origin=dy_origin, starts=groups.padded_starts, **kw
+        "dgrad",
+        "dy",
+        dy,
+        spec,
+        origin=dy_origin,
+        starts=groups.padded_starts,
+        tensor_amax=dy_amax,
+        **kw,
     )
     # the stack [E*N, K] quantized along N: its transpose in the kernels' column layout
     if qw is None:
@@ -545,10 +561,15 @@ def wgrad(
     backend: str = "auto",
     gemm_backend: str = "auto",
     qx: torch.Tensor | None = None,
+    dy_amax: torch.Tensor | None = None,
+    x_amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dW_e = Q(dY_e)^T Q(X_e): dy [Mp, N], x [Mp, K] (padded layout) -> [E, N, K]; both
     quantized along tokens, in blocks that start at each expert's first token. qx: x's
-    operand made by `input_operand("wgrad", ...)`, as it is."""
+    operand made by `input_operand("wgrad", ...)`, as it is; dy_amax, x_amax: their
+    per-expert e4m3 tensor amaxes from `input_amaxes` (same backend), [1] of each pair."""
+    if x.dtype != dy.dtype:  # the cast below may change x's amax
+        x_amax = None
     x = x.to(dy.dtype)
     _check_layout("wgrad", dy, groups, recipe)
     if recipe.wgrad is None:
@@ -564,9 +585,9 @@ def wgrad(
         backend=backend,
         starts=groups.padded_starts,
     )
-    qdy = _gemm_operand("wgrad", "dy", dy, spec, origin=dy_origin, **kw)
+    qdy = _gemm_operand("wgrad", "dy", dy, spec, origin=dy_origin, tensor_amax=dy_amax, **kw)
     if qx is None:
-        qx = _gemm_operand("wgrad", "x", x, spec, origin=x_origin, **kw)
+        qx = _gemm_operand("wgrad", "x", x, spec, origin=x_origin, tensor_amax=x_amax, **kw)
     return grouped_mm(qdy.t(), qx, groups, backend=gemm_backend).to(dy.dtype)
 
 
@@ -663,6 +684,24 @@ def weight_amax(w: torch.Tensor, recipe: Recipe, *, backend: str = "auto") -> to
     ):
         return None
     return kernels.tensor_amax(w2d, fmts[0], segments=segments[0])
+
+
+def input_amaxes(
+    name: str, t: torch.Tensor, groups: ExpertGroups, recipe: Recipe, *, backend: str = "auto"
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """NVFP4's per-expert e4m3 tensor amaxes of x [Mp, K] (name "x": for fprop and wgrad) or
+    dY [Mp, N] ("dy": for dgrad and wgrad) in the padded layout, from one read of t
+    (kernels.tensor_amax_pair with the experts' token segments), fp32 [E] each: bit for bit
+    what each GEMM's quantization of t takes itself; pass them as `x_amax` / `dy_amax`.
+    (None, None) where not both GEMMs quantize t with e4m3 scales in the kernels' segmented
+    pass (on the kernel path, x and dY of NVFP4): each then takes its own."""
+    fmts = ops.shared_formats(name, t, recipe) if ops.on_kernels(backend, t) and t.numel() else None
+    if fmts is None:
+        return None, None
+    from .. import kernels  # lazy: triton is only needed on the kernel path
+
+    pair = kernels.tensor_amax_pair(t, *fmts, starts=groups.padded_starts)
+    return (None, None) if pair is None else (pair[0], pair[1])
 
 
 # ----------------------------------------------------------------------------- the twin
