@@ -15,16 +15,15 @@ bits it gets when it takes its own amax. Runs in Triton's CPU interpreter withou
 | no_segment_pair_where_it_does_not_apply   | starts off the 16-row grid, the generic kernel, UFP4, the reference path: None |
 | grouped_gemms_give_their_own_bits         | grouped fprop / dgrad / wgrad with the amaxes == without; a wrong one would show |
 | experts_take_the_pairs                    | _GroupedExpertsFn bitwise with and without the pairs; no single x or dY amax pass left with one chunk |
+| grouped_linear_takes_each_amax_once       | grouped_linear (the library's) bitwise with and without the sharing: one amax pass of w, none of x or dY, instead of two each |
 """
-
-import functools
 
 import pytest
 import torch
+from grouped_experts_run import count_amax_passes, passes_with_and_without, run_experts, turn_off
 from kernel_assertions import assert_bitwise
 
 from ufp4_megatron import get_recipe, kernels
-from ufp4_megatron.kernels import dispatch
 from ufp4_megatron.numerics.quantize import source
 from ufp4_megatron.numerics.scaling import block_amax
 from ufp4_megatron.numerics.segments import Segments, segment_tensor_amax
@@ -144,49 +143,54 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _run_experts(shard, monkeypatch, share: bool):
-    """y, dx, dw of _GroupedExpertsFn on the kernel path (every grouped call with backend
-    "triton": on the CPU "auto" would take the reference), and the shapes of the single
-    amax passes of x and dY."""
-    from ufp4_megatron.megatron import experts
-
-    for name in ("fprop", "dgrad", "wgrad", "input_operand", "weight_amax", "input_amaxes"):
-        monkeypatch.setattr(G, name, functools.partial(getattr(G, name), backend="triton"))
-    if not share:
-        monkeypatch.setattr(G, "input_amaxes", lambda *a, **k: (None, None))
-    passes, real_amax = [], dispatch._tensor_amax
-
-    def counted(view, *args, **kwargs):
-        passes.append(tuple(view.shape))
-        return real_amax(view, *args, **kwargs)
-
-    monkeypatch.setattr(dispatch, "_tensor_amax", counted)
+    """y, dx, dw of _GroupedExpertsFn with every grouped call on the kernel path, and the
+    shapes of the single amax passes of x and dY."""
     g = torch.Generator().manual_seed(9)
-    x = torch.randn(sum(COUNTS), K, generator=g).bfloat16().to(DEVICE).requires_grad_()
+    x = torch.randn(sum(COUNTS), K, generator=g).bfloat16().to(DEVICE)
     w = torch.randn(E, N, K, generator=g).bfloat16().to(DEVICE)
-    weight = torch.nn.Parameter(w)
     dy = torch.randn(sum(COUNTS), N, generator=g).bfloat16().to(DEVICE)
     groups = _groups()
-    y = experts._GroupedExpertsFn.apply(x, weight, None, NVFP4, 11, 2, groups, shard, False, None)
-    y.backward(dy)
-    monkeypatch.undo()
-    rows = groups.padded_total
-    token_passes = [p for p in passes if rows in p]
-    return (y.detach(), x.grad, weight.grad), token_passes
+    calls = ("fprop", "dgrad", "wgrad", "input_operand", "weight_amax", "input_amaxes")
+    off = None if share else {"input_amaxes": (None, None)}
+    grads, passes = run_experts(
+        monkeypatch, shard, NVFP4, groups, x, w, dy, kernel_calls=calls, off=off
+    )
+    return grads, [p for p in passes if groups.padded_total in p]
 
 
 @pytest.mark.parametrize("stride", (1, 2))
 def test_experts_take_the_pairs(monkeypatch, stride):
-    from ufp4_megatron.megatron.parallel_gemm import Shard
-
-    shard = Shard.column(rank=1, world=2, n_local=N, stride=stride)
-    own, own_passes = _run_experts(shard, monkeypatch, share=False)
-    got, got_passes = _run_experts(shard, monkeypatch, share=True)
-    for what, a, b in zip(("y", "dx", "dw"), got, own):
-        assert torch.equal(a, b), what
-    chunks = len(shard.n)
+    own_passes, got_passes, chunks = passes_with_and_without(monkeypatch, _run_experts, N, stride)
     # x for fprop and wgrad, each chunk of dY for dgrad and wgrad
     assert len(own_passes) == 2 + 2 * chunks, own_passes
     if chunks == 1:  # both pairs taken: no single pass of x or dY left
         assert got_passes == [], got_passes
     else:  # a strided shard makes x's operands once, and copies dY's chunks per GEMM
         assert len(got_passes) == len(own_passes), got_passes
+
+
+def _grouped_linear(monkeypatch, off):
+    """y, dx, dw of grouped_ops.grouped_linear (backend "triton") and its single amax passes."""
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(sum(COUNTS), K, generator=g).bfloat16().to(DEVICE).requires_grad_()
+    w = torch.randn(E, N, K, generator=g).bfloat16().to(DEVICE).requires_grad_()
+    dy = torch.randn(sum(COUNTS), N, generator=g).bfloat16().to(DEVICE)
+    turn_off(monkeypatch, off)
+    passes = count_amax_passes(monkeypatch)
+    y = G.grouped_linear(x, w, None, COUNTS, NVFP4, seed=4, backend="triton")
+    y.backward(dy)
+    monkeypatch.undo()
+    return (y.detach(), x.grad, w.grad), passes
+
+
+def test_grouped_linear_takes_each_amax_once(monkeypatch):
+    own, own_passes = _grouped_linear(
+        monkeypatch, {"input_amaxes": (None, None), "weight_amax": None}
+    )
+    got, got_passes = _grouped_linear(monkeypatch, None)
+    for what, a, b in zip(("y", "dx", "dw"), got, own):
+        assert torch.equal(a, b), what
+    rows = _groups().padded_total
+    assert len(own_passes) == 6, own_passes  # x, dY and w, two GEMMs each
+    assert got_passes == [(E * N, K)], got_passes  # w's, for fprop and dgrad
+    assert all(rows in p for p in own_passes if p not in ((E * N, K), (K, E * N)))

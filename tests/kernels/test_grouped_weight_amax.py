@@ -15,14 +15,12 @@ on CUDA where there is one.
 | no_amax_where_it_does_not_apply               | UFP4 (no e4m3), the reference path, a tile over two experts: None |
 """
 
-import functools
-
 import pytest
 import torch
+from grouped_experts_run import passes_with_and_without, run_experts
 from kernel_assertions import assert_bitwise
 
 from ufp4_megatron import get_recipe, kernels
-from ufp4_megatron.kernels import dispatch
 from ufp4_megatron.numerics.quantize import source
 from ufp4_megatron.numerics.scaling import block_amax
 from ufp4_megatron.numerics.segments import Segments, segment_tensor_amax
@@ -102,45 +100,29 @@ def test_grouped_gemms_give_their_own_bits():
 
 
 def _run_experts(shard, monkeypatch, share: bool):
-    """y, dx, dw of _GroupedExpertsFn on the kernel path (its GEMMs with backend "triton":
-    on the CPU "auto" would take the reference), and the shapes of w's amax passes."""
-    from ufp4_megatron.megatron import experts
-
-    for name in ("fprop", "dgrad", "weight_amax"):
-        real = getattr(G, name)
-        monkeypatch.setattr(G, name, functools.partial(real, backend="triton"))
-    if not share:
-        monkeypatch.setattr(G, "weight_amax", lambda *a, **k: None)
-    passes, real_amax = [], dispatch._tensor_amax
-
-    def counted(view, *args, **kwargs):
-        passes.append(tuple(view.shape))
-        return real_amax(view, *args, **kwargs)
-
-    monkeypatch.setattr(dispatch, "_tensor_amax", counted)
+    """y, dx, dw of _GroupedExpertsFn on the kernel path, and the shapes of w's amax passes."""
     g = torch.Generator().manual_seed(9)
-    x = torch.randn(sum(COUNTS), K, generator=g).bfloat16().to(DEVICE).requires_grad_()
-    weight = torch.nn.Parameter(_weight())
+    x = torch.randn(sum(COUNTS), K, generator=g).bfloat16().to(DEVICE)
     dy = torch.randn(sum(COUNTS), N, generator=g).bfloat16().to(DEVICE)
     groups = G.expert_groups(COUNTS, G.token_alignment(NVFP4))
-    y = experts._GroupedExpertsFn.apply(x, weight, None, NVFP4, 11, 2, groups, shard, False, None)
-    y.backward(dy)
-    monkeypatch.undo()
+    grads, passes = run_experts(
+        monkeypatch,
+        shard,
+        NVFP4,
+        groups,
+        x,
+        _weight(),
+        dy,
+        kernel_calls=("fprop", "dgrad", "weight_amax"),
+        off=None if share else {"weight_amax": None},
+    )
     chunk_rows = E * N // len(shard.n)
-    w_passes = [p for p in passes if p in ((chunk_rows, K), (K, chunk_rows))]
-    return (y.detach(), x.grad, weight.grad), w_passes
+    return grads, [p for p in passes if p in ((chunk_rows, K), (K, chunk_rows))]
 
 
 @pytest.mark.parametrize("stride", (1, 2))
 def test_experts_take_w_amax_once_per_chunk(monkeypatch, stride):
-    from ufp4_megatron.megatron.parallel_gemm import Shard
-
-    shard = Shard.column(rank=1, world=2, n_local=N, stride=stride)
-    own, own_passes = _run_experts(shard, monkeypatch, share=False)
-    got, got_passes = _run_experts(shard, monkeypatch, share=True)
-    for what, a, b in zip(("y", "dx", "dw"), got, own):
-        assert torch.equal(a, b), what
-    chunks = len(shard.n)
+    own_passes, got_passes, chunks = passes_with_and_without(monkeypatch, _run_experts, N, stride)
     assert len(own_passes) == 2 * chunks and len(got_passes) == chunks, (own_passes, got_passes)
 
 

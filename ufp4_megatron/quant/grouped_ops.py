@@ -818,12 +818,31 @@ class _GroupedLinear(torch.autograd.Function):
         backend: str,
     ):
         xp = groups.pad(x)
-        y = groups.unpad(
-            fprop(xp, weight, groups, recipe, seed=seed, first_expert=first_expert, backend=backend)
+        # NVFP4: the per-expert amaxes of x (fprop, wgrad) and w (fprop, dgrad) from one read
+        # each, where both of their GEMMs run
+        x_amax = (
+            input_amaxes("x", xp, groups, recipe, backend=backend)
+            if ctx.needs_input_grad[1]
+            else (None, None)
         )
+        w_amax = weight_amax(weight, recipe, backend=backend) if ctx.needs_input_grad[0] else None
+        y = fprop(
+            xp,
+            weight,
+            groups,
+            recipe,
+            seed=seed,
+            first_expert=first_expert,
+            backend=backend,
+            x_amax=x_amax[0],
+            w_amax=w_amax,
+        )
+        y = groups.unpad(y)
         if bias is not None:
             y = y + bias.index_select(0, groups.token_experts(x.device)).to(y.dtype)
-        ctx.save_for_backward(xp, weight)
+        given = (x_amax[1], w_amax)  # wgrad's of x, dgrad's of w
+        ctx.amax_given = tuple(a is not None for a in given)
+        ctx.save_for_backward(xp, weight, *(a for a in given if a is not None))
         ctx.groups, ctx.recipe, ctx.seed, ctx.backend = groups, recipe, seed, backend
         ctx.first_expert = first_expert
         ctx.has_bias = bias is not None
@@ -831,16 +850,25 @@ class _GroupedLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        xp, weight = ctx.saved_tensors
+        xp, weight, *rest = ctx.saved_tensors
+        given = iter(rest)
+        x_amax, w_amax = (next(given) if saved else None for saved in ctx.amax_given)
         groups = ctx.groups
         dy = dy.contiguous().to(xp.dtype)
         dyp = groups.pad(dy)
         dx = dw = db = None
         kw = dict(seed=ctx.seed, first_expert=ctx.first_expert, backend=ctx.backend)
+        dy_amax = (
+            input_amaxes("dy", dyp, groups, ctx.recipe, backend=ctx.backend)
+            if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]
+            else (None, None)
+        )
         if ctx.needs_input_grad[0]:
-            dx = groups.unpad(dgrad(dyp, weight, groups, ctx.recipe, **kw))
+            dx = dgrad(dyp, weight, groups, ctx.recipe, **kw, w_amax=w_amax, dy_amax=dy_amax[0])
+            dx = groups.unpad(dx)
         if ctx.needs_input_grad[1]:
-            dw = wgrad(dyp, xp, groups, ctx.recipe, **kw).to(weight.dtype)
+            dw = wgrad(dyp, xp, groups, ctx.recipe, **kw, dy_amax=dy_amax[1], x_amax=x_amax)
+            dw = dw.to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = per_expert_sum(dy, groups)
         return dx, dw, db, None, None, None, None, None
