@@ -1,5 +1,6 @@
-"""The grouped experts' autograd function on the kernel path with its amax passes counted:
-the harness of the tests of the amaxes it shares between GEMMs (test_grouped_*_amax.py)."""
+"""The grouped GEMMs' autograd functions on the kernel path with their amax passes counted,
+and a sharing turned off: the harness of the tests of the amaxes they share between GEMMs
+(test_grouped_*_amax.py)."""
 
 import functools
 
