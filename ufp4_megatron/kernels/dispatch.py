@@ -85,7 +85,9 @@ class _Plan:
     lv: torch.Tensor  # levels (+ g_max repeated), device fp32
     mid: torch.Tensor  # midpoints, device fp32
     sign: torch.Tensor  # RHT signs (or a dummy), device fp32
-    g_top: torch.Tensor | None  # e4m3 only: g_max as a device fp32 scalar
+    # e4m3 only: E4M3_MAX * g_max as a device fp32 scalar, what the tensor amax is divided by
+    # for the tensor scale (numerics.scaling's division), made once per plan, not per call
+    e4m3_divisor: torch.Tensor | None
     scalars: tuple  # (norm, gmax, gneg)
     consts: dict  # constexprs of the generic kernel
     consts16: dict | None  # constexprs of the 16-tensor kernels; None: generic kernel only
@@ -202,8 +204,10 @@ def _build_plan(dtype, device, fmt: OperandFormat, out_dtype) -> _Plan | str:
         lv=lv,
         mid=mid,
         sign=sign,
-        g_top=(
-            torch.tensor(g.g_max, dtype=torch.float32, device=device) if scale == "e4m3" else None
+        e4m3_divisor=(
+            E4M3_MAX * torch.tensor(g.g_max, dtype=torch.float32, device=device)
+            if scale == "e4m3"
+            else None
         ),
         scalars=(
             rht.norm if rht is not None else 1.0,
@@ -345,7 +349,7 @@ def _layout(
     rounding = plan.fmt.rounding
     length, other = _extents(plan, view.shape)
     # segments key SR, and e4m3's tensor scale (one per segment); otherwise they change nothing
-    keyed = segments is not None and (rounding == "sr" or plan.g_top is not None)
+    keyed = segments is not None and (rounding == "sr" or plan.e4m3_divisor is not None)
     seg = 1 + segments.axis if keyed else 0
     tables = (
         _segment_tables(
@@ -358,10 +362,10 @@ def _layout(
         else (plan.lv, 1, plan.lv, plan.lv)
     )  # unused without segments
     st = plan.lv
-    if plan.g_top is not None:  # the e4m3 tensor scale, its amax in one pass of a kernel
+    if plan.e4m3_divisor is not None:  # the e4m3 tensor scale, its amax in one pass of a kernel
         if tensor_amax is None:
             tensor_amax = _tensor_amax(view, plan, length, other, segments, tables)
-        st = (tensor_amax.to(torch.float32) / (E4M3_MAX * plan.g_top)).reshape(-1)
+        st = (tensor_amax.to(torch.float32) / plan.e4m3_divisor).reshape(-1)
         if seg and st.numel() == 1:  # one tensor amax given for every segment
             st = st.expand(len(segments.starts)).contiguous()
     # the view's own seed: only SR without segments reads it (a device key in place)
@@ -717,7 +721,7 @@ def tensor_amax_pair(
     plans = []
     for axis, fmt, view in ((0, row_fmt, t), (1, col_fmt, t.t())):
         plan = _plan(t.dtype, t.device, fmt, None)
-        if isinstance(plan, str) or plan.g_top is None:
+        if isinstance(plan, str) or plan.e4m3_divisor is None:
             return None
         segments = None if starts is None else Segments(axis, starts, (0,) * len(starts))
         if _call_reason(view, plan.fmt, 0, (0, 0), segments, None) is not None:
@@ -913,7 +917,7 @@ class PreparedQDQ:
             view = t.t() if rows else t
             key = seed if isinstance(seed, int) else _key_view(*seed)
             lay = _layout(view, seed=key, **kw)
-            if not _takes16(lay, rows) or lay.seg or lay.plan.g_top is not None:
+            if not _takes16(lay, rows) or lay.seg or lay.plan.e4m3_divisor is not None:
                 raise ValueError("not a 16-tensor job without segments or e4m3 scales")
             n, t0, t1, warps = _grid16(lay, rows, t.shape, None)
             A, B = t.shape
