@@ -403,15 +403,26 @@ def _segment_tables(segments: Segments, length: int, device, *, sr: bool = True)
     if isinstance(segments.seeds, torch.Tensor):  # a key table's row: read in place
         seeds = segments.seeds.to(device)
     elif not sr:
-        key = (len(segments.starts), str(device))
-        seeds = _UNREAD_SEEDS.get(key)
-        if seeds is None:
-            if len(_UNREAD_SEEDS) > 256:
-                _UNREAD_SEEDS.clear()
-            seeds = _UNREAD_SEEDS[key] = torch.zeros(key[0], dtype=torch.int64, device=device)
+        n = len(segments.starts)
+        seeds = _bounded_cache(
+            _UNREAD_SEEDS,
+            (n, str(device)),
+            lambda: torch.zeros(n, dtype=torch.int64, device=device),
+        )
     else:
         seeds = _to_device(torch.tensor(segments.seeds, dtype=torch.int64), device)
     return idx, n16, seeds, starts
+
+
+def _bounded_cache(cache: dict, key, make):
+    """cache[key], made by make() where missing. Segment layouts change with routing, so a
+    cache past 256 entries starts over instead of growing without bound."""
+    value = cache.get(key)
+    if value is None:
+        if len(cache) > 256:
+            cache.clear()
+        value = cache[key] = make()
+    return value
 
 
 def _segmented_extent(segments: Segments, length: int, other: int) -> int:
@@ -423,15 +434,14 @@ def _segmented_extent(segments: Segments, length: int, other: int) -> int:
 def _static_segment_tables(segments: Segments, length: int, device) -> tuple:
     """(idx, n16, starts): _segment_tables' parts that depend on the layout only, cached."""
     n16 = max(1, -(-length // 16))
-    key = (segments.starts, n16, str(device))
-    static = _SEGMENT_TABLES.get(key)
-    if static is None:
-        if len(_SEGMENT_TABLES) > 256:  # layouts change with routing; never grow unbounded
-            _SEGMENT_TABLES.clear()
+
+    def make():
         idx = segments.index(torch.arange(n16, dtype=torch.int64) * 16).to(torch.int32)
         starts = torch.tensor(segments.starts, dtype=torch.int32)
-        static = _SEGMENT_TABLES[key] = (_to_device(idx, device), _to_device(starts, device))
-    return static[0], n16, static[1]
+        return _to_device(idx, device), _to_device(starts, device)
+
+    idx, starts = _bounded_cache(_SEGMENT_TABLES, (segments.starts, n16, str(device)), make)
+    return idx, n16, starts
 
 
 def _to_device(t: torch.Tensor, device) -> torch.Tensor:
@@ -645,13 +655,13 @@ def _tensor_amax(
     per_position = partial.view(n_other, n_pos).amax(0)
     idx16, n16 = tables[0], tables[1]
     key = (segments.starts, n_pos, n16, keep, plan.block, str(t.device))
-    owner = _SEGMENT_POSITIONS.get(key)
-    if owner is None:  # the segment of each row / block column: the layout's, cached
-        if len(_SEGMENT_POSITIONS) > 256:
-            _SEGMENT_POSITIONS.clear()
+
+    def owners():  # the segment of each row / block column: the layout's, cached
         step = 1 if keep == 1 else plan.block  # block column k starts at view column k B
         at = torch.arange(n_pos, device=t.device) * step // 16
-        owner = _SEGMENT_POSITIONS[key] = idx16[at.clamp(max=n16 - 1)].to(torch.int64)
+        return idx16[at.clamp(max=n16 - 1)].to(torch.int64)
+
+    owner = _bounded_cache(_SEGMENT_POSITIONS, key, owners)
     seg = torch.zeros(len(segments.starts), dtype=torch.float32, device=t.device)
     return seg.scatter_reduce_(0, owner, per_position, "amax")
 
@@ -716,7 +726,7 @@ def tensor_amax_pair(
     elsewhere None."""
     if t.dim() != 2 or t.stride(1) != 1 or t.shape[1] == 1:
         return None
-    if starts is not None and (generic or any(s % 16 for s in starts)):
+    if starts is not None and any(s % 16 for s in starts):
         return None
     plans = []
     for axis, fmt, view in ((0, row_fmt, t), (1, col_fmt, t.t())):
@@ -729,16 +739,22 @@ def tensor_amax_pair(
         plans.append(plan)
     check_device(t)
     row, col = plans
-    if starts is not None:
-        if row.rht is not None or col.consts16 is None or col.block != 16 or row.block_2d:
-            return None
-        return _tensor_amax_pair16(t, row, col, starts)
-    if row.block_2d or col.block_2d:
+    tiles_2d = row.block_2d or col.block_2d
+    # NVFP4's x and dY: an unrotated row layout, 1x16 column blocks
+    takes16 = (
+        not tiles_2d
+        and row.rht is None
+        and col.consts16 is not None
+        and col.block == 16
+        and not generic
+    )
+    if starts is not None:  # only the 16-tensor pass keeps a maximum per segment
+        return _tensor_amax_pair16(t, row, col, starts) if takes16 else None
+    if tiles_2d:
         if not row.fmt.same_tiles(col.fmt):
             return None
         return _tensor_amax(t, row, *_extents(row, t.shape)).expand(2)
-    if row.rht is None and col.consts16 is not None and col.block == 16 and not generic:
-        # NVFP4's x and dY
+    if takes16:
         return _tensor_amax_pair16(t, row, col)
     A, B = t.shape
     ba, bb, warps = PAIR_TILE

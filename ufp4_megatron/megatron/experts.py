@@ -55,6 +55,8 @@ from .parallel_gemm import (
     _accumulate,
     _chunks,
     chunk_of,
+    quantizes_dy_twice,
+    quantizes_input_twice,
     quantizes_weight_twice,
     save_seed,
     shares_input,
@@ -347,7 +349,12 @@ class _GroupedExpertsFn(torch.autograd.Function):
         xp = groups.pad(x)
         keys = dict(seed=seed, first_expert=first_expert)
         qx = _shared_input("fprop", xp, groups, recipe, shard, keys)
-        x_amax = _input_amaxes(xp, groups, recipe, shard, ctx.needs_input_grad[1])
+        # NVFP4: x's per-expert amaxes for fprop and wgrad from one read
+        x_amax = (
+            grouped_ops.input_amaxes("x", xp, groups, recipe)
+            if quantizes_input_twice(recipe, shard, ctx.needs_input_grad[1])
+            else (None, None)
+        )
         # backward always runs dgrad: each chunk's w amax, where taken, serves both GEMMs
         dgrad_runs = any(ctx.needs_input_grad)
         ys, w_amaxes = [], []
@@ -393,11 +400,10 @@ class _GroupedExpertsFn(torch.autograd.Function):
         keys = dict(seed=table[0] if table else ctx.seed, first_expert=ctx.first_expert)
         dy = dy.contiguous().to(xp.dtype)
         dyp = groups.pad(dy)
-        # NVFP4: dY's per-expert amaxes for dgrad and wgrad from one read (one chunk: a
-        # strided weight's dY chunks are copies made per GEMM)
+        # NVFP4: dY's per-expert amaxes for dgrad and wgrad from one read
         dy_amax = (
             grouped_ops.input_amaxes("dy", dyp, groups, recipe)
-            if ctx.needs_input_grad[1] and len(shard.n) == 1
+            if quantizes_dy_twice(shard, ctx.needs_input_grad[1])
             else (None, None)
         )
         dxs = [
@@ -448,16 +454,6 @@ def _shared_input(gemm: str, xp, groups, recipe, shard: Shard, keys: dict):
     if not shares_input(gemm, recipe, shard):
         return None
     return grouped_ops.input_operand(gemm, xp, groups, recipe, **keys, x_origin=(0, shard.k))
-
-
-def _input_amaxes(xp, groups, recipe, shard: Shard, wgrad_runs: bool):
-    """NVFP4's per-expert tensor amaxes of x for fprop and for wgrad from one read
-    (grouped_ops.input_amaxes), where both GEMMs quantize this x themselves (the rule of
-    parallel_gemm.input_amaxes: wgrad runs, and neither takes x's operand made once for a
-    strided shard's chunks); else (None, None): each takes its own."""
-    if any(shares_input(gemm, recipe, shard) for gemm in ("fprop", "wgrad")) or not wgrad_runs:
-        return None, None
-    return grouped_ops.input_amaxes("x", xp, groups, recipe)
 
 
 def _weight_amax(w, dtype, recipe, cache, dgrad_runs: bool):

@@ -110,14 +110,25 @@ def shared_input(gemm: str, x2d, recipe, shard: Shard):
     return ops.operand(gemm, "x", x2d, recipe, origin=(0, shard.k))
 
 
+def quantizes_input_twice(recipe, shard: Shard, wgrad_runs: bool) -> bool:
+    """Whether fprop and wgrad both quantize x themselves, so that one read can give both
+    their tensor amax: wgrad runs, and neither takes x's operand made once for a strided
+    weight's chunks (`shares_input`)."""
+    return wgrad_runs and not any(shares_input(g, recipe, shard) for g in ("fprop", "wgrad"))
+
+
+def quantizes_dy_twice(shard: Shard, wgrad_runs: bool) -> bool:
+    """Whether dgrad and wgrad both quantize the one dY tensor, so that one read can give
+    both their tensor amax: wgrad runs, and the weight is one chunk (a strided weight's dY
+    chunks are copies made per GEMM)."""
+    return wgrad_runs and len(shard.n) == 1
+
+
 def input_amaxes(x2d, recipe, shard: Shard, wgrad_runs: bool):
     """NVFP4's tensor amax of x for fprop and for wgrad from one read (ops.tensor_amaxes),
-    where both GEMMs quantize this x themselves; else (None, None): each takes its own."""
-    if (
-        not wgrad_runs
-        or shares_input("fprop", recipe, shard)
-        or shares_input("wgrad", recipe, shard)
-    ):
+    where both GEMMs quantize this x themselves (`quantizes_input_twice`); else
+    (None, None): each takes its own."""
+    if not quantizes_input_twice(recipe, shard, wgrad_runs):
         return None, None
     return ops.tensor_amaxes("x", x2d, recipe)
 
@@ -247,11 +258,10 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
         else:
             total_x = x
         dy2d = dy.reshape(-1, dy.shape[-1]).contiguous()
-        # NVFP4: dY's tensor amax for dgrad and wgrad from one read (one chunk: a strided
-        # weight's dY chunks are copies made per GEMM)
+        # NVFP4: dY's tensor amax for dgrad and wgrad from one read
         dy_amax = (
             ops.tensor_amaxes("dy", dy2d, recipe)
-            if wgrad_needed and len(shard.n) == 1
+            if quantizes_dy_twice(shard, wgrad_needed)
             else (None, None)
         )
         dx = _dgrad(dy2d, weight, recipe, seed, shard, ctx.cache, dy_amax[0], w_amax)
