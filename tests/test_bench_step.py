@@ -15,6 +15,7 @@ import re
 import sys
 
 import pytest
+import torch
 
 from ufp4_megatron.bench import step
 
@@ -374,6 +375,43 @@ def test_profile_families_name_the_kernels_of_record():
     assert _family("void at::native::vectorized_elementwise_kernel<4, AUnaryFunctor>").startswith(
         "other"
     )
+
+
+def test_profile_callers_name_the_op_and_the_nearest_frame_of_ours():
+    """The callers table names, for a kernel, the operator that launched it and the nearest
+    Python frame of this package or Megatron-Core above it (torch's own frames between are
+    skipped), summed over launches; kernels outside the list are not counted."""
+    from types import SimpleNamespace as Event
+
+    from ufp4_megatron.bench.profile import callers_table, kernel_callers
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def op(name, parent=None, kernels=(), device=cpu):
+        kernels = [Event(name=k, duration=us) for k, us in kernels]
+        return Event(name=name, cpu_parent=parent, kernels=kernels, device_type=device)
+
+    ours = op("/site-packages/ufp4_megatron/kernels/dispatch.py(88): quantize_view")
+    module = op("torch/nn/modules/module.py(1750): _call_impl", ours)
+    mcore = op("/usr/lib/python3/megatron/core/transformer/moe/router.py(210): routing")
+    events = [
+        op("aten::mul", module, [("elementwise", 5.0)]),
+        op("aten::mul", module, [("elementwise", 7.0), ("other", 99.0)]),
+        op("aten::add_", op("torch/optim/adamw.py(10): step"), [("elementwise", 1.0)]),
+        op("aten::mul", op("ufp4_megatron_lookalike.py(1): f", mcore), [("elementwise", 2.0)]),
+        op("elementwise", None, [("elementwise", 50.0)], device=cuda),  # the kernel itself
+    ]
+    callers = kernel_callers(events, ["elementwise", "never_launched"])
+    assert callers["elementwise"] == [
+        ("aten::mul <- ufp4_megatron/kernels/dispatch.py(88): quantize_view", 12.0, 2),
+        ("aten::mul <- megatron/core/transformer/moe/router.py(210): routing", 2.0, 1),
+        ("aten::add_", 1.0, 1),
+    ]
+    assert callers["never_launched"] == []
+    table = callers_table(callers, per_kernel=2)
+    assert len(table) == 2 + 2 + 1  # header, two sites of the first, the unseen kernel
+    assert table[2].endswith("| 2 | 0.01 |")
+    assert "no CPU operator recorded" in table[-1]
 
 
 def test_shape_overrides_are_the_step_rows_and_the_profiles():

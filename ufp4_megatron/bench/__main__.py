@@ -140,6 +140,9 @@ def main(argv=None) -> None:
     prof = p.add_argument_group("profile")
     prof.add_argument("--model", default="moe_7p9b")
     prof.add_argument("--recipe", default="ufp4")
+    prof.add_argument(
+        "--top", type=int, default=20, metavar="N", help="kernels listed, with their callers"
+    )
     args = p.parse_args(argv)
     parts = _csv(args.suite)
     unknown = set(parts) - {"kernels", "layer", "formats", "amax", "step", "profile"}
@@ -288,7 +291,7 @@ def main(argv=None) -> None:
             "data.cache_dir=/tmp/ufp4-bench-runs/data",
             *args.set,
         ]
-        raw["profile"] = profile.profile_step(overrides)
+        raw["profile"] = profile.profile_step(overrides, top=args.top)
         add("profile", f"### Profile: {args.model} {args.recipe}", "", raw["profile"], "")
     for tag, lines in blocks.items():
         print("\n".join(lines), flush=True)

@@ -6,7 +6,10 @@ Builds the trainer's own model, optimizer and data (train/build.py, then train.s
 the step the trainer runs), runs `warmup` steps, profiles one step, and prints GPU time per
 kernel family (GEMM, grouped GEMM, e4m3 tensor amax, QDQ, attention, optimizer, other) and
 the top kernels. GPU time is kernel time: idle gaps (host-bound stretches) show as the
-difference between the step's wall time and the sum.
+difference between the step's wall time and the sum. A second profiled step, with Python
+stacks on (which slows its host side, so its wall time is not reported), says where each top
+kernel is launched from: the operator that launched it and the nearest frame of this package
+or Megatron-Core above it.
 """
 
 from __future__ import annotations
@@ -48,6 +51,61 @@ def _device_us(evt) -> float:
     return 0.0
 
 
+# frames that name a launch site, most specific first ("megatron/core/" would also match
+# inside "ufp4_megatron/")
+SITE_ROOTS = ("ufp4_megatron/", "megatron/core/", "megatron/training/")
+
+
+def _site(op, roots: tuple[str, ...] = SITE_ROOTS) -> str:
+    """`op`, the CPU operator a kernel was launched by, and its nearest enclosing Python frame
+    in one of `roots` (the profiler records Python calls as parent events when with_stack=True)."""
+    parent = op.cpu_parent
+    while parent is not None:
+        for root in roots:
+            at = parent.name.find(root)
+            if at >= 0:
+                return f"{op.name} <- {parent.name[at:]}"
+        parent = parent.cpu_parent
+    return op.name
+
+
+def kernel_callers(events, names) -> dict[str, list[tuple[str, float, int]]]:
+    """For each kernel name in `names`, its launch sites (`_site`) with the GPU time (us) and
+    the number of launches of each, most time first. `events` are the profiler's
+    FunctionEvents: each CPU operator carries the kernels it launched."""
+    sites = {name: defaultdict(lambda: [0.0, 0]) for name in names}
+    for op in events:
+        if getattr(op, "device_type", None) != torch.autograd.DeviceType.CPU:
+            continue
+        for kernel in getattr(op, "kernels", ()):
+            if kernel.name in sites:
+                slot = sites[kernel.name][_site(op)]
+                slot[0] += kernel.duration
+                slot[1] += 1
+    return {
+        name: sorted(((s, us, n) for s, (us, n) in found.items()), key=lambda r: -r[1])
+        for name, found in sites.items()
+    }
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def callers_table(
+    callers: dict[str, list[tuple[str, float, int]]], per_kernel: int = 3
+) -> list[str]:
+    lines = ["| kernel | launched by | calls | ms |", "| --- | --- | ---: | ---: |"]
+    for name, found in callers.items():
+        for site, us, count in found[:per_kernel]:
+            lines.append(
+                f"| `{_short(name, 60)}` | `{_short(site, 110)}` | {count} | {us / 1e3:.2f} |"
+            )
+        if not found:
+            lines.append(f"| `{_short(name, 60)}` | (no CPU operator recorded) | | |")
+    return lines
+
+
 def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 15) -> str:
     from torch.profiler import ProfilerActivity, profile
 
@@ -62,7 +120,7 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 15) -> str
     t.device, t.dtype = "cuda", "bf16"  # the profile of record: a GPU step in bf16
     rt = decide(cfg)
     device = rt.device
-    built = build_run(cfg, rt, n_train=(warmup + 1) * t.global_batch, n_valid=1)
+    built = build_run(cfg, rt, n_train=(warmup + 2) * t.global_batch, n_valid=1)
     env, opt, train_ds, n_micro = built.env, built.opt, built.train_ds, built.n_micro
     train_model = opt.model  # Megatron's DDP wrapper, as the trainer runs it
 
@@ -120,8 +178,15 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 15) -> str
     for fam, ms in sorted(families.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {fam} | {ms:.2f} | {100 * ms / total_ms:.1f}% |")
     lines += ["", f"| top {top} kernels | calls | ms | % |", "| --- | ---: | ---: | ---: |"]
-    for name, us, count in sorted(kernels, key=lambda k: -k[1])[:top]:
-        short = name if len(name) < 90 else name[:87] + "..."
-        lines.append(f"| `{short}` | {count} | {us / 1e3:.2f} | {100 * us / 1e3 / total_ms:.1f}% |")
+    top_kernels = sorted(kernels, key=lambda k: -k[1])[:top]
+    for name, us, count in top_kernels:
+        share = 100 * us / 1e3 / total_ms
+        lines.append(f"| `{_short(name, 90)}` | {count} | {us / 1e3:.2f} | {share:.1f}% |")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+        step(warmup + 1)
+        torch.cuda.synchronize()
+    callers = kernel_callers(prof.events(), [name for name, _, _ in top_kernels])
+    lines += ["", "Where the top kernels are launched (one more step, Python stacks on):", ""]
+    lines += callers_table(callers)
     distributed.shutdown()
     return "\n".join(lines)
