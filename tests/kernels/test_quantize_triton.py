@@ -347,6 +347,67 @@ def test_1x32_columns_take_the_16_tensor_kernel(monkeypatch, case, launched):
         assert_bitwise(qb, reference(col, **b_kw), f"{case} b")
 
 
+SQUARE_TILES = {  # the format, and whether its column layout is the row layout's transpose
+    "nvfp4 weight: e2m1 16x16 e4m3": (dict(grid="e2m1", scale="e4m3", block_2d=True), True),
+    "e1m2 32x32 fp32": (dict(grid="e1m2", block=32, block_2d=True), True),
+    "16x16, SR (keyed by view position)": (
+        dict(grid="e2m1", scale="e4m3", block_2d=True, rounding="sr", seed=7),
+        False,
+    ),
+    "16x16, RHT16 (rotates along one layout)": (
+        dict(grid="e1m2", block_2d=True, rht=RHT(16, 2)),
+        False,
+    ),
+    "1x16": (dict(grid="e2m1", scale="e4m3"), False),
+}
+
+
+@pytest.mark.parametrize("case", list(SQUARE_TILES))
+def test_square_tiles_along_columns_take_the_row_layout(monkeypatch, case):
+    """A transposed view in square unrotated RTNE tiles, every tile whole, is quantized in
+    the row layout of the tensor under it (the same tiles: faster loads, the same bits):
+    per-segment e4m3 amaxes (an expert stack's), a given tensor amax and origins carry over.
+    SR, an RHT, 1D blocks or a tile cut by the edge keep the column layout. Values: the
+    reference's, bit for bit, in every case."""
+    import ufp4_megatron.kernels.dispatch as dispatch
+    from ufp4_megatron.numerics.segments import Segments
+
+    kw, flips = SQUARE_TILES[case]
+    launched = []
+    for name, kernel in (("generic", "_launch"), ("16-tensor", "_launch16")):
+        real = getattr(dispatch, kernel)
+
+        def spy(t, lay, along_rows, tile=None, name=name, real=real):
+            launched.append((name, along_rows))
+            return real(t, lay, along_rows, tile)
+
+        monkeypatch.setattr(dispatch, kernel, spy)
+    column = [("generic" if kw.get("block_2d") else "16-tensor", True)]
+    x = _data(96, 64, seed=31)  # the view [64, 96]: whole 16x16 and 32x32 tiles
+    view = x.t()
+    calls = [dict(kw, origin=(32, 64))]
+    if kw.get("scale") == "e4m3":  # an expert stack [E*N, K] along N: an amax per expert
+        seg = Segments(1, (0, 32, 64), (1, 2, 3))
+        fmt = OperandFormat(**{k: v for k, v in kw.items() if k != "seed"})
+        calls += [
+            dict(kw, segments=seg),
+            dict(kw, segments=seg, tensor_amax=kernels.tensor_amax(view, fmt, segments=seg)),
+            dict(kw, tensor_amax=kernels.tensor_amax(view, fmt)),
+        ]
+    for call in calls:
+        launched.clear()
+        got = kernels.quantize_view(view, **call)
+        # the reference takes its own amax: a given one must be that value
+        want = reference(view, **{k: v for k, v in call.items() if k != "tensor_amax"})
+        assert_bitwise(got, want, f"{case} {sorted(call)}")
+        assert launched == ([("generic", False)] if flips else column), sorted(call)
+        assert got.shape == view.shape and got.stride() == view.stride()
+    launched.clear()  # a tile cut by the edge: the column layout
+    cut = _data(90, 64, seed=32).t()
+    assert_bitwise(kernels.quantize_view(cut, **kw), reference(cut, **kw), f"{case} cut")
+    assert launched == column
+
+
 def test_pair_takes_each_e4m3_tensor_amax_once(monkeypatch):
     # a pair that falls back to two launches computed each operand's tensor amax twice
     # (nvfp4: 10 amax passes per linear forward+backward instead of 6)

@@ -109,6 +109,9 @@ class _Layout(NamedTuple):
     seed_ptr: int  # 1: the SR seed is read from device memory (args' seed is a 1-element
     #                int64 tensor, a key table's entry), 0: a host integer
     whole_blocks: bool  # no segment starts inside a block along the quantized dim
+    # the view's transpose laid out in the row layout in its place (`_tiles_transpose`): the
+    # result is the transpose of that quantization
+    transposed: bool = False
 
 
 _PLANS: dict = {}
@@ -345,6 +348,18 @@ def _layout(
             f"the Triton kernels do not implement {reason}: use backend='auto' "
             "(it runs the reference for such arguments) or backend='torch'"
         )
+    if _tiles_transpose(view, plan):
+        lay = _layout(
+            view.t(),
+            fmt=plan.fmt,
+            origin=(origin[1], origin[0]),
+            tensor_amax=tensor_amax,
+            out_dtype=out_dtype,
+            segments=None
+            if segments is None
+            else dataclasses.replace(segments, axis=1 - segments.axis),
+        )
+        return lay._replace(transposed=True)
     check_device(view)
     rounding = plan.fmt.rounding
     length, other = _extents(plan, view.shape)
@@ -462,6 +477,28 @@ def _orient(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     if x.stride(0) == 1 and x.stride(1) != 1 and x.shape[0] > 1:
         return x.t(), True
     return (x if x.stride(1) == 1 or x.shape[1] == 1 else x.contiguous()), False
+
+
+def _tiles_transpose(view: torch.Tensor, plan: _Plan) -> bool:
+    """Whether the column layout of `view` (a transposed view of a row-major tensor) is the
+    transpose of the row layout of that tensor: square 2D tiles, unrotated, rounded to
+    nearest (SR keys an element by its position in the view), every tile whole (no padding
+    along either dim). The tiles then hold the same elements and take the same scales and
+    rounding, so the row layout gives the same bits, and the generic kernel's row layout
+    runs faster than its column layout, which transposes every tile in registers (NVFP4's
+    16x16 weight tiles along columns: 56% of the copy bandwidth against 71% along rows on the
+    H200, docs/performance.md)."""
+    R, C = view.shape
+    return (
+        plan.block_2d
+        and plan.rht is None
+        and plan.fmt.rounding == "rtne"
+        and R % plan.block == 0
+        and C % plan.block == 0
+        and view.stride(0) == 1
+        and view.stride(1) != 1
+        and R > 1
+    )
 
 
 def _takes16(lay: _Layout, along_rows: bool) -> bool:
@@ -845,6 +882,8 @@ def quantize_view(
 def _quantize_laid_out(x: torch.Tensor, lay: _Layout, tiles=None) -> torch.Tensor:
     """quantize_view once its layout is computed (quantize_pair reuses its two layouts: an
     e4m3 layout holds the tensor amax, a pass over the whole operand)."""
+    if lay.transposed:
+        return _quantize_laid_out(x.t(), lay._replace(transposed=False), tiles).t()
     t, along_rows = _orient(x)
     tiles = tiles or {}
     generic = "col" if along_rows else "row"
