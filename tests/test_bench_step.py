@@ -377,10 +377,10 @@ def test_profile_families_name_the_kernels_of_record():
     )
 
 
-def test_profile_callers_name_the_op_and_the_nearest_frame_of_ours():
-    """The callers table names, for a kernel, the operator that launched it and the nearest
-    Python frame of this package or Megatron-Core above it (torch's own frames between are
-    skipped), summed over launches; kernels outside the list are not counted."""
+def test_profile_callers_name_the_op_and_its_scope():
+    """The callers table names, for a kernel, the operator that launched it and the scopes
+    above it up to the first that is not an aten operator (at most three names), summed
+    over launches; kernels outside the list and the kernels' own events are not counted."""
     from types import SimpleNamespace as Event
 
     from ufp4_megatron.bench.profile import callers_table, kernel_callers
@@ -391,27 +391,55 @@ def test_profile_callers_name_the_op_and_the_nearest_frame_of_ours():
         kernels = [Event(name=k, duration=us) for k, us in kernels]
         return Event(name=name, cpu_parent=parent, kernels=kernels, device_type=device)
 
-    ours = op("/site-packages/ufp4_megatron/kernels/dispatch.py(88): quantize_view")
-    module = op("torch/nn/modules/module.py(1750): _call_impl", ours)
-    mcore = op("/usr/lib/python3/megatron/core/transformer/moe/router.py(210): routing")
+    backward = op("FBackward", op("autograd::engine::evaluate_function: FBackward"))
+    linear = op("aten::linear", op("_GroupedExpertsFn"))
+    deep = op("aten::b", op("aten::c", op("aten::d", op("Outer"))))
     events = [
-        op("aten::mul", module, [("elementwise", 5.0)]),
-        op("aten::mul", module, [("elementwise", 7.0), ("other", 99.0)]),
-        op("aten::add_", op("torch/optim/adamw.py(10): step"), [("elementwise", 1.0)]),
-        op("aten::mul", op("ufp4_megatron_lookalike.py(1): f", mcore), [("elementwise", 2.0)]),
+        op("aten::mul", backward, [("elementwise", 5.0)]),
+        op("aten::mul", backward, [("elementwise", 7.0), ("other", 99.0)]),
+        op("aten::addmm", linear, [("elementwise", 2.0)]),
+        op("aten::a", deep, [("elementwise", 1.5)]),
+        op("aten::add_", None, [("elementwise", 1.0)]),
         op("elementwise", None, [("elementwise", 50.0)], device=cuda),  # the kernel itself
     ]
     callers = kernel_callers(events, ["elementwise", "never_launched"])
     assert callers["elementwise"] == [
-        ("aten::mul <- ufp4_megatron/kernels/dispatch.py(88): quantize_view", 12.0, 2),
-        ("aten::mul <- megatron/core/transformer/moe/router.py(210): routing", 2.0, 1),
+        ("aten::mul <- FBackward", 12.0, 2),
+        ("aten::addmm <- aten::linear <- _GroupedExpertsFn", 2.0, 1),
+        ("aten::a <- aten::b <- aten::c", 1.5, 1),
         ("aten::add_", 1.0, 1),
     ]
     assert callers["never_launched"] == []
     table = callers_table(callers, per_kernel=2)
-    assert len(table) == 2 + 2 + 1  # header, two sites of the first, the unseen kernel
-    assert table[2].endswith("| 2 | 0.01 |")
-    assert "no CPU operator recorded" in table[-1]
+    assert table[2:] == [
+        "| 1 | `aten::mul <- FBackward` | 2 | 0.01 |",
+        "| 1 | `aten::addmm <- aten::linear <- _GroupedExpertsFn` | 1 | 0.00 |",
+        "| 2 | (no CPU operator recorded) | | |",
+    ]
+
+
+def test_profile_sites_read_torch_profiler_scopes():
+    """The scope names `_site` reads are torch.profiler's own: an autograd Function's forward
+    and backward nodes, and the aten operators around a GEMM."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ufp4_megatron.bench.profile import _site
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    x = torch.randn(8, 8, requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        Double.apply(torch.nn.functional.linear(x, x)).sum().backward()
+    sites = {_site(e) for e in prof.events() if e.name in ("aten::mul", "aten::mm")}
+    assert {"aten::mul <- Double", "aten::mul <- DoubleBackward"} <= sites, sites
+    assert any(s.startswith("aten::mm <- aten::matmul <- aten::linear") for s in sites), sites
 
 
 def test_shape_overrides_are_the_step_rows_and_the_profiles():

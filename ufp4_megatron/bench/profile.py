@@ -6,10 +6,10 @@ Builds the trainer's own model, optimizer and data (train/build.py, then train.s
 the step the trainer runs), runs `warmup` steps, profiles one step, and prints GPU time per
 kernel family (GEMM, grouped GEMM, e4m3 tensor amax, QDQ, attention, optimizer, other) and
 the top kernels. GPU time is kernel time: idle gaps (host-bound stretches) show as the
-difference between the step's wall time and the sum. A second profiled step, with Python
-stacks on (which slows its host side, so its wall time is not reported), says where each top
-kernel is launched from: the operator that launched it and the nearest frame of this package
-or Megatron-Core above it.
+difference between the step's wall time and the sum. Where each top kernel is launched from:
+the CPU operator that launched it and the scopes above it up to the first named one (an
+autograd node such as `_GroupedExpertsFnBackward`, a module's function, `AccumulateGrad`):
+kernels of one name (every elementwise add, say) are told apart by their callers.
 """
 
 from __future__ import annotations
@@ -51,22 +51,16 @@ def _device_us(evt) -> float:
     return 0.0
 
 
-# frames that name a launch site, most specific first ("megatron/core/" would also match
-# inside "ufp4_megatron/")
-SITE_ROOTS = ("ufp4_megatron/", "megatron/core/", "megatron/training/")
-
-
-def _site(op, roots: tuple[str, ...] = SITE_ROOTS) -> str:
-    """`op`, the CPU operator a kernel was launched by, and its nearest enclosing Python frame
-    in one of `roots` (the profiler records Python calls as parent events when with_stack=True)."""
-    parent = op.cpu_parent
-    while parent is not None:
-        for root in roots:
-            at = parent.name.find(root)
-            if at >= 0:
-                return f"{op.name} <- {parent.name[at:]}"
+def _site(op, depth: int = 3) -> str:
+    """`op`, the CPU operator a kernel was launched by, and its enclosing scopes up to the
+    first that is not an aten operator (at most `depth` names): "aten::mul <- FBackward"."""
+    names, parent = [op.name], op.cpu_parent
+    while parent is not None and len(names) < depth:
+        names.append(parent.name)
+        if not parent.name.startswith("aten::"):
+            break
         parent = parent.cpu_parent
-    return op.name
+    return " <- ".join(names)
 
 
 def kernel_callers(events, names) -> dict[str, list[tuple[str, float, int]]]:
@@ -95,14 +89,13 @@ def _short(text: str, width: int) -> str:
 def callers_table(
     callers: dict[str, list[tuple[str, float, int]]], per_kernel: int = 3
 ) -> list[str]:
-    lines = ["| kernel | launched by | calls | ms |", "| --- | --- | ---: | ---: |"]
-    for name, found in callers.items():
+    """Kernel #i (the top table's numbering: names cut short look alike) by launch site."""
+    lines = ["| # | launched by | calls | ms |", "| ---: | --- | ---: | ---: |"]
+    for i, found in enumerate(callers.values(), 1):
         for site, us, count in found[:per_kernel]:
-            lines.append(
-                f"| `{_short(name, 60)}` | `{_short(site, 110)}` | {count} | {us / 1e3:.2f} |"
-            )
+            lines.append(f"| {i} | `{_short(site, 110)}` | {count} | {us / 1e3:.2f} |")
         if not found:
-            lines.append(f"| `{_short(name, 60)}` | (no CPU operator recorded) | | |")
+            lines.append(f"| {i} | (no CPU operator recorded) | | |")
     return lines
 
 
@@ -120,7 +113,7 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 15) -> str
     t.device, t.dtype = "cuda", "bf16"  # the profile of record: a GPU step in bf16
     rt = decide(cfg)
     device = rt.device
-    built = build_run(cfg, rt, n_train=(warmup + 2) * t.global_batch, n_valid=1)
+    built = build_run(cfg, rt, n_train=(warmup + 1) * t.global_batch, n_valid=1)
     env, opt, train_ds, n_micro = built.env, built.opt, built.train_ds, built.n_micro
     train_model = opt.model  # Megatron's DDP wrapper, as the trainer runs it
 
@@ -177,16 +170,17 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 15) -> str
     ]
     for fam, ms in sorted(families.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {fam} | {ms:.2f} | {100 * ms / total_ms:.1f}% |")
-    lines += ["", f"| top {top} kernels | calls | ms | % |", "| --- | ---: | ---: | ---: |"]
+    lines += [
+        "",
+        f"| # | top {top} kernels | calls | ms | % |",
+        "| ---: | --- | ---: | ---: | ---: |",
+    ]
     top_kernels = sorted(kernels, key=lambda k: -k[1])[:top]
-    for name, us, count in top_kernels:
+    for i, (name, us, count) in enumerate(top_kernels, 1):
         share = 100 * us / 1e3 / total_ms
-        lines.append(f"| `{_short(name, 90)}` | {count} | {us / 1e3:.2f} | {share:.1f}% |")
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
-        step(warmup + 1)
-        torch.cuda.synchronize()
+        lines.append(f"| {i} | `{_short(name, 90)}` | {count} | {us / 1e3:.2f} | {share:.1f}% |")
     callers = kernel_callers(prof.events(), [name for name, _, _ in top_kernels])
-    lines += ["", "Where the top kernels are launched (one more step, Python stacks on):", ""]
+    lines += ["", "Where the top kernels are launched:", ""]
     lines += callers_table(callers)
     distributed.shutdown()
     return "\n".join(lines)
