@@ -486,8 +486,8 @@ def _tiles_transpose(view: torch.Tensor, plan: _Plan) -> bool:
     along either dim). The tiles then hold the same elements and take the same scales and
     rounding, so the row layout gives the same bits, and the generic kernel's row layout
     runs faster than its column layout, which transposes every tile in registers (NVFP4's
-    16x16 weight tiles along columns: 56% of the copy bandwidth against 71% along rows on the
-    H200, docs/performance.md)."""
+    16x16 weight tiles along columns: 71% of the copy bandwidth that way, 89% this way on an
+    H100, docs/performance.md). Such a call's `tiles` are then its "row" entry."""
     R, C = view.shape
     return (
         plan.block_2d
@@ -870,8 +870,9 @@ def quantize_view(
     result is then a transposed view too. 1x16 blocks with RHT16 (or none) take the
     16-tensor kernels, and 1x32 blocks do in the column layout; `tiles` overrides tile shapes
     per layout ("row", "col" force the generic kernel, "row16", "col16", "col32" shape the
-    others). Arguments the kernels do not
-    implement (`unsupported` says which) raise ValueError, or return None with strict=False.
+    others; square unrotated RTNE tiles along columns run the row layout, `_tiles_transpose`).
+    Arguments the kernels do not implement (`unsupported` says which) raise ValueError, or
+    return None with strict=False.
     """
     lay = _layout(x, grid, strict=strict, **kw)
     if lay is None:
