@@ -38,15 +38,21 @@ class _Counting(WeightOperands):
         return super().get(key, weight, lambda: self.made.append(key) or make())
 
 
-def _step(w, cache, shard, x, dy, seed):
+def _step(w, cache, shard, x, dy, seed, recipe="ufp4"):
     xi = x.clone().requires_grad_()
-    y = UFP4ParallelLinearFn.apply(xi, w, None, get_recipe("ufp4"), seed, shard, COMM, cache)
+    y = UFP4ParallelLinearFn.apply(xi, w, None, get_recipe(recipe), seed, shard, COMM, cache)
     y.backward(dy)
     return y.detach(), xi.grad
 
 
+# operands kept per chunk: fprop's and dgrad's, or one for both where they are one tensor
+# (NVFP4's 16x16 tiles, unrotated, RTNE: ops.shares_weight_operand)
+KEPT_PER_CHUNK = {"ufp4": 2, "nvfp4": 1}
+
+
+@pytest.mark.parametrize("recipe", KEPT_PER_CHUNK)
 @pytest.mark.parametrize("shard", SHARDS)
-def test_kept_weight_operands_are_bitwise_and_refresh_when_the_weight_changes(shard):
+def test_kept_weight_operands_are_bitwise_and_refresh_when_the_weight_changes(shard, recipe):
     g = torch.Generator().manual_seed(0)
     w0 = torch.randn(32, 48, generator=g)
     cached, plain = torch.nn.Parameter(w0.clone()), torch.nn.Parameter(w0.clone())
@@ -56,16 +62,17 @@ def test_kept_weight_operands_are_bitwise_and_refresh_when_the_weight_changes(sh
     for step in range(3):
         for micro in range(2):
             x, dy = torch.randn(2, 8, 48, generator=g), torch.randn(2, 8, 32, generator=g)
-            y1, dx1 = _step(cached, cache, SHARDS[shard], x, dy, seed=100 * step + micro)
-            y2, dx2 = _step(plain, None, SHARDS[shard], x, dy, seed=100 * step + micro)
+            seed = 100 * step + micro
+            y1, dx1 = _step(cached, cache, SHARDS[shard], x, dy, seed, recipe)
+            y2, dx2 = _step(plain, None, SHARDS[shard], x, dy, seed, recipe)
             assert torch.equal(y1, y2) and torch.equal(dx1, dx2)
             assert torch.equal(cached.grad, plain.grad)
-        # one fprop and one dgrad operand per chunk, made at the first micro-batch only
-        assert len(cache.made) == 2 * chunks * (step + 1)
+        # the operands of each chunk, made at the first micro-batch only
+        assert len(cache.made) == KEPT_PER_CHUNK[recipe] * chunks * (step + 1)
         for opt in opts:
             opt.step()  # the global post-step hook: every kept operand is stale now
             opt.zero_grad()
-    assert cache.nbytes == 2 * 32 * 48 * 4  # fp32 here: two copies of the weight
+    assert cache.nbytes == KEPT_PER_CHUNK[recipe] * 32 * 48 * 4  # fp32 here: copies of w
 
 
 def test_load_in_place_write_and_invalidate_refresh_the_kept_operands():
@@ -210,3 +217,41 @@ def test_grouped_experts_static_operands_refresh_from_the_stacked_parameter(gemm
         kept = cache._entries[(gemm, c)].operand
         assert kept is first[c]  # the same storage
         assert torch.equal(kept, expected(c, n0))
+
+
+@pytest.mark.parametrize("shard", SHARDS)
+def test_grouped_experts_keep_one_operand_where_fprop_and_dgrad_share_it(shard):
+    """NVFP4's stacked expert weight: dgrad's operand is fprop's kept entry, and it is bit for
+    bit the operand dgrad would make itself (per-expert e4m3 amaxes included); UFP4 keeps two."""
+    from ufp4_megatron.megatron.experts import _kept
+    from ufp4_megatron.megatron.parallel_gemm import chunk_of
+    from ufp4_megatron.quant import grouped_ops
+
+    g = torch.Generator().manual_seed(5)
+    shard = SHARDS[shard]
+    # experts of very different scales: a wrong per-expert amax would show
+    weight = torch.nn.Parameter(
+        torch.randn(3, 32, 48, generator=g) * torch.tensor([1.0, 30.0, 1e-3])[:, None, None]
+    )
+    for recipe, kept in (("nvfp4", 1), ("ufp4", 2)):
+        cache = WeightOperands()
+        for c, (_, n0, _) in enumerate(shard.n):
+            origin = (n0, shard.k)
+            fprop = _kept(cache, "fprop", c, weight, shard, get_recipe(recipe), origin, None)
+            dgrad = _kept(cache, "dgrad", c, weight, shard, get_recipe(recipe), origin, None)
+            w = chunk_of(shard, weight.detach(), 1, c)
+            own = grouped_ops.weight_operand("dgrad", w, get_recipe(recipe), origin=origin)
+            assert torch.equal(dgrad, own), (recipe, c)
+            assert (dgrad is fprop) == (kept == 1), recipe
+        assert len(cache._entries) == kept * len(shard.n), recipe
+
+
+def test_shares_weight_operand_only_for_whole_square_unrotated_rtne_tiles():
+    from ufp4_megatron.quant.ops import shares_weight_operand
+
+    bf16 = torch.bfloat16
+    assert shares_weight_operand(get_recipe("nvfp4"), 32, 48, bf16)
+    assert not shares_weight_operand(get_recipe("nvfp4"), 40, 48, bf16)  # dgrad pads N
+    assert not shares_weight_operand(get_recipe("nvfp4"), 32, 56, bf16)  # fprop pads K
+    for name in ("ufp4", "e2m1", "mxfp4", "bf16"):  # 1D blocks (and RHT16), or no 4-bit w
+        assert not shares_weight_operand(get_recipe(name), 32, 48, bf16), name

@@ -84,6 +84,20 @@ def test_graph_modes_on_a_gpu():
 
 
 @pytest.mark.usefixtures("hydra_configs")
+def test_weight_cache_size_counts_one_operand_where_fprop_and_dgrad_share_it():
+    """NVFP4's 16x16 weight tiles: one kept operand serves fprop and dgrad (whole tiles at
+    every linear of these models), so its cache is half of UFP4's two layouts."""
+    for model in ("moe_small", "dense_1p5b"):
+        ufp4 = typed_default(f"model={model}", "precision=ufp4")
+        nvfp4 = typed_default(f"model={model}", "precision=nvfp4")
+        for which in ("all", "experts"):
+            assert weight_cache_gib(nvfp4, which) == weight_cache_gib(ufp4, which) / 2
+        assert weight_cache_gib(nvfp4, "all") > 0
+    with pytest.raises(ValueError, match="valid: all, experts, none"):
+        weight_cache_gib(ufp4, "auto")
+
+
+@pytest.mark.usefixtures("hydra_configs")
 def test_weight_cache_auto():
     cfg = typed_default("model=moe_small")
     assert graphs.resolve_weight_cache(cfg, None) == "all"  # CPU

@@ -469,9 +469,15 @@ def _weight_amax(w, dtype, recipe, cache, dgrad_runs: bool):
 def _kept(cache, gemm: str, chunk: int, weight, shard: Shard, recipe, origin, dtype):
     """The stacked weight's operand of `gemm` for one chunk from the module's WeightOperands
     (keyed by the parameter `weight`), or None: no cache, or not RTNE (quantized per call).
-    Made from the parameter's chunk when made (parallel_gemm.kept_weight says why)."""
+    Made from the parameter's chunk when made (parallel_gemm.kept_weight says why); one
+    operand for both GEMMs where they are one tensor (ops.shares_weight_operand)."""
     if cache is None or not ops.cacheable(recipe, gemm):
         return None
+    width = shard.n[chunk][2]
+    n = weight.shape[1] if width < 0 else width
+    kept_dtype = dtype or weight.dtype
+    if gemm == "dgrad" and ops.shares_weight_operand(recipe, n, weight.shape[2], kept_dtype):
+        gemm = "fprop"
     return cache.get(
         (gemm, chunk),
         weight,

@@ -86,9 +86,15 @@ def kept_weight(cache, gemm: str, chunk: int, weight, shard: Shard, recipe, orig
     module's WeightOperands (quant/weight_cache.py; keyed by the parameter `weight`), or None:
     no cache, or an operand that is not RTNE (then ops quantizes it every call). The operand
     is made from the parameter's chunk at the time it is made, never from a copy taken
-    earlier: a static operand is re-made from the same closure after each optimizer step."""
+    earlier: a static operand is re-made from the same closure after each optimizer step.
+    Where fprop's and dgrad's operands are one tensor (ops.shares_weight_operand: NVFP4's
+    16x16 tiles), dgrad takes fprop's entry: one kept operand instead of two."""
     if cache is None or not ops.cacheable(recipe, gemm):
         return None
+    width = shard.n[chunk][2]
+    n = weight.shape[0] if width < 0 else width
+    if gemm == "dgrad" and ops.shares_weight_operand(recipe, n, weight.shape[1], weight.dtype):
+        gemm = "fprop"
     return cache.get(
         (gemm, chunk),
         weight,

@@ -51,7 +51,7 @@ class UFP4Policy:
 
     weight_cache: which linears keep their weight's RTNE operands from one optimizer step to
     the next (quant/weight_cache.py; bit for bit the same results, at the memory of two quantized
-    copies of each such weight): "experts" (routed experts, whose weights are the largest
+    copies of each such weight, one where fprop's and dgrad's are the same bits): "experts" (routed experts, whose weights are the largest
     and are re-quantized for the fewest tokens; the default), "all" quantized linears, or
     "none".
     """

@@ -224,6 +224,30 @@ def cacheable(recipe: Recipe, gemm: str, name: str = "w") -> bool:
     return op is not None and op.rounding == "rtne"
 
 
+@functools.lru_cache(maxsize=256)
+def shares_weight_operand(recipe: Recipe, n: int, k: int, dtype: torch.dtype) -> bool:
+    """Whether fprop's and dgrad's kept operands of a weight [n, k] (`operand`, natural
+    orientation) are one tensor, bit for bit: both GEMMs quantize w with the same RTNE
+    format in square tiles, unrotated (NVFP4's 16x16 weight tiles), in w's dtype, and
+    neither pads it (n and k whole tiles). dgrad's tiles along n then hold the elements of
+    fprop's tiles along k, with the same scales and rounding, so the weight cache keeps one
+    operand for both (parallel_gemm.kept_weight, experts._kept)."""
+    if not (cacheable(recipe, "fprop") and cacheable(recipe, "dgrad")):
+        return False
+    plans = [
+        _gemm_plan(getattr(recipe, gemm), gemm, recipe.rht_seed, reduction, dtype)
+        for gemm, reduction in (("fprop", k), ("dgrad", n))
+    ]
+    (rht_f, length_f, dtype_f), (rht_d, length_d, dtype_d) = plans
+    fmt_f, fmt_d = recipe.fprop.w.format(rht_f), recipe.dgrad.w.format(rht_d)
+    return (
+        fmt_f == fmt_d
+        and fmt_f.same_tiles(fmt_d)
+        and (length_f, length_d) == (k, n)
+        and dtype_f == dtype_d
+    )
+
+
 # A tensor quantized for two GEMMs, with the GEMM quantizing it along its rows' length
 # first: x (fprop along K, wgrad along tokens), dY (dgrad along N, wgrad along tokens) and
 # w (fprop along K, dgrad along N).

@@ -3,7 +3,8 @@
 A linear quantizes its weight for fprop (row-wise, along K) and again for dgrad (column-wise,
 along N), every micro-batch, though the weight changes only at an optimizer step, a
 checkpoint load or a parameter gather. `WeightOperands` keeps both quantized operands of one
-weight (one entry per GEMM and shard chunk) and returns them while the weight is unchanged.
+weight (one entry per GEMM and shard chunk; one for both GEMMs where they are the same bits,
+ops.shares_weight_operand) and returns them while the weight is unchanged.
 RTNE is deterministic, so a kept operand is bit for bit what quantizing again gives; operands
 that round stochastically are never kept (their noise must be fresh every call).
 

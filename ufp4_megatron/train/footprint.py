@@ -129,10 +129,25 @@ def quantized_weights(cfg: Config) -> tuple[float, float]:
 def weight_cache_gib(cfg: Config, which: str, element_bytes: int = 2) -> float:
     """GiB per GPU of the weight cache (ufp4_megatron/quant/weight_cache.py) for `which` linears
     ("all", "experts", "none"): two quantized copies (fprop's and dgrad's layouts) of each
-    cached weight, element_bytes each (bf16 runs: 2)."""
-    dense, expert = quantized_weights(cfg)
+    cached weight, element_bytes each (bf16 runs: 2), or one where the two are one tensor
+    (quant.ops.shares_weight_operand: NVFP4's 16x16 tiles; judged on the full weight)."""
+    import torch
+
+    from ..quant.ops import shares_weight_operand
+    from .precision import recipe_from_config
+
+    if which not in ("all", "experts", "none"):
+        raise ValueError(f"weight cache {which!r}; valid: all, experts, none")
+    recipe = recipe_from_config(cfg.precision)
+    p = cfg.parallel
+    copies = {False: 0.0, True: 0.0}  # routed -> weight elements times their copies
+    for k, n, _, routed in quantized_linears(cfg):
+        one = shares_weight_operand(recipe, n, k, torch.bfloat16)
+        copies[routed] += k * n * (1 if one else 2)
+    dense = copies[False] / (p.tp * p.pp)
+    expert = copies[True] / (p.ep * p.tp * p.pp)
     elements = {"all": dense + expert, "experts": expert, "none": 0.0}[which]
-    return 2 * element_bytes * elements / 2**30
+    return element_bytes * elements / 2**30
 
 
 def with_smallest_dp(cfg: Config) -> Config:
