@@ -50,10 +50,10 @@ class UFP4Policy:
     """Recipe per linear (default + path rules + Megatron's BF16 layers) and the SR seeds.
 
     weight_cache: which linears keep their weight's RTNE operands from one optimizer step to
-    the next (quant/weight_cache.py; bit for bit the same results, at the memory of two quantized
-    copies of each such weight, one where fprop's and dgrad's are the same bits): "experts" (routed experts, whose weights are the largest
-    and are re-quantized for the fewest tokens; the default), "all" quantized linears, or
-    "none".
+    the next (quant/weight_cache.py; bit for bit the same results, at the memory of two
+    quantized copies of each such weight, one where fprop's and dgrad's are the same bits):
+    "experts" (routed experts, whose weights are the largest and are re-quantized for the
+    fewest tokens; the default), "all" quantized linears, or "none".
     """
 
     def __init__(
