@@ -113,16 +113,17 @@ def quantized_linears(cfg: Config) -> list[tuple[int, int, float, bool]]:
     return out
 
 
-def quantized_weights(cfg: Config) -> tuple[float, float]:
+def quantized_weights(cfg: Config, copies=lambda k, n: 1) -> tuple[float, float]:
     """(dense, routed-expert) weight elements per GPU of the linears the recipe quantizes
-    (quantized_linears); (0, 0) for a recipe that quantizes nothing."""
+    (quantized_linears), each weight [n, k] counted copies(k, n) times; (0, 0) for a recipe
+    that quantizes nothing."""
     p = cfg.parallel
     dense = expert = 0
     for k, n, _, routed in quantized_linears(cfg):
         if routed:
-            expert += k * n
+            expert += k * n * copies(k, n)
         else:
-            dense += k * n
+            dense += k * n * copies(k, n)
     return dense / (p.tp * p.pp), expert / (p.ep * p.tp * p.pp)
 
 
@@ -139,13 +140,9 @@ def weight_cache_gib(cfg: Config, which: str, element_bytes: int = 2) -> float:
     if which not in ("all", "experts", "none"):
         raise ValueError(f"weight cache {which!r}; valid: all, experts, none")
     recipe = recipe_from_config(cfg.precision)
-    p = cfg.parallel
-    copies = {False: 0.0, True: 0.0}  # routed -> weight elements times their copies
-    for k, n, _, routed in quantized_linears(cfg):
-        one = shares_weight_operand(recipe, n, k, torch.bfloat16)
-        copies[routed] += k * n * (1 if one else 2)
-    dense = copies[False] / (p.tp * p.pp)
-    expert = copies[True] / (p.ep * p.tp * p.pp)
+    dense, expert = quantized_weights(
+        cfg, lambda k, n: 1 if shares_weight_operand(recipe, n, k, torch.bfloat16) else 2
+    )
     elements = {"all": dense + expert, "experts": expert, "none": 0.0}[which]
     return element_bytes * elements / 2**30
 
