@@ -99,7 +99,7 @@ def callers_table(
     return lines
 
 
-def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 15) -> str:
+def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 20) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     from ..data import datasets as data

@@ -55,6 +55,7 @@ from .parallel_gemm import (
     _accumulate,
     _chunks,
     chunk_of,
+    kept_key,
     quantizes_dy_twice,
     quantizes_input_twice,
     quantizes_weight_twice,
@@ -470,19 +471,16 @@ def _kept(cache, gemm: str, chunk: int, weight, shard: Shard, recipe, origin, dt
     """The stacked weight's operand of `gemm` for one chunk from the module's WeightOperands
     (keyed by the parameter `weight`), or None: no cache, or not RTNE (quantized per call).
     Made from the parameter's chunk when made (parallel_gemm.kept_weight says why); one
-    operand for both GEMMs where they are one tensor (ops.shares_weight_operand)."""
+    operand for both GEMMs where they are one tensor (parallel_gemm.kept_key)."""
     if cache is None or not ops.cacheable(recipe, gemm):
         return None
-    width = shard.n[chunk][2]
-    n = weight.shape[1] if width < 0 else width
-    kept_dtype = dtype or weight.dtype
-    if gemm == "dgrad" and ops.shares_weight_operand(recipe, n, weight.shape[2], kept_dtype):
-        gemm = "fprop"
+    _, n, k = weight.shape
+    key = kept_key(gemm, chunk, shard, n, k, recipe, dtype or weight.dtype)
     return cache.get(
-        (gemm, chunk),
+        key,
         weight,
         lambda: grouped_ops.weight_operand(
-            gemm, chunk_of(shard, weight, 1, chunk), recipe, origin=origin, dtype=dtype
+            key[0], chunk_of(shard, weight, 1, chunk), recipe, origin=origin, dtype=dtype
         ),
     )
 

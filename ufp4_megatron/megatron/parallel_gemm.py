@@ -81,24 +81,30 @@ def _chunks(shard: Shard, t: torch.Tensor, dim: int):
         yield chunk_of(shard, t, dim, i), full
 
 
+def kept_key(gemm: str, chunk: int, shard: Shard, n: int, k: int, recipe, dtype) -> tuple:
+    """The weight cache's key of `gemm`'s operand of chunk `chunk` of a weight [n, k] (n: all
+    of the local N axis): (gemm, chunk), and fprop's for dgrad where the two operands are one
+    tensor (ops.shares_weight_operand: NVFP4's 16x16 tiles), so one is kept for both."""
+    width = shard.n[chunk][2]
+    if gemm == "dgrad" and ops.shares_weight_operand(recipe, n if width < 0 else width, k, dtype):
+        return "fprop", chunk
+    return gemm, chunk
+
+
 def kept_weight(cache, gemm: str, chunk: int, weight, shard: Shard, recipe, origin):
     """The weight operand of `gemm` for chunk `chunk` (at `origin` in the full weight) from the
     module's WeightOperands (quant/weight_cache.py; keyed by the parameter `weight`), or None:
     no cache, or an operand that is not RTNE (then ops quantizes it every call). The operand
     is made from the parameter's chunk at the time it is made, never from a copy taken
     earlier: a static operand is re-made from the same closure after each optimizer step.
-    Where fprop's and dgrad's operands are one tensor (ops.shares_weight_operand: NVFP4's
-    16x16 tiles), dgrad takes fprop's entry: one kept operand instead of two."""
+    Where fprop's and dgrad's operands are one tensor, dgrad takes fprop's entry (`kept_key`)."""
     if cache is None or not ops.cacheable(recipe, gemm):
         return None
-    width = shard.n[chunk][2]
-    n = weight.shape[0] if width < 0 else width
-    if gemm == "dgrad" and ops.shares_weight_operand(recipe, n, weight.shape[1], weight.dtype):
-        gemm = "fprop"
+    key = kept_key(gemm, chunk, shard, *weight.shape, recipe, weight.dtype)
     return cache.get(
-        (gemm, chunk),
+        key,
         weight,
-        lambda: ops.operand(gemm, "w", chunk_of(shard, weight, 0, chunk), recipe, origin=origin),
+        lambda: ops.operand(key[0], "w", chunk_of(shard, weight, 0, chunk), recipe, origin=origin),
     )
 
 
