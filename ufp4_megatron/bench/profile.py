@@ -2,14 +2,17 @@
 
     python -m ufp4_megatron.bench --suite profile --model moe_7p9b --recipe ufp4
 
-Builds the trainer's own model, optimizer and data (train/build.py, then train.schedule:
-the step the trainer runs), runs `warmup` steps, profiles one step, and prints GPU time per
+Builds the trainer's own model, optimizer and data (train/build.py) and steps them as the
+trainer does (train.schedule.TrainingStep: its train.cuda_graph and train.weight_cache
+included), runs `warmup` steps (with graphs, until one has replayed), profiles one step,
+and prints GPU time per
 kernel family (GEMM, grouped GEMM, e4m3 tensor amax, QDQ, attention, optimizer, other) and
 the top kernels. GPU time is kernel time: idle gaps (host-bound stretches) show as the
 difference between the step's wall time and the sum. Where each top kernel is launched from:
 the CPU operator that launched it and the scopes above it up to the first named one (an
 autograd node such as `_GroupedExpertsFnBackward`, a module's function, `AccumulateGrad`):
-kernels of one name (every elementwise add, say) are told apart by their callers.
+kernels of one name (every elementwise add, say) are told apart by their callers; kernels
+replayed from a CUDA graph have no launching operator.
 """
 
 from __future__ import annotations
@@ -99,7 +102,16 @@ def callers_table(
     return lines
 
 
+def warmup_steps(warmup: int, cuda_graph: str, cuda_graph_warmup: int) -> int:
+    """Steps run before the profiled one: `warmup`, and with CUDA graphs at least the eager
+    steps before capture, the capturing step and one replay, so the profiled step replays."""
+    return warmup if cuda_graph == "none" else max(warmup, cuda_graph_warmup + 2)
+
+
 def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 20) -> str:
+    """The profile of one steady step of the trainer's run for `overrides` (its model, recipe,
+    train.cuda_graph and train.weight_cache as the trainer decides them) on the GPU in bf16,
+    after `warmup` steps (`warmup_steps`)."""
     from torch.profiler import ProfilerActivity, profile
 
     from ..data import datasets as data
@@ -112,31 +124,23 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 20) -> str
     t = cfg.train
     t.device, t.dtype = "cuda", "bf16"  # the profile of record: a GPU step in bf16
     rt = decide(cfg)
-    device = rt.device
+    warmup = warmup_steps(warmup, rt.cuda_graph, t.cuda_graph_warmup)
     built = build_run(cfg, rt, n_train=(warmup + 1) * t.global_batch, n_valid=1)
-    env, opt, train_ds, n_micro = built.env, built.opt, built.train_ds, built.n_micro
-    train_model = opt.model  # Megatron's DDP wrapper, as the trainer runs it
+    train_step = schedule.TrainingStep(built, cfg, rt)
+    env = built.env
 
     def step(i: int) -> None:
-        opt.zero_grad()
-        batches = data.micro_batches(
-            train_ds,
-            i,
-            global_batch=t.global_batch,
-            micro_batch=t.micro_batch,
-            dp=env.dp,
-            dp_rank=env.dp_rank,
-            device=device,
+        train_step(
+            data.micro_batches(
+                built.train_ds,
+                i,
+                global_batch=t.global_batch,
+                micro_batch=t.micro_batch,
+                dp=env.dp,
+                dp_rank=env.dp_rank,
+                device=rt.device,
+            )
         )
-        schedule.forward_backward(
-            train_model,
-            batches,
-            n_micro=n_micro,
-            seq_len=t.seq_len,
-            micro_batch=t.micro_batch,
-            forward_only=False,
-        )
-        opt.step()
 
     for i in range(warmup):
         step(i)
@@ -160,7 +164,8 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 20) -> str
     for name, us, _ in kernels:
         families[_family(name)] += us / 1e3
     lines = [
-        f"profile {' '.join(overrides)}: step wall {wall_ms:.1f} ms, GPU kernel time "
+        f"profile {' '.join(overrides)} (cuda graphs {rt.cuda_graph}, weight cache "
+        f"{rt.weight_cache}, {warmup} steps before): step wall {wall_ms:.1f} ms, GPU kernel time "
         f"{total_ms:.1f} ms ({100 * total_ms / wall_ms:.0f}% of wall; the rest is the GPU "
         f"waiting for the host), peak memory {torch.cuda.max_memory_allocated() / 2**30:.2f} "
         "GiB",

@@ -42,19 +42,19 @@ def build_run(
     *,
     n_train: int,
     n_valid: int,
-    weight_cache: str | None = None,
     after_init: Callable[[], None] | None = None,
 ) -> BuiltRun:
     """The process group, recipe, model, optimizer and datasets of `cfg` on `rt`: n_train
-    and n_valid samples (the datasets' sizes); weight_cache as model.build_model takes it
-    (the trainer passes Runtime.weight_cache); after_init runs once the process group is up,
-    before anything is built (the trainer's checks that every rank agrees)."""
+    and n_valid samples (the datasets' sizes), the linears keeping their weight operands as
+    the runtime decided (Runtime.weight_cache, train.weight_cache); after_init runs once the
+    process group is up, before anything is built (the trainer's checks that every rank
+    agrees)."""
     env = distributed.init(cfg.parallel, rt, cfg.train.seed)
     if after_init is not None:
         after_init()
     recipe = recipe_from_config(cfg.precision)
     model, policy = model_lib.build_model(
-        cfg, recipe, rt.dtype, rt.device, weight_cache=weight_cache
+        cfg, recipe, rt.dtype, rt.device, weight_cache=rt.weight_cache
     )
     opt = optim.build_optimizer(model, cfg, rt)
     t = cfg.train

@@ -77,16 +77,12 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
         rt,
         n_train=t.steps * t.global_batch,
         n_valid=max(1, n_evals * t.eval_iters * t.global_batch),
-        weight_cache=rt.weight_cache,
         after_init=agree_on_the_run,
     )
     env, recipe, model, policy, opt = built.env, built.recipe, built.model, built.policy, built.opt
     train_ds, valid_ds, n_micro = built.train_ds, built.valid_ds, built.n_micro
     train_model = opt.model  # Megatron's DDP wrapper
-    # kept weight operands in fixed storage, re-made right after each optimizer step (below):
-    # a CUDA graph that reads them never quantizes the weights (quant/weight_cache.py). None
-    # exist before the first forward, so a checkpoint loaded below needs no refresh.
-    kept = weight_cache.make_static(model)
+    train_step = schedule.TrainingStep(built, cfg, rt)  # before a checkpoint loads
     extra = {"policy": policy, "lr_schedule": opt.scheduler}  # SR-seed stream, LR state
 
     start = 0
@@ -139,29 +135,16 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
     stop.steps_done = start
     tokens_per_step = t.global_batch * t.seq_len
     records = []
-    step_fn = schedule.step_function(rt.cuda_graph, cfg.train.cuda_graph_warmup)
 
     step, stopping = start, False
     while step < t.steps:
         t0 = time.perf_counter()
         lr = opt.advance_lr()
-        opt.zero_grad()
         # this iteration trains step + 1: diagnostics land on multiples of the interval
         diag_step = probes is not None and (step + 1) % cfg.logging.wandb.diagnostics_interval == 0
         if probes is not None:
             probes.active = diag_step
-        reports = schedule.forward_backward(
-            train_model,
-            _batches(train_ds, step, cfg, env, device),
-            n_micro=n_micro,
-            seq_len=t.seq_len,
-            micro_batch=t.micro_batch,
-            forward_only=False,
-            step_fn=step_fn,
-        )
-        grad_norm = opt.step()
-        if kept:
-            weight_cache.refresh(model)  # the new weights' operands, before any graph replays
+        reports, grad_norm = train_step(_batches(train_ds, step, cfg, env, device))
         loss = _mean_loss(reports, rt)
         step += 1
         _stop_if_not_finite(step, {"loss": loss, "grad_norm": grad_norm}, ckpt_dir)

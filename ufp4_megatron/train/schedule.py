@@ -67,3 +67,39 @@ def forward_backward(
         decoder_seq_length=seq_len,
         forward_only=forward_only,
     )
+
+
+class TrainingStep:
+    """One optimizer step as the trainer runs it (loop.py), and as the step profiler
+    profiles it (bench/profile.py): zero the grads, Megatron's forward and backward of every
+    micro-batch (`step_function`: full_iteration graphs wrap it, local ones are inside the
+    model), the optimizer step, then the kept weight operands re-made from the new weights
+    before any graph replays them (train.weight_cache; quant/weight_cache.py). Built before
+    a checkpoint loads: it makes the kept operands' storage fixed, and none exist before the
+    first forward."""
+
+    def __init__(self, built, cfg, rt):
+        from ..quant import weight_cache
+
+        self._built, self._weight_cache = built, weight_cache
+        self._seq_len, self._micro_batch = cfg.train.seq_len, cfg.train.micro_batch
+        self._step_fn = step_function(rt.cuda_graph, cfg.train.cuda_graph_warmup)
+        self._kept = weight_cache.make_static(built.model)
+
+    def __call__(self, batches) -> tuple[list[dict], object]:
+        """(the micro-batches' reports, the optimizer step's grad norm)."""
+        opt = self._built.opt
+        opt.zero_grad()
+        reports = forward_backward(
+            opt.model,  # Megatron's DDP wrapper
+            batches,
+            n_micro=self._built.n_micro,
+            seq_len=self._seq_len,
+            micro_batch=self._micro_batch,
+            forward_only=False,
+            step_fn=self._step_fn,
+        )
+        grad_norm = opt.step()
+        if self._kept:
+            self._weight_cache.refresh(self._built.model)
+        return reports, grad_norm
