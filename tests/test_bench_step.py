@@ -333,10 +333,38 @@ def test_bench_cli_names_what_is_wrong():
         run("--suite", "step", "--micro-batches", "0")
         == "--micro-batches 0: give 1 or more micro-batches per step"
     )
+    # the profiled run's config, refused as the trainer refuses it, before a GPU is needed
+    profile = ("--suite", "profile", "--model", "dense_1p5b", "--set")
+    assert run(*profile, "train.cuda_graph=locl") == (
+        "--suite profile: train.cuda_graph='locl'; valid: none, local, full_iteration"
+    )
+    assert run(*profile, "model=nope").startswith(
+        "--suite profile: In 'config': Could not find 'model/nope'"
+    )
     if not torch.cuda.is_available():
         assert run("--suite", "step") == "the benchmarks need a CUDA device"
         assert run("--suite", "amax") == "the benchmarks need a CUDA device"
         assert run("--suite", "formats") == "the benchmarks need a CUDA device"
+        assert run(*profile, "train.cuda_graph=local") == "the benchmarks need a CUDA device"
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("train.weight_cache=sometimes", "train.weight_cache='sometimes'; valid: auto"),
+        ("train.cuda_graph_warmup=0", "train.cuda_graph_warmup=0 must be >= 1"),
+        ("train.seq_len=abc", "Error merging override train.seq_len=abc"),
+        ("train.lr=-1", "Could not override 'train.lr'"),
+        ("train.cuda_graph=local", "with MoE needs static expert shapes"),  # moe, dropless
+    ],
+)
+def test_profile_refuses_a_config_the_trainer_refuses(override, says):
+    """--suite profile's --set: one line from the trainer's own checks, on any machine."""
+    from ufp4_megatron.bench.profile import config_problem
+
+    problem = config_problem(["model=moe_small", override])
+    assert problem is not None and says in problem and "\n" not in problem
+    assert config_problem(["model=moe_small"]) is None
 
 
 def test_amax_table_reads_each_pass_against_the_copy():

@@ -185,6 +185,18 @@ def main(argv=None) -> None:
     for path, what in ((args.out, "--out"), (args.json, "--json")):
         if problem := writable_problem(path, what):
             sys.exit(problem)
+    if "profile" in parts:
+        from . import profile
+
+        profile_overrides = [
+            *step_suite.shape_overrides(step_suite.SHAPES[args.model], args.micro_batches),
+            f"precision={args.recipe}",
+            "logging.wandb.mode=disabled",
+            "data.cache_dir=/tmp/ufp4-bench-runs/data",
+            *args.set,
+        ]
+        if problem := profile.config_problem(profile_overrides):
+            sys.exit(f"--suite profile: {problem}")
     if not torch.cuda.is_available():
         sys.exit("the benchmarks need a CUDA device")
     log = lambda row: print(
@@ -281,17 +293,7 @@ def main(argv=None) -> None:
             "",
         )
     if "profile" in parts:
-        from . import profile
-
-        shape = step_suite.SHAPES[args.model]
-        overrides = [
-            *step_suite.shape_overrides(shape, args.micro_batches),
-            f"precision={args.recipe}",
-            "logging.wandb.mode=disabled",
-            "data.cache_dir=/tmp/ufp4-bench-runs/data",
-            *args.set,
-        ]
-        raw["profile"] = profile.profile_step(overrides, top=args.top)
+        raw["profile"] = profile.profile_step(profile_overrides, top=args.top)
         add("profile", f"### Profile: {args.model} {args.recipe}", "", raw["profile"], "")
     for tag, lines in blocks.items():
         print("\n".join(lines), flush=True)

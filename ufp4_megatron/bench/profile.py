@@ -102,6 +102,27 @@ def callers_table(
     return lines
 
 
+def config_problem(overrides: list[str]) -> str | None:
+    """None, or one line saying why the trainer would refuse the profiled run's config (a
+    `--set` that does not compose, a value out of range, a refused combination): checked
+    before a GPU is touched, as the trainer checks it."""
+    from ..train.graphs import check_cuda_graph, resolve_weight_cache
+    from ..train.overrides import composed
+    from ..train.validate import check_config, typed_config
+
+    dcfg, problem = composed(overrides)
+    if problem is not None:
+        return problem
+    try:
+        cfg = typed_config(dcfg)
+        check_config(cfg)
+        check_cuda_graph(cfg, on_gpu=True)  # the profile's step runs on the GPU
+        resolve_weight_cache(cfg, device_bytes=None)  # only its check: the GPU decides
+    except ValueError as e:  # ConfigError and the runtime's checks: one line each
+        return str(e)
+    return None
+
+
 def warmup_steps(warmup: int, cuda_graph: str, cuda_graph_warmup: int) -> int:
     """Steps run before the profiled one: `warmup`, and with CUDA graphs at least the eager
     steps before capture, the capturing step and one replay, so the profiled step replays."""
@@ -123,7 +144,10 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 20) -> str
     cfg = load_config(overrides)
     t = cfg.train
     t.device, t.dtype = "cuda", "bf16"  # the profile of record: a GPU step in bf16
-    rt = decide(cfg)
+    try:
+        rt = decide(cfg)
+    except ValueError as e:  # the runtime's one-line refusals: graphs, cache, this machine
+        raise SystemExit(f"--suite profile: {e}") from None
     warmup = warmup_steps(warmup, rt.cuda_graph, t.cuda_graph_warmup)
     built = build_run(cfg, rt, n_train=(warmup + 1) * t.global_batch, n_valid=1)
     train_step = schedule.TrainingStep(built, cfg, rt)
