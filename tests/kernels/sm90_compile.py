@@ -215,7 +215,8 @@ CASES = {
         lambda s: s.ops.tensor_amaxes("w", s.w, s.nvfp4, **s.kw),
     ),
     # nvfp4's grouped experts: a tensor scale per expert (segments, SCALE 1 with SEG): the
-    # amax per view row (x, row segments) and per block column (w^T in dgrad, dy^T in wgrad),
+    # amax per row segment by atomic max (x, row segments) and per block column (w^T in dgrad,
+    # dy^T in wgrad),
     # and the QDQ kernels reading each block's segment scale
     "amax nvfp4 grouped fprop x per row": (
         "_tensor_amax_kernel",

@@ -26,7 +26,7 @@ pass (sm90_compile.py intercepts the launch), one representative setting per fam
 | amax16 nvfp4 wgrad dy col rht16          | _tensor_amax16_kernel | 1x16, RHT16, col, 16 register tensors |
 | amax pair16 nvfp4 dy row + col rht16     | _tensor_amax_pair16_kernel | 1x16 row and 1x16 RHT16 col, one read |
 | amax pair generic row rht16 + col        | _tensor_amax_pair_kernel | 1x16 RHT16 row and 1x16 col, one read |
-| amax nvfp4 grouped fprop x per row       | _tensor_amax_kernel | 1x16, row, a max per view row (row segments) |
+| amax nvfp4 grouped fprop x per row       | _tensor_amax_kernel | 1x16, row, a max per segment of rows by atomic max |
 | row16 nvfp4 grouped fprop x e4m3 segments | _row16_kernel  | e2m1, e4m3 per expert, row segments |
 | generic nvfp4 grouped fprop w 2d e4m3 segments | _qdq_kernel | 16x16, e4m3 per expert, row segments |
 | amax nvfp4 grouped dgrad w col 2d per block column | _tensor_amax_kernel | 16x16, col, a max per block column |

@@ -52,13 +52,24 @@ def _segments(axis: int) -> Segments:
     return Segments(axis, tuple(e * N for e in range(E)), (0,) * E)
 
 
-def test_per_expert_amax_is_the_reference_segment_amax():
+def test_per_expert_amax_is_the_reference_segment_amax(monkeypatch):
+    import ufp4_megatron.kernels.dispatch as dispatch
+
+    keeps = []
+    real = dispatch.launch
+    monkeypatch.setattr(
+        dispatch, "launch", lambda k, *a, **kw: keeps.append(kw.get("KEEP")) or real(k, *a, **kw)
+    )
     w2d = _weight(non_finite=True).reshape(E * N, K)
     fmts = ops.shared_formats("w", w2d, NVFP4)
     amaxes = []
     for axis, (fmt, view) in enumerate(zip(fmts, (w2d, w2d.t()))):
         seg = _segments(axis)
+        keeps.clear()
         got = kernels.tensor_amax(view, fmt, segments=seg)
+        # segments of rows: reduced in the kernel, by atomic max per 16 rows (KEEP 3); of
+        # block columns: a maximum per block column, reduced per segment on the host
+        assert keeps == [3 if axis == 0 else 2], keeps
         padded = source(view.cpu(), block=fmt.block, block_2d=fmt.block_2d, rht=fmt.rht)
         per = segment_tensor_amax(block_amax(padded, fmt.block, fmt.block_2d), seg, fmt.block)
         firsts = list(seg.starts) if axis == 0 else [s // fmt.block for s in seg.starts]

@@ -8,9 +8,10 @@ in the generic QDQ kernel's tiles and layouts (quantize_triton.py), with the sam
 block amax (hadamard_triton.rht_rows, scaling_triton.block_amax), and writes one maximum per
 program; the host takes the max of those. Max is exact in any order, so the result is the
 reference's bit for bit. With segments (numerics/segments.py: the experts of a grouped GEMM,
-each with its own tensor scale) it writes one maximum per view row or per block column
-instead, which the host reduces per segment (dispatch.py); the pair kernel of x and dY
-reduces its segments itself, by atomic max. A block holding NaN or Inf has a
+each with its own tensor scale) segments of view rows are reduced in the kernel, by an
+atomic max per group of 16 rows into its segment's amax (a stacked expert weight, x and
+dY's pair kernel); segments of block columns take one maximum per block column, which the
+host reduces per segment (dispatch.py). A block holding NaN or Inf has a
 non-finite amax and is left out, as in the reference's finite_tensor_amax; none finite
 gives 0. Layouts of 1x16 column blocks (RHT16 or none) are read as 16 register tensors
 instead, as the col16 QDQ kernel reads them (quantize16_triton.py): alone
@@ -48,17 +49,34 @@ def _tile_finite_amax(
 
 @triton.jit
 def _store_max(
-    out_ptr, m, v0, vc0, BR: tl.constexpr, NB: tl.constexpr, n_rows, n_bcols, KEEP: tl.constexpr
+    out_ptr,
+    m,
+    v0,
+    vc0,
+    BR: tl.constexpr,
+    NB: tl.constexpr,
+    n_rows,
+    n_bcols,
+    idx_ptr,
+    n16,
+    KEEP: tl.constexpr,
 ):
     """Stores the maxima of the [BR, NB] finite block amax m of the tile whose first view row
     is v0 and first block column vc0: one (KEEP 0, at the program's index), one per view row
-    (KEEP 1: out[vc0 // NB, v0 + i], n_rows a row) or one per block column (KEEP 2:
-    out[v0 // BR, vc0 + j], n_bcols a row), for segments of rows or of columns."""
+    (KEEP 1: out[vc0 // NB, v0 + i], n_rows a row), one per block column (KEEP 2:
+    out[v0 // BR, vc0 + j], n_bcols a row), or into the segments of view rows (KEEP 3: each
+    group of 16 rows, all in one segment as segments start at multiples of 16, by an atomic
+    max into out[idx_ptr[group]]; the segment of every 16 rows, n16 of them, rows past them
+    padding; out zeroed beforehand, every maximum >= 0; BR a multiple of 16)."""
     if KEEP == 0:
         tl.store(out_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), tl.max(m))
     elif KEEP == 1:
         rows = v0 + tl.arange(0, BR)
         tl.store(out_ptr + (vc0 // NB) * n_rows + rows, tl.max(m, axis=1))
+    elif KEEP == 3:
+        groups = tl.max(tl.reshape(tl.max(m, axis=1), (BR // 16, 16)), axis=1)
+        seg = tl.load(idx_ptr + tl.minimum(v0 // 16 + tl.arange(0, BR // 16), n16 - 1))
+        tl.atomic_max(out_ptr + seg, groups, sem="relaxed")
     else:
         bcols = vc0 + tl.arange(0, NB)
         tl.store(out_ptr + (v0 // BR) * n_bcols + bcols, tl.max(m, axis=0))
@@ -73,6 +91,8 @@ def _tensor_amax_kernel(
     sign_ptr,
     norm,
     out_ptr,
+    idx_ptr,
+    n16,
     BA: tl.constexpr,
     BB: tl.constexpr,
     COL: tl.constexpr,
@@ -83,8 +103,9 @@ def _tensor_amax_kernel(
 ):
     """One BA x BB tile of a row-major [A, B] tensor, quantized along B (COL false) or A:
     the tile's largest finite block amax (padding loads as zeros), per program (KEEP 0), per
-    view row (KEEP 1) or per view block column (KEEP 2; _store_max). The view is the tensor
-    (COL false: view rows along A) or its transpose (COL: view rows along B)."""
+    view row (KEEP 1), per view block column (KEEP 2) or per segment of view rows (KEEP 3,
+    idx_ptr and n16 its segment table; _store_max). The view is the tensor (COL false: view
+    rows along A) or its transpose (COL: view rows along B)."""
     x = load_tile(x_ptr, stride_a, A, B, BA, BB)[0]
     p0, p1 = tl.program_id(0), tl.program_id(1)
     if COL:
@@ -98,6 +119,8 @@ def _tensor_amax_kernel(
             BA // BLOCK,
             tl.num_programs(1) * BB,
             tl.num_programs(0) * (BA // BLOCK),
+            idx_ptr,
+            n16,
             KEEP,
         )
     else:
@@ -111,6 +134,8 @@ def _tensor_amax_kernel(
             BB // BLOCK,
             tl.num_programs(0) * BA,
             tl.num_programs(1) * (BB // BLOCK),
+            idx_ptr,
+            n16,
             KEEP,
         )
 

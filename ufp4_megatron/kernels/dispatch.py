@@ -639,10 +639,11 @@ def _tensor_amax(
     """e4m3's tensor amax of a view in one read (amax_triton.py), bit for bit the
     reference's: a fp32 device scalar (numerics.quantize.e4m3_tensor_amax), or with segments
     one per segment (numerics.segments.segment_tensor_amax; `tables` are the layout's
-    segment tables): the kernel then keeps a maximum per view row (row segments) or per
-    block column (column segments), reduced per segment by one scatter, a few launches
-    whatever the number of segments. The column layout of 1x16 blocks (RHT16 or none) takes
-    the 16-tensor kernel, unless `generic`."""
+    segment tables): the generic kernel reduces segments of view rows itself (an atomic max
+    per 16 rows); otherwise the kernel keeps a maximum per view row or per block column,
+    reduced per segment by one scatter, a few launches whatever the number of segments. The
+    column layout of 1x16 blocks (RHT16 or none) takes the 16-tensor kernel, unless
+    `generic`."""
     t, along_rows = _orient(view)
     keep = 0 if segments is None else 1 + segments.axis
     col16 = along_rows and plan.consts16 is not None and plan.block == 16 and not generic
@@ -660,12 +661,20 @@ def _tensor_amax(
         1: (n_r * tile_r, n_c),
         2: (n_c * tile_c // plan.block, n_r),
     }[keep]
-    partial = torch.empty(n_other * n_pos, dtype=torch.float32, device=t.device)
+    # segments of view rows start at multiples of 16 (the tables' unit): each group of 16
+    # rows in a tile lies in one, and the kernel takes its maximum into it
+    atomic = keep == 1 and not col16 and tile_r % 16 == 0
+    if atomic:  # atomic maxima start from 0, every amax's least value
+        partial = torch.zeros(len(segments.starts), dtype=torch.float32, device=t.device)
+    else:
+        partial = torch.empty(n_other * n_pos, dtype=torch.float32, device=t.device)
     if col16:
-        kernel, scalars = _tensor_amax16_kernel, (plan.scalars[0],)
+        kernel, args = _tensor_amax16_kernel, (plan.scalars[0], partial)
         consts = dict(BG=bg, BB=bb, COL_RHT=plan.consts16["RHT"])
     else:
-        kernel, scalars = _tensor_amax_kernel, (plan.sign, plan.scalars[0])
+        kernel = _tensor_amax_kernel
+        # the segment table where the kernel reduces segments, else unread stand-ins
+        args = (plan.sign, plan.scalars[0], partial, *(tables[:2] if atomic else (partial, 1)))
         consts = dict(
             BA=ba,
             BB=bb,
@@ -681,14 +690,15 @@ def _tensor_amax(
         t.stride(0),
         t.shape[0],
         t.shape[1],
-        *scalars,
-        partial,
-        KEEP=keep,
+        *args,
+        KEEP=3 if atomic else keep,
         num_warps=warps,
         **consts,
     )
     if segments is None:
         return partial.amax()
+    if atomic:
+        return partial
     per_position = partial.view(n_other, n_pos).amax(0)
     idx16, n16 = tables[0], tables[1]
     key = (segments.starts, n_pos, n16, keep, plan.block, str(t.device))
