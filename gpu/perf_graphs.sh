@@ -19,18 +19,25 @@
 #       train.weight_cache=none against =all (operands kept in fixed storage).
 #   PARTS=moe bash gpu/perf_graphs.sh      the same for moe_7p9b (4 of 20 layers) with
 #       drop-and-pad experts (capacity factor 1, as graphs need). About 8 minutes.
+#   PARTS=profile bash gpu/perf_graphs.sh  where a graphed step's GPU time goes: one step of
+#       each recipe of GRAPH_RECIPES (default bf16,ufp4) for each model of GRAPH_MODELS
+#       (default moe_7p9b) and each variant of GRAPH_VARIANTS (default local_nocache) under
+#       torch.profiler (python -m ufp4_megatron.bench --suite profile, 8 micro-batches), in
+#       $OUT/profile-MODEL-VARIANT-RECIPE.txt. About 2 minutes a profile on an H100.
 # Knobs: GRAPH_MODELS, GRAPH_RECIPES (comma lists), GRAPH_VARIANTS (space-separated among
 # eager, local, local_kept, local_nocache, full_iteration), GRAPH_BUDGET (seconds for the
 # step table, default 540; rows past it are marked "not run (time budget)": give about
 # 130 s a row, e.g. 660 for four recipes),
+# PROFILE_TIMEOUT (seconds a profile may take, default 300),
 # RUNS_DIR (run dirs; default /dev/shm/ufp4-graph-runs where /dev/shm has 64 GiB free, else
 # $OUT/runs: the checkpoints are 19-26 GiB).
-# Exit status: the checks' (0 iff every case passes); the step parts': the step suite's.
+# Exit status: the checks' (0 iff every case passes); the step parts': the step suite's;
+# the profiles': the last failed profile's.
 set -uo pipefail
 PARTS=${PARTS:-step}
 for part in ${PARTS//,/ }; do
-  case $part in checks|step|moe) ;; *)
-    echo "gpu/perf_graphs.sh: PARTS=$PARTS; give checks, step or moe (comma-separated)" >&2; exit 2 ;;
+  case $part in checks|step|moe|profile) ;; *)
+    echo "gpu/perf_graphs.sh: PARTS=$PARTS; give checks, step, moe or profile (comma-separated)" >&2; exit 2 ;;
   esac
 done
 variant() {  # the step suite's --variant of a GRAPH_VARIANTS entry
@@ -80,6 +87,27 @@ step_table() {  # $1: name of the part, then the default models and variants
   (( r != 0 )) && rc=$r
 }
 
+profiles() {  # one profiled step per model, variant and recipe
+  local m v kv recipe file r sets models recipes
+  models=${GRAPH_MODELS:-moe_7p9b} recipes=${GRAPH_RECIPES:-bf16,ufp4}
+  for m in ${models//,/ }; do
+    for v in ${GRAPH_VARIANTS:-local_nocache}; do
+      sets=()
+      for kv in $(variant "$v" | cut -s -d: -f2); do sets+=(--set "$kv"); done
+      [[ $m == moe_* ]] && sets+=(--set model.moe_capacity_factor=1.0 --set model.moe_pad_to_capacity=true)
+      for recipe in ${recipes//,/ }; do
+        file="$OUT/profile-$m-$v-$recipe.txt"
+        timeout "${PROFILE_TIMEOUT:-300}" python3 -m ufp4_megatron.bench --suite profile \
+          --model "$m" --recipe "$recipe" --micro-batches 8 "${sets[@]}" > "$file" 2>&1
+        r=$?
+        echo "profile $m $v $recipe: rc=$r ($(( $(date +%s) - t0 )) s elapsed)"
+        grep -m1 "^profile " "$file"
+        (( r != 0 )) && rc=$r
+      done
+    done
+  done
+}
+
 for part in ${PARTS//,/ }; do
   case $part in
     checks)
@@ -92,6 +120,7 @@ for part in ${PARTS//,/ }; do
       ;;
     step) step_table step dense_1p5b "local eager" ;;
     moe) step_table moe moe_7p9b "local eager" ;;
+    profile) profiles ;;
   esac
 done
 echo "total $(( $(date +%s) - t0 )) s"

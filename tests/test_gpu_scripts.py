@@ -424,7 +424,7 @@ def _perf_graphs_sh(tmp_path, **env_extra):
 
 def test_perf_graphs_sh_refuses_bad_parts_and_variants_before_setting_up(tmp_path):
     for env, said in (
-        ({"PARTS": "steps"}, "PARTS=steps; give checks, step or moe"),
+        ({"PARTS": "steps"}, "PARTS=steps; give checks, step, moe or profile"),
         ({"GRAPH_VARIANTS": "eager graphs"}, "GRAPH_VARIANTS entry 'graphs'"),
     ):
         out, calls = _perf_graphs_sh(tmp_path, **env)
@@ -446,6 +446,30 @@ def test_perf_graphs_sh_compares_each_variant_and_pads_moe_experts(tmp_path):
     (only,) = [c for c in calls if "--suite step" in c]
     assert only.count("--variant") == 1
     assert "--variant full_iteration:train.cuda_graph=full_iteration" in only
+
+
+def test_perf_graphs_sh_profiles_each_recipe_under_each_variant(tmp_path):
+    """PARTS=profile: one profiled step per model, variant and recipe, the variant's settings
+    and MoE's drop-and-pad experts passed to the profile as the step table passes them."""
+    out, calls = _perf_graphs_sh(
+        tmp_path, PARTS="profile", GRAPH_RECIPES="ufp4,nvfp4", GRAPH_VARIANTS="local_nocache eager"
+    )
+    assert out.returncode == 0, out.stderr
+    profiles = [c for c in calls if "--suite profile" in c]
+    moe = "--set model.moe_capacity_factor=1.0 --set model.moe_pad_to_capacity=true"
+    assert profiles == [
+        "-m ufp4_megatron.bench --suite profile --model moe_7p9b --recipe ufp4 "
+        f"--micro-batches 8 --set train.cuda_graph=local --set train.weight_cache=none {moe}",
+        "-m ufp4_megatron.bench --suite profile --model moe_7p9b --recipe nvfp4 "
+        f"--micro-batches 8 --set train.cuda_graph=local --set train.weight_cache=none {moe}",
+        f"-m ufp4_megatron.bench --suite profile --model moe_7p9b --recipe ufp4 --micro-batches 8 {moe}",
+        f"-m ufp4_megatron.bench --suite profile --model moe_7p9b --recipe nvfp4 --micro-batches 8 {moe}",
+    ]
+    assert (tmp_path / "out" / "profile-moe_7p9b-eager-nvfp4.txt").exists()
+    _, calls = _perf_graphs_sh(tmp_path, PARTS="profile", GRAPH_MODELS="dense_1p5b")
+    profiles = [c for c in calls if "--suite profile" in c]
+    assert [c.split("--recipe ")[1].split()[0] for c in profiles] == ["bf16", "ufp4"]
+    assert all("moe_" not in c and "weight_cache=none" in c for c in profiles)
 
 
 def test_study_sh_prereg_rounds_make_no_interim_comparison(tmp_path):
