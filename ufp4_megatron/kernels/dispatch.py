@@ -16,8 +16,8 @@ Host time is what small and medium layers pay per QDQ (docs/kernel-notes.md). Ev
 depends only on the operand's format (numerics.quantize.OperandFormat), the input dtype, the
 device and the output dtype (level tables, signs, constexpr arguments) is built once into a
 `_Plan` cached by those four; a call computes only the shapes, the output and its scalars
-(seed, origin, the e4m3 tensor scale: its amax in one read by amax_triton.py, bit for bit the
-reference's). Every entry point takes the format as `fmt=`, or as the reference does: a grid
+(seed, origin, the e4m3 tensor amax: in one read by amax_triton.py, bit for bit the
+reference's, divided into the tensor scale in the kernels). Every entry point takes the format as `fmt=`, or as the reference does: a grid
 and its keywords (block, scale, rounding, rht, ...).
 
 Segment-keyed SR (`segments=`, numerics/segments.py: one seed and origin per row or column
@@ -44,7 +44,6 @@ from ..numerics.grids import Grid, codebook_levels, get_grid
 from ..numerics.hadamard import RHT
 from ..numerics.quantize import OperandFormat, format_of, output_dtype, padded_length
 from ..numerics.rounding import midpoints, minifloat_mantissa, uniform_step
-from ..numerics.scaling import E4M3_MAX
 from ..numerics.segments import Segments, tensor_scale_segments_problem
 from . import quantize16_triton as k16
 from .amax_triton import (
@@ -85,9 +84,9 @@ class _Plan:
     lv: torch.Tensor  # levels (+ g_max repeated), device fp32
     mid: torch.Tensor  # midpoints, device fp32
     sign: torch.Tensor  # RHT signs (or a dummy), device fp32
-    # e4m3 only: E4M3_MAX * g_max as a device fp32 scalar, what the tensor amax is divided by
-    # for the tensor scale (numerics.scaling's division), made once per plan, not per call
-    e4m3_divisor: torch.Tensor | None
+    # e4m3 block scales under a tensor scale: the kernels read the tensor amax and divide it
+    # by 448 g_max themselves (pipeline_triton.block_scales)
+    e4m3: bool
     scalars: tuple  # (norm, gmax, gneg)
     consts: dict  # constexprs of the generic kernel
     consts16: dict | None  # constexprs of the 16-tensor kernels; None: generic kernel only
@@ -207,11 +206,7 @@ def _build_plan(dtype, device, fmt: OperandFormat, out_dtype) -> _Plan | str:
         lv=lv,
         mid=mid,
         sign=sign,
-        e4m3_divisor=(
-            E4M3_MAX * torch.tensor(g.g_max, dtype=torch.float32, device=device)
-            if scale == "e4m3"
-            else None
-        ),
+        e4m3=scale == "e4m3",
         scalars=(
             rht.norm if rht is not None else 1.0,
             g.g_max,
@@ -364,7 +359,7 @@ def _layout(
     rounding = plan.fmt.rounding
     length, other = _extents(plan, view.shape)
     # segments key SR, and e4m3's tensor scale (one per segment); otherwise they change nothing
-    keyed = segments is not None and (rounding == "sr" or plan.e4m3_divisor is not None)
+    keyed = segments is not None and (rounding == "sr" or plan.e4m3)
     seg = 1 + segments.axis if keyed else 0
     tables = (
         _segment_tables(
@@ -377,10 +372,11 @@ def _layout(
         else (plan.lv, 1, plan.lv, plan.lv)
     )  # unused without segments
     st = plan.lv
-    if plan.e4m3_divisor is not None:  # the e4m3 tensor scale, its amax in one pass of a kernel
+    if plan.e4m3:  # the e4m3 tensor amax, in one pass of a kernel
         if tensor_amax is None:
             tensor_amax = _tensor_amax(view, plan, length, other, segments, tables)
-        st = (tensor_amax.to(torch.float32) / plan.e4m3_divisor).reshape(-1)
+        # the kernels read it and divide it by 448 g_max themselves (block_scales)
+        st = tensor_amax.to(torch.float32).reshape(-1)
         if seg and st.numel() == 1:  # one tensor amax given for every segment
             st = st.expand(len(segments.starts)).contiguous()
     # the view's own seed: only SR without segments reads it (a device key in place)
@@ -778,7 +774,7 @@ def tensor_amax_pair(
     plans = []
     for axis, fmt, view in ((0, row_fmt, t), (1, col_fmt, t.t())):
         plan = _plan(t.dtype, t.device, fmt, None)
-        if isinstance(plan, str) or plan.e4m3_divisor is None:
+        if isinstance(plan, str) or not plan.e4m3:
             return None
         segments = None if starts is None else Segments(axis, starts, (0,) * len(starts))
         if _call_reason(view, plan.fmt, 0, (0, 0), segments, None) is not None:
@@ -983,7 +979,7 @@ class PreparedQDQ:
             view = t.t() if rows else t
             key = seed if isinstance(seed, int) else _key_view(*seed)
             lay = _layout(view, seed=key, **kw)
-            if not _takes16(lay, rows) or lay.seg or lay.plan.e4m3_divisor is not None:
+            if not _takes16(lay, rows) or lay.seg or lay.plan.e4m3:
                 raise ValueError("not a 16-tensor job without segments or e4m3 scales")
             n, t0, t1, warps = _grid16(lay, rows, t.shape, None)
             A, B = t.shape

@@ -20,16 +20,21 @@ import triton.language as tl
 from .rounding_triton import round_to_grid
 from .scaling_triton import block_scale
 
+E4M3_MAX = tl.constexpr(448.0)  # numerics.scaling.E4M3_MAX: e4m3's largest finite value
+
 
 @triton.jit
-def block_scales(amax, g, st_ptr, SCALE: tl.constexpr):
+def block_scales(amax, g, gmax, st_ptr, SCALE: tl.constexpr):
     """Per block: the dequantization scale for grid top g (per block or scalar), NaN for a
     block whose scale is not finite (a NaN or Inf element: the whole block comes out NaN).
-    st_ptr: the e4m3 tensor-level scale (read for SCALE == 1 only): one pointer, or one per
-    block (broadcastable to amax) where segments carry their own."""
+    st_ptr: the e4m3 tensor amax (read for SCALE == 1 only): one pointer, or one per block
+    (broadcastable to amax) where segments carry their own. The tensor-level scale is that
+    amax over 448 gmax, divided here as the reference divides it (RN, the divisor's fp32
+    product), so no launch of its own precedes each quantization."""
     s_t = 0.0
     if SCALE == 1:
-        s_t = tl.load(st_ptr)
+        t_amax = tl.load(st_ptr)
+        s_t = tl.math.div_rn(t_amax, E4M3_MAX * gmax + tl.zeros_like(t_amax))
     s = block_scale(amax, g, s_t, SCALE)
     return tl.where(tl.abs(s) < float("inf"), s, float("nan"))
 

@@ -86,7 +86,7 @@ def _qdq16(
     g = gmax
     if ASYM:  # two's complement: a block led by a negative value may reach -gneg
         g = tl.where(negative_led, gneg, gmax)
-    s = block_scales(amax, g, st_ptr, SCALE)
+    s = block_scales(amax, g, gmax, st_ptr, SCALE)
     vs = ()
     if EXACT_DIV:
         for j in tl.static_range(16 * GROUPS):

@@ -82,7 +82,7 @@ def _qdq_tile(
         st = st_ptr + segment_index(
             r, c_start + B * tl.arange(0, BC // B)[None, :], sg_idx, sg_n16, SEG
         )
-    sb = block_scales(amax, g, st, SCALE)
+    sb = block_scales(amax, g, gmax, st, SCALE)
     s = expand(sb, BR, BC, B)
     a = tl.abs(x)
     if EXACT_DIV:
