@@ -17,8 +17,9 @@ depends only on the operand's format (numerics.quantize.OperandFormat), the inpu
 device and the output dtype (level tables, signs, constexpr arguments) is built once into a
 `_Plan` cached by those four; a call computes only the shapes, the output and its scalars
 (seed, origin, the e4m3 tensor amax: in one read by amax_triton.py, bit for bit the
-reference's, divided into the tensor scale in the kernels). Every entry point takes the format as `fmt=`, or as the reference does: a grid
-and its keywords (block, scale, rounding, rht, ...).
+reference's, divided into the tensor scale in the kernels). Every entry point takes the
+format as `fmt=`, or as the reference does: a grid and its keywords (block, scale, rounding,
+rht, ...).
 
 Segment-keyed SR (`segments=`, numerics/segments.py: one seed and origin per row or column
 range, the experts of a grouped GEMM) passes three small device tables per layout
