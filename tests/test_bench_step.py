@@ -405,6 +405,27 @@ def test_profile_families_name_the_kernels_of_record():
     )
 
 
+def test_profile_families_count_time_and_launches():
+    """Each family's GPU time and launches summed over its kernels, most time first: the
+    launches say how many graph nodes a family costs (NVFP4's small amax and scale kernels)."""
+    from ufp4_megatron.bench.profile import families_table
+
+    kernels = [
+        ("_row16_kernel", 3000.0, 64),
+        ("_tensor_amax_pair16_kernel", 500.0, 128),
+        ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 6000.0, 8),
+        ("_col16_kernel", 1000.0, 64),
+        ("_tensor_amax_kernel", 500.0, 64),
+    ]
+    assert families_table(kernels) == [
+        "| kernel family | ms | launches | % of kernel time |",
+        "| --- | ---: | ---: | ---: |",
+        "| GEMM (cuBLAS) | 6.00 | 8 | 54.5% |",
+        "| QDQ (Triton) | 4.00 | 128 | 36.4% |",
+        "| e4m3 tensor amax (Triton) | 1.00 | 192 | 9.1% |",
+    ]
+
+
 def test_profile_callers_name_the_op_and_its_scope():
     """The callers table names, for a kernel, the operator that launched it and the scopes
     above it up to the first that is not an aten operator (at most three names), summed

@@ -102,6 +102,22 @@ def callers_table(
     return lines
 
 
+def families_table(kernels) -> list[str]:
+    """The kernel-family table of `kernels`, (name, GPU us, launches) rows: each family's GPU
+    time, launches and share of the kernel time, most time first. Launches count graph nodes
+    too: under CUDA graphs a family of many small kernels costs a gap per launch."""
+    total = sum(us for _, us, _ in kernels)
+    families = defaultdict(lambda: [0.0, 0])
+    for name, us, count in kernels:
+        family = families[_family(name)]
+        family[0] += us
+        family[1] += count
+    lines = ["| kernel family | ms | launches | % of kernel time |", "| --- | ---: | ---: | ---: |"]
+    for name, (us, count) in sorted(families.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"| {name} | {us / 1e3:.2f} | {count} | {100 * us / total:.1f}% |")
+    return lines
+
+
 def config_problem(overrides: list[str]) -> str | None:
     """None, or one line saying why the trainer would refuse the profiled run's config (a
     `--set` that does not compose, a value out of range, a refused combination): checked
@@ -184,21 +200,16 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 20) -> str
         and _device_us(e) > 0
     ]
     total_ms = sum(us for _, us, _ in kernels) / 1e3
-    families = defaultdict(float)
-    for name, us, _ in kernels:
-        families[_family(name)] += us / 1e3
     lines = [
         f"profile {' '.join(overrides)} (cuda graphs {rt.cuda_graph}, weight cache "
         f"{rt.weight_cache}, {warmup} steps before): step wall {wall_ms:.1f} ms, GPU kernel time "
-        f"{total_ms:.1f} ms ({100 * total_ms / wall_ms:.0f}% of wall; the rest is the GPU "
-        f"waiting for the host), peak memory {torch.cuda.max_memory_allocated() / 2**30:.2f} "
-        "GiB",
+        f"{total_ms:.1f} ms in {sum(n for _, _, n in kernels)} kernel launches "
+        f"({100 * total_ms / wall_ms:.0f}% of wall; the rest the GPU idle, waiting for the "
+        "host or between launches), peak memory "
+        f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB",
         "",
-        "| kernel family | ms | % of kernel time |",
-        "| --- | ---: | ---: |",
+        *families_table(kernels),
     ]
-    for fam, ms in sorted(families.items(), key=lambda kv: -kv[1]):
-        lines.append(f"| {fam} | {ms:.2f} | {100 * ms / total_ms:.1f}% |")
     lines += [
         "",
         f"| # | top {top} kernels | calls | ms | % |",
