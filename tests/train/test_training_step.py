@@ -15,7 +15,6 @@ from ufp4_megatron.bench.profile import warmup_steps
 _RUN = textwrap.dedent(
     """
     import sys
-    from ufp4_megatron.data import datasets as data
     from ufp4_megatron.quant import weight_cache
     from ufp4_megatron.train import distributed, schedule
     from ufp4_megatron.train.build import build_run
@@ -31,12 +30,7 @@ _RUN = textwrap.dedent(
         t = cfg.train
         with rt.scope():
             built = build_run(cfg, rt, n_train=t.global_batch, n_valid=1)
-            step = schedule.TrainingStep(built, cfg, rt)
-            batches = data.micro_batches(
-                built.train_ds, 0, global_batch=t.global_batch, micro_batch=t.micro_batch,
-                dp=built.env.dp, dp_rank=built.env.dp_rank, device=rt.device,
-            )
-            reports, _ = step(batches)
+            reports, _ = schedule.TrainingStep(built, cfg, rt)(0)
             print("RUN", asked, built.policy.weight_cache, len(reports) == built.n_micro,
                   weight_cache.kept_bytes(built.model) > 0)
             distributed.shutdown()

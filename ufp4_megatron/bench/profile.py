@@ -151,7 +151,6 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 20) -> str
     after `warmup` steps (`warmup_steps`)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from ..data import datasets as data
     from ..train import distributed, schedule
     from ..train.build import build_run
     from ..train.footprint import load_config
@@ -166,21 +165,7 @@ def profile_step(overrides: list[str], *, warmup: int = 3, top: int = 20) -> str
         raise SystemExit(f"--suite profile: {e}") from None
     warmup = warmup_steps(warmup, rt.cuda_graph, t.cuda_graph_warmup)
     built = build_run(cfg, rt, n_train=(warmup + 1) * t.global_batch, n_valid=1)
-    train_step = schedule.TrainingStep(built, cfg, rt)
-    env = built.env
-
-    def step(i: int) -> None:
-        train_step(
-            data.micro_batches(
-                built.train_ds,
-                i,
-                global_batch=t.global_batch,
-                micro_batch=t.micro_batch,
-                dp=env.dp,
-                dp_rank=env.dp_rank,
-                device=rt.device,
-            )
-        )
+    step = schedule.TrainingStep(built, cfg, rt)
 
     for i in range(warmup):
         step(i)

@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..data import datasets as data
 from ..quant import weight_cache
 from . import checkpoint, determinism, distributed, optim, schedule
 from . import runtime as runtime_lib
@@ -58,7 +57,6 @@ def train(cfg: Config, run_dir: Path) -> list[dict]:
 
 def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) -> list[dict]:
     t_start = time.perf_counter()
-    device = rt.device
     check_bf16_layers(cfg.precision, cfg.model.num_layers)
     t = cfg.train
     n_evals = t.steps // t.eval_interval + 1 if t.eval_interval else 0
@@ -80,7 +78,7 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
         after_init=agree_on_the_run,
     )
     env, recipe, model, policy, opt = built.env, built.recipe, built.model, built.policy, built.opt
-    train_ds, valid_ds, n_micro = built.train_ds, built.valid_ds, built.n_micro
+    valid_ds, n_micro = built.valid_ds, built.n_micro
     train_model = opt.model  # Megatron's DDP wrapper
     train_step = schedule.TrainingStep(built, cfg, rt)  # before a checkpoint loads
     extra = {"policy": policy, "lr_schedule": opt.scheduler}  # SR-seed stream, LR state
@@ -144,7 +142,7 @@ def _train(cfg: Config, run_dir: Path, ckpt_dir: Path, rt: runtime_lib.Runtime) 
         diag_step = probes is not None and (step + 1) % cfg.logging.wandb.diagnostics_interval == 0
         if probes is not None:
             probes.active = diag_step
-        reports, grad_norm = train_step(_batches(train_ds, step, cfg, env, device))
+        reports, grad_norm = train_step(step)
         loss = _mean_loss(reports, rt)
         step += 1
         _stop_if_not_finite(step, {"loss": loss, "grad_norm": grad_norm}, ckpt_dir)
@@ -289,7 +287,7 @@ def _validate(cfg, model, valid_ds, env, rt, n_micro) -> float:
     for i in range(cfg.train.eval_iters):
         reports = schedule.forward_backward(
             model,
-            _batches(valid_ds, i, cfg, env, rt.device),
+            schedule.micro_batches(valid_ds, i, cfg, env, rt.device),
             n_micro=n_micro,
             seq_len=cfg.train.seq_len,
             micro_batch=cfg.train.micro_batch,
@@ -298,16 +296,3 @@ def _validate(cfg, model, valid_ds, env, rt, n_micro) -> float:
         losses.append(_mean_loss(reports, rt))
     model.train()
     return sum(losses) / len(losses)
-
-
-def _batches(dataset, step: int, cfg: Config, env, device):
-    t = cfg.train
-    return data.micro_batches(
-        dataset,
-        step,
-        global_batch=t.global_batch,
-        micro_batch=t.micro_batch,
-        dp=env.dp,
-        dp_rank=env.dp_rank,
-        device=device,
-    )

@@ -12,6 +12,9 @@ from functools import partial
 
 import torch
 
+from ..data import datasets as data
+from ..quant import weight_cache
+
 
 def _loss_func(loss_mask: torch.Tensor, output: torch.Tensor):
     """Megatron's 3-tuple contract: (summed loss, token count, values to report)."""
@@ -69,6 +72,20 @@ def forward_backward(
     )
 
 
+def micro_batches(dataset, step: int, cfg, env, device):
+    """Global batch `step` of `dataset`: this data-parallel rank's micro-batches on `device`."""
+    t = cfg.train
+    return data.micro_batches(
+        dataset,
+        step,
+        global_batch=t.global_batch,
+        micro_batch=t.micro_batch,
+        dp=env.dp,
+        dp_rank=env.dp_rank,
+        device=device,
+    )
+
+
 class TrainingStep:
     """One optimizer step as the trainer runs it (loop.py), and as the step profiler
     profiles it (bench/profile.py): zero the grads, Megatron's forward and backward of every
@@ -79,27 +96,25 @@ class TrainingStep:
     first forward."""
 
     def __init__(self, built, cfg, rt):
-        from ..quant import weight_cache
-
-        self._built, self._weight_cache = built, weight_cache
-        self._seq_len, self._micro_batch = cfg.train.seq_len, cfg.train.micro_batch
+        self._built, self._cfg, self._device = built, cfg, rt.device
         self._step_fn = step_function(rt.cuda_graph, cfg.train.cuda_graph_warmup)
         self._kept = weight_cache.make_static(built.model)
 
-    def __call__(self, batches) -> tuple[list[dict], object]:
-        """(the micro-batches' reports, the optimizer step's grad norm)."""
-        opt = self._built.opt
-        opt.zero_grad()
+    def __call__(self, step: int) -> tuple[list[dict], object]:
+        """Trains on global batch `step` of the training set: (the micro-batches' reports,
+        the optimizer step's grad norm)."""
+        built, t = self._built, self._cfg.train
+        built.opt.zero_grad()
         reports = forward_backward(
-            opt.model,  # Megatron's DDP wrapper
-            batches,
-            n_micro=self._built.n_micro,
-            seq_len=self._seq_len,
-            micro_batch=self._micro_batch,
+            built.opt.model,  # Megatron's DDP wrapper
+            micro_batches(built.train_ds, step, self._cfg, built.env, self._device),
+            n_micro=built.n_micro,
+            seq_len=t.seq_len,
+            micro_batch=t.micro_batch,
             forward_only=False,
             step_fn=self._step_fn,
         )
-        grad_norm = opt.step()
+        grad_norm = built.opt.step()
         if self._kept:
-            self._weight_cache.refresh(self._built.model)
+            weight_cache.refresh(built.model)
         return reports, grad_norm
