@@ -15,9 +15,11 @@ on CUDA where there is one.
 | no_amax_where_it_does_not_apply               | UFP4 (no e4m3), the reference path, a tile over two experts: None |
 """
 
+import functools
+
 import pytest
 import torch
-from grouped_experts_run import passes_with_and_without, run_experts
+from grouped_experts_run import count_amax_passes, passes_with_and_without, run_experts
 from kernel_assertions import assert_bitwise
 
 from ufp4_megatron import get_recipe, kernels
@@ -145,3 +147,64 @@ def test_no_amax_where_it_does_not_apply():
         assert G.weight_amax(w, NVFP4) is None
     ragged = w[:, :24].contiguous()  # a 16x16 tile would span two experts: per-expert calls
     assert G.weight_amax(ragged, NVFP4, backend="triton") is None
+
+
+def test_experts_keep_w_amax_until_the_weight_changes(monkeypatch):
+    """The experts' store of their weight's amaxes (megatron/experts._weight_amax) on the
+    kernel path, a gated fc1's two chunks (copies of the stacked parameter): over 2 optimizer
+    steps of 2 micro-batches, y, dx and dw are bit for bit those made without the store, the
+    amax passes run once per chunk per step, not per micro-batch, and static (per-layer
+    CUDA graphs: a stood-for capture reads the store) refresh() re-makes them from the
+    parameter after each step."""
+    from ufp4_megatron.megatron import experts
+    from ufp4_megatron.megatron.parallel_gemm import Shard
+    from ufp4_megatron.quant import weight_cache
+    from ufp4_megatron.quant.weight_cache import WeightOperands
+
+    shard = Shard.column(rank=1, world=2, n_local=N, stride=2)
+    groups = G.expert_groups(COUNTS, G.token_alignment(NVFP4))
+    chunk_rows = E * N // 2
+    for name in ("fprop", "dgrad", "weight_amax"):
+        monkeypatch.setattr(G, name, functools.partial(getattr(G, name), backend="triton"))
+    passes = count_amax_passes(monkeypatch)
+
+    def train(store, static=False):
+        weight = torch.nn.Parameter(_weight())
+        opt = torch.optim.SGD([weight], lr=0.1)
+        layer = torch.nn.Module()
+        layer.weight_amaxes = store
+        if static:
+            weight_cache.make_static(layer)
+        out, made = [], []
+        for step in range(2):
+            for micro in range(2):
+                inside = static and (step > 0 or micro > 0)
+                monkeypatch.setattr(weight_cache, "_capture_tag", lambda i=inside: 1 if i else -1)
+                g = torch.Generator().manual_seed(10 * step + micro)
+                x = torch.randn(sum(COUNTS), K, generator=g).bfloat16().to(DEVICE)
+                dy = torch.randn(sum(COUNTS), N, generator=g).bfloat16().to(DEVICE)
+                x.requires_grad_()
+                passes.clear()
+                y = experts._GroupedExpertsFn.apply(
+                    x, weight, None, NVFP4, 11, 2, groups, shard, False, None, store
+                )
+                y.backward(dy)
+                made.append(sum(p in ((chunk_rows, K), (K, chunk_rows)) for p in passes))
+                out += [y.detach(), x.grad]
+            out.append(weight.grad.clone())
+            opt.step()
+            opt.zero_grad()
+            with torch.no_grad():
+                weight.mul_(1.37)  # no power of two: e4m3's two-level scales would absorb it
+            if static:
+                passes.clear()
+                assert weight_cache.refresh(layer) == 2
+                made.append(len(passes))
+        return out, made
+
+    own, own_made = train(None)
+    for static in (False, True):
+        got, made = train(WeightOperands(), static)
+        assert all(torch.equal(a, b) for a, b in zip(got, own)), static
+        assert own_made == [2, 2, 2, 2]
+        assert made == ([2, 0, 2, 0, 0, 2] if static else [2, 0, 2, 0]), made

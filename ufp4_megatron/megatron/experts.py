@@ -214,6 +214,9 @@ class _UFP4GroupedLinear(MegatronModule):
         self._align = grouped_ops.token_alignment(ufp4.recipe)
         # the experts' RTNE weight operands, kept until the weights change (quant/weight_cache.py)
         self.weight_operands = WeightOperands() if ufp4.cache_weights else None
+        # NVFP4's per-expert tensor amaxes of the weights, once per optimizer step whatever the
+        # cache: 4 bytes per expert (_weight_amax)
+        self.weight_amaxes = WeightOperands()
 
         # As Megatron's linears: expert weights reduce over the expert-DP group, not DP.
         use_expert_pgs = (
@@ -282,6 +285,7 @@ class _UFP4GroupedLinear(MegatronModule):
             self._shard,
             fuse,
             self.weight_operands,
+            self.weight_amaxes,
         )
         y = y.view(*x.shape[:-1], y.shape[-1])
         return y, (self.bias if self.skip_bias_add else None)
@@ -346,6 +350,7 @@ class _GroupedExpertsFn(torch.autograd.Function):
         shard: Shard,
         fuse_wgrad: bool,
         cache=None,
+        amaxes=None,
     ):
         xp = groups.pad(x)
         keys = dict(seed=seed, first_expert=first_expert)
@@ -360,7 +365,8 @@ class _GroupedExpertsFn(torch.autograd.Function):
         dgrad_runs = any(ctx.needs_input_grad)
         ys, w_amaxes = [], []
         for c, (w, n0) in enumerate(_chunks(shard, weight, 1)):
-            w_amaxes.append(_weight_amax(w, xp.dtype, recipe, cache, dgrad_runs))
+            w_amax = _weight_amax(w, c, weight, shard, xp.dtype, recipe, cache, amaxes, dgrad_runs)
+            w_amaxes.append(w_amax)
             ys.append(
                 grouped_ops.fprop(
                     xp,
@@ -446,7 +452,7 @@ class _GroupedExpertsFn(torch.autograd.Function):
             dw = dws[0] if len(dws) == 1 else torch.cat(dws, dim=1)
             grad_weight = _accumulate(weight, dw, ctx.main_grad)
         grad_bias = grouped_ops.per_expert_sum(dy, groups) if ctx.use_bias else None
-        return dx, grad_weight, grad_bias, None, None, None, None, None, None, None
+        return dx, grad_weight, grad_bias, None, None, None, None, None, None, None, None
 
 
 def _shared_input(gemm: str, xp, groups, recipe, shard: Shard, keys: dict):
@@ -457,14 +463,22 @@ def _shared_input(gemm: str, xp, groups, recipe, shard: Shard, keys: dict):
     return grouped_ops.input_operand(gemm, xp, groups, recipe, **keys, x_origin=(0, shard.k))
 
 
-def _weight_amax(w, dtype, recipe, cache, dgrad_runs: bool):
-    """NVFP4's per-expert tensor amax of one chunk w [E, N, K] of the stacked weight for fprop
-    and dgrad from one read (grouped_ops.weight_amax), where both GEMMs quantize this chunk
-    themselves (parallel_gemm.quantizes_weight_twice, with the activations' `dtype`); else
-    None: each takes its own."""
+def _weight_amax(w, chunk: int, weight, shard: Shard, dtype, recipe, cache, kept, dgrad_runs):
+    """NVFP4's per-expert tensor amax of w, chunk `chunk` [E, N, K] of the stacked `weight`,
+    for fprop and dgrad from one read (grouped_ops.weight_amax), where both GEMMs quantize
+    this chunk themselves (parallel_gemm.quantizes_weight_twice, with the activations'
+    `dtype`); else None: each takes its own. `kept`: the module's store of its weight's
+    amaxes, which makes them once per optimizer step (parallel_gemm.weight_amaxes says why),
+    from the parameter's chunk at that time (a strided chunk is a copy)."""
     if not quantizes_weight_twice(w.dtype, dtype, recipe, cache, dgrad_runs):
         return None
-    return grouped_ops.weight_amax(w, recipe)
+    if kept is None:
+        return grouped_ops.weight_amax(w, recipe)
+    return kept.get(
+        ("amax", chunk),
+        weight,
+        lambda: grouped_ops.weight_amax(chunk_of(shard, weight, 1, chunk), recipe),
+    )
 
 
 def _kept(cache, gemm: str, chunk: int, weight, shard: Shard, recipe, origin, dtype):

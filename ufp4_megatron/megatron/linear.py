@@ -75,6 +75,9 @@ class _UFP4Mixin:
         self._sr = ufp4.recipe.uses_sr
         # the weight's RTNE operands, kept until it changes (quant/weight_cache.py)
         self.weight_operands = WeightOperands() if ufp4.cache_weights else None
+        # NVFP4's tensor amaxes of the weight, made once per optimizer step whatever the
+        # cache: a few bytes (parallel_gemm.weight_amaxes)
+        self.weight_amaxes = WeightOperands()
 
     def _forward_impl(
         self,
@@ -148,10 +151,18 @@ class _UFP4Mixin:
             tp_group=tp_group if tp_group is not None else self.tp_group,
         )
         seed = draw_seed(self.ufp4, self._sr, input, weight, self.expert_index, self._dp_rank)
-        # the cache only where `weight` is this module's own (the parameter its stamp reads)
-        cache = self.weight_operands if weight is self.weight else None
+        # the stores only where `weight` is this module's own (the parameter their stamps read)
+        own = weight is self.weight
         return UFP4ParallelLinearFn.apply(
-            input, weight, bias, self.ufp4.recipe, seed, shard, comm, cache
+            input,
+            weight,
+            bias,
+            self.ufp4.recipe,
+            seed,
+            shard,
+            comm,
+            self.weight_operands if own else None,
+            self.weight_amaxes if own else None,
         )
 
 

@@ -153,15 +153,25 @@ def quantizes_weight_twice(w_dtype, x_dtype, recipe, cache, dgrad_runs: bool) ->
     return dgrad_runs and w_dtype == x_dtype and not kept
 
 
-def weight_amaxes(weight, x2d, recipe, shard: Shard, cache, dgrad_runs: bool):
+def weight_amaxes(weight, x2d, recipe, shard: Shard, cache, dgrad_runs: bool, kept=None):
     """NVFP4's tensor amax of w for fprop and for dgrad from one read (ops.tensor_amaxes),
     where both GEMMs quantize this weight themselves (`quantizes_weight_twice`) in one chunk;
-    else (None, None): each takes its own."""
+    else (None, None): each takes its own. `kept`: the module's store of its weight's amaxes
+    (quant/weight_cache.py), which makes them once per optimizer step, not per micro-batch:
+    the weight only changes there, and a max is exact, so the same bits."""
     if len(shard.n) > 1 or not quantizes_weight_twice(
         weight.dtype, x2d.dtype, recipe, cache, dgrad_runs
     ):
         return None, None
-    return ops.tensor_amaxes("w", weight, recipe)
+    if kept is None:
+        return ops.tensor_amaxes("w", weight, recipe)
+    both = kept.get("amax", weight, lambda: _stacked(ops.tensor_amaxes("w", weight, recipe)))
+    return (None, None) if both is None else (both[0], both[1])
+
+
+def _stacked(pair):
+    """One tensor of a pair of amaxes (what a store keeps in fixed storage), or None."""
+    return None if pair[0] is None else torch.stack(pair)
 
 
 def _fprop(x2d, weight, recipe, seed, shard: Shard, cache=None, x_amax=None, w_amax=None):
@@ -225,7 +235,18 @@ def _wgrad(dy2d, x2d, recipe, seed, shard: Shard, dy_amax=None, x_amax=None):
 
 class UFP4ParallelLinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe: Recipe, seed, shard: Shard, comm: Comm, cache=None):
+    def forward(
+        ctx,
+        x,
+        weight,
+        bias,
+        recipe: Recipe,
+        seed,
+        shard: Shard,
+        comm: Comm,
+        cache=None,
+        amaxes=None,
+    ):
         if comm.sequence_parallel:
             total_x, _ = _gather_tokens(x, comm.tp_group)
         else:
@@ -233,7 +254,9 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
         x2d = total_x.reshape(-1, total_x.shape[-1])
         amax = input_amaxes(x2d, recipe, shard, ctx.needs_input_grad[1])
         # backward always runs dgrad (as Megatron's function does)
-        w_amax = weight_amaxes(weight, x2d, recipe, shard, cache, any(ctx.needs_input_grad))
+        w_amax = weight_amaxes(
+            weight, x2d, recipe, shard, cache, any(ctx.needs_input_grad), kept=amaxes
+        )
         y = _fprop(x2d, weight, recipe, seed, shard, cache, x_amax=amax[0], w_amax=w_amax[0])
         y = y.view(*total_x.shape[:-1], weight.shape[0])
         if bias is not None:
@@ -302,7 +325,7 @@ class UFP4ParallelLinearFn(torch.autograd.Function):
             dx = sub_dx
         elif comm.allreduce_dgrad:
             handle.wait()
-        return dx, grad_weight, grad_bias, None, None, None, None, None
+        return dx, grad_weight, grad_bias, None, None, None, None, None, None
 
 
 def save_seed(seed) -> tuple:

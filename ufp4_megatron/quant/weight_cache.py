@@ -45,6 +45,12 @@ parameter itself (its `make` takes no copy of the weight), so a refresh reads th
 The cost is memory: the kept operands (`nbytes`), two of each cached weight's size in the
 operand dtype (bf16: 4 bytes per weight element); `ufp4-describe` prints the estimate for a
 config (train/footprint.py).
+
+The same store keeps what a weight's quantization needs beyond its operands, at a few bytes:
+NVFP4's e4m3 tensor amaxes of a weight (per expert for stacked experts), which every linear
+keeps whatever train.weight_cache says (megatron/parallel_gemm.weight_amaxes), so that a step
+of 8 micro-batches reads each weight once for them instead of 8 times. A `make` may return
+None (nothing to keep, e.g. off the kernel path), for a key whose make always does.
 """
 
 from __future__ import annotations
@@ -132,8 +138,9 @@ class WeightOperands:
         if hit is None:
             self._entries[key] = _Entry(stamp, make(), make, weight)
             return self._entries[key].operand
-        with torch.no_grad():
-            hit.operand.copy_(make())
+        if hit.operand is not None:
+            with torch.no_grad():
+                hit.operand.copy_(make())
         hit.stamp = stamp
         return hit.operand
 
@@ -144,7 +151,7 @@ class WeightOperands:
             return 0
         n = 0
         for e in self._entries.values():
-            if e.stamp != (stamp := _stamp(e.weight)):
+            if e.operand is not None and e.stamp != (stamp := _stamp(e.weight)):
                 e.operand.copy_(e.make())
                 e.stamp = stamp
                 n += 1
@@ -155,20 +162,30 @@ class WeightOperands:
 
     @property
     def nbytes(self) -> int:
-        return sum(e.operand.numel() * e.operand.element_size() for e in self._entries.values())
+        return sum(
+            e.operand.numel() * e.operand.element_size()
+            for e in self._entries.values()
+            if e.operand is not None
+        )
+
+
+# the stores a UFP4 linear may hold: its weight's operands, and its weight's tensor amaxes
+STORES = ("weight_operands", "weight_amaxes")
 
 
 def _kept_in(module: torch.nn.Module):
     return [
-        m.weight_operands
+        store
         for m in module.modules()
-        if getattr(m, "weight_operands", None) is not None
+        for name in STORES
+        if (store := getattr(m, name, None)) is not None
     ]
 
 
 def make_static(module: torch.nn.Module) -> int:
-    """Makes the kept operands of `module`'s linears static (module docstring); the caller
-    then owes a `refresh(module)` after every weight change. Returns how many weights."""
+    """Makes the kept operands (and amaxes) of `module`'s linears static (module docstring);
+    the caller then owes a `refresh(module)` after every weight change. Returns how many
+    stores (`STORES`) it made static."""
     kept = _kept_in(module)
     for k in kept:
         k.clear()
@@ -182,5 +199,5 @@ def refresh(module: torch.nn.Module) -> int:
 
 
 def kept_bytes(module: torch.nn.Module) -> int:
-    """Bytes of all operands kept by `module`'s UFP4 linears (their `weight_operands`)."""
+    """Bytes of all that `module`'s UFP4 linears keep (their `STORES`)."""
     return sum(k.nbytes for k in _kept_in(module))
