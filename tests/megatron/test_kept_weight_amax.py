@@ -8,8 +8,8 @@ of several micro-batches the outputs and gradients are bit for bit those of a li
 takes it at every micro-batch, the amax is made once per step, and a kept amax that outlived
 its weight would change the bits. Static (per-layer CUDA graphs): the amax stays in its
 storage, a "capture" reads it, and refresh() re-makes it from the parameter. On the CPU the
-GEMMs take the reference path, so the amax functions are replaced by the reference's amax
-(as in test_shared_amax.py); the kernels' amaxes equal the reference's in tests/kernels.
+GEMMs take the reference path, so ops.tensor_amaxes is replaced by the reference's amaxes
+(test_shared_amax.py's); the kernels' amaxes equal the reference's in tests/kernels.
 """
 
 import subprocess
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_shared_amax import _reference_amaxes
 
 from ufp4_megatron import get_recipe
 from ufp4_megatron.megatron.parallel_gemm import Comm, Shard, UFP4ParallelLinearFn
-from ufp4_megatron.numerics.quantize import e4m3_tensor_amax
 from ufp4_megatron.quant import grouped_ops, ops, weight_cache
 from ufp4_megatron.quant.weight_cache import WeightOperands
 
@@ -31,21 +31,6 @@ COMM = Comm(
 )
 NVFP4 = get_recipe("nvfp4")
 STEPS, MICRO = 3, 2
-
-
-def _amax(t, fmt):
-    return e4m3_tensor_amax(t, block=fmt.block, block_2d=fmt.block_2d, rht=fmt.rht)
-
-
-def _reference_tensor_amaxes(calls):
-    def amaxes(name, t, recipe, *, backend="auto"):
-        calls.append(name)
-        fmts = ops.shared_formats(name, t, recipe)
-        if fmts is None:
-            return None, None
-        return tuple(_amax(view, f) for f, view in zip(fmts, (t, t.t())))
-
-    return amaxes
 
 
 def _counted_weight_amax(calls):
@@ -88,7 +73,7 @@ def _train(monkeypatch, run, shape, store, static=False):
     optimizer steps of MICRO micro-batches, each step scaling the weight by 1.37 besides SGD (a
     factor that is no power of two, which e4m3's two-level scales would absorb)."""
     calls = []
-    monkeypatch.setattr(ops, "tensor_amaxes", _reference_tensor_amaxes(calls))
+    monkeypatch.setattr(ops, "tensor_amaxes", _reference_amaxes(calls))
     g = torch.Generator().manual_seed(0)
     w = torch.nn.Parameter(torch.randn(*shape, generator=g))
     opt = torch.optim.SGD([w], lr=0.1)
@@ -166,10 +151,11 @@ _RUN = textwrap.dedent(
     from ufp4_megatron.train.footprint import load_config
     from ufp4_megatron.train.runtime import decide
     sys.path.insert(0, sys.argv[2])
-    from test_kept_weight_amax import _counted_weight_amax, _reference_tensor_amaxes
+    from test_kept_weight_amax import _counted_weight_amax
+    from test_shared_amax import _reference_amaxes
 
     calls = []
-    ops.tensor_amaxes = _reference_tensor_amaxes(calls)
+    ops.tensor_amaxes = _reference_amaxes(calls)
     grouped_ops.weight_amax = _counted_weight_amax(calls)
     cfg = load_config(
         ["model=moe_small", "precision=nvfp4", "train.weight_cache=none",
