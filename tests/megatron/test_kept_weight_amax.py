@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_shared_amax import _reference_amaxes
+from test_weight_cache import _capturing
 
 from ufp4_megatron import get_recipe
 from ufp4_megatron.megatron.parallel_gemm import Comm, Shard, UFP4ParallelLinearFn
@@ -55,27 +56,24 @@ class _NeverStale(WeightOperands):
         return self._entries[key]
 
 
-def _capturing(monkeypatch, on: bool):
-    # stands for torch.cuda.is_current_stream_capturing(): on CPU nothing is ever captured
-    monkeypatch.setattr(weight_cache, "_capture_tag", (lambda: 1) if on else (lambda: -1))
+def _micro_batch(w, store, step: int, micro: int):
+    """(y, dx) of the dense linear with weight w [32, 48] on micro-batch `micro` of `step`."""
+    g = torch.Generator().manual_seed(100 * step + micro)
+    x = torch.randn(2, 8, 48, generator=g).requires_grad_()
+    y = UFP4ParallelLinearFn.apply(x, w, None, NVFP4, 11, Shard(), COMM, None, store)
+    y.backward(torch.randn(2, 8, 32, generator=g))
+    return y.detach(), x.grad
 
 
-def _dense(w, store, x, dy):
-    xi = x.clone().requires_grad_()
-    y = UFP4ParallelLinearFn.apply(xi, w, None, NVFP4, 11, Shard(), COMM, None, store)
-    y.backward(dy)
-    return y.detach(), xi.grad
-
-
-def _train(monkeypatch, run, shape, store, static=False):
+def _train(monkeypatch, store, static=False):
     """(outputs of every micro-batch, grads, amaxes made per micro-batch and, static, by
-    each step's refresh after it) of `run` over STEPS
-    optimizer steps of MICRO micro-batches, each step scaling the weight by 1.37 besides SGD (a
-    factor that is no power of two, which e4m3's two-level scales would absorb)."""
+    each step's refresh after it) of the dense linear over STEPS optimizer steps of MICRO
+    micro-batches, each step scaling the weight by 1.37 besides SGD (a factor that is no
+    power of two, which e4m3's two-level scales would absorb)."""
     calls = []
     monkeypatch.setattr(ops, "tensor_amaxes", _reference_amaxes(calls))
     g = torch.Generator().manual_seed(0)
-    w = torch.nn.Parameter(torch.randn(*shape, generator=g))
+    w = torch.nn.Parameter(torch.randn(32, 48, generator=g))
     opt = torch.optim.SGD([w], lr=0.1)
     layer = torch.nn.Module()
     layer.weight_amaxes = store
@@ -87,7 +85,7 @@ def _train(monkeypatch, run, shape, store, static=False):
             if static:  # after the first, eager use every use is inside a "capture"
                 _capturing(monkeypatch, step > 0 or micro > 0)
             calls.clear()
-            outs.append(run(w, store, step, micro))
+            outs.append(_micro_batch(w, store, step, micro))
             made.append(calls.count("w"))
         grads.append(w.grad.clone())
         opt.step()
@@ -102,19 +100,6 @@ def _train(monkeypatch, run, shape, store, static=False):
     return outs, grads, made
 
 
-def _dense_run(shape=(32, 48)):
-    def run(w, store, step, micro):
-        g = torch.Generator().manual_seed(100 * step + micro)
-        return _dense(
-            w,
-            store,
-            torch.randn(2, 8, shape[1], generator=g),
-            torch.randn(2, 8, shape[0], generator=g),
-        )
-
-    return run
-
-
 def _assert_same(a, b):
     for (y1, dx1), (y2, dx2) in zip(a[0], b[0]):
         assert torch.equal(y1, y2) and torch.equal(dx1, dx2)
@@ -124,9 +109,8 @@ def _assert_same(a, b):
 
 @pytest.mark.parametrize("static", [False, True])
 def test_dense_weight_amax_is_made_once_per_step_with_the_same_bits(monkeypatch, static):
-    run = _dense_run()
-    own = _train(monkeypatch, run, (32, 48), None)
-    kept = _train(monkeypatch, run, (32, 48), WeightOperands(), static=static)
+    own = _train(monkeypatch, None)
+    kept = _train(monkeypatch, WeightOperands(), static=static)
     _assert_same(kept, own)
     assert own[2] == [1] * (STEPS * MICRO)  # every micro-batch reads the weight for it
     # once per step: at its first micro-batch, or static, by the refresh after each step
@@ -134,9 +118,8 @@ def test_dense_weight_amax_is_made_once_per_step_with_the_same_bits(monkeypatch,
 
 
 def test_a_kept_amax_that_outlives_its_weight_would_change_the_bits(monkeypatch):
-    run = _dense_run()
-    own = _train(monkeypatch, run, (32, 48), None)
-    stale = _train(monkeypatch, run, (32, 48), _NeverStale())
+    own = _train(monkeypatch, None)
+    stale = _train(monkeypatch, _NeverStale())
     assert [torch.equal(a[0], b[0]) for a, b in zip(stale[0], own[0])] == [True] * MICRO + [
         False
     ] * (MICRO * (STEPS - 1))
