@@ -173,7 +173,7 @@ def test_a_training_step_makes_each_weights_amaxes_once(tmp_path):
     """The trainer's step (train/schedule.py) with train.weight_cache=none and 4 micro-batches
     per step: every UFP4 linear of an NVFP4 MoE model (attention, shared and routed experts,
     dense MLP) keeps its weight's amaxes, made once per step (by the refresh after the
-    optimizer step), not once per micro-batch (the experts' kept as None on the CPU)."""
+    optimizer step), not once per micro-batch."""
     r = subprocess.run(
         [sys.executable, "-c", _RUN, str(tmp_path / "data"), str(Path(__file__).parent)],
         capture_output=True,
@@ -189,6 +189,8 @@ def test_a_training_step_makes_each_weights_amaxes_once(tmp_path):
     # each kept amax at its first use, and those that are tensors again by each step's
     # refresh (a None stays None), whatever the number of micro-batches
     assert steps == [["4", str(kept + made)], ["4", str(made)], ["4", str(made)]], (steps, kept)
-    assert 0 < made < kept  # the experts' are None on the CPU
+    # the experts' amaxes are None on the CPU (the reference path takes its own), tensors on
+    # the kernel path
+    assert made > 0 and (made == kept if torch.cuda.is_available() else made < kept), (made, kept)
     assert lines["STORES"][-2:] == ["True", "True"], lines["STORES"]
     assert "'UFP4RowParallelGroupedLinear'," in lines["STORES"], lines["STORES"]
