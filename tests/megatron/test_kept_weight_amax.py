@@ -23,6 +23,7 @@ from test_shared_amax import _reference_amaxes
 from test_weight_cache import _capturing
 
 from ufp4_megatron import get_recipe
+from ufp4_megatron.megatron.experts import _weight_amax
 from ufp4_megatron.megatron.parallel_gemm import Comm, Shard, UFP4ParallelLinearFn
 from ufp4_megatron.quant import grouped_ops, ops, weight_cache
 from ufp4_megatron.quant.weight_cache import WeightOperands
@@ -123,6 +124,28 @@ def test_a_kept_amax_that_outlives_its_weight_would_change_the_bits(monkeypatch)
     assert [torch.equal(a[0], b[0]) for a, b in zip(stale[0], own[0])] == [True] * MICRO + [
         False
     ] * (MICRO * (STEPS - 1))
+
+
+@pytest.mark.parametrize("name", ["ufp4", "mxfp4", "e2m1"])
+def test_a_recipe_without_e4m3_weight_scales_keeps_nothing(monkeypatch, name):
+    """Only e4m3-scaled weights (NVFP4) take a tensor amax: other recipes neither ask for w's
+    amaxes nor leave an entry in the store, which the trainer's refresh then walks past."""
+    calls = []
+    monkeypatch.setattr(ops, "tensor_amaxes", _reference_amaxes(calls))
+    store = WeightOperands()
+    w = torch.nn.Parameter(torch.randn(32, 48, generator=torch.Generator().manual_seed(0)))
+    x = torch.randn(2, 8, 48).requires_grad_()
+    y = UFP4ParallelLinearFn.apply(x, w, None, get_recipe(name), 11, Shard(), COMM, None, store)
+    y.backward(torch.ones_like(y))
+    assert "w" not in calls and store._entries == {}, (calls, store._entries)
+    y = UFP4ParallelLinearFn.apply(x, w, None, NVFP4, 11, Shard(), COMM, None, store)
+    assert "w" in calls and len(store._entries) == 1  # the same call with NVFP4 keeps one
+    # the stacked experts' [E, N, K] weight: the same (on the CPU NVFP4's entry is a None)
+    stacked, kept = torch.randn(4, 32, 48), WeightOperands()
+    args = (stacked, 0, stacked, Shard(), stacked.dtype)
+    assert _weight_amax(*args, get_recipe(name), None, kept, True) is None and not kept._entries
+    _weight_amax(*args, NVFP4, None, kept, True)
+    assert list(kept._entries) == [("amax", 0)]
 
 
 _RUN = textwrap.dedent(

@@ -51,7 +51,9 @@ def _run(recipe, shard, weight_grad=True, cache=None, w_dtype=torch.float32):
         ("nvfp4", Shard.row(rank=1, k_local=48), True, ["x", "w", "dy"]),
         ("nvfp4", Shard(), False, ["w"]),  # no wgrad: x and dY quantized once anyway
         ("nvfp4", STRIDED, True, []),  # x made once for all chunks; w and dY chunks are copies
-        ("ufp4", Shard(), True, ["x", "w", "dy"]),  # asked, and declined: fp32 scales
+        # x and dY asked, and declined (fp32 scales); w not asked: the recipe says so, and
+        # the linear's store of w's amaxes stays empty
+        ("ufp4", Shard(), True, ["x", "dy"]),
     ],
 )
 def test_each_gemm_gets_the_amax_it_takes_itself(monkeypatch, name, shard, weight_grad, shared):

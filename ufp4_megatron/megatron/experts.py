@@ -469,8 +469,11 @@ def _weight_amax(w, chunk: int, weight, shard: Shard, dtype, recipe, cache, kept
     this chunk themselves (parallel_gemm.quantizes_weight_twice, with the activations'
     `dtype`); else None: each takes its own. `kept`: the module's store of its weight's
     amaxes, which makes them once per optimizer step (parallel_gemm.weight_amaxes says why),
-    from the parameter's chunk at that time (a strided chunk is a copy)."""
-    if not quantizes_weight_twice(w.dtype, dtype, recipe, cache, dgrad_runs):
+    from the parameter's chunk at that time (a strided chunk is a copy). A recipe without
+    e4m3 weight scales keeps nothing."""
+    if not ops.takes_tensor_amaxes("w", recipe) or not quantizes_weight_twice(
+        w.dtype, dtype, recipe, cache, dgrad_runs
+    ):
         return None
     if kept is None:
         return grouped_ops.weight_amax(w, recipe)

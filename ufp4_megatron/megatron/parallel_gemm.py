@@ -158,9 +158,12 @@ def weight_amaxes(weight, x2d, recipe, shard: Shard, cache, dgrad_runs: bool, ke
     where both GEMMs quantize this weight themselves (`quantizes_weight_twice`) in one chunk;
     else (None, None): each takes its own. `kept`: the module's store of its weight's amaxes
     (quant/weight_cache.py), which makes them once per optimizer step, not per micro-batch:
-    the weight only changes there, and a max is exact, so the same bits."""
-    if len(shard.n) > 1 or not quantizes_weight_twice(
-        weight.dtype, x2d.dtype, recipe, cache, dgrad_runs
+    the weight only changes there, and a max is exact, so the same bits. A recipe without
+    e4m3 weight scales (UFP4, MXFP4) keeps nothing and asks for nothing."""
+    if (
+        len(shard.n) > 1
+        or not ops.takes_tensor_amaxes("w", recipe)
+        or not quantizes_weight_twice(weight.dtype, x2d.dtype, recipe, cache, dgrad_runs)
     ):
         return None, None
     if kept is None:

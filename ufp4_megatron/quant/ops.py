@@ -258,16 +258,26 @@ assert all(
 )
 
 
+def takes_tensor_amaxes(name: str, recipe: Recipe) -> bool:
+    """Whether both GEMMs of SHARED[name] quantize operand `name` with e4m3 scales, each
+    taking its tensor amax (NVFP4): what the recipe alone says, before any tensor."""
+    specs = [getattr(recipe, gemm) for gemm in SHARED[name]]
+    return all(
+        spec is not None and getattr(spec, name) is not None and getattr(spec, name).scale == "e4m3"
+        for spec in specs
+    )
+
+
 def shared_formats(name: str, t: torch.Tensor, recipe: Recipe):
     """The two OperandFormats with which the GEMMs of SHARED[name] quantize `t` (operand
     `name`: "x" [M, K], "dy" [M, N] or "w" [N, K]; the first along t's rows' length, the
     second along its columns), or None unless both quantize it with e4m3 scales (their
     tensor amax)."""
+    if not takes_tensor_amaxes(name, recipe):
+        return None
     gemms = SHARED[name]
     specs = [getattr(recipe, gemm) for gemm in gemms]
-    ops = [None if spec is None else getattr(spec, name) for spec in specs]
-    if any(op is None or op.scale != "e4m3" for op in ops):
-        return None
+    ops = [getattr(spec, name) for spec in specs]
     return tuple(
         op.format(_gemm_plan(spec, gemm, recipe.rht_seed, t.shape[dim], t.dtype)[0])
         for op, spec, gemm, dim in zip(ops, specs, gemms, (1, 0))
