@@ -58,9 +58,9 @@ from .parallel_gemm import (
     kept_key,
     quantizes_dy_twice,
     quantizes_input_twice,
-    quantizes_weight_twice,
     save_seed,
     shares_input,
+    shares_weight_amax,
 )
 from .policy import UFP4Binding
 from .seeds import SRSeeds
@@ -466,14 +466,11 @@ def _shared_input(gemm: str, xp, groups, recipe, shard: Shard, keys: dict):
 def _weight_amax(w, chunk: int, weight, shard: Shard, dtype, recipe, cache, kept, dgrad_runs):
     """NVFP4's per-expert tensor amax of w, chunk `chunk` [E, N, K] of the stacked `weight`,
     for fprop and dgrad from one read (grouped_ops.weight_amax), where both GEMMs quantize
-    this chunk themselves (parallel_gemm.quantizes_weight_twice, with the activations'
+    this chunk themselves (parallel_gemm.shares_weight_amax, with the activations'
     `dtype`); else None: each takes its own. `kept`: the module's store of its weight's
     amaxes, which makes them once per optimizer step (parallel_gemm.weight_amaxes says why),
-    from the parameter's chunk at that time (a strided chunk is a copy). A recipe without
-    e4m3 weight scales keeps nothing."""
-    if not ops.takes_tensor_amaxes("w", recipe) or not quantizes_weight_twice(
-        w.dtype, dtype, recipe, cache, dgrad_runs
-    ):
+    from the parameter's chunk at that time (a strided chunk is a copy)."""
+    if not shares_weight_amax(w.dtype, dtype, recipe, cache, dgrad_runs):
         return None
     if kept is None:
         return grouped_ops.weight_amax(w, recipe)

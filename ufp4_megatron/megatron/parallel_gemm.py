@@ -145,25 +145,25 @@ def input_amaxes(x2d, recipe, shard: Shard, wgrad_runs: bool):
     return ops.tensor_amaxes("x", x2d, recipe)
 
 
-def quantizes_weight_twice(w_dtype, x_dtype, recipe, cache, dgrad_runs: bool) -> bool:
-    """Whether fprop and dgrad both quantize the weight themselves, so that one read can give
-    both their tensor amax: dgrad runs, neither keeps its operand, and w is in x's dtype (the
-    GEMMs' cast would change its amax)."""
-    kept = cache is not None and (ops.cacheable(recipe, "fprop") or ops.cacheable(recipe, "dgrad"))
-    return dgrad_runs and w_dtype == x_dtype and not kept
+def shares_weight_amax(w_dtype, x_dtype, recipe, cache, dgrad_runs: bool) -> bool:
+    """Whether fprop and dgrad both take a tensor amax of the weight (e4m3 scales,
+    ops.takes_tensor_amaxes) and quantize it themselves, so that one read can give both:
+    dgrad runs, neither keeps its operand, and w is in x's dtype (the GEMMs' cast would
+    change its amax). A recipe without e4m3 weight scales (UFP4, MXFP4) shares, and keeps,
+    nothing."""
+    if not (dgrad_runs and w_dtype == x_dtype and ops.takes_tensor_amaxes("w", recipe)):
+        return False
+    return cache is None or not (ops.cacheable(recipe, "fprop") or ops.cacheable(recipe, "dgrad"))
 
 
 def weight_amaxes(weight, x2d, recipe, shard: Shard, cache, dgrad_runs: bool, kept=None):
     """NVFP4's tensor amax of w for fprop and for dgrad from one read (ops.tensor_amaxes),
-    where both GEMMs quantize this weight themselves (`quantizes_weight_twice`) in one chunk;
-    else (None, None): each takes its own. `kept`: the module's store of its weight's amaxes
-    (quant/weight_cache.py), which makes them once per optimizer step, not per micro-batch:
-    the weight only changes there, and a max is exact, so the same bits. A recipe without
-    e4m3 weight scales (UFP4, MXFP4) keeps nothing and asks for nothing."""
-    if (
-        len(shard.n) > 1
-        or not ops.takes_tensor_amaxes("w", recipe)
-        or not quantizes_weight_twice(weight.dtype, x2d.dtype, recipe, cache, dgrad_runs)
+    where both GEMMs take it and quantize this weight themselves (`shares_weight_amax`) in one
+    chunk; else (None, None): each takes its own. `kept`: the module's store of its weight's
+    amaxes (quant/weight_cache.py), which makes them once per optimizer step, not per
+    micro-batch: the weight only changes there, and a max is exact, so the same bits."""
+    if len(shard.n) > 1 or not shares_weight_amax(
+        weight.dtype, x2d.dtype, recipe, cache, dgrad_runs
     ):
         return None, None
     if kept is None:
