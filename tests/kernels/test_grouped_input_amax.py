@@ -158,7 +158,9 @@ def _run_experts(shard, monkeypatch, share: bool):
     return grads, [p for p in passes if groups.padded_total in p]
 
 
-@pytest.mark.parametrize("stride", (1, 2))
+# stride 2 (~85 s in the interpreter) is in `make test-slow`; make test has stride 1 and
+# test_grouped_weight_amax.py's test_experts_take_w_amax_once_per_chunk[2] for the chunks
+@pytest.mark.parametrize("stride", (1, pytest.param(2, marks=pytest.mark.slow)))
 def test_experts_take_the_pairs(monkeypatch, stride):
     own_passes, got_passes, chunks = passes_with_and_without(monkeypatch, _run_experts, N, stride)
     # x for fprop and wgrad, each chunk of dY for dgrad and wgrad
