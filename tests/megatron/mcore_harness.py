@@ -38,6 +38,9 @@ def run_scenario(
             MASTER_PORT=str(port),
             OMP_NUM_THREADS="1",
             PYTHONWARNINGS="ignore",
+            # gloo ranks on the CPU through enable_cpu_compat(), a no-op where CUDA is
+            # visible: on a GPU node too, the ranks run what they run on CI
+            CUDA_VISIBLE_DEVICES="",
         )
         log = open(out_dir / f"{name}.rank{rank}.log", "w")
         procs.append(

@@ -58,7 +58,10 @@ def test_cuda_graph_needs_a_gpu(mode):
 
 
 @pytest.mark.usefixtures("hydra_configs")
-def test_graph_modes_on_a_gpu():
+def test_graph_modes_on_a_gpu(monkeypatch):
+    # a PyTorch that captures the backward on its stream, as 2.13 does (the refusal on one
+    # that does not, 2.11: test_full_iteration_needs_a_torch_that_captures_the_backward)
+    monkeypatch.setattr(graphs, "_captures_backward_on_its_stream", lambda: True)
     cfg = typed_default(*TINY, "train.cuda_graph=local", "train.cuda_graph_warmup=2")
     graphs.check_cuda_graph(cfg, on_gpu=True)
     assert graphs.megatron_config(cfg) == dict(

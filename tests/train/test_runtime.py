@@ -53,7 +53,9 @@ def _cfg(
 ) -> Config:
     return Config(
         model=ModelConfig(),
-        train=TrainConfig(device=device, dtype=dtype),
+        # the weight cache given, not sized: auto would size it from the model (left unset
+        # here) on this machine's GPU where it has one (test_graph_options.py sizes it)
+        train=TrainConfig(device=device, dtype=dtype, weight_cache="all"),
         optim=OptimConfig(adam_kernel=adam_kernel),
         parallel=ParallelConfig(
             pp=pp, backend=backend, distributed_optimizer=distributed_optimizer
@@ -143,7 +145,9 @@ def test_runtime_is_frozen():
 
 
 def test_decide_asks_this_machine_by_default():
-    rt = decide(_cfg())
+    from _config import typed_default
+
+    rt = decide(typed_default("model=tiny"))  # a whole config: on a GPU the cache is sized
     assert rt.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert (
         rt.adam
@@ -244,7 +248,7 @@ def test_a_wrong_cached_launch_setting_is_refused_at_the_start(monkeypatch):
 
     from ufp4_megatron.train.validate import ConfigError, check_machine
 
-    cfg = typed_default("train.device=cpu")
+    cfg = typed_default("model=tiny")  # train.device=auto: cpu is refused where a GPU is
     for ok in ("0", "1"):
         monkeypatch.setenv("UFP4_CACHED_LAUNCH", ok)
         check_machine(cfg)
