@@ -8,7 +8,9 @@ compiler and the ptxas bundled in its wheel, through to a cubin; no GPU or CUDA 
 needed. The work runs in a subprocess (sm90_compile.py) whose environment has no
 TRITON_INTERPRET (conftest.py sets it for this process) and a fresh Triton cache, so every
 kernel is really compiled. Launch arguments and constexprs are those the real entry points
-pass (sm90_compile.py intercepts the launch), one representative setting per family:
+pass (sm90_compile.py intercepts the launch), one representative setting per family (make
+test compiles the first case of each kernel and the device-key pair16, make test-slow the
+rest; gpu/kernels_exact.sh all):
 
 | case                                     | kernel          | setting                          |
 | row16 ufp4 fprop x rtne                  | _row16_kernel   | e1m2, RTNE, RHT16, row           |
@@ -62,6 +64,19 @@ from sm90_compile import BROKEN, CASES, SASS_LINE
 HELPER = Path(__file__).with_name("sm90_compile.py")
 REPO = Path(__file__).resolve().parents[2]
 COMPILED = [name for name in CASES if name != BROKEN]
+# make test compiles the first case of each kernel and the device-key pair (UFP4's dY under
+# CUDA graphs), about a third of the compile time; make test-slow the others
+_first: dict[str, str] = {}
+for _name in COMPILED:
+    _first.setdefault(CASES[_name][0], _name)
+IN_MAKE_TEST = {*_first.values(), "pair16 ufp4 dgrad dy sr device key + w col rtne"}
+
+
+def _cases(names) -> list:
+    return [
+        name if name in IN_MAKE_TEST else pytest.param(name, marks=pytest.mark.slow)
+        for name in names
+    ]
 
 
 def _ptxas_missing() -> str | None:
@@ -95,16 +110,23 @@ def _helper(args, tmp_path, **env) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    """Every case compiled in one subprocess: {case: its JSON row}."""
+def compiled(request, tmp_path_factory):
+    """The cases the selected tests ask for, and BROKEN, compiled in one subprocess:
+    {case: its JSON row}."""
     reason = _ptxas_missing()
     if reason:
         pytest.skip(f"cannot compile for sm_90 here: {reason}")
-    rows = _helper([], tmp_path_factory.mktemp("sm90"))
+    asked = {
+        item.callspec.params.get("case")
+        for item in request.session.items
+        if item.path == request.path and hasattr(item, "callspec")
+    }
+    names = [name for name in CASES if name in asked or name == BROKEN]
+    rows = _helper(names, tmp_path_factory.mktemp("sm90"))
     return {row["case"]: row for row in rows}
 
 
-@pytest.mark.parametrize("case", COMPILED)
+@pytest.mark.parametrize("case", _cases(COMPILED))
 def test_kernel_compiles_to_sm90_cubin(compiled, case):
     row = compiled[case]
     if "error" in row:
@@ -132,12 +154,12 @@ def test_kernel_compiles_to_sm90_cubin(compiled, case):
 
 @pytest.mark.parametrize(
     "case",
-    [
+    _cases(
         c
         for c in COMPILED
         if CASES[c][0] in ("_row16_kernel", "_col16_kernel", "_pair16_kernel")
         or c == "amax16 nvfp4 wgrad dy col rht16"  # one maximum per program: no reshuffle
-    ],
+    ),
 )
 def test_16_tensor_kernels_convert_no_layout(compiled, case):
     # Element j of every block lives in its own tensor, all in the data's layout; SR's Philox

@@ -149,9 +149,10 @@ def test_no_amax_where_it_does_not_apply():
     assert G.weight_amax(ragged, NVFP4, backend="triton") is None
 
 
-# the eager store (~35 s in the interpreter) is in `make test-slow`; make test has the static
-# one here and both on the dense linear (tests/megatron/test_kept_weight_amax.py)
-@pytest.mark.parametrize("static", (True, pytest.param(False, marks=pytest.mark.slow)))
+# ~35-60 s each in the interpreter: in `make test-slow`; make test keeps both stores on the
+# dense linear and an NVFP4 MoE training step's (tests/megatron/test_kept_weight_amax.py)
+@pytest.mark.slow
+@pytest.mark.parametrize("static", (True, False))
 def test_experts_keep_w_amax_until_the_weight_changes(monkeypatch, static):
     """The experts' store of their weight's amaxes (megatron/experts._weight_amax) on the
     kernel path, a gated fc1's two chunks (copies of the stacked parameter): over 2 optimizer

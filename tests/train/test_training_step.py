@@ -24,7 +24,8 @@ _RUN = textwrap.dedent(
     for asked in sys.argv[2:]:
         cfg = load_config(
             ["model=tiny", "precision=ufp4", f"train.weight_cache={asked}",
-             f"data.cache_dir={sys.argv[1]}"]
+             "train.seq_len=32", "train.micro_batch=2", "train.global_batch=2",
+             "data.corpus_max_bytes=1500000", f"data.cache_dir={sys.argv[1]}"]
         )
         rt = decide(cfg)
         t = cfg.train
