@@ -78,6 +78,26 @@ def hydra_configs():
         yield
 
 
+TRAIN_TESTS = Path(__file__).resolve().parent / "train"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _trainer_tests_start_processes_without_gpus(request):
+    """tests/train runs the trainer as CI does, on the CPU: every process a test there starts
+    (trainers, torchrun, converters) sees no GPU, so on a GPU node `pytest tests/train`
+    checks what `make test` checks (the trainer refuses train.device=cpu where CUDA is
+    visible; a GPU run prints MFU, picks NCCL and sizes the weight cache by the GPU's
+    memory). The trainer's GPU runs are tests/gpu's. Module-scoped and autouse, so it is in
+    place before the module fixtures that train once for several tests. (Here and not in a
+    tests/train/conftest.py: tests elsewhere import their own directory's `conftest`.)"""
+    if request.path.parent != TRAIN_TESTS:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUDA_VISIBLE_DEVICES", "")
+        yield
+
+
 # Fixtures that train or probe once and are shared by several tests. Under pytest-xdist every
 # worker runs its own pytest session, so a session-scoped or module fixture runs again on each
 # worker that gets one of its tests (the Megatron-LM probes of test_documented_commands.py

@@ -87,7 +87,7 @@ def test_resume_check_models_megatron_lms_first_iteration_log():
     grad norm of 22) equal. Its training_log keeps the loss sums of a process's first iteration,
     so that line is the mean of 21 (6.907681) and 22: the resume is exact, the checker must say
     so, and must still fail a resume that really differs."""
-    from conftest import gpu_megatron_lm as tool
+    tool = gpu_megatron_lm  # a later `from conftest` gets the conftest pytest loaded last
 
     unbroken = {20: 7.116663, 21: 6.907681, 22: 6.981398, 23: 7.078825, 24: 6.972014}
     resumed = {21: 6.907681, 22: 6.944539, 23: 7.078825, 24: 6.972014}
