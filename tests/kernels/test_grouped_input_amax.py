@@ -69,8 +69,11 @@ def _reference(view: torch.Tensor, fmt, seg: Segments) -> torch.Tensor:
     )
 
 
-# wide x: two programs along the columns, the second over a partial tile (128 + 16 columns)
-@pytest.mark.parametrize("name, cols", (("x", K), ("dy", N), ("wide x", 144)))
+# wide x: two programs along the columns, the second over a partial tile (128 + 16 columns);
+# dY's layouts (~20 s) in make test-slow, beside x's of the same kernel
+@pytest.mark.parametrize(
+    "name, cols", (("x", K), pytest.param("dy", N, marks=pytest.mark.slow), ("wide x", 144))
+)
 def test_segment_pair_is_the_reference(name, cols):
     t = _tokens(cols, seed=cols, special=True)
     starts = _groups().padded_starts

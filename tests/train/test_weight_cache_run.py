@@ -32,6 +32,9 @@ def test_dense_kept_operands_give_the_uncached_losses_across_a_resume(tmp_path):
     assert len(runs["all"]) == 4 and runs["all"] == runs["none"]
 
 
+# ~40 s: in make test-slow; make test has the dense run above and the experts' kept operands
+# against the stacked parameter (tests/megatron/test_weight_cache.py)
+@pytest.mark.slow
 def test_moe_kept_operands_give_the_uncached_losses(tmp_path):
     moe = ("model=moe_small", "model.num_layers=2", "precision=ufp4", "train.steps=3")
     for cache in ("all", "none"):
