@@ -4,16 +4,19 @@ runtime decided (train.weight_cache), and a profile under CUDA graphs waits for 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from _cli import FAST
 
 from ufp4_megatron.bench.profile import warmup_steps
 
 _RUN = textwrap.dedent(
     """
+    import json
     import sys
     from ufp4_megatron.quant import weight_cache
     from ufp4_megatron.train import distributed, schedule
@@ -22,11 +25,7 @@ _RUN = textwrap.dedent(
     from ufp4_megatron.train.runtime import decide
 
     for asked in sys.argv[2:]:
-        cfg = load_config(
-            ["model=tiny", "precision=ufp4", f"train.weight_cache={asked}",
-             "train.seq_len=32", "train.micro_batch=2", "train.global_batch=2",
-             "data.corpus_max_bytes=1500000", f"data.cache_dir={sys.argv[1]}"]
-        )
+        cfg = load_config([*json.loads(sys.argv[1]), f"train.weight_cache={asked}"])
         rt = decide(cfg)
         t = cfg.train
         with rt.scope():
@@ -44,8 +43,9 @@ def test_the_built_run_keeps_the_weight_operands_the_runtime_decided(tmp_path):
     the run was built with the policy's default. Now every build takes the runtime's choice
     (auto is "all" on a CPU), and a step keeps operands only where it says so."""
     asked = ("none", "experts", "all", "auto")
+    common = [*FAST, "precision=ufp4", f"data.cache_dir={tmp_path / 'data'}"]
     r = subprocess.run(
-        [sys.executable, "-c", _RUN, str(tmp_path / "data"), *asked],
+        [sys.executable, "-c", _RUN, json.dumps(common), *asked],
         capture_output=True,
         text=True,
         timeout=600,
