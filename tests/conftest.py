@@ -89,12 +89,18 @@ def _trainer_tests_start_processes_without_gpus(request):
     visible; a GPU run prints MFU, picks NCCL and sizes the weight cache by the GPU's
     memory). The trainer's GPU runs are tests/gpu's. Module-scoped and autouse, so it is in
     place before the module fixtures that train once for several tests. (Here and not in a
-    tests/train/conftest.py: tests elsewhere import their own directory's `conftest`.)"""
+    tests/train/conftest.py: tests elsewhere import their own directory's `conftest`.)
+    In this process CUDA may be initialised already (a kernel test on the same worker), so
+    the variable cannot hide the GPU from it: the trainer's checks run in-process ask
+    `torch.cuda.is_available()`, which says what the started processes see."""
     if request.path.parent != TRAIN_TESTS:
         yield
         return
+    import torch
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUDA_VISIBLE_DEVICES", "")
+        mp.setattr(torch.cuda, "is_available", lambda: False)
         yield
 
 

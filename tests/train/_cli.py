@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,16 @@ def run(
         text=True,
         timeout=timeout,
     )
+
+
+# a record of PyTorch's C++ logging (glog's prefix), e.g. cpp_extension's "No CUDA runtime is
+# found" where CUDA_HOME exists but the process sees no GPU (these tests hide it)
+_TORCH_LOG = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
+
+
+def own_stderr(text: str) -> list[str]:
+    """A CLI's stderr lines without PyTorch's log records: what the CLI itself printed."""
+    return [line for line in text.strip().splitlines() if not _TORCH_LOG.match(line)]
 
 
 def losses(run_dir: Path) -> list[float]:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _cli import ROOT, losses, run, train_cmd
+from _cli import ROOT, losses, own_stderr, run, train_cmd
 
 from ufp4_megatron.train import checkpoint_megatron_lm as conv
 
@@ -264,8 +264,9 @@ def test_existing_destination_is_refused_and_left_alone(unbroken, converted, tmp
     os.symlink(tmp_path / "nowhere", tmp_path / "link")
     for dst in (tmp_path / "dst", tmp_path / "link"):
         res = convert(tmp, "megatron-lm", run_dir / "checkpoints", dst)
-        assert res.returncode == 2 and res.stderr.startswith("error: ")
-        assert "already exists" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+        lines = own_stderr(res.stderr)
+        assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ")
+        assert "already exists" in lines[0], lines
     assert os.listdir(tmp_path / "dst") == ["keep.txt"] and not (tmp_path / "nowhere").exists()
     res = convert(tmp, "ufp4", tmp_path / "missing", tmp_path / "new")
     assert res.returncode == 2 and "no such checkpoint dir" in res.stderr

@@ -33,7 +33,7 @@ import subprocess
 import time
 
 import pytest
-from _cli import ROOT, env, run, train_cmd
+from _cli import ROOT, env, own_stderr, run, train_cmd
 
 from ufp4_megatron.train import checkpoint
 
@@ -293,8 +293,9 @@ def test_a_name_that_leaves_runs_or_an_empty_run_dir_is_refused(tmp_path, overri
         if not a.startswith("hydra.run.dir=")
     ]
     r = run([*cmd, override], tmp_path, cwd=work)
+    lines = own_stderr(r.stderr)
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
     assert [p.name for p in tmp_path.iterdir()] == ["a"]  # nothing made outside, or in cwd
     assert list(work.iterdir()) == []
 
