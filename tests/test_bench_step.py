@@ -3,8 +3,8 @@
 - model FLOPs per token follow PaLM's 6 N + 12 L d s, with N the multiplied parameters (the
   input embedding lookup and norms left out, top-k experts only);
 - run_suite end to end on CPU: real trainer subprocesses (tiny, 3 steps, checkpoint at the
-  end, 2 passes) come back as rows with their median and spread, checkpoint (size and save
-  seconds) and ratios; a
+  end, 2 passes) come back as rows with their median and spread, checkpoint (size, save
+  seconds and filesystem) and ratios; a
   run that fails comes back as a run that says so; repeated runs aggregate;
 - out-of-memory output is reported as OOM; rows that did not run still render in the table;
   ratios are taken to the BF16 row of the same shape.
@@ -302,8 +302,9 @@ def test_suite_runs_real_trainers_in_passes(tmp_path, monkeypatch):
     ufp4 = rows[1]
     assert len(ufp4["runs_ms"]) == 2 and len(ufp4["x_bf16_runs"]) == 2
     assert ufp4["step_min_ms"] <= ufp4["step_ms"] <= ufp4["step_max_ms"]
-    # its size on disk, and the save's seconds from the trainer's own line
-    assert re.fullmatch(r"end: saved [0-9.]+ GiB in [0-9.]+ s", ufp4["checkpoint"])
+    # its size on disk, the save's seconds from the trainer's own line, where it went
+    fs = step.filesystem(tmp_path)
+    assert fs and re.fullmatch(rf"end: saved [0-9.]+ GiB in [0-9.]+ s to {fs}", ufp4["checkpoint"])
     # the trainer accumulated 2 micro-batches of 2 x 64 tokens per step, and the row's
     # throughput and MFU count all of them
     assert [(r["global_batch"], r["tokens_per_step"]) for r in rows] == [(4, 256), (4, 256)]
@@ -311,6 +312,25 @@ def test_suite_runs_real_trainers_in_passes(tmp_path, monkeypatch):
     passes = [json.loads(m)["repeat"] for m in logged if m.startswith("{")]
     assert passes == [1, 1, 2, 2]  # one pass over all rows, then the next
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["data"]  # run dirs removed
+
+
+def test_filesystem_is_the_deepest_mount_above_the_path(tmp_path):
+    """The checkpoint cell's filesystem: the last-mounted of the deepest mount points that
+    hold the path, spaces as /proc/mounts escapes them; nothing where the table is missing."""
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "overlay / overlay rw 0 0\n"
+        "tmpfs /dev/shm tmpfs rw 0 0\n"
+        "/dev/sda1 /data ext4 rw 0 0\n"
+        "/dev/sdb1 /data/my\\040runs xfs rw 0 0\n"
+        "bad line\n"
+        "tmpfs /data tmpfs rw 0 0\n"  # mounted over /data: it is what /data/x holds
+    )
+    got = {p: step.filesystem(p, str(mounts)) for p in ("/dev/shm/r", "/dev/shmem", "/data/x")}
+    assert got == {"/dev/shm/r": "tmpfs", "/dev/shmem": "overlay", "/data/x": "tmpfs"}
+    assert step.filesystem("/data/my runs/ckpt", str(mounts)) == "xfs"
+    assert step.filesystem("/", str(mounts)) == "overlay"
+    assert step.filesystem("/x", str(tmp_path / "none")) == ""
 
 
 def test_bench_cli_names_what_is_wrong():

@@ -211,8 +211,9 @@ def _steady_values(rows: list[dict], key: str, skip: int) -> list[float]:
 
 
 def _checkpoint(run_dir: Path, planned: str, output: str = "") -> str:
-    """The checkpoint cell: what was planned, and for an end save its size on disk and the
-    seconds the trainer says it took (its `checkpoint: saved step N in S s` line)."""
+    """The checkpoint cell: what was planned, and for an end save its size on disk, the
+    seconds the trainer says it took (its `checkpoint: saved step N in S s` line) and the
+    filesystem it went to (a save into tmpfs and one to disk are different figures)."""
     if planned != "end":
         return planned
     ckpt = run_dir / "checkpoints"
@@ -220,7 +221,31 @@ def _checkpoint(run_dir: Path, planned: str, output: str = "") -> str:
         return "end: not written"
     size = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
     took = re.findall(r"^checkpoint: saved step \d+ in ([0-9.]+) s$", output, re.MULTILINE)
-    return f"end: saved {size / 2**30:.1f} GiB" + (f" in {took[-1]} s" if took else "")
+    fs = filesystem(ckpt)
+    return (
+        f"end: saved {size / 2**30:.1f} GiB"
+        + (f" in {took[-1]} s" if took else "")
+        + (f" to {fs}" if fs else "")
+    )
+
+
+def filesystem(path: Path, mounts: str = "/proc/mounts") -> str:
+    """The type of the filesystem holding `path` (tmpfs, ext4, overlay, ...): that of the
+    deepest mount point above it in `mounts`; "" where that cannot be read (not Linux)."""
+    try:
+        table = Path(mounts).read_text().splitlines()
+    except OSError:
+        return ""
+    where, best, kind = str(Path(path).resolve()), "", ""
+    for line in table:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")  # /proc/mounts escapes a space as \040
+        inside = where == point or where.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
 
 
 def run_suite(
