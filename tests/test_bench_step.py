@@ -314,23 +314,32 @@ def test_suite_runs_real_trainers_in_passes(tmp_path, monkeypatch):
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["data"]  # run dirs removed
 
 
-def test_filesystem_is_the_deepest_mount_above_the_path(tmp_path):
+def test_filesystem_is_the_deepest_mount_above_the_path(monkeypatch):
     """The checkpoint cell's filesystem: the last-mounted of the deepest mount points that
-    hold the path, spaces as /proc/mounts escapes them; nothing where the table is missing."""
-    mounts = tmp_path / "mounts"
-    mounts.write_text(
-        "overlay / overlay rw 0 0\n"
-        "tmpfs /dev/shm tmpfs rw 0 0\n"
-        "/dev/sda1 /data ext4 rw 0 0\n"
-        "/dev/sdb1 /data/my\\040runs xfs rw 0 0\n"
-        "bad line\n"
-        "tmpfs /data tmpfs rw 0 0\n"  # mounted over /data: it is what /data/x holds
-    )
-    got = {p: step.filesystem(p, str(mounts)) for p in ("/dev/shm/r", "/dev/shmem", "/data/x")}
+    hold the path (a made-up mount table); nothing where the table cannot be read."""
+    from types import SimpleNamespace
+
+    import psutil
+
+    table = [
+        ("/", "overlay"),
+        ("/dev/shm", "tmpfs"),
+        ("/data", "ext4"),
+        ("/data/my runs", "xfs"),
+        ("/data", "tmpfs"),  # mounted over /data: it is what /data/x holds
+    ]
+    mounts = [SimpleNamespace(mountpoint=point, fstype=fs) for point, fs in table]
+    monkeypatch.setattr(psutil, "disk_partitions", lambda all=False: mounts if all else [])
+    got = {p: step.filesystem(p) for p in ("/dev/shm/r", "/dev/shmem", "/data/x")}
     assert got == {"/dev/shm/r": "tmpfs", "/dev/shmem": "overlay", "/data/x": "tmpfs"}
-    assert step.filesystem("/data/my runs/ckpt", str(mounts)) == "xfs"
-    assert step.filesystem("/", str(mounts)) == "overlay"
-    assert step.filesystem("/x", str(tmp_path / "none")) == ""
+    assert step.filesystem("/data/my runs/ckpt") == "xfs"
+    assert step.filesystem("/") == "overlay"
+
+    def unreadable(all=False):
+        raise PermissionError("/proc/self/mounts")
+
+    monkeypatch.setattr(psutil, "disk_partitions", unreadable)
+    assert step.filesystem("/x") == ""
 
 
 def test_bench_cli_names_what_is_wrong():

@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from .floor import copy_bandwidth, qdq_bytes_per_step
 
 ENV = {
@@ -229,22 +231,20 @@ def _checkpoint(run_dir: Path, planned: str, output: str = "") -> str:
     )
 
 
-def filesystem(path: Path, mounts: str = "/proc/mounts") -> str:
+def filesystem(path: Path) -> str:
     """The type of the filesystem holding `path` (tmpfs, ext4, overlay, ...): that of the
-    deepest mount point above it in `mounts`; "" where that cannot be read (not Linux)."""
+    deepest mount point above it, the last mounted where several share it (psutil reads the
+    mount table); "" where the table cannot be read."""
     try:
-        table = Path(mounts).read_text().splitlines()
-    except OSError:
+        mounts = psutil.disk_partitions(all=True)
+    except (OSError, NotImplementedError):
         return ""
     where, best, kind = str(Path(path).resolve()), "", ""
-    for line in table:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        point = fields[1].replace("\\040", " ")  # /proc/mounts escapes a space as \040
+    for mount in mounts:
+        point = mount.mountpoint
         inside = where == point or where.startswith(point.rstrip("/") + "/")
         if inside and len(point) >= len(best):
-            best, kind = point, fields[2]
+            best, kind = point, mount.fstype
     return kind
 
 
